@@ -1,0 +1,12 @@
+"""The math of diffusion models, pure torch (no Lightning import)."""
+from .exact import GaussianDenoiser, GaussianMixtureDenoiser
+from .loss import EDMLoss, VPLoss
+from .noise import seeded_noise, seeded_uniform
+from .precond import EDMPrecond, VPPrecond
+from .sampling import clamp_sigmas, euler_sample, heun_sample, karras_sigmas, sample_endpoints
+
+__all__ = [
+    "karras_sigmas", "heun_sample", "euler_sample", "sample_endpoints", "clamp_sigmas",
+    "seeded_noise", "seeded_uniform", "EDMPrecond", "VPPrecond", "EDMLoss", "VPLoss",
+    "GaussianDenoiser", "GaussianMixtureDenoiser",
+]

@@ -1,0 +1,19 @@
+"""Shared test setup: one intra-op thread (2-core machine, parallel workers), offline W&B."""
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _offline_wandb(tmp_path, monkeypatch):
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        d = tmp_path / var.lower()
+        d.mkdir()
+        monkeypatch.setenv(var, str(d))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("LIGHTNING_PFD_CACHE", str(tmp_path / "cache"))
+    yield
