@@ -1,4 +1,5 @@
 """The math of diffusion models, pure torch (no Lightning import)."""
+from .empirical import EmpiricalDenoiser
 from .exact import GaussianDenoiser, GaussianMixtureDenoiser
 from .loss import EDMLoss, VPLoss
 from .noise import seeded_noise, seeded_uniform
@@ -8,5 +9,5 @@ from .sampling import clamp_sigmas, euler_sample, heun_sample, karras_sigmas, sa
 __all__ = [
     "karras_sigmas", "heun_sample", "euler_sample", "sample_endpoints", "clamp_sigmas",
     "seeded_noise", "seeded_uniform", "EDMPrecond", "VPPrecond", "EDMLoss", "VPLoss",
-    "GaussianDenoiser", "GaussianMixtureDenoiser",
+    "GaussianDenoiser", "GaussianMixtureDenoiser", "EmpiricalDenoiser",
 ]

@@ -61,7 +61,7 @@ class VPLoss:
         self.beta_d, self.beta_min, self.epsilon_t = float(beta_d), float(beta_min), float(epsilon_t)
 
     def sigma(self, t):
-        return ((0.5 * self.beta_d * t**2 + self.beta_min * t).exp() - 1).sqrt()
+        return torch.expm1(0.5 * self.beta_d * t**2 + self.beta_min * t).sqrt()
 
     def draw(self, y: torch.Tensor, seeds=None):
         if seeds is None:

@@ -1,0 +1,5 @@
+"""LightningModules: DiffusionModule (EDM | VP) and LevyItoModule."""
+from .diffusion import DiffusionModule
+from .ema import EMA, beta_from_halflife
+
+__all__ = ["DiffusionModule", "EMA", "beta_from_halflife"]

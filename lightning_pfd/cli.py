@@ -1,0 +1,93 @@
+"""`python -m lightning_pfd fit|validate|test|... --config X.yaml` and the extra commands.
+
+LightningCLI drives training; ``report``, ``icr-sweep`` and ``pite`` are dispatched to their own
+``main(argv) -> int`` functions. With no arguments the embedded ``configs/quickstart.yaml`` runs.
+"""
+from __future__ import annotations
+
+import importlib
+import netrc
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "quickstart.yaml"
+PROG = "python -m lightning_pfd"
+
+EXTRA_COMMANDS = {
+    "report": ("lightning_pfd.analysis.report", "main", "figures + markdown summary of a run"),
+    "icr-sweep": ("lightning_pfd.callbacks.icr_sweep", "main", "ICR and linear probe over a sigma grid"),
+    "pite": ("lightning_pfd.experiments_cli", "main", "SBM vs LIM tail comparison (PITE table)"),
+}
+
+
+def wandb_has_credentials() -> bool:
+    """True when W&B could log online: an API key in the environment or in ~/.netrc."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        rc = netrc.netrc(os.environ.get("NETRC"))
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1]
+    return rc.authenticators(host) is not None
+
+
+def ensure_wandb_mode() -> str:
+    """Switch W&B to offline mode when no credentials exist (unless WANDB_MODE is set)."""
+    if "WANDB_MODE" not in os.environ and not wandb_has_credentials():
+        os.environ["WANDB_MODE"] = "offline"
+    return os.environ.get("WANDB_MODE", "online")
+
+
+def resolve_config_path(value: str) -> str:
+    """Accept a path, or the bare name of an embedded config (``quickstart`` / ``quickstart.yaml``)."""
+    p = Path(value)
+    if p.exists():
+        return value
+    for cand in (CONFIG_DIR / value, CONFIG_DIR / f"{value}.yaml"):
+        if cand.exists():
+            return str(cand)
+    embedded = sorted(q.stem for q in CONFIG_DIR.glob("*.yaml"))
+    raise SystemExit(f"{PROG}: error: --config: no file {value!r}; embedded configs: {embedded}")
+
+
+def _rewrite_configs(argv: list[str]) -> list[str]:
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a in ("--config", "-c") and i + 1 < len(out):
+            out[i + 1] = resolve_config_path(out[i + 1])
+        elif a.startswith("--config="):
+            out[i] = "--config=" + resolve_config_path(a.split("=", 1)[1])
+    return out
+
+
+def _print_extra_help() -> None:
+    print("\nExtra commands:")
+    for name, (_, _, text) in EXTRA_COMMANDS.items():
+        print(f"  {name:<10} {text}  ({PROG} {name} --help)")
+    print(f"\nEmbedded configs ({CONFIG_DIR}): "
+          + ", ".join(sorted(q.stem for q in CONFIG_DIR.glob('*.yaml'))))
+
+
+def run_lightning_cli(argv: Sequence[str]):
+    from .lightning_cli import PFDLightningCLI
+
+    ensure_wandb_mode()
+    return PFDLightningCLI(args=list(argv))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in EXTRA_COMMANDS:
+        module, fn, _ = EXTRA_COMMANDS[argv[0]]
+        return int(getattr(importlib.import_module(module), fn)(argv[1:]) or 0)
+    if not argv:
+        argv = ["fit", "--config", str(DEFAULT_CONFIG)]
+        print(f"[lightning_pfd] no arguments: running the embedded quickstart ({DEFAULT_CONFIG})")
+    run_lightning_cli(_rewrite_configs(argv))
+    if argv[0] in ("-h", "--help"):
+        _print_extra_help()
+    return 0

@@ -1,0 +1,156 @@
+"""DiffusionModule: EDM / VP training with EMA weights (Lightning glue over lightning_pfd.diffusion)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+from ..diffusion import (EDMLoss, EDMPrecond, VPLoss, VPPrecond, clamp_sigmas, karras_sigmas,
+                         sample_endpoints)
+from ..diffusion.sampling import SAMPLERS
+from .ema import EMA, beta_from_halflife
+
+__all__ = ["DiffusionModule"]
+
+PRECONDS = ("edm", "vp")
+
+
+def _check_choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}: unknown value {value!r}; accepted: {list(allowed)}")
+
+
+class DiffusionModule(pl.LightningModule):
+    """Train a denoiser D(x; sigma) with the EDM or VP loss; keep EMA weights for evaluation.
+
+    Args:
+        net: the raw network ``net(c_in * x, c_noise)`` (e.g. ``UNet``, ``MLPNet``).
+        precond: ``"edm"`` (Karras et al. 2022) or ``"vp"`` (Song et al. 2021), REFERENCE §2-3.
+        lr, betas, weight_decay: Adam(W) settings; ``warmup_steps`` linear LR warm-up.
+        ema_decay: per-step EMA decay; ``ema_halflife_kimg`` (EDM's convention) overrides it.
+        num_steps, sigma_min, sigma_max, rho, sampler: the PF-ODE sampler used by ``generate``
+            and every evaluation callback (Heun-18 on EDM's grid by default).
+        sample_autocast: run the network in bf16 autocast while sampling on CUDA.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        precond: str = "edm",
+        sigma_data: float = 0.5,
+        P_mean: float = -1.2,
+        P_std: float = 1.2,
+        vp_beta_d: float = 19.9,
+        vp_beta_min: float = 0.1,
+        vp_epsilon_t: float = 1e-5,
+        vp_M: int = 1000,
+        lr: float = 1e-3,
+        betas: Sequence[float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        ema_decay: float = 0.999,
+        ema_halflife_kimg: Optional[float] = None,
+        num_steps: int = 18,
+        sigma_min: float = 0.002,
+        sigma_max: float = 80.0,
+        rho: float = 7.0,
+        sampler: str = "heun",
+        sample_autocast: bool = False,
+    ):
+        super().__init__()
+        _check_choice("precond", precond, PRECONDS)
+        _check_choice("sampler", sampler, sorted(SAMPLERS))
+        if lr <= 0:
+            raise ValueError(f"lr: must be > 0, got {lr}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps: must be >= 0, got {warmup_steps}")
+        if not 0.0 <= ema_decay <= 1.0:
+            raise ValueError(f"ema_decay: must lie in [0, 1], got {ema_decay}")
+        if ema_halflife_kimg is not None and ema_halflife_kimg <= 0:
+            raise ValueError(f"ema_halflife_kimg: must be > 0, got {ema_halflife_kimg}")
+        self.sigmas = karras_sigmas(num_steps, sigma_min, sigma_max, rho)  # validates the grid
+        if not hasattr(net, "data_shape"):
+            raise ValueError("net: must expose `data_shape` (the shape of one sample)")
+        self.save_hyperparameters(ignore=["net"])
+        self.net = net
+        if precond == "edm":
+            self.precond = EDMPrecond(net, sigma_data=sigma_data)
+            self.loss_fn = EDMLoss(P_mean, P_std, sigma_data)
+        else:
+            self.precond = VPPrecond(net, vp_beta_d, vp_beta_min, vp_M, vp_epsilon_t)
+            self.loss_fn = VPLoss(vp_beta_d, vp_beta_min, vp_epsilon_t)
+        self.sigmas = clamp_sigmas(self.sigmas, self.precond)
+        self.ema = EMA(self.precond)
+
+    # -- public interface used by the callbacks -------------------------------------------
+    @property
+    def data_shape(self) -> tuple:
+        return tuple(self.net.data_shape)
+
+    @property
+    def sigma_data(self) -> float:
+        return float(self.hparams.sigma_data)
+
+    @property
+    def denoiser(self) -> nn.Module:
+        """The EMA denoiser D(x; sigma) in eval mode: use it for every evaluation."""
+        return self.ema.shadow
+
+    @torch.no_grad()
+    def generate(self, seeds, sigmas: Optional[torch.Tensor] = None, sampler: Optional[str] = None,
+                 batch_size: int = 256, denoiser: Optional[nn.Module] = None) -> torch.Tensor:
+        """PF-ODE samples (float64, on this module's device), one per seed (REFERENCE §4)."""
+        den = self.denoiser if denoiser is None else denoiser
+        grid = self.sigmas if sigmas is None else clamp_sigmas(sigmas, den)
+        use_amp = bool(self.hparams.sample_autocast) and self.device.type == "cuda"
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_amp):
+            return sample_endpoints(den, seeds, self.data_shape, grid,
+                                    sampler or self.hparams.sampler, batch_size,
+                                    device=self.device, out_device=self.device)
+
+    # -- training ----------------------------------------------------------------------------
+    @staticmethod
+    def _images(batch) -> torch.Tensor:
+        return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+    def training_step(self, batch, batch_idx):
+        y = self._images(batch)
+        loss = self.loss_fn(self.precond, y).mean()
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True,
+                 batch_size=y.shape[0])
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        y = self._images(batch)
+        seeds = 10_000_000 + batch_idx * y.shape[0] + torch.arange(y.shape[0])
+        loss = self.loss_fn(self.denoiser, y, seeds=seeds).mean()
+        self.log("val/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True,
+                 batch_size=y.shape[0])
+        return loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # EDM: replace NaN gradients by 0 and +-inf by +-1e5 (REFERENCE §2)
+        for p in self.precond.parameters():
+            if p.grad is not None:
+                torch.nan_to_num(p.grad, nan=0.0, posinf=1e5, neginf=-1e5, out=p.grad)
+
+    def _ema_beta(self, batch_size: int) -> float:
+        h = self.hparams.ema_halflife_kimg
+        if h is None:
+            return float(self.hparams.ema_decay)
+        return beta_from_halflife(batch_size * max(1, self.trainer.world_size), h)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.ema.update(self.precond, self._ema_beta(self._images(batch).shape[0]))
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        opt = torch.optim.Adam(self.precond.parameters(), lr=hp.lr, betas=tuple(hp.betas),
+                               weight_decay=hp.weight_decay)
+        if hp.warmup_steps <= 0:
+            return opt
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda step: min(1.0, (step + 1) / hp.warmup_steps))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
