@@ -1,6 +1,7 @@
 """DiffusionModule: EDM / VP training with EMA weights (Lightning glue over lightning_pfd.diffusion)."""
 from __future__ import annotations
 
+import warnings
 from typing import Optional, Sequence
 
 import lightning.pytorch as pl
@@ -73,7 +74,11 @@ class DiffusionModule(pl.LightningModule):
         self.sigmas = karras_sigmas(num_steps, sigma_min, sigma_max, rho)  # validates the grid
         if not hasattr(net, "data_shape"):
             raise ValueError("net: must expose `data_shape` (the shape of one sample)")
-        self.save_hyperparameters(ignore=["net"])
+        with warnings.catch_warnings():
+            # Under LightningCLI `net` is recorded as its class_path config (so
+            # load_from_checkpoint rebuilds it); built in Python it is pickled, on purpose.
+            warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`.*")
+            self.save_hyperparameters()
         self.net = net
         if precond == "edm":
             self.precond = EDMPrecond(net, sigma_data=sigma_data)
@@ -109,6 +114,16 @@ class DiffusionModule(pl.LightningModule):
             return sample_endpoints(den, seeds, self.data_shape, grid,
                                     sampler or self.hparams.sampler, batch_size,
                                     device=self.device, out_device=self.device)
+
+    def setup(self, stage: str) -> None:
+        """Fail before any training if the data's sample shape does not fit the net."""
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        d_shape = getattr(dm, "data_shape", None)
+        if d_shape is not None and tuple(d_shape) != self.data_shape:
+            raise ValueError(
+                f"model.init_args.net: the net expects samples of shape {self.data_shape} but the "
+                f"data ({type(dm).__name__}) has shape {tuple(d_shape)}; set the net's "
+                "img_resolution / in_channels (or dim) to match")
 
     # -- training ----------------------------------------------------------------------------
     @staticmethod
