@@ -1,7 +1,6 @@
 """DiffusionModule: EDM / VP training with EMA weights (Lightning glue over lightning_pfd.diffusion)."""
 from __future__ import annotations
 
-import warnings
 from typing import Optional, Sequence
 
 import lightning.pytorch as pl
@@ -21,6 +20,15 @@ PRECONDS = ("edm", "vp")
 def _check_choice(name: str, value, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"{name}: unknown value {value!r}; accepted: {list(allowed)}")
+
+
+def _built_by_cli() -> bool:
+    """True while LightningCLI instantiates the module with its parsed config."""
+    try:
+        from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
+    except ImportError:  # pragma: no cover - older/newer Lightning
+        return False
+    return _given_hyperparameters.get() is not None
 
 
 class DiffusionModule(pl.LightningModule):
@@ -74,11 +82,10 @@ class DiffusionModule(pl.LightningModule):
         self.sigmas = karras_sigmas(num_steps, sigma_min, sigma_max, rho)  # validates the grid
         if not hasattr(net, "data_shape"):
             raise ValueError("net: must expose `data_shape` (the shape of one sample)")
-        with warnings.catch_warnings():
-            # Under LightningCLI `net` is recorded as its class_path config (so
-            # load_from_checkpoint rebuilds it); built in Python it is pickled, on purpose.
-            warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`.*")
-            self.save_hyperparameters()
+        # Under LightningCLI the net arrives as its class_path config, which is saved so
+        # load_from_checkpoint(path) rebuilds it; a net built in Python is not picklable into
+        # hparams safely: pass it again, load_from_checkpoint(path, net=...).
+        self.save_hyperparameters(ignore=[] if _built_by_cli() else ["net"])
         self.net = net
         if precond == "edm":
             self.precond = EDMPrecond(net, sigma_data=sigma_data)

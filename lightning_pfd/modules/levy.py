@@ -1,0 +1,261 @@
+"""LevyItoModule: the Lévy–Itō model (Yoon et al. 2023) as a LightningModule (REFERENCE §12).
+
+Lightning glue over :mod:`lightning_pfd.diffusion.levy` (noise, schedule, loss, samplers).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Optional, Sequence
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+from ..diffusion.levy import (CosineSchedule, check_alpha, fractional_dsm_loss, levy_sample,
+                              sample_alpha_stable)
+from .ema import EMA, beta_from_halflife
+
+__all__ = ["LevyItoModule", "LevyScoreNet", "trimmed_mean"]
+
+_T_STREAM, _EPS_STREAM = 7, 3  # seeded streams of the frozen-noise validation loss
+
+
+def trimmed_mean(x: torch.Tensor, fraction: float = 0.1) -> torch.Tensor:
+    """Mean after dropping the ``fraction`` smallest and largest values (robust loss summary)."""
+    x = x.detach().reshape(-1).sort().values
+    k = int(math.floor(fraction * x.numel()))
+    return x[k: x.numel() - k].mean() if x.numel() - 2 * k > 0 else x.mean()
+
+
+class LevyScoreNet(nn.Module):
+    """s_theta(x_t, t) = net(c_in x_t, c_noise): the network regressing -eps/alpha.
+
+    c_in = 1/sqrt(gamma(t)^2 sigma_data^2 + sigma(t)^2) (a nominal input scale; alpha-stable
+    noise has no variance), c_noise = (M - 1) t (as VP, REFERENCE §3). The fractional score
+    is S_theta = sigma(t)^(1-alpha) s_theta (``fractional_score``).
+    """
+
+    def __init__(self, net: nn.Module, schedule: CosineSchedule, sigma_data: float = 0.5,
+                 M: int = 1000):
+        super().__init__()
+        self.net, self.schedule = net, schedule
+        self.sigma_data, self.M = float(sigma_data), int(M)
+
+    def forward(self, x: torch.Tensor, t) -> torch.Tensor:
+        t = torch.as_tensor(t, dtype=torch.float64, device=x.device)
+        if t.ndim == 0:
+            t = t.expand(x.shape[0])
+        g, s = self.schedule.gamma(t), self.schedule.sigma(t)
+        c_in = (g.square() * self.sigma_data**2 + s.square()).rsqrt()
+        c_in = c_in.to(torch.float32).reshape(-1, *([1] * (x.ndim - 1)))
+        c_noise = ((self.M - 1) * t).to(torch.float32)
+        return self.net(c_in * x.to(torch.float32), c_noise).to(torch.float32)
+
+    def fractional_score(self, x: torch.Tensor, t) -> torch.Tensor:
+        """S_theta(x, t) = sigma(t)^(1-alpha) s_theta(x, t), float64."""
+        t = torch.as_tensor(t, dtype=torch.float64, device=x.device)
+        sig = self.schedule.sigma(t).pow(1 - self.schedule.alpha)
+        sig = sig.reshape(-1, *([1] * (x.ndim - 1))) if sig.ndim else sig
+        return sig * self(x, t).to(torch.float64)
+
+
+def _check_choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}: unknown value {value!r}; accepted: {list(allowed)}")
+
+
+class LevyItoModule(pl.LightningModule):
+    """Train a Lévy–Itō model with fractional denoising score matching; keep EMA weights.
+
+    Args:
+        net: raw network ``net(x_in, c_noise)`` with ``data_shape`` (UNet, MLPNet, ...).
+        alpha: stability index in (1, 2]; alpha = 2 is the Gaussian VP model with N(0, 2) noise.
+        loss: "squared" (LIM), "huber" (smooth L1, ``huber_delta``) or "l2" (non-squared, DLPM).
+        clamp_A: clamp of the heavy-tailed factor A of the training noise (None = off; the
+            LIM reference uses ~20). clamp_eps: clamp of |eps| per coordinate (None = off).
+        isotropic: sub-Gaussian isotropic noise (one A per example) or per-coordinate A.
+        gradient_clip_val: global grad-norm clip applied in ``on_before_optimizer_step``
+            (None/0 = off; Lightning's ``trainer.gradient_clip_val`` works as well).
+        schedule_s, T, t_min: the cosine schedule (REFERENCE §12).
+        sigma_data, M: input scaling and noise conditioning of the network (``LevyScoreNet``).
+        lr, betas, weight_decay, warmup_steps: Adam settings and linear LR warm-up.
+        ema_decay / ema_halflife_kimg: EMA of the weights (the half-life overrides the decay).
+        num_steps, sampler, sde_drift_factor: defaults of ``generate`` ("ode" or "sde").
+        trim_fraction: fraction cut on each side for the logged trimmed-mean loss.
+    """
+
+    def __init__(self, net: nn.Module, alpha: float = 1.7, loss: str = "squared",
+                 huber_delta: float = 1.0, clamp_A: Optional[float] = None,
+                 clamp_eps: Optional[float] = None, isotropic: bool = True,
+                 gradient_clip_val: Optional[float] = 1.0, schedule_s: float = 0.008,
+                 T: float = 0.9946, t_min: float = 1e-5, sigma_data: float = 0.5, M: int = 1000,
+                 lr: float = 2e-4, betas: Sequence[float] = (0.9, 0.999),
+                 weight_decay: float = 0.0, warmup_steps: int = 0, ema_decay: float = 0.999,
+                 ema_halflife_kimg: Optional[float] = None, num_steps: int = 100,
+                 sampler: str = "ode", sde_drift_factor: float = 2.0, trim_fraction: float = 0.1):
+        super().__init__()
+        check_alpha(alpha)
+        _check_choice("loss", loss, ("squared", "huber", "l2"))
+        _check_choice("sampler", sampler, ("ode", "sde"))
+        for name, v in (("clamp_A", clamp_A), ("clamp_eps", clamp_eps)):
+            if v is not None and not v > 0:
+                raise ValueError(f"{name}: must be > 0 or None, got {v}")
+        if not huber_delta > 0:
+            raise ValueError(f"huber_delta: must be > 0, got {huber_delta}")
+        if gradient_clip_val is not None and gradient_clip_val < 0:
+            raise ValueError(f"gradient_clip_val: must be >= 0 or None, got {gradient_clip_val}")
+        if not lr > 0:
+            raise ValueError(f"lr: must be > 0, got {lr}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps: must be >= 0, got {warmup_steps}")
+        if not 0.0 <= ema_decay <= 1.0:
+            raise ValueError(f"ema_decay: must lie in [0, 1], got {ema_decay}")
+        if int(num_steps) < 1:
+            raise ValueError(f"num_steps: must be >= 1, got {num_steps}")
+        if not 0.0 <= trim_fraction < 0.5:
+            raise ValueError(f"trim_fraction: must lie in [0, 0.5), got {trim_fraction}")
+        if not sigma_data > 0:
+            raise ValueError(f"sigma_data: must be > 0, got {sigma_data}")
+        if not hasattr(net, "data_shape"):
+            raise ValueError("net: must expose `data_shape` (the shape of one sample)")
+        self.schedule = CosineSchedule(alpha, schedule_s, T, t_min)  # validates s, T, t_min
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`.*")
+            self.save_hyperparameters()
+        self.net = net
+        self.score_net = LevyScoreNet(net, self.schedule, sigma_data, M)
+        self.ema = EMA(self.score_net)
+
+    # -- public interface ----------------------------------------------------------------------
+    @property
+    def alpha(self) -> float:
+        return self.schedule.alpha
+
+    @property
+    def data_shape(self) -> tuple:
+        return tuple(self.net.data_shape)
+
+    @property
+    def score_model(self) -> LevyScoreNet:
+        """The EMA score network (eval mode): use it for every evaluation."""
+        return self.ema.shadow
+
+    def draw(self, y: torch.Tensor, seeds=None):
+        """(t (B,) float64, eps like y float64): training noise, or frozen per-sample with seeds."""
+        hp = self.hparams
+        if seeds is None:
+            t = self.schedule.sample_t(y.shape[0], device=y.device)
+            eps = sample_alpha_stable(self.alpha, y.shape, hp.isotropic, device=y.device,
+                                      clamp_A=hp.clamp_A)
+        else:
+            t = self.schedule.sample_t(len(seeds), device=y.device, seeds=seeds, stream=_T_STREAM)
+            eps = sample_alpha_stable(self.alpha, y.shape[1:], hp.isotropic, device=y.device,
+                                      seeds=seeds, stream=_EPS_STREAM, clamp_A=hp.clamp_A)
+        if hp.clamp_eps is not None:
+            eps = eps.clamp(-hp.clamp_eps, hp.clamp_eps)
+        return t, eps
+
+    def loss_fn(self, model: LevyScoreNet, y: torch.Tensor, seeds=None) -> torch.Tensor:
+        """Per-sample fractional DSM loss (B,): x_t = gamma y + sigma eps, target -eps/alpha."""
+        t, eps = self.draw(y, seeds)
+        shape = (-1,) + (1,) * (y.ndim - 1)
+        x_t = self.schedule.gamma(t).reshape(shape) * y.to(torch.float64) \
+            + self.schedule.sigma(t).reshape(shape) * eps
+        s = model(x_t.to(torch.float32), t)
+        return fractional_dsm_loss(s, eps.to(torch.float32), self.alpha, self.hparams.loss,
+                                   self.hparams.huber_delta)
+
+    @torch.no_grad()
+    def generate(self, seeds, num_steps: Optional[int] = None, sampler: Optional[str] = None,
+                 batch_size: int = 256, model: Optional[nn.Module] = None,
+                 sigmas=None) -> torch.Tensor:
+        """Samples (float64, on this module's device), one per seed, reproducible per seed.
+
+        x_T = sigma(T) eps with eps from ``sample_alpha_stable(seeds=...)`` (stream 0), SDE
+        noise of step i from stream 1 + i. ``sigmas`` is accepted for interface compatibility
+        with ``DiffusionModule.generate`` and must be None.
+        """
+        if sigmas is not None:
+            raise ValueError("sigmas: LevyItoModule integrates in t; use num_steps instead")
+        sampler = sampler or self.hparams.sampler
+        _check_choice("sampler", sampler, ("ode", "sde"))
+        num_steps = int(num_steps or self.hparams.num_steps)
+        if batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+        model = self.score_model if model is None else model
+        seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
+        iso, a = self.hparams.isotropic, self.alpha
+        out = []
+        for chunk in seeds.split(int(batch_size)):
+            x_T = self.schedule.sigma(self.schedule.T) * sample_alpha_stable(
+                a, self.data_shape, iso, device=self.device, seeds=chunk, stream=0)
+            noise_fn = (lambda i, c=chunk: sample_alpha_stable(
+                a, self.data_shape, iso, device=self.device, seeds=c, stream=1 + i))
+            out.append(levy_sample(model.fractional_score, x_T, self.schedule, num_steps, sampler,
+                                   noise_fn, drift_factor=self.hparams.sde_drift_factor))
+        if not out:
+            return torch.zeros(0, *self.data_shape, dtype=torch.float64, device=self.device)
+        return torch.cat(out)
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        d_shape = getattr(dm, "data_shape", None)
+        if d_shape is not None and tuple(d_shape) != self.data_shape:
+            raise ValueError(
+                f"model.init_args.net: the net expects samples of shape {self.data_shape} but the "
+                f"data ({type(dm).__name__}) has shape {tuple(d_shape)}")
+
+    # -- training ------------------------------------------------------------------------------
+    @staticmethod
+    def _images(batch) -> torch.Tensor:
+        return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+    def training_step(self, batch, batch_idx):
+        y = self._images(batch)
+        per = self.loss_fn(self.score_net, y)
+        loss = per.mean()
+        B = y.shape[0]
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=B)
+        self.log("train/loss_median", per.detach().median(), on_step=True, on_epoch=True,
+                 batch_size=B)
+        self.log("train/loss_trimmed", trimmed_mean(per, self.hparams.trim_fraction),
+                 on_step=True, on_epoch=True, batch_size=B)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        y = self._images(batch)
+        seeds = 10_000_000 + batch_idx * y.shape[0] + torch.arange(y.shape[0])
+        per = self.loss_fn(self.score_model, y, seeds=seeds)
+        self.log("val/loss", per.mean(), prog_bar=True, on_epoch=True, sync_dist=True,
+                 batch_size=y.shape[0])
+        self.log("val/loss_median", per.median(), on_epoch=True, sync_dist=True,
+                 batch_size=y.shape[0])
+        return per.mean()
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        params = [p for p in self.score_net.parameters() if p.grad is not None]
+        for p in params:  # EDM's guard: NaN -> 0, +-inf -> +-1e5
+            torch.nan_to_num(p.grad, nan=0.0, posinf=1e5, neginf=-1e5, out=p.grad)
+        clip = self.hparams.gradient_clip_val
+        if clip:
+            torch.nn.utils.clip_grad_norm_(params, float(clip))
+
+    def _ema_beta(self, batch_size: int) -> float:
+        h = self.hparams.ema_halflife_kimg
+        if h is None:
+            return float(self.hparams.ema_decay)
+        return beta_from_halflife(batch_size * max(1, self.trainer.world_size), h)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.ema.update(self.score_net, self._ema_beta(self._images(batch).shape[0]))
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        opt = torch.optim.Adam(self.score_net.parameters(), lr=hp.lr, betas=tuple(hp.betas),
+                               weight_decay=hp.weight_decay)
+        if hp.warmup_steps <= 0:
+            return opt
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda step: min(1.0, (step + 1) / hp.warmup_steps))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
