@@ -64,6 +64,17 @@ def _rewrite_configs(argv: list[str]) -> list[str]:
     return out
 
 
+def _needs_default_config(argv: list[str]) -> bool:
+    """A subcommand given without --config and without choosing model/data classes."""
+    if argv[0] not in ("fit", "validate", "test", "predict"):
+        return False
+    rest = argv[1:]
+    if any(a in ("-h", "--help") for a in rest):
+        return False
+    chosen = ("--config", "-c", "--model", "--data")
+    return not any(a in chosen or a.startswith(tuple(c + "=" for c in chosen)) for a in rest)
+
+
 def _print_extra_help() -> None:
     print("\nExtra commands:")
     for name, (_, _, text) in EXTRA_COMMANDS.items():
@@ -76,7 +87,12 @@ def run_lightning_cli(argv: Sequence[str]):
     from .lightning_cli import PFDLightningCLI
 
     ensure_wandb_mode()
-    return PFDLightningCLI(args=list(argv))
+    saved = sys.argv
+    sys.argv = [PROG] + list(argv)  # LightningCLI warns when both sys.argv and args are given
+    try:
+        return PFDLightningCLI(args=None)
+    finally:
+        sys.argv = saved
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -85,9 +101,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         module, fn, _ = EXTRA_COMMANDS[argv[0]]
         return int(getattr(importlib.import_module(module), fn)(argv[1:]) or 0)
     if not argv:
-        argv = ["fit", "--config", str(DEFAULT_CONFIG)]
-        print(f"[lightning_pfd] no arguments: running the embedded quickstart ({DEFAULT_CONFIG})")
-    run_lightning_cli(_rewrite_configs(argv))
-    if argv[0] in ("-h", "--help"):
-        _print_extra_help()
+        argv = ["fit"]
+    if _needs_default_config(argv):
+        argv = [argv[0], "--config", str(DEFAULT_CONFIG), *argv[1:]]
+        print(f"[lightning_pfd] no --config: using the embedded quickstart ({DEFAULT_CONFIG})")
+    try:
+        run_lightning_cli(_rewrite_configs(argv))
+    finally:
+        if argv[0] in ("-h", "--help"):
+            _print_extra_help()
     return 0

@@ -1,0 +1,181 @@
+"""On-disk cache for things that do not change between epochs or runs.
+
+Teacher endpoints, empirical endpoints and training-set descriptors are expensive and fully
+determined by their inputs, so they are stored under a key that hashes *everything* they depend
+on, written atomically (tmp file in the same directory + ``os.replace``) and verified on load
+(key and a sha256 checksum of the tensors' bytes).  A missing, stale or corrupted file is never
+trusted: :func:`load_tensor_verified` returns ``None`` and the caller recomputes.
+
+Root directory: ``$LIGHTNING_PFD_CACHE`` or ``~/.cache/lightning_pfd``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["cache_dir", "hash_key", "save_tensor_atomic", "load_tensor_verified", "tensor_checksum"]
+
+_FORMAT_VERSION = 1
+
+
+def cache_dir() -> Path:
+    """The cache root (``$LIGHTNING_PFD_CACHE``, default ``~/.cache/lightning_pfd``), created."""
+    root = os.environ.get("LIGHTNING_PFD_CACHE") or os.path.join("~", ".cache", "lightning_pfd")
+    path = Path(root).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    """Raw bytes of a tensor's contents (CPU, contiguous, any dtype)."""
+    t = t.detach().to("cpu").contiguous().reshape(-1)
+    if t.numel() == 0:
+        return b""
+    return t.view(torch.uint8).numpy().tobytes()
+
+
+def _update(h: "hashlib._Hash", obj: Any) -> None:
+    """Feed a canonical, type-tagged encoding of ``obj`` into ``h`` (recursive)."""
+    if obj is None:
+        h.update(b"N;")
+    elif isinstance(obj, bool):
+        h.update(b"B" + (b"1" if obj else b"0") + b";")
+    elif isinstance(obj, int):
+        h.update(b"I" + str(obj).encode() + b";")
+    elif isinstance(obj, float):
+        # repr round-trips exactly; normalise -0.0 / nan so equal values hash equally
+        s = "nan" if math.isnan(obj) else repr(obj + 0.0)
+        h.update(b"F" + s.encode() + b";")
+    elif isinstance(obj, str):
+        data = obj.encode("utf-8")
+        h.update(b"S" + str(len(data)).encode() + b":" + data)
+    elif isinstance(obj, (bytes, bytearray, memoryview)):
+        data = bytes(obj)
+        h.update(b"Y" + str(len(data)).encode() + b":" + data)
+    elif isinstance(obj, torch.Tensor):
+        meta = json.dumps({"dtype": str(obj.dtype), "shape": list(obj.shape)}, sort_keys=True)
+        h.update(b"T" + meta.encode() + b":")
+        h.update(_tensor_bytes(obj))
+        h.update(b";")
+    elif hasattr(obj, "__array__") and hasattr(obj, "dtype") and hasattr(obj, "shape"):
+        import numpy as np
+
+        arr = np.ascontiguousarray(np.asarray(obj))
+        meta = json.dumps({"dtype": str(arr.dtype), "shape": list(arr.shape)}, sort_keys=True)
+        h.update(b"A" + meta.encode() + b":" + arr.tobytes() + b";")
+    elif isinstance(obj, dict):
+        items = sorted(((str(k), v) for k, v in obj.items()), key=lambda kv: kv[0])
+        h.update(b"D" + str(len(items)).encode() + b"{")
+        for k, v in items:
+            _update(h, k)
+            _update(h, v)
+        h.update(b"}")
+    elif isinstance(obj, (list, tuple)):
+        h.update(b"L" + str(len(obj)).encode() + b"[")
+        for v in obj:
+            _update(h, v)
+        h.update(b"]")
+    elif isinstance(obj, (torch.dtype, torch.device, Path)):
+        _update(h, str(obj))
+    elif hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        _update(h, obj.item())
+    else:
+        raise TypeError(
+            f"hash_key: cannot hash object of type {type(obj).__name__}; allowed: None, bool, int, "
+            "float, str, bytes, torch.Tensor, numpy arrays, dicts, lists and tuples of these"
+        )
+
+
+def hash_key(*parts: Any) -> str:
+    """sha256 hex digest of a canonical encoding of ``parts``.
+
+    Strings, numbers, bytes, dicts (key order irrelevant), lists/tuples and tensors (by dtype,
+    shape and content, not identity) are supported; equal inputs give equal keys across runs.
+    """
+    h = hashlib.sha256()
+    _update(h, list(parts))
+    return h.hexdigest()
+
+
+def tensor_checksum(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over the names, dtypes, shapes and bytes of a dict of tensors."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        _update(h, name)
+        _update(h, tensors[name])
+    return h.hexdigest()
+
+
+def _check_tensor_dict(tensors: Any) -> None:
+    if not isinstance(tensors, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in tensors.items()
+    ):
+        raise ValueError("save_tensor_atomic: `tensors` must be a dict[str, torch.Tensor]")
+
+
+def save_tensor_atomic(path: str | os.PathLike, tensors: dict[str, torch.Tensor], key: str) -> Path:
+    """Write ``tensors`` with their ``key`` and checksum to ``path`` atomically.
+
+    The payload goes to a temporary file in the same directory, is flushed and fsync'ed, then
+    ``os.replace``'d onto ``path``; if anything raises, the temporary file is removed and any
+    previous file at ``path`` is left untouched.
+    """
+    _check_tensor_dict(tensors)
+    if not isinstance(key, str):
+        raise ValueError("save_tensor_atomic: `key` must be a str (use hash_key(...))")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format": _FORMAT_VERSION,
+        "key": key,
+        "checksum": tensor_checksum(tensors),
+        "tensors": {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()},
+    }
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def load_tensor_verified(path: str | os.PathLike, key: str) -> dict[str, torch.Tensor] | None:
+    """Load a dict saved by :func:`save_tensor_atomic`, or ``None``.
+
+    ``None`` when the file is missing, unreadable, of an unknown format, stored under another
+    key, or when its tensors fail the checksum (a corrupted file is never trusted).
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        return None
+    if not isinstance(payload, dict) or payload.get("format") != _FORMAT_VERSION:
+        return None
+    if payload.get("key") != key:
+        return None
+    tensors = payload.get("tensors")
+    try:
+        _check_tensor_dict(tensors)
+        if tensor_checksum(tensors) != payload.get("checksum"):
+            return None
+    except Exception:
+        return None
+    return tensors

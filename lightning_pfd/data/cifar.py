@@ -1,0 +1,142 @@
+"""CIFAR-10 from user-provided local files (nothing ships it and nothing is downloaded).
+
+Accepted layouts under ``root`` (first match wins):
+1. ``cifar-10-batches-py/`` (or ``root`` itself) with the official pickles ``data_batch_1`` ..
+   ``data_batch_5`` and ``test_batch`` (``encoding="latin1"``; ``data`` uint8 (10000, 3072) as
+   R, G, B planes of 32x32; ``labels`` a list of ints);
+2. the official tarball ``cifar-10-python.tar.gz`` (read in place, not extracted);
+3. a folder of PNGs: ``train/<class>/*.png`` and ``test/<class>/*.png`` (labels = sorted class
+   folder index), or ``train/*.png`` / ``test/*.png`` without labels.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import tarfile
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .base import TensorDataModule, _check_choice, _scale_uint8
+
+__all__ = ["CIFAR10DataModule", "load_cifar10"]
+
+TRAIN_BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
+TEST_BATCH = "test_batch"
+TARBALL = "cifar-10-python.tar.gz"
+BATCH_DIR = "cifar-10-batches-py"
+
+
+def _decode_batch(d: dict, where: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        data = np.asarray(d["data"], dtype=np.uint8)
+        labels = np.asarray(d["labels"], dtype=np.int64)
+    except KeyError as e:
+        raise ValueError(f"root: CIFAR-10 batch {where} lacks the key {e}") from None
+    if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
+        raise ValueError(f"root: CIFAR-10 batch {where} must hold data uint8 (n, 3072) and n labels, "
+                         f"got {data.shape} and {len(labels)}")
+    return data.reshape(-1, 3, 32, 32), labels
+
+
+def _from_pickles(folder: Path):
+    def load(name):
+        with open(folder / name, "rb") as f:
+            return _decode_batch(pickle.load(f, encoding="latin1"), str(folder / name))
+    return [load(n) for n in TRAIN_BATCHES], load(TEST_BATCH)
+
+
+def _from_tarball(path: Path):
+    with tarfile.open(path, "r:gz") as tar:
+        members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
+        missing = [n for n in TRAIN_BATCHES + [TEST_BATCH] if n not in members]
+        if missing:
+            raise FileNotFoundError(f"root: tarball {path} lacks the members {missing}")
+
+        def load(name):
+            return _decode_batch(pickle.load(tar.extractfile(members[name]), encoding="latin1"),
+                                 f"{path}:{name}")
+        return [load(n) for n in TRAIN_BATCHES], load(TEST_BATCH)
+
+
+def _from_pngs(split_dir: Path):
+    from PIL import Image
+
+    subdirs = sorted(p for p in split_dir.iterdir() if p.is_dir())
+    if subdirs:
+        files = [(f, k) for k, d in enumerate(subdirs) for f in sorted(d.glob("*.png"))]
+    else:
+        files = [(f, -1) for f in sorted(split_dir.glob("*.png"))]
+    if not files:
+        raise FileNotFoundError(f"root: no PNG files in {split_dir}")
+    imgs = []
+    for f, _ in files:
+        with Image.open(f) as im:
+            a = np.asarray(im.convert("RGB"), dtype=np.uint8)
+        if a.shape != (32, 32, 3):
+            raise ValueError(f"root: {f} is {a.shape[1]}x{a.shape[0]}, CIFAR-10 images are 32x32")
+        imgs.append(a.transpose(2, 0, 1))
+    labels = np.asarray([k for _, k in files], dtype=np.int64)
+    return np.stack(imgs), (labels if subdirs else None)
+
+
+def load_cifar10(root: str | os.PathLike):
+    """(train_x uint8 (N,3,32,32), train_y, test_x, test_y) from one of the accepted layouts."""
+    root = Path(root)
+    for folder in (root / BATCH_DIR, root):
+        if all((folder / n).is_file() for n in TRAIN_BATCHES + [TEST_BATCH]):
+            train, test = _from_pickles(folder)
+            break
+    else:
+        tarball = root / TARBALL if root.is_dir() else root
+        if tarball.is_file() and tarball.name.endswith((".tar.gz", ".tgz")):
+            train, test = _from_tarball(tarball)
+        elif (root / "train").is_dir() and (root / "test").is_dir():
+            return (*_from_pngs(root / "train"), *_from_pngs(root / "test"))
+        else:
+            raise FileNotFoundError(
+                f"root: CIFAR-10 not found at {str(root)!r}. Expected one of: "
+                f"{BATCH_DIR}/{{{', '.join(TRAIN_BATCHES)}, {TEST_BATCH}}} (official python pickles), "
+                f"the official tarball {TARBALL}, or PNG folders train/<class>/*.png and "
+                "test/<class>/*.png. CIFAR-10 is not downloaded at run time: copy it there yourself.")
+    train_x = np.concatenate([b[0] for b in train])
+    train_y = np.concatenate([b[1] for b in train])
+    return train_x, train_y, test[0], test[1]
+
+
+class CIFAR10DataModule(TensorDataModule):
+    """CIFAR-10 (3, 32, 32) in [-1, 1]; validation = the official test split.
+
+    ``classes`` keeps only the given labels; ``n_train`` picks a seeded subset.
+    """
+
+    def __init__(self, root: str, classes: Optional[list[int]] = None, batch_size: int = 128,
+                 val_batch_size: Optional[int] = None, num_workers: int = 0,
+                 samples_per_epoch: Optional[int] = None, n_train: Optional[int] = None,
+                 subset_seed: int = 0, seed: int = 0):
+        super().__init__(batch_size=batch_size, val_batch_size=val_batch_size, num_workers=num_workers,
+                         samples_per_epoch=samples_per_epoch, n_train=n_train,
+                         subset_seed=subset_seed, seed=seed)
+        if classes is not None:
+            for c in classes:
+                _check_choice("classes", c, range(10))
+        self.save_hyperparameters()
+        self.root, self.classes = str(root), classes
+        if not Path(self.root).exists():
+            raise FileNotFoundError(
+                f"root: {self.root!r} does not exist; CIFAR-10 must be provided locally as "
+                f"{BATCH_DIR}/ (data_batch_1..5, test_batch), {TARBALL} or PNG folders train/ test/")
+
+    def load_splits(self):
+        tx, ty, vx, vy = load_cifar10(self.root)
+        tx, vx = _scale_uint8(torch.from_numpy(tx)), _scale_uint8(torch.from_numpy(vx))
+        ty = None if ty is None else torch.from_numpy(ty)
+        vy = None if vy is None else torch.from_numpy(vy)
+        if self.classes is not None:
+            if ty is None or vy is None:
+                raise ValueError("classes: this CIFAR-10 copy has no labels (flat PNG folders)")
+            keep, keepv = torch.isin(ty, torch.tensor(self.classes)), torch.isin(vy, torch.tensor(self.classes))
+            tx, ty, vx, vy = tx[keep], ty[keep], vx[keepv], vy[keepv]
+        return tx, ty, vx, vy

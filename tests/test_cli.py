@@ -1,0 +1,108 @@
+"""The CLI: program name, embedded configs, a 2-epoch fit in-process, bad configuration fails early."""
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+
+from lightning_pfd.cli import CONFIG_DIR, main
+
+EMBEDDED = ["quickstart", "teacher_edm_digits", "distill_vp_digits", "edm_cifar10", "distill_vp_cifar10"]
+
+
+def _tiny_config(tmp_path: Path, **overrides) -> Path:
+    """A 2-epoch digits run with a small MLP, CSV logging into tmp_path."""
+    cfg = {
+        "seed_everything": 0,
+        "trainer": {"max_epochs": 2, "accelerator": "cpu", "devices": 1, "limit_train_batches": 4,
+                    "limit_val_batches": 2, "default_root_dir": str(tmp_path / "run"),
+                    "enable_progress_bar": False, "enable_model_summary": False,
+                    "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
+                               "init_args": {"save_dir": str(tmp_path / "run")}}},
+        "model": {"class_path": "lightning_pfd.modules.DiffusionModule",
+                  "init_args": {"net": {"class_path": "lightning_pfd.nets.MLPNet",
+                                        "init_args": {"dim": 64, "hidden": 32, "depth": 2}},
+                                "num_steps": 6}},
+        "data": {"class_path": "lightning_pfd.data.DigitsDataModule",
+                 "init_args": {"as_vector": True, "batch_size": 32}},
+    }
+    for dotted, value in overrides.items():
+        node = cfg
+        *path, last = dotted.split(".")
+        for k in path:
+            node = node.setdefault(k, {})
+        node[last] = value
+    p = tmp_path / "cfg.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def _run(argv):
+    with mock.patch.object(sys, "argv", ["python -m lightning_pfd"]):
+        return main(argv)
+
+
+def test_help_names_the_program_and_extra_commands():
+    out = subprocess.run([sys.executable, "-m", "lightning_pfd", "--help"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "usage: python -m lightning_pfd" in out.stdout
+    for name in ("fit", "validate", "test", "report", "icr-sweep", "pite"):
+        assert name in out.stdout
+
+
+@pytest.mark.parametrize("name", EMBEDDED)
+def test_embedded_configs_parse_with_print_config(name, capsys):
+    assert (CONFIG_DIR / f"{name}.yaml").exists()
+    with pytest.raises(SystemExit) as e:
+        _run(["fit", "--config", name, "--print_config"])
+    assert e.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["class_path"].startswith("lightning_pfd.modules")
+
+
+def test_two_epoch_fit_in_process_and_second_run_into_same_dir(tmp_path):
+    cfg = _tiny_config(tmp_path)
+    for _ in range(2):  # the second run must not abort on an existing config.yaml
+        assert _run(["fit", "--config", str(cfg)]) == 0
+    metrics = list((tmp_path / "run").rglob("metrics.csv"))
+    assert len(metrics) == 2
+    text = metrics[0].read_text()
+    assert "train/loss" in text and "val/loss" in text
+    assert list((tmp_path / "run").rglob("*.ckpt"))
+
+
+def _assert_fails_before_training(tmp_path, cfg, field, capsys):
+    with pytest.raises((ValueError, SystemExit, FileNotFoundError)) as e:
+        _run(["fit", "--config", str(cfg)])
+    message = str(e.value) + capsys.readouterr().err
+    assert field in message, message
+    assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("metrics.csv"))
+
+
+@pytest.mark.parametrize("override,field", [
+    ({"model.init_args.net": {"class_path": "lightning_pfd.nets.UNet",
+                              "init_args": {"preset": "unet99", "img_resolution": 8, "in_channels": 1}}},
+     "preset"),
+    ({"data.init_args.n_train": 0}, "n_train"),
+    ({"data.init_args.n_train": 100000}, "n_train"),
+    ({"model.init_args.sigma_min": 100.0}, "sigma_min"),
+    ({"model.init_args.precond": "ve"}, "precond"),
+    ({"data": {"class_path": "lightning_pfd.data.CIFAR10DataModule",
+               "init_args": {"root": "/nonexistent/cifar"}}}, "cifar"),
+    ({"model.init_args.net": {"class_path": "lightning_pfd.nets.UNet",
+                              "init_args": {"img_resolution": 16, "in_channels": 1, "model_channels": 8,
+                                            "channel_mult": [1, 1], "num_blocks": 1}},
+      "data.init_args": {"image_size": 8, "batch_size": 32}}, "net"),
+])
+def test_bad_configuration_fails_before_training(tmp_path, override, field, capsys):
+    cfg = _tiny_config(tmp_path, **override)
+    _assert_fails_before_training(tmp_path, cfg, field, capsys)
+
+
+def test_unknown_config_name_lists_embedded_configs(capsys):
+    with pytest.raises(SystemExit) as e:
+        _run(["fit", "--config", "no_such_config"])
+    assert "quickstart" in str(e.value)
