@@ -1,0 +1,267 @@
+"""RegimeMonitor: turns the per-epoch metric curves into events while training runs.
+
+Hook order [choice]: the measurement callbacks log in ``on_validation_epoch_end`` and Lightning
+calls the callbacks' hooks in list order *before* the LightningModule's own hook, so a monitor
+reading there would miss what later callbacks or the module log. The monitor therefore reads
+``trainer.callback_metrics`` in ``on_validation_end`` — after every ``on_validation_epoch_end``
+— and can be placed anywhere in the callback list. ``self.log`` is not allowed there, so events
+go to the loggers directly (``logger.log_metrics``, with ``epoch``) and into
+``trainer.callback_metrics``. A metric counts as measured in this validation only if its value
+object changed since the validation started, so a metric measured every k epochs is not
+recorded again with a stale value.
+
+Per validation (skipped during the sanity check) it appends one row {epoch, step, metrics} to its
+history (kept in ``state_dict`` for resume), runs
+:func:`lightning_pfd.analysis.events.analyze_history` on it and emits every *new* event once:
+``events/<name>_epoch`` and ``events/<name>_significance`` as metrics (plus
+``events/memorization_lead_epochs`` when the ICR minimum precedes the onset), a W&B table
+``events`` when a ``WandbLogger`` is attached, and a console line. At the end of fit it classifies
+the regime (``events/regime_code``: 0 generalization, 1 transition, 2 memorization; W&B summary
+``events/regime``), writes the report (PNG figures + markdown, as ``python -m lightning_pfd
+report``) and logs the figures to W&B as ``plots/dynamics`` and ``plots/icr_memorization``.
+
+Online events use the history so far: an E_gen rise that a later second descent turns into double
+descent is first announced as early learning. The report at the end re-analyzes the whole run.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import torch
+from lightning.pytorch import Callback
+from lightning.pytorch.loggers import WandbLogger
+
+from ..analysis.events import DEFAULT_KEYS, Event, RunAnalysis, analyze_history
+from ..analysis.history import History
+
+__all__ = ["RegimeMonitor"]
+
+EVENT_COLUMNS = ["event", "epoch", "significance", "detected_epoch", "description"]
+
+
+class RegimeMonitor(Callback):
+    """Detect early learning, double descent, ICR minimum and memorization onset online; regime
+    and report at the end of fit.
+
+    Args:
+        keys: overrides of the metric names per role (roles of
+            :data:`~lightning_pfd.analysis.events.DEFAULT_KEYS`: e_gen, e_mem, loss_train,
+            loss_test, gap, icr, mem_ratio).
+        window, min_sigma, min_rel, confirm: detector parameters (docs/events.md).
+        write_report: write the report at the end of fit.
+        report_dir: where; default ``<W&B run dir>/report``, else ``<trainer.log_dir>/report``,
+            else ``<default_root_dir>/report``.
+        plot_every_n_epochs: also log the figures to W&B every n validations (0 = only at the end).
+        require_descent: False also reports early learning when E_gen is lowest at the first
+            evaluation (the descent happened before it; see ``detect_early_learning``).
+        verbose: print a console line per event.
+    """
+
+    def __init__(self, keys: Optional[dict] = None, window: int = 5, min_sigma: float = 4.0,
+                 min_rel: float = 0.02, confirm: int = 3, write_report: bool = True,
+                 report_dir: Optional[str] = None, plot_every_n_epochs: int = 0,
+                 require_descent: bool = True, verbose: bool = True) -> None:
+        unknown = set(keys or {}) - set(DEFAULT_KEYS)
+        if unknown:
+            raise ValueError(f"keys: unknown roles {sorted(unknown)}; allowed {sorted(DEFAULT_KEYS)}")
+        for name, v in (("window", window), ("confirm", confirm)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        for name, v in (("min_sigma", min_sigma), ("min_rel", min_rel)):
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if isinstance(plot_every_n_epochs, bool) or not isinstance(plot_every_n_epochs, int) \
+                or plot_every_n_epochs < 0:
+            raise ValueError(f"plot_every_n_epochs must be an integer >= 0, got {plot_every_n_epochs!r}")
+        self.keys = dict(DEFAULT_KEYS, **(keys or {}))
+        self.params = dict(window=window, min_sigma=min_sigma, min_rel=min_rel, confirm=confirm)
+        self.require_descent = bool(require_descent)
+        self.write_report = write_report
+        self.report_dir = report_dir
+        self.plot_every_n_epochs = plot_every_n_epochs
+        self.verbose = verbose
+        self.history: list = []
+        self.emitted: dict = {}
+        self.regime: Optional[dict] = None
+        self.report_paths: Optional[dict] = None
+        self._snapshot: dict = {}
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return {"history": [dict(r) for r in self.history], "emitted": dict(self.emitted),
+                "regime": self.regime}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history = [dict(r) for r in state_dict.get("history", [])]
+        self.emitted = dict(state_dict.get("emitted", {}))
+        self.regime = state_dict.get("regime")
+
+    # ------------------------------------------------------------------ reading
+    def series(self) -> dict:
+        """{metric name: (epochs, values)} of the recorded history."""
+        return History(rows=self.history).series_dict(self.keys.values())
+
+    def analyze(self, final: bool = False) -> RunAnalysis:
+        return analyze_history(self.series(), keys=self.keys, final=final,
+                               require_descent=self.require_descent, **self.params)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._snapshot = {k: trainer.callback_metrics.get(k) for k in self.keys.values()}
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        cm = trainer.callback_metrics
+        row = {"epoch": float(trainer.current_epoch), "step": float(trainer.global_step)}
+        for name in self.keys.values():
+            v = cm.get(name)
+            if v is None or v is self._snapshot.get(name):
+                continue  # not measured in this validation (absent or stale)
+            row[name] = float(v.detach().double().cpu()) if torch.is_tensor(v) else float(v)
+        if self.history and self.history[-1].get("step") == row["step"]:
+            self.history[-1].update(row)
+        else:
+            self.history.append(row)
+        analysis = self.analyze(final=False)
+        new = [e for e in analysis.events if e.name not in self.emitted]  # each event once
+        for e in new:
+            self.emitted[e.name] = e.to_dict()
+        if new:
+            self._emit(trainer, new)
+        self._emit_lead(trainer)
+        n = self.plot_every_n_epochs
+        if n and trainer.is_global_zero and (trainer.current_epoch + 1) % n == 0:
+            self._log_figures(trainer, analysis, self._default_dir(trainer) / "latest")
+
+    # ------------------------------------------------------------------ output
+    def _emit(self, trainer, events: list) -> None:
+        metrics = {}
+        for e in events:
+            metrics[f"events/{e.name}_epoch"] = float(e.epoch)
+            metrics[f"events/{e.name}_significance"] = float(min(e.significance, 1e30))
+        self._log_metrics(trainer, metrics)
+        if trainer.is_global_zero:
+            self._log_table(trainer)
+            if self.verbose:
+                for e in events:
+                    self._print(trainer, f"[bold magenta]event[/] epoch {trainer.current_epoch}: "
+                                         f"{e.describe()}")
+
+    def _emit_lead(self, trainer) -> None:
+        """Once both are known (in either order): lead = onset epoch − ICR-minimum epoch."""
+        on, icr = self.emitted.get("memorization_onset"), self.emitted.get("icr_minimum")
+        if on is None or icr is None or "memorization_lead" in self.emitted:
+            return
+        lead = float(on["epoch"]) - float(icr["epoch"])
+        self.emitted["memorization_lead"] = {"lead_epochs": lead}
+        self._log_metrics(trainer, {"events/memorization_lead_epochs": lead})
+        if trainer.is_global_zero and self.verbose:
+            self._print(trainer, f"[bold magenta]event[/] ICR minimum (epoch {icr['epoch']}) "
+                                 f"{'anticipates' if lead >= 0 else 'follows'} memorization onset "
+                                 f"(epoch {on['epoch']}) by {abs(lead):g} epochs")
+
+    def _log_metrics(self, trainer, metrics: dict) -> None:
+        for k, v in metrics.items():
+            trainer.callback_metrics[k] = torch.tensor(v, dtype=torch.float64)
+        if not trainer.is_global_zero:
+            return
+        payload = dict(metrics, epoch=float(trainer.current_epoch))
+        for lg in trainer.loggers:
+            lg.log_metrics(payload, step=trainer.global_step)
+
+    def _table_rows(self) -> list:
+        rows = []
+        for name, d in self.emitted.items():
+            if name == "memorization_lead":
+                continue
+            e = Event(**d)
+            rows.append([e.name, float(e.epoch), float(min(e.significance, 1e30)),
+                         float(e.detected_epoch), e.describe()])
+        if self.regime is not None:
+            rows.append(["regime", float("nan"), float("nan"), float("nan"),
+                         f"{self.regime['name']}: " + "; ".join(self.regime["reasons"])])
+        return rows
+
+    def _log_table(self, trainer) -> None:
+        for lg in trainer.loggers:
+            if isinstance(lg, WandbLogger):
+                lg.log_table(key="events", columns=EVENT_COLUMNS, data=self._table_rows(),
+                             step=trainer.global_step)
+
+    def _print(self, trainer, text: str) -> None:
+        bar = getattr(trainer, "progress_bar_callback", None)
+        console = getattr(bar, "_console", None)
+        if console is None:
+            from rich.console import Console
+
+            console = Console()
+        console.print(text)
+
+    def _default_dir(self, trainer) -> Path:
+        if self.report_dir:
+            return Path(self.report_dir)
+        for lg in trainer.loggers:
+            if isinstance(lg, WandbLogger):
+                run_dir = getattr(lg.experiment, "dir", None)  # .../offline-run-*/files
+                if isinstance(run_dir, str) and run_dir:
+                    return Path(run_dir).parent / "report"
+        if trainer.loggers and trainer.log_dir:
+            return Path(trainer.log_dir) / "report"
+        return Path(trainer.default_root_dir) / "report"
+
+    def _log_figures(self, trainer, analysis: RunAnalysis, out_dir: Path) -> list:
+        from ..analysis.plots import plot_dynamics, plot_icr_memorization
+
+        series = self.series()
+        figs = {"plots/dynamics": plot_dynamics(series, analysis.events, out_dir / "dynamics.png",
+                                                keys=self.keys, window=self.params["window"]),
+                "plots/icr_memorization": plot_icr_memorization(
+                    series, analysis.events, out_dir / "icr_memorization.png", keys=self.keys,
+                    window=self.params["window"])}
+        figs = {k: v for k, v in figs.items() if v is not None}
+        self._log_images(trainer, figs)
+        return list(figs.values())
+
+    def _log_images(self, trainer, figs: dict) -> None:
+        for lg in trainer.loggers:
+            if isinstance(lg, WandbLogger) and figs:
+                import wandb
+
+                lg.experiment.log({k: wandb.Image(p) for k, p in figs.items()}
+                                  | {"epoch": trainer.current_epoch,
+                                     "trainer/global_step": trainer.global_step})
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        analysis = self.analyze(final=True)
+        if analysis.regime is not None:
+            self.regime = analysis.regime.to_dict()
+            self._log_metrics(trainer, {"events/regime_code": float(analysis.regime.code)})
+        if not trainer.is_global_zero:
+            return
+        for lg in trainer.loggers:
+            if isinstance(lg, WandbLogger):
+                if self.regime is not None:
+                    lg.experiment.summary["events/regime"] = self.regime["name"]
+            elif hasattr(lg, "save"):
+                lg.save()
+        if self.regime is not None:
+            self._log_table(trainer)
+            if self.verbose:
+                self._print(trainer, f"[bold magenta]regime[/]: {self.regime['name']} "
+                                     f"({'; '.join(self.regime['reasons'])})")
+        if self.write_report and self.history:
+            from ..analysis.report import write_report
+
+            out = self._default_dir(trainer)
+            self.report_paths = write_report(self.series(), out, keys=self.keys, analysis=analysis,
+                                             **self.params)
+            figs = {f"plots/{Path(p).stem}": p for p in self.report_paths["figures"]}
+            dirs = getattr(trainer, "lightning_pfd_plot_dirs", None)  # listed by the CLI at the end
+            if dirs is None:
+                trainer.lightning_pfd_plot_dirs = dirs = []
+            (dirs.add if isinstance(dirs, set) else dirs.append)(str(out))
+            self._log_images(trainer, figs)
+            if self.verbose:
+                self._print(trainer, f"[bold magenta]report[/]: {self.report_paths['markdown']}")

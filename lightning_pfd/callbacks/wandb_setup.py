@@ -1,0 +1,191 @@
+"""Weights & Biases glue: offline-when-no-credentials logger, epoch x-axis and summaries, CLI config.
+
+- :func:`has_wandb_credentials` / :func:`logger_offline_if_no_credentials` — a run goes online only
+  when ``WANDB_API_KEY`` is set or a netrc entry for the W&B host exists (``wandb login`` writes
+  one) and ``WANDB_MODE`` is not offline/disabled; otherwise offline (sync later with
+  ``wandb sync <save_dir>/wandb/offline-run-*``). Nothing here touches the network.
+- :class:`AutoWandbLogger` — ``WandbLogger`` whose ``offline`` defaults to that decision and which
+  calls :func:`setup_wandb_metrics` when its run starts (usable from YAML:
+  ``class_path: lightning_pfd.callbacks.AutoWandbLogger``). :func:`default_wandb_logger` builds one.
+- :func:`setup_wandb_metrics` — ``define_metric`` with ``epoch`` as x-axis for the per-epoch
+  metrics of the project and summaries min of ``pfd/e_gen``, ``pfd/e_mem``, ``icr/icr``, max of
+  ``mem/ratio`` (each also keeps ``last``). Lightning logs ``epoch`` with every call, so the axis
+  exists in every history row.
+- :class:`WandbMetricsSetup` — callback doing the same for a stock ``WandbLogger``.
+- :class:`LogConfigCallback` — LightningCLI ``SaveConfigCallback`` that also logs the full parsed
+  CLI config to every logger (W&B run config under ``cli``); pass it as
+  ``LightningCLI(..., save_config_callback=LogConfigCallback)``.
+"""
+from __future__ import annotations
+
+import netrc
+import os
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+from urllib.parse import urlparse
+
+from lightning.pytorch import Callback
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+__all__ = [
+    "has_wandb_credentials",
+    "logger_offline_if_no_credentials",
+    "setup_wandb_metrics",
+    "default_wandb_logger",
+    "AutoWandbLogger",
+    "WandbMetricsSetup",
+    "LogConfigCallback",
+    "EPOCH_METRICS",
+    "SUMMARIES",
+]
+
+#: Per-epoch metrics (exact names from the team brief) plotted against ``epoch``.
+EPOCH_METRICS = (
+    "pfd/e_gen", "pfd/e_mem", "loss/train_fixed", "loss/test_fixed", "loss/gap", "icr/icr",
+    "icr/trace_s", "icr/trace_xi", "icr/n", "icr/d", "icr/best_epoch", "mem/ratio", "tail/rmsqe",
+    "tail/loader", "tail/loader_floor", "val/loss",
+)
+#: Prefixes of per-epoch metric families (glob definitions for names not listed above).
+EPOCH_GLOBS = ("pfd/*", "loss/*", "icr/*", "mem/*", "tail/*", "events/*", "bv/*", "val/*")
+#: W&B summaries (comma-separated, as accepted by ``define_metric(summary=...)``).
+SUMMARIES = {
+    "pfd/e_gen": "min,last",
+    "pfd/e_mem": "min,last",
+    "icr/icr": "min,last",
+    "mem/ratio": "max,last",
+}
+
+_OFFLINE_MODES = ("offline", "dryrun", "disabled")
+
+
+def has_wandb_credentials(env: Optional[dict] = None) -> bool:
+    """True when an API key is available without network: ``WANDB_API_KEY`` or a netrc entry
+    (``$NETRC``, ``~/.netrc`` or ``~/_netrc``) for the host of ``WANDB_BASE_URL``
+    (default api.wandb.ai)."""
+    env = os.environ if env is None else env
+    if env.get("WANDB_API_KEY", "").strip():
+        return True
+    host = urlparse(env.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    home = Path(env.get("HOME", str(Path.home())))
+    candidates = [env["NETRC"]] if env.get("NETRC") else [home / ".netrc", home / "_netrc"]
+    for path in candidates:
+        try:
+            auth = netrc.netrc(str(path)).authenticators(host)
+        except (OSError, netrc.NetrcParseError):
+            continue
+        if auth and auth[2]:
+            return True
+    return False
+
+
+def logger_offline_if_no_credentials(env: Optional[dict] = None) -> bool:
+    """The ``offline`` flag to use: True if ``WANDB_MODE`` is offline/dryrun/disabled or no
+    credentials exist (:func:`has_wandb_credentials`), else False."""
+    env = os.environ if env is None else env
+    if env.get("WANDB_MODE", "").strip().lower() in _OFFLINE_MODES:
+        return True
+    return not has_wandb_credentials(env)
+
+
+def setup_wandb_metrics(run, *, step_metric: str = "epoch", summaries: Optional[dict] = None,
+                        metrics=EPOCH_METRICS, globs=EPOCH_GLOBS) -> None:
+    """``define_metric`` for the project's per-epoch metrics on a W&B ``run``: x-axis
+    ``step_metric`` and the summaries of :data:`SUMMARIES` (``summaries`` overrides/extends).
+    Explicit names override Lightning's ``"*" → trainer/global_step`` glob."""
+    summ = dict(SUMMARIES, **(summaries or {}))
+    run.define_metric(step_metric)
+    for g in globs:
+        run.define_metric(g, step_metric=step_metric)
+    for name in dict.fromkeys(list(metrics) + list(summ)):
+        if name in summ:
+            run.define_metric(name, step_metric=step_metric, summary=summ[name])
+        else:
+            run.define_metric(name, step_metric=step_metric)
+
+
+class AutoWandbLogger(WandbLogger):
+    """``WandbLogger`` that is offline unless credentials exist (``offline=None``, the default)
+    and defines the epoch x-axis and summaries (:func:`setup_wandb_metrics`) when the run
+    starts. All other arguments are those of ``WandbLogger``."""
+
+    def __init__(self, name: Optional[str] = None, save_dir: Union[str, Path] = ".",
+                 version: Optional[str] = None, offline: Optional[bool] = None,
+                 dir: Union[str, Path, None] = None, id: Optional[str] = None,
+                 anonymous: Optional[bool] = None, project: Optional[str] = "lightning_pfd",
+                 log_model: Union[Literal["all"], bool] = False, prefix: str = "",
+                 checkpoint_name: Optional[str] = None, define_metrics: bool = True,
+                 **kwargs: Any) -> None:
+        if offline is None:
+            offline = logger_offline_if_no_credentials()
+        super().__init__(name=name, save_dir=save_dir, version=version, offline=offline, dir=dir,
+                         id=id, anonymous=anonymous, project=project, log_model=log_model,
+                         prefix=prefix, checkpoint_name=checkpoint_name, **kwargs)
+        self._pfd_define_metrics = define_metrics
+        self._pfd_metrics_done = False
+
+    @property
+    def experiment(self):
+        run = WandbLogger.experiment.fget(self)
+        if self._pfd_define_metrics and not self._pfd_metrics_done and rank_zero_only.rank == 0:
+            self._pfd_metrics_done = True
+            setup_wandb_metrics(run)
+        return run
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_pfd_metrics_done"] = False
+        return state
+
+
+def default_wandb_logger(project: str = "lightning_pfd", save_dir: Union[str, Path] = ".",
+                         offline: Optional[bool] = None, **kwargs: Any) -> AutoWandbLogger:
+    """An :class:`AutoWandbLogger` (offline unless credentials exist)."""
+    return AutoWandbLogger(project=project, save_dir=save_dir, offline=offline, **kwargs)
+
+
+class WandbMetricsSetup(Callback):
+    """Calls :func:`setup_wandb_metrics` on every ``WandbLogger`` of the trainer at setup
+    (not needed with :class:`AutoWandbLogger`, harmless with it)."""
+
+    def __init__(self, step_metric: str = "epoch", summaries: Optional[dict] = None) -> None:
+        if not isinstance(step_metric, str) or not step_metric:
+            raise ValueError(f"step_metric must be a non-empty metric name, got {step_metric!r}")
+        self.step_metric = step_metric
+        self.summaries = summaries
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if not trainer.is_global_zero:
+            return
+        for lg in trainer.loggers:
+            if isinstance(lg, WandbLogger):
+                setup_wandb_metrics(lg.experiment, step_metric=self.step_metric,
+                                    summaries=self.summaries)
+
+
+class LogConfigCallback(SaveConfigCallback):
+    """LightningCLI config callback: writes ``config.yaml`` as usual and logs the full parsed
+    config to every logger (``log_hyperparams({"cli": config})``; for W&B it lands in the run
+    config)."""
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        if not trainer.loggers:
+            return
+        cfg = self.config.as_dict() if hasattr(self.config, "as_dict") else dict(self.config)
+        for lg in trainer.loggers:
+            if isinstance(lg, WandbLogger):
+                lg.experiment.config.update({"cli": _plain(cfg)}, allow_val_change=True)
+            else:
+                lg.log_hyperparams({"cli": _plain(cfg)})
+
+
+def _plain(obj):
+    """Config → JSON-friendly nested dict/list of scalars (paths and classes as strings)."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)

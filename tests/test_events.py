@@ -1,0 +1,302 @@
+"""Event detectors and smoothing on synthetic curves with known answers (clean and noisy, fixed
+seeds), curves without events, and bad input. Oracles: closed-form extrema / crossings of the
+generating functions, brute-force window statistics, numpy reference implementations."""
+import math
+
+import numpy as np
+import pytest
+
+from lightning_pfd.analysis.events import (
+    Event,
+    analyze_history,
+    classify_regime,
+    detect_double_descent,
+    detect_early_learning,
+    detect_icr_minimum,
+    detect_memorization_onset,
+    turning_points,
+)
+from lightning_pfd.analysis.smoothing import (
+    estimate_noise,
+    fill_nan,
+    moving_average,
+    moving_median,
+    smooth,
+)
+
+T = np.arange(100, dtype=np.float64)
+SEEDS = range(12)
+
+
+def early_learning_curve(t):
+    """2 + 2e^{-t/5} + (1 − e^{-t/40}); f'(t) = 0 at t* = 40·ln16/7 ≈ 15.84 (interior minimum),
+    then a rise of ≈ 0.5 until t = 99."""
+    return 2.0 + 2.0 * np.exp(-t / 5.0) + (1.0 - np.exp(-t / 40.0))
+
+
+EL_ARGMIN = 40.0 * math.log(16.0) / 7.0
+
+
+def double_descent_curve(t):
+    return 2.0 + 2.0 * np.exp(-t / 5.0) + 0.6 * np.exp(-(((t - 45.0) / 10.0) ** 2))
+
+
+def _dd_extrema():
+    """Oracle: first minimum and the intermediate peak of the clean curve on a fine grid."""
+    g = np.linspace(0, 99, 99001)
+    f = double_descent_curve(g)
+    i = int(np.argmin(f[g < 40]))
+    j = int(np.argmax(np.where(g > g[i], f, -np.inf)))
+    return g[i], g[j]
+
+
+def monotone_curve(t):
+    return 2.0 + 2.0 * np.exp(-t / 10.0)
+
+
+def noisy(f, sigma, seed):
+    return f + sigma * np.random.default_rng(seed).standard_normal(f.shape)
+
+
+# ----------------------------------------------------------------------------- smoothing
+def test_estimate_noise_recovers_sigma_under_a_trend():
+    rng = np.random.default_rng(0)
+    t = np.arange(4000.0)
+    for trend in (0 * t, 0.01 * t, 3 * np.exp(-t / 500)):
+        y = trend + 0.1 * rng.standard_normal(t.size)
+        assert estimate_noise(y) == pytest.approx(0.1, rel=0.06)
+    assert estimate_noise(early_learning_curve(T)) < 1e-3  # smooth curve: ~ no noise
+    assert estimate_noise([1.0, 2.0, 3.0]) == 0.0  # too short to estimate
+
+
+def test_moving_statistics_match_brute_force():
+    rng = np.random.default_rng(1)
+    y = rng.standard_normal(23)
+    for w in (1, 2, 3, 5, 8):
+        h = w // 2
+        exp_mean, exp_med = [], []
+        for i in range(y.size):
+            k = min(h, i, y.size - 1 - i)
+            exp_mean.append(y[i - k:i + k + 1].mean())
+            exp_med.append(np.median(y[i - k:i + k + 1]))
+        np.testing.assert_allclose(moving_average(y, w), exp_mean, rtol=1e-12)
+        np.testing.assert_allclose(moving_median(y, w), exp_med, rtol=1e-12)
+
+
+def test_smooth_keeps_lines_and_removes_outliers():
+    line = 3.0 - 0.25 * T
+    np.testing.assert_allclose(smooth(line, 7), line, atol=1e-12)  # symmetric windows
+    spiked = line.copy()
+    spiked[40] += 50.0
+    # the median drops the spike (error at most one step of the line); a mean alone would not
+    assert abs(smooth(spiked, 5)[40] - line[40]) <= 0.25 + 1e-12
+    assert abs(moving_average(spiked, 5)[40] - line[40]) == pytest.approx(10.0)
+
+
+def test_fill_nan_is_linear_interpolation():
+    y = np.array([np.nan, 1.0, np.nan, np.nan, 4.0, np.inf, 6.0, np.nan])
+    np.testing.assert_allclose(fill_nan(y), [1, 1, 2, 3, 4, 5, 6, 6])
+
+
+def test_turning_points_on_a_zigzag():
+    s = np.array([0, 1, 2, 3, 2, 1, 0, 1, 2, 2.5, 2.4, 2.45, 1.0])
+    assert turning_points(s, 1.5) == [(0, "min"), (3, "max"), (6, "min"), (9, "max"), (12, "min")]
+    assert turning_points(s, 10.0) == []
+
+
+# ----------------------------------------------------------------------------- early learning
+def test_early_learning_clean_curve():
+    ev = detect_early_learning(T, early_learning_curve(T))
+    assert isinstance(ev, Event) and ev.name == "early_learning"
+    assert abs(ev.epoch - EL_ARGMIN) <= 1.5
+    assert ev.detail["rise"] == pytest.approx(early_learning_curve(99.0) - early_learning_curve(EL_ARGMIN), rel=0.05)
+    assert ev.detected_epoch > ev.epoch
+    assert ev.significance > 100  # noiseless: far above the noise
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_early_learning_noisy_curve(seed):
+    ev = detect_early_learning(T, noisy(early_learning_curve(T), 0.05, seed))
+    assert ev is not None
+    assert abs(ev.epoch - EL_ARGMIN) <= 6
+    assert ev.significance >= 4.0
+    assert detect_double_descent(T, noisy(early_learning_curve(T), 0.05, seed)) is None
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_no_event_on_monotone_or_flat_curves(seed):
+    for f in (monotone_curve(T), 2.0 + 0 * T):
+        for sigma in (0.0, 0.05, 0.2):
+            y = noisy(f, sigma, seed) if sigma else f
+            assert detect_early_learning(T, y) is None
+            assert detect_double_descent(T, y) is None
+            assert detect_icr_minimum(T, y) is None
+
+
+def test_no_early_learning_when_minimum_is_at_the_start_or_rise_is_tiny():
+    assert detect_early_learning(T, 1.0 + 0.01 * T) is None  # rises from epoch 0: not interior
+    tiny = 2.0 + 2.0 * np.exp(-T / 5.0) + 0.01 * (1 - np.exp(-T / 40.0))  # rise 0.006 < 2 %
+    assert detect_early_learning(T, tiny) is None
+    # a minimum at the first evaluation counts only with require_descent=False
+    late = 1.0 + 0.5 * (1 - np.exp(-T / 20.0))
+    ev = detect_early_learning(T, late, require_descent=False)
+    assert ev.epoch == 0 and ev.detail["descent_observed"] is False
+    assert ev.detail["rise"] == pytest.approx(late[-1] - late[0], rel=0.02)
+    # needs max(5, confirm + 2) points
+    assert detect_early_learning(T[:4], early_learning_curve(T[:4])) is None
+
+
+def test_detectors_are_scale_free():
+    for scale in (1e-3, 1e3):
+        a = detect_early_learning(T, early_learning_curve(T))
+        b = detect_early_learning(T, scale * early_learning_curve(T))
+        assert (a.epoch, a.detected_epoch) == (b.epoch, b.detected_epoch)
+        c = detect_double_descent(T, double_descent_curve(T))
+        d = detect_double_descent(T, scale * double_descent_curve(T))
+        assert (c.epoch, c.detail["first_min_epoch"]) == (d.epoch, d.detail["first_min_epoch"])
+
+
+def test_epochs_may_be_sparse():
+    x = 5.0 * T  # evaluated every 5 epochs
+    ev = detect_early_learning(x, early_learning_curve(T))
+    assert abs(ev.epoch - 5 * EL_ARGMIN) <= 7.5
+
+
+# ----------------------------------------------------------------------------- double descent
+def test_double_descent_clean_curve():
+    t_min, t_peak = _dd_extrema()
+    ev = detect_double_descent(T, double_descent_curve(T))
+    assert ev is not None and ev.name == "double_descent"
+    assert abs(ev.epoch - t_peak) <= 1.5
+    assert abs(ev.detail["first_min_epoch"] - t_min) <= 2.5
+    assert ev.detail["second_min_epoch"] == 99
+    assert detect_early_learning(T, double_descent_curve(T)) is None
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_double_descent_noisy_curve(seed):
+    t_min, t_peak = _dd_extrema()
+    ev = detect_double_descent(T, noisy(double_descent_curve(T), 0.05, seed))
+    assert ev is not None
+    assert abs(ev.epoch - t_peak) <= 4
+    assert abs(ev.detail["first_min_epoch"] - t_min) <= 6
+    assert ev.significance >= 4.0
+
+
+def test_double_descent_bump_below_noise_is_ignored():
+    bump = 2.0 + 2.0 * np.exp(-T / 5.0) + 0.05 * np.exp(-(((T - 45.0) / 10.0) ** 2))
+    for seed in SEEDS:
+        assert detect_double_descent(T, noisy(bump, 0.1, seed)) is None
+
+
+# ----------------------------------------------------------------------------- memorization
+def ratio_curve(t):
+    return 0.8 / (1.0 + np.exp(-(t - 50.0) / 4.0))
+
+
+# crossing of baseline (0) + 0.02: 0.8σ((t−50)/4) = 0.02 → t = 50 + 4 ln(0.02/0.78)
+RATIO_ONSET = 50.0 + 4.0 * math.log(0.02 / 0.78)
+ICR = 0.5 + 0.3 * ((T - 30.0) / 30.0) ** 2  # U-shape, minimum at epoch 30
+
+
+def test_memorization_onset_clean_with_icr_lead():
+    ev = detect_memorization_onset(T, ratio_curve(T), icr=ICR)
+    assert ev.name == "memorization_onset" and ev.detail["source"] == "mem/ratio"
+    assert abs(ev.epoch - RATIO_ONSET) <= 1.5
+    assert abs(ev.detail["icr_min_epoch"] - 30) <= 1
+    assert ev.detail["lead_epochs"] == ev.epoch - ev.detail["icr_min_epoch"]
+    assert ev.detail["lead_epochs"] > 0
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_memorization_onset_noisy(seed):
+    rng = np.random.default_rng(seed)
+    r = np.clip(ratio_curve(T) + 0.01 * rng.standard_normal(T.size), 0, 1)
+    icr = ICR + 0.01 * rng.standard_normal(T.size)
+    ev = detect_memorization_onset(T, r, icr=icr)
+    assert ev is not None and abs(ev.epoch - RATIO_ONSET) <= 5
+    assert abs(ev.detail["icr_min_epoch"] - 30) <= 6
+    icr_ev = detect_icr_minimum(T, icr)
+    assert icr_ev.epoch == ev.detail["icr_min_epoch"]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_no_memorization_onset_without_memorization(seed):
+    rng = np.random.default_rng(seed)
+    r = np.abs(0.003 * rng.standard_normal(T.size))  # a few stray hits, no trend
+    assert detect_memorization_onset(T, r) is None
+    # data-rich ICR falls monotonically: no U-shape, no early warning
+    assert detect_icr_minimum(T, noisy(0.9 * np.exp(-T / 30) + 0.1, 0.01, seed)) is None
+
+
+def test_memorization_onset_from_e_mem():
+    e_mem = 3.5 - 0.8 / (1.0 + np.exp(-(T - 50.0) / 4.0))
+    # threshold = 2 % of max|E_mem| = 0.07: 0.8σ((t−50)/4) = 0.07 → t = 50 + 4 ln(0.07/0.73)
+    expected = 50.0 + 4.0 * math.log(0.07 / 0.73)
+    ev = detect_memorization_onset(T, e_mem=e_mem)
+    assert ev.detail["source"] == "pfd/e_mem"
+    assert abs(ev.epoch - expected) <= 1.5
+    # E_mem falling from the start (learning) is ignored before the E_gen minimum
+    learning = 5.0 * np.exp(-T / 3.0)
+    ev2 = detect_memorization_onset(T, e_mem=e_mem + learning, e_gen_min_epoch=25)
+    thr = 0.02 * (e_mem + learning).max()  # relative floor now set by the larger curve
+    assert ev2.detail["threshold"] == pytest.approx(thr, rel=1e-3)
+    assert abs(ev2.epoch - (50.0 + 4.0 * math.log(thr / (0.8 - thr)))) <= 1.5
+    assert detect_memorization_onset(T, e_mem=e_mem + learning).epoch <= 2  # without the hint
+    assert detect_memorization_onset(T, e_mem=3.5 + 0 * T) is None
+
+
+# ----------------------------------------------------------------------------- regime
+def test_classify_regime_rules():
+    ones = np.ones(20)
+    x = np.arange(20.0)
+    assert classify_regime(x, 4.2 * ones, 3.0 * ones).name == "memorization"
+    assert classify_regime(x, 2.0 * ones, 3.5 * ones).name == "generalization"
+    el = Event("early_learning", 3, 9.0, 6)
+    assert classify_regime(x, 2.0 * ones, 3.5 * ones, early_learning=el).name == "transition"
+    assert classify_regime(x, 3.0 * ones, 3.1 * ones).name == "transition"
+    r = classify_regime(x, 2.0 * ones, 3.5 * ones, mem_ratio=0.9 * ones)
+    assert r.name == "memorization" and r.code == 2
+    r = classify_regime(x, 2.0 * ones, 3.5 * ones, mem_ratio=0.1 * ones)
+    assert r.name == "transition"
+    assert r.score == pytest.approx(math.log(2.0 / 3.5))
+    assert classify_regime(x[:4], 4.2 * ones[:4], 3.0 * ones[:4]) is None  # too short
+
+
+def test_analyze_history_combines_detectors():
+    series = {
+        "pfd/e_gen": (T, early_learning_curve(T)),
+        "pfd/e_mem": (T, 3.5 - 0.8 / (1.0 + np.exp(-(T - 50.0) / 4.0))),
+        "icr/icr": (T, ICR),
+        "mem/ratio": (T, ratio_curve(T)),
+    }
+    a = analyze_history(series)
+    names = [e.name for e in a.events]
+    assert names == sorted(names, key=lambda n: a.event(n).epoch)
+    assert set(names) == {"early_learning", "icr_minimum", "memorization_onset"}
+    assert a.event("memorization_onset").epoch == detect_memorization_onset(
+        T, ratio_curve(T), icr=ICR).epoch
+    assert a.regime.name == "memorization"  # final ratio 0.8
+    assert analyze_history(series, final=False).regime is None
+    # other metric names through keys
+    renamed = {"my/egen": series["pfd/e_gen"]}
+    assert analyze_history(renamed, keys={"e_gen": "my/egen"}).event("early_learning") is not None
+
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("call, field", [
+    (lambda: detect_early_learning(T, np.ones((10, 2))), "e_gen"),
+    (lambda: detect_early_learning(T, np.ones(5)), "same length"),
+    (lambda: detect_early_learning(T[::-1], T), "non-decreasing"),
+    (lambda: detect_early_learning(T, T, window=0), "window"),
+    (lambda: detect_double_descent(T, T, confirm=0), "confirm"),
+    (lambda: detect_double_descent(T, T, min_sigma=-1), "min_sigma"),
+    (lambda: detect_icr_minimum(T, T, min_rel=float("nan")), "min_rel"),
+    (lambda: detect_memorization_onset(T), "mem_ratio or e_mem"),
+    (lambda: classify_regime(T, T, T, margin=-1), "margin"),
+    (lambda: analyze_history({}, keys={"egen": "x"}), "keys"),
+    (lambda: smooth(T, window=2.5), "window"),
+])
+def test_bad_input_raises_value_error(call, field):
+    with pytest.raises(ValueError, match=field):
+        call()
