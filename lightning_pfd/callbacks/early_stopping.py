@@ -1,0 +1,134 @@
+"""ICREarlyStopping: stop (after ``patience``) at the ICR minimum (ICR paper Sec. 5.2).
+
+In data-limited training ICR is U-shaped and its minimum precedes the rise of the memorization
+ratio, so the minimum is a label-free, sampling-free early-stopping point. This is Lightning's
+``EarlyStopping`` on ``icr/icr`` (mode ``min``) with
+
+- ``smoothing`` in [0, 1): an exponential moving average s_e = a s_{e-1} + (1 - a) ICR_e is
+  compared instead of the raw value (0 = no smoothing), against epoch-to-epoch estimation noise;
+- ``icr/best_epoch``: the epoch of the best (smoothed) value, written to every logger and to
+  ``trainer.callback_metrics`` (and ``icr/icr_smooth`` when smoothing);
+- the check runs in ``on_validation_end`` (``check_on_train_epoch_end=False``), i.e. after
+  ``ICRMonitor`` logged the value of the *same* epoch in ``on_validation_epoch_end``;
+- ``every_n_epochs``: check only at epochs e with e % every_n_epochs == 0 (None: the
+  ``every_n_epochs`` of an ``ICRMonitor`` among the trainer's callbacks, else 1) -- Lightning keeps
+  the last logged value in ``callback_metrics``, so checking at epochs without a fresh ICR would
+  count a stale value as "no improvement". ``patience`` counts checks, not epochs;
+- state (wait count, best score, best epoch, EMA state) in ``state_dict`` for resume.
+
+Pair it with ``ModelCheckpoint(monitor="icr/icr", mode="min")`` so the checkpoint at the minimum
+is kept (``lightning_pfd/callbacks_configs/representation.yaml`` does both). ``icr/best_epoch``
+is written through ``logger.log_metrics`` because ``self.log`` is not allowed in
+``on_validation_end``.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import EarlyStopping
+
+__all__ = ["ICREarlyStopping"]
+
+
+class ICREarlyStopping(EarlyStopping):
+    """EarlyStopping at the ICR minimum (module docstring).
+
+    Extra args: ``smoothing`` (EMA coefficient in [0, 1)), ``every_n_epochs`` (None: follow the
+    ICRMonitor). Defaults differ from EarlyStopping: ``monitor="icr/icr"``, ``patience=5``,
+    ``check_on_train_epoch_end=False``.
+    """
+
+    def __init__(self, monitor: str = "icr/icr", min_delta: float = 0.0, patience: int = 5,
+                 smoothing: float = 0.0, every_n_epochs: Optional[int] = None,
+                 mode: str = "min", verbose: bool = False,
+                 strict: bool = True, check_finite: bool = True,
+                 stopping_threshold: Optional[float] = None,
+                 divergence_threshold: Optional[float] = None,
+                 check_on_train_epoch_end: bool = False, log_rank_zero_only: bool = False):
+        if not 0.0 <= float(smoothing) < 1.0:
+            raise ValueError(f"smoothing: the EMA coefficient must lie in [0, 1), got {smoothing}")
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+            raise ValueError(f"patience: must be an integer >= 1, got {patience!r}")
+        if every_n_epochs is not None and (isinstance(every_n_epochs, bool) or
+                                           not isinstance(every_n_epochs, int) or every_n_epochs < 1):
+            raise ValueError(f"every_n_epochs: must be None or an integer >= 1, got {every_n_epochs!r}")
+        if not float(min_delta) >= 0:
+            raise ValueError(f"min_delta: must be >= 0, got {min_delta}")
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode: must be 'min' or 'max', got {mode!r}")
+        super().__init__(monitor=monitor, min_delta=min_delta, patience=patience, verbose=verbose,
+                         mode=mode, strict=strict, check_finite=check_finite,
+                         stopping_threshold=stopping_threshold,
+                         divergence_threshold=divergence_threshold,
+                         check_on_train_epoch_end=check_on_train_epoch_end,
+                         log_rank_zero_only=log_rank_zero_only)
+        self.smoothing = float(smoothing)
+        self.every_n_epochs = every_n_epochs
+        self._every = every_n_epochs or 1
+        self.best_epoch = -1
+        self.smoothed: Optional[float] = None
+
+    @property
+    def best_key(self) -> str:
+        return self.monitor.rsplit("/", 1)[0] + "/best_epoch" if "/" in self.monitor else "best_epoch"
+
+    def _smooth(self, raw: torch.Tensor) -> torch.Tensor:
+        if self.smoothing == 0.0 or not torch.isfinite(raw):
+            return raw
+        value = float(raw) if self.smoothed is None else \
+            self.smoothing * self.smoothed + (1 - self.smoothing) * float(raw)
+        self.smoothed = value
+        return torch.tensor(value, dtype=torch.float64)
+
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if self.every_n_epochs is None:
+            from .icr import ICRMonitor  # the producer of icr/* metrics
+
+            monitors = [c for c in trainer.callbacks if isinstance(c, ICRMonitor)]
+            self._every = monitors[0].every_n_epochs if monitors and \
+                self.monitor.startswith("icr/") else 1
+
+    def _run_early_stopping_check(self, trainer: "pl.Trainer") -> None:
+        logs = trainer.callback_metrics
+        if trainer.current_epoch % self._every:  # no fresh value this epoch
+            return
+        if trainer.fast_dev_run or not self._validate_condition_metric(logs):
+            return
+        raw = logs[self.monitor].squeeze().detach().to("cpu", torch.float64)
+        current = self._smooth(raw)
+        before = self.best_score.clone()
+        should_stop, reason = self._evaluate_stopping_criteria(current)
+        if not torch.equal(self.best_score.to(before.dtype), before):
+            self.best_epoch = trainer.current_epoch
+        self._publish(trainer, current)
+        should_stop = trainer.strategy.reduce_boolean_decision(should_stop, all=False)
+        trainer.should_stop = trainer.should_stop or should_stop
+        if should_stop:
+            self.stopped_epoch = trainer.current_epoch
+            self.stopping_reason_message = reason
+        if reason and self.verbose:
+            self._log_info(trainer, reason, self.log_rank_zero_only)
+
+    def _publish(self, trainer: "pl.Trainer", current: torch.Tensor) -> None:
+        """icr/best_epoch (+ icr/icr_smooth) to callback_metrics and every logger."""
+        metrics = {self.best_key: float(self.best_epoch)}
+        if self.smoothing > 0:
+            metrics[self.monitor + "_smooth"] = float(current)
+        for k, v in metrics.items():
+            trainer.callback_metrics[k] = torch.tensor(v)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+    def state_dict(self) -> Dict[str, Any]:
+        state = super().state_dict()
+        state.update(best_epoch=self.best_epoch, smoothed=self.smoothed, smoothing=self.smoothing)
+        return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.best_epoch = int(state_dict.get("best_epoch", -1))
+        self.smoothed = state_dict.get("smoothed")
+        self.smoothing = float(state_dict.get("smoothing", self.smoothing))

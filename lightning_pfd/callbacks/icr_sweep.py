@@ -1,0 +1,278 @@
+"""``python -m lightning_pfd icr-sweep``: ICR(sigma) and a linear probe over a noise grid (Fig. 3).
+
+For every sigma of the grid:
+
+- ICR, Tr(Sigma_s), Tr(Sigma_xi) exactly as :class:`~lightning_pfd.callbacks.ICRMonitor` measures
+  them (fixed seeded training subset, two augmented + noised views, EMA denoiser, tap features);
+- linear-probe accuracy: features of the training images noised at sigma (seeded noise, no
+  augmentation) train a scikit-learn ``LogisticRegression`` (standardized features); it is
+  scored on the held-out images noised the same way (ICR paper App. C, Fig. 3).
+
+The semantic window is where ICR is lowest and the probe most accurate. Prints a table, writes
+``icr_sweep.csv``, ``icr_sweep.json`` and ``icr_sweep.png`` into ``--out``.
+
+Examples::
+
+    python -m lightning_pfd icr-sweep --ckpt runs/x/checkpoints/last.ckpt --data runs/x/config.yaml
+    python -m lightning_pfd icr-sweep --ckpt last.ckpt --data digits --data-args '{"image_size": 8}' \
+        --net '{"class_path": "lightning_pfd.nets.UNet", "init_args": {"img_resolution": 8, "in_channels": 1}}'
+
+``--data`` is a LightningCLI config file (its ``data`` entry is used, and its ``model.init_args.net``
+when the checkpoint does not record the network), a short name (digits, fashion, cifar10, gmm) or
+a datamodule class path.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+__all__ = ["main", "sweep", "linear_probe_accuracy", "DEFAULT_SIGMAS"]
+
+DEFAULT_SIGMAS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.29, 0.5, 1.0, 2.0, 5.0)
+SHORT_NAMES = {
+    "digits": "lightning_pfd.data.DigitsDataModule",
+    "fashion": "lightning_pfd.data.FashionMNISTDataModule",
+    "cifar10": "lightning_pfd.data.CIFAR10DataModule",
+    "gmm": "lightning_pfd.data.GaussianMixtureDataModule",
+}
+PROG = "python -m lightning_pfd icr-sweep"
+
+
+# ----------------------------------------------------------------------------- building blocks
+def _import(path: str):
+    module, _, name = path.rpartition(".")
+    if not module:
+        raise ValueError(f"class path {path!r}: expected 'package.module.Class'")
+    return getattr(importlib.import_module(module), name)
+
+
+def instantiate(spec: Any):
+    """Build ``{"class_path": ..., "init_args": {...}}`` recursively (LightningCLI format)."""
+    if isinstance(spec, dict) and "class_path" in spec:
+        cls = _import(SHORT_NAMES.get(spec["class_path"], spec["class_path"]))
+        args = {k: instantiate(v) for k, v in (spec.get("init_args") or {}).items()}
+        return cls(**args)
+    if isinstance(spec, dict):
+        return {k: instantiate(v) for k, v in spec.items()}
+    if isinstance(spec, list):
+        return [instantiate(v) for v in spec]
+    return spec
+
+
+def _parse_mapping(text: Optional[str], field: str) -> Optional[dict]:
+    if text is None:
+        return None
+    import yaml
+
+    p = Path(text)
+    try:
+        value = yaml.safe_load(p.read_text() if p.is_file() else text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{field}: not valid JSON/YAML: {e}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"{field}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def build_datamodule(data: str, data_args: Optional[dict]):
+    """(datamodule after setup("fit"), net spec from a config file or None)."""
+    net_spec = None
+    if data.endswith((".yaml", ".yml")):
+        cfg = _parse_mapping(data, "--data")
+        if "data" not in cfg:
+            raise ValueError(f"--data: config {data!r} has no `data` entry")
+        spec = dict(cfg["data"])
+        if data_args:
+            spec["init_args"] = {**(spec.get("init_args") or {}), **data_args}
+        net_spec = ((cfg.get("model") or {}).get("init_args") or {}).get("net")
+    else:
+        spec = {"class_path": SHORT_NAMES.get(data, data), "init_args": data_args or {}}
+    dm = instantiate(spec)
+    dm.setup("fit")
+    return dm, net_spec
+
+
+def load_module(ckpt: str, net_spec: Optional[dict], module_class: str):
+    cls = _import(module_class)
+    kwargs = {"map_location": "cpu"}
+    try:
+        module = cls.load_from_checkpoint(ckpt, **kwargs)
+    except Exception as first:  # the checkpoint may not record the net (built in Python)
+        if net_spec is None:
+            raise ValueError(f"--ckpt: could not load {module_class} from {ckpt!r} ({first}); "
+                             "pass --net with the network's class_path/init_args") from first
+        module = cls.load_from_checkpoint(ckpt, net=instantiate(net_spec), **kwargs)
+    return module.eval()
+
+
+@torch.no_grad()
+def _probe_features(module, x: torch.Tensor, sigma: float, seed: int, tap, d_proj_matrix,
+                    batch_size: int) -> torch.Tensor:
+    from ..diffusion.features import extract_features
+    from ..diffusion.noise import seeded_noise
+
+    out = []
+    for i in range(0, x.shape[0], batch_size):
+        xb = x[i:i + batch_size].to(module.device, torch.float32)
+        seeds = torch.arange(i, i + xb.shape[0]) + seed
+        n = seeded_noise(seeds, xb.shape[1:], device=module.device, stream=8_000).to(xb.dtype)
+        h = extract_features(module.denoiser, xb + sigma * n, sigma, tap=tap, batch_size=batch_size)
+        out.append(h if d_proj_matrix is None else h @ d_proj_matrix.to(h.device))
+    return torch.cat(out).cpu()
+
+
+def linear_probe_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor,
+                          test_features: torch.Tensor, test_labels: torch.Tensor,
+                          max_iter: int = 2000, seed: int = 0) -> float:
+    """Accuracy of a standardized scikit-learn LogisticRegression (App. C, Fig. 3)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=max_iter, random_state=seed))
+    clf.fit(train_features.numpy(), train_labels.numpy())
+    return float(clf.score(test_features.numpy(), test_labels.numpy()))
+
+
+def sweep(module, dm, sigmas: Sequence[float], num_images: int = 1024, level: int = 3,
+          tap: Optional[str] = None, d_proj: Optional[int] = None, views_per_image: int = 1,
+          probe_train: Optional[int] = None, batch_size: int = 256,
+          seed: int = 0) -> List[Dict[str, float]]:
+    """One row per sigma: sigma, icr, trace_s, trace_xi, n, d, probe_acc (NaN without labels)."""
+    from .icr import ICRMonitor
+
+    sigmas = [float(s) for s in sigmas]
+    mon = ICRMonitor(num_images=num_images, sigma=sigmas[0], sigmas=sigmas[1:], level=level,
+                     tap=tap, d_proj=d_proj, views_per_image=views_per_image, seed=seed,
+                     batch_size=batch_size)
+    icr = mon.measure(module, dm.train_data)
+    has_labels = getattr(dm, "train_labels", None) is not None and \
+        getattr(dm, "val_labels", None) is not None and getattr(dm, "val_data", None) is not None
+    n_probe = dm.train_data.shape[0] if probe_train is None else min(probe_train, dm.train_data.shape[0])
+    rows = []
+    for s in sigmas:
+        r = icr[s]
+        acc = float("nan")
+        if has_labels:
+            ftr = _probe_features(module, dm.train_data[:n_probe], s, seed, tap, mon._projection,
+                                  batch_size)
+            fte = _probe_features(module, dm.val_data, s, seed + 10_000_000, tap, mon._projection,
+                                  batch_size)
+            acc = linear_probe_accuracy(ftr, dm.train_labels[:n_probe], fte, dm.val_labels, seed=seed)
+        rows.append({"sigma": s, "icr": float(r["icr"]), "trace_s": float(r["trace_s"]),
+                     "trace_xi": float(r["trace_xi"]), "n": float(r["n"]) / views_per_image,
+                     "d": float(r["d"]), "probe_acc": acc})
+    return rows
+
+
+def format_table(rows: List[Dict[str, float]]) -> str:
+    head = f"{'sigma':>8} {'ICR':>8} {'Tr S_s':>9} {'Tr S_xi':>9} {'probe acc':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['sigma']:>8.4g} {r['icr']:>8.4f} {r['trace_s']:>9.4f} "
+                     f"{r['trace_xi']:>9.4f} {r['probe_acc']:>9.4f}")
+    best_icr = min(rows, key=lambda r: r["icr"])
+    lines.append(f"n = {rows[0]['n']:.0f} images, d = {rows[0]['d']:.0f}; "
+                 f"ICR minimum at sigma = {best_icr['sigma']:.4g}")
+    accs = [r for r in rows if not math.isnan(r["probe_acc"])]
+    if accs:
+        best = max(accs, key=lambda r: r["probe_acc"])
+        lines.append(f"best linear probe at sigma = {best['sigma']:.4g} (acc {best['probe_acc']:.4f})")
+    return "\n".join(lines)
+
+
+def plot(rows: List[Dict[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = [r["sigma"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(s, [r["icr"] for r in rows], "o-", color="tab:blue", label="ICR")
+    ax.set_xscale("log")
+    ax.set_xlabel(r"noise level $\sigma$")
+    ax.set_ylabel("ICR", color="tab:blue")
+    if not all(math.isnan(r["probe_acc"]) for r in rows):
+        ax2 = ax.twinx()
+        ax2.plot(s, [r["probe_acc"] for r in rows], "s--", color="slategray", label="probe acc")
+        ax2.set_ylabel("linear probe accuracy", color="slategray")
+    ax.set_title("semantic window: ICR vs linear probe")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- CLI
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt", required=True, help="checkpoint of a DiffusionModule")
+    p.add_argument("--data", required=True,
+                   help="LightningCLI config file, short name (digits, fashion, cifar10, gmm) or "
+                        "datamodule class path")
+    p.add_argument("--data-args", default=None, help="JSON/YAML mapping of datamodule init args")
+    p.add_argument("--net", default=None,
+                   help="JSON/YAML {class_path, init_args} of the net, when the checkpoint lacks it")
+    p.add_argument("--module-class", default="lightning_pfd.modules.DiffusionModule")
+    p.add_argument("--sigmas", type=float, nargs="+", default=list(DEFAULT_SIGMAS))
+    p.add_argument("--num-images", type=int, default=1024)
+    p.add_argument("--level", type=int, default=3)
+    p.add_argument("--tap", default=None)
+    p.add_argument("--d-proj", type=int, default=None)
+    p.add_argument("--views-per-image", type=int, default=1)
+    p.add_argument("--probe-train", type=int, default=None,
+                   help="training images for the probe (default: all)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="icr_sweep", help="output folder (csv, json, png)")
+    return p
+
+
+def _validate(args) -> None:
+    if not Path(args.ckpt).is_file():
+        raise ValueError(f"--ckpt: no such checkpoint file {args.ckpt!r}")
+    if not args.sigmas or not all(s > 0 for s in args.sigmas):
+        raise ValueError(f"--sigmas: need positive noise levels, got {args.sigmas}")
+    for name in ("num_images", "views_per_image", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    if args.level not in range(6):
+        raise ValueError(f"--level: must be 0..5, got {args.level}")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        _validate(args)
+        data_args = _parse_mapping(args.data_args, "--data-args")
+        net_spec_cli = _parse_mapping(args.net, "--net")
+        dm, net_spec_cfg = build_datamodule(args.data, data_args)
+        module = load_module(args.ckpt, net_spec_cli or net_spec_cfg, args.module_class)
+    except ValueError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    rows = sweep(module, dm, sorted(args.sigmas), num_images=args.num_images, level=args.level,
+                 tap=args.tap, d_proj=args.d_proj, views_per_image=args.views_per_image,
+                 probe_train=args.probe_train, batch_size=args.batch_size, seed=args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(format_table(rows))
+    with open(out / "icr_sweep.csv", "w") as f:
+        keys = list(rows[0])
+        f.write(",".join(keys) + "\n")
+        f.writelines(",".join(repr(r[k]) for k in keys) + "\n" for r in rows)
+    (out / "icr_sweep.json").write_text(json.dumps(rows, indent=1))
+    plot(rows, out / "icr_sweep.png")
+    print(f"wrote {out / 'icr_sweep.csv'}, {out / 'icr_sweep.json'}, {out / 'icr_sweep.png'}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

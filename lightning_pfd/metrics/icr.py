@@ -1,0 +1,251 @@
+"""Invariant Contamination Ratio (ICR), eq. 3-5 and App. B.6 of the ICR paper (seed 001).
+
+Two perturbed views h1 = s + xi1, h2 = s + xi2 of every image give (App. B.6)
+
+    t = (h1 + h2)/2,  delta = h1 - h2,
+    Sigma_xi = 1/2 Cov(delta),  Sigma_s = Cov(t) - 1/4 Cov(delta).
+
+The generalized eigenvalues of Sigma_s v = lambda (Sigma_xi + tau I) v (eq. 4) summarise how
+strongly the invariant component dominates the residual one along every Fisher direction, and
+
+    ICR = 1 / (1 + (1/d) sum_i lambda_i) = 1 / (1 + Tr((Sigma_xi + tau I)^-1 Sigma_s)/d)   (eq. 5).
+
+Numerics: everything is accumulated as float64 *sums* (sum t, sum delta, sum t t^T, sum delta
+delta^T, count), so the metric syncs exactly across processes (dist_reduce_fx="sum"). The
+eigenproblem is solved by Cholesky whitening, L L^T = Sigma_xi + tau I, M = L^-1 Sigma_s L^-T
+(two triangular solves, never an explicit inverse), lambda = eigvalsh(M).
+
+tau **[choice]**: ``tau=None`` means tau = tau_rel * Tr(Sigma_xi)/d with tau_rel = 1e-3, i.e.
+one thousandth of the mean residual eigenvalue. It only matters for directions where the
+residual covariance is (near-)singular; scaling with Tr(Sigma_xi)/d keeps ICR invariant to a
+global rescaling of the features. ``tau`` given as a number is an absolute value (0 allowed
+when Sigma_xi is positive definite).
+
+Traces (Fig. 8): ``trace_s`` and ``trace_xi`` are Tr(Sigma_s), Tr(Sigma_xi) computed on
+l2-normalized features, so that they measure how the representation energy is split rather than
+its norm growth; only traces are needed there, so those states are d-vectors and scalars.
+Raw-feature traces are reported as ``trace_s_raw`` / ``trace_xi_raw``.
+
+Pure torch; torchmetrics is the only extra dependency (no Lightning import).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+from torchmetrics import Metric
+
+__all__ = [
+    "InvariantContaminationRatio",
+    "invariant_contamination_ratio",
+    "icr_from_covariances",
+    "generalized_eigenvalues",
+    "pool_features",
+    "DEFAULT_TAU_REL",
+]
+
+DEFAULT_TAU_REL = 1e-3
+
+
+def pool_features(h: torch.Tensor) -> torch.Tensor:
+    """Mean-pool (B, C, *spatial) to (B, C) (App. C); (B, d) is returned unchanged."""
+    if h.ndim < 2:
+        raise ValueError(f"features: expected shape (B, d) or (B, C, H, W), got {tuple(h.shape)}")
+    return h if h.ndim == 2 else h.flatten(2).mean(-1)
+
+
+def _check_views(h1: torch.Tensor, h2: torch.Tensor) -> None:
+    if not (torch.is_tensor(h1) and torch.is_tensor(h2)):
+        raise ValueError("h1, h2: must be tensors")
+    if h1.shape != h2.shape:
+        raise ValueError(f"h1, h2: the two views must have the same shape, got {tuple(h1.shape)} "
+                         f"and {tuple(h2.shape)}")
+    if h1.ndim < 2:
+        raise ValueError(f"h1, h2: expected shape (B, d) or (B, C, H, W), got {tuple(h1.shape)}")
+
+
+def _check_tau(tau, tau_rel) -> None:
+    if tau is not None and not float(tau) >= 0:
+        raise ValueError(f"tau: must be None (relative default) or a number >= 0, got {tau}")
+    if not float(tau_rel) >= 0:
+        raise ValueError(f"tau_rel: must be >= 0, got {tau_rel}")
+
+
+def _l2_normalize(h: torch.Tensor) -> torch.Tensor:
+    return h / h.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def _cov_from_sums(s1: torch.Tensor, s2: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Unbiased covariance (S2 - n m m^T)/(n - 1) from the sum S1 and the scatter sum S2."""
+    m = s1 / n
+    return (s2 - n * torch.outer(m, m)) / (n - 1)
+
+
+def _trace_from_sums(s1: torch.Tensor, sq: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Tr(Cov) = (sum ||x||^2 - n ||m||^2)/(n - 1) from the sum and the sum of squared norms."""
+    m = s1 / n
+    return (sq - n * m.dot(m)) / (n - 1)
+
+
+def resolve_tau(sigma_xi: torch.Tensor, tau: Optional[float] = None,
+                tau_rel: float = DEFAULT_TAU_REL) -> float:
+    """tau itself, or tau_rel * Tr(Sigma_xi)/d when ``tau`` is None (module docstring)."""
+    if tau is not None:
+        return float(tau)
+    d = sigma_xi.shape[0]
+    return float(tau_rel) * max(float(torch.diagonal(sigma_xi).sum()) / d, 0.0)
+
+
+def generalized_eigenvalues(sigma_s: torch.Tensor, sigma_xi: torch.Tensor,
+                            tau: Optional[float] = None,
+                            tau_rel: float = DEFAULT_TAU_REL) -> torch.Tensor:
+    """Eigenvalues of Sigma_s v = lambda (Sigma_xi + tau I) v (eq. 4), descending, float64.
+
+    Cholesky whitening: L L^T = Sigma_xi + tau I, M = L^-1 Sigma_s L^-T, lambda = eig(M).
+    Negative eigenvalues (finite-sample Sigma_s is not PSD) are kept.
+    """
+    _check_tau(tau, tau_rel)
+    s = sigma_s.to(torch.float64)
+    x = sigma_xi.to(torch.float64)
+    d = x.shape[0]
+    t = resolve_tau(x, tau, tau_rel)
+    a = 0.5 * (x + x.T) + t * torch.eye(d, dtype=x.dtype, device=x.device)
+    L, info = torch.linalg.cholesky_ex(a)
+    if int(info) != 0:
+        raise ValueError(
+            "Sigma_xi + tau I is not positive definite (too few samples for the feature dimension "
+            f"d={d}, or identical views); use tau=None (relative default) or a larger tau, "
+            "fewer feature dimensions (d_proj) or more view pairs")
+    y = torch.linalg.solve_triangular(L, 0.5 * (s + s.T), upper=False)  # L^-1 S
+    m = torch.linalg.solve_triangular(L, y.T, upper=False)  # L^-1 (L^-1 S)^T = L^-1 S L^-T
+    lam = torch.linalg.eigvalsh(0.5 * (m + m.T))
+    return lam.flip(0)
+
+
+def icr_from_covariances(sigma_s: torch.Tensor, sigma_xi: torch.Tensor,
+                         tau: Optional[float] = None,
+                         tau_rel: float = DEFAULT_TAU_REL) -> torch.Tensor:
+    """ICR = 1/(1 + mean_i lambda_i) (eq. 5) from population or estimated covariances."""
+    lam = generalized_eigenvalues(sigma_s, sigma_xi, tau, tau_rel)
+    return 1.0 / (1.0 + lam.mean())
+
+
+class InvariantContaminationRatio(Metric):
+    """ICR (eq. 5 of the ICR paper) from pairs of views, exact under DDP.
+
+    Args:
+        tau: ridge added to Sigma_xi; None -> ``tau_rel * Tr(Sigma_xi)/d`` (module docstring).
+        normalize: l2-normalize every feature vector before estimating Sigma_s, Sigma_xi for ICR
+            (the traces are always on l2-normalized features).
+        tau_rel: relative ridge used when ``tau`` is None.
+        num_features: d, if known; creates the d-dependent states up front (otherwise on the
+            first ``update``). Give it under DDP when a rank might see no data.
+
+    ``update(h1, h2)``: the two views' features, (B, d) or (B, C, H, W) (mean-pooled over space);
+    row i of h1 and h2 must come from the same image. ``compute()`` returns a dict with ``icr``,
+    ``trace_s``, ``trace_xi`` (l2-normalized features, Fig. 8), ``trace_s_raw``, ``trace_xi_raw``,
+    ``n`` (number of view pairs), ``d``, ``tau`` and ``eigenvalues`` (descending, for plots).
+    """
+
+    is_differentiable = False
+    higher_is_better = False
+    full_state_update = False
+
+    def __init__(self, tau: Optional[float] = None, normalize: bool = False,
+                 tau_rel: float = DEFAULT_TAU_REL, num_features: Optional[int] = None,
+                 **kwargs) -> None:
+        _check_tau(tau, tau_rel)
+        if not isinstance(normalize, bool):
+            raise ValueError(f"normalize: must be a bool, got {normalize!r}")
+        if num_features is not None and (not isinstance(num_features, int) or num_features < 1):
+            raise ValueError(f"num_features: must be None or an int >= 1, got {num_features!r}")
+        super().__init__(**kwargs)
+        self.tau = None if tau is None else float(tau)
+        self.tau_rel = float(tau_rel)
+        self.normalize = normalize
+        self._d: Optional[int] = None
+        self.add_state("n", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        if num_features is not None:
+            self._init_states(num_features, None)
+
+    def _init_states(self, d: int, device) -> None:
+        """Sum states are d-dependent, so they are created on the first update."""
+        z = lambda *shape: torch.zeros(shape, dtype=torch.float64, device=device)  # noqa: E731
+        for name, shape in (("sum_t", (d,)), ("sum_delta", (d,)), ("sum_tt", (d, d)),
+                            ("sum_dd", (d, d)), ("sum_t_unit", (d,)), ("sum_delta_unit", (d,)),
+                            ("sq_t_unit", ()), ("sq_delta_unit", ())):
+            self.add_state(name, z(*shape), dist_reduce_fx="sum")
+        self._d = d
+
+    def update(self, h1: torch.Tensor, h2: torch.Tensor) -> None:
+        _check_views(h1, h2)
+        h1 = pool_features(h1).to(torch.float64)
+        h2 = pool_features(h2).to(torch.float64)
+        d = h1.shape[1]
+        if self._d is None:
+            self._init_states(d, h1.device)
+        elif d != self._d:
+            raise ValueError(f"h1, h2: feature dimension changed from {self._d} to {d}")
+        u1, u2 = _l2_normalize(h1), _l2_normalize(h2)
+        a1, a2 = (u1, u2) if self.normalize else (h1, h2)
+        t, delta = 0.5 * (a1 + a2), a1 - a2
+        self.sum_t += t.sum(0)
+        self.sum_delta += delta.sum(0)
+        self.sum_tt += t.T @ t
+        self.sum_dd += delta.T @ delta
+        tu, du = 0.5 * (u1 + u2), u1 - u2
+        self.sum_t_unit += tu.sum(0)
+        self.sum_delta_unit += du.sum(0)
+        self.sq_t_unit += (tu * tu).sum()
+        self.sq_delta_unit += (du * du).sum()
+        self.n += h1.shape[0]
+
+    def covariances(self) -> Dict[str, torch.Tensor]:
+        """Sigma_s and Sigma_xi (App. B.6) from the (synced) sums."""
+        self._require_data()
+        cov_t = _cov_from_sums(self.sum_t, self.sum_tt, self.n)
+        cov_d = _cov_from_sums(self.sum_delta, self.sum_dd, self.n)
+        return {"sigma_s": cov_t - 0.25 * cov_d, "sigma_xi": 0.5 * cov_d}
+
+    def _require_data(self) -> None:
+        if self._d is None or float(self.n) < 2:
+            raise ValueError("InvariantContaminationRatio: needs at least 2 view pairs before compute()")
+
+    def compute(self) -> Dict[str, torch.Tensor]:
+        cov = self.covariances()
+        sigma_s, sigma_xi = cov["sigma_s"], cov["sigma_xi"]
+        tau = resolve_tau(sigma_xi, self.tau, self.tau_rel)
+        lam = generalized_eigenvalues(sigma_s, sigma_xi, tau=tau)
+        n = self.n
+        tr_t = _trace_from_sums(self.sum_t_unit, self.sq_t_unit, n)
+        tr_d = _trace_from_sums(self.sum_delta_unit, self.sq_delta_unit, n)
+        dev, f64 = lam.device, torch.float64
+        return {
+            "icr": 1.0 / (1.0 + lam.mean()),
+            "trace_s": tr_t - 0.25 * tr_d,
+            "trace_xi": 0.5 * tr_d,
+            "trace_s_raw": torch.diagonal(sigma_s).sum(),
+            "trace_xi_raw": torch.diagonal(sigma_xi).sum(),
+            "n": n.clone(),
+            "d": torch.tensor(float(self._d), dtype=f64, device=dev),
+            "tau": torch.tensor(tau, dtype=f64, device=dev),
+            "eigenvalues": lam,
+        }
+
+    def eigenvalues(self) -> torch.Tensor:
+        """Generalized eigenvalues (descending) of the current (synced) state."""
+        return self.compute()["eigenvalues"]
+
+    def plot(self, val=None, ax=None):  # torchmetrics convention
+        val = self.compute()["icr"] if val is None else val
+        return self._plot(val, ax)
+
+
+def invariant_contamination_ratio(h1: torch.Tensor, h2: torch.Tensor, tau: Optional[float] = None,
+                                  normalize: bool = False,
+                                  tau_rel: float = DEFAULT_TAU_REL) -> Dict[str, torch.Tensor]:
+    """Functional twin of :class:`InvariantContaminationRatio` (same dict)."""
+    metric = InvariantContaminationRatio(tau=tau, normalize=normalize, tau_rel=tau_rel,
+                                         sync_on_compute=False)
+    metric.update(h1, h2)
+    return metric.compute()
