@@ -15,6 +15,9 @@ class PFDLightningCLI(LightningCLI):
         kwargs.setdefault("parser_kwargs", {"prog": "python -m lightning_pfd"})
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
+        from .callbacks.wandb_setup import LogConfigCallback
+
+        kwargs.setdefault("save_config_callback", LogConfigCallback)
         super().__init__(model_class=None, datamodule_class=None, subclass_mode_model=True,
                          subclass_mode_data=True, args=args, run=run, **kwargs)
 
@@ -49,7 +52,7 @@ class PFDLightningCLI(LightningCLI):
         for lg in trainer.loggers:
             name = type(lg).__name__
             d = getattr(lg, "log_dir", None) or getattr(lg, "save_dir", None)
-            if name == "WandbLogger":
+            if "Wandb" in name:
                 try:
                     d = lg.experiment.dir.rsplit("/files", 1)[0]
                 except Exception:  # pragma: no cover - depends on wandb internals
@@ -62,7 +65,7 @@ class PFDLightningCLI(LightningCLI):
         plots = getattr(trainer, "lightning_pfd_plot_dirs", None)
         if plots:
             lines.append("  plots: " + ", ".join(sorted(set(map(str, plots)))))
-        if any(type(lg).__name__ == "WandbLogger" for lg in trainer.loggers):
+        if any("Wandb" in type(lg).__name__ for lg in trainer.loggers):
             import os
             if os.environ.get("WANDB_MODE") == "offline":
                 lines.append("  W&B ran offline (no credentials): upload later with `wandb sync <run dir>`")

@@ -32,13 +32,31 @@ class EMA(nn.Module):
     def update(self, model: nn.Module, beta: float) -> None:
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"ema decay: must lie in [0, 1], got {beta}")
-        src = dict(model.named_parameters())
-        for name, p in self.shadow.named_parameters():
-            p.lerp_(src[name].detach().to(p.dtype), 1.0 - beta)
-        src_b = dict(model.named_buffers())
-        for name, b in self.shadow.named_buffers():
-            b.copy_(src_b[name])
+        dst, src = self._pairs(model)
+        if dst:
+            # one fused multi-tensor kernel instead of a Python loop over parameters
+            torch._foreach_lerp_(dst, [p.detach().to(d.dtype) for p, d in zip(src, dst)], 1.0 - beta)
+        for b_dst, b_src in zip(self.shadow.buffers(), model.buffers()):
+            b_dst.copy_(b_src)
         self.num_updates += 1
+
+    def _pairs(self, model: nn.Module):
+        """(shadow params, model params) matched by name, cached per source model."""
+        cache = getattr(self, "_pair_cache", None)
+        if cache is None or cache[0] is not model:
+            src = dict(model.named_parameters())
+            names = [n for n, _ in self.shadow.named_parameters()]
+            missing = [n for n in names if n not in src]
+            if missing:
+                raise ValueError(f"ema: model lacks parameters {missing[:3]}")
+            cache = (model, [p for _, p in self.shadow.named_parameters()], [src[n] for n in names])
+            object.__setattr__(self, "_pair_cache", cache)
+        return cache[1], cache[2]
+
+    def __getstate__(self):  # never copy / pickle the cached references to the live model
+        state = self.__dict__.copy()
+        state.pop("_pair_cache", None)
+        return state
 
     def train(self, mode: bool = True):  # the shadow always stays in eval mode
         super().train(mode)
