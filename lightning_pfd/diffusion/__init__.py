@@ -1,6 +1,7 @@
 """The math of diffusion models, pure torch (no Lightning import)."""
 from .empirical import EmpiricalDenoiser
 from .exact import GaussianDenoiser, GaussianMixtureDenoiser
+from .levy import sample_alpha_stable
 from .loss import EDMLoss, VPLoss
 from .noise import seeded_noise, seeded_uniform
 from .precond import EDMPrecond, VPPrecond
@@ -9,5 +10,5 @@ from .sampling import clamp_sigmas, euler_sample, heun_sample, karras_sigmas, sa
 __all__ = [
     "karras_sigmas", "heun_sample", "euler_sample", "sample_endpoints", "clamp_sigmas",
     "seeded_noise", "seeded_uniform", "EDMPrecond", "VPPrecond", "EDMLoss", "VPLoss",
-    "GaussianDenoiser", "GaussianMixtureDenoiser", "EmpiricalDenoiser",
+    "GaussianDenoiser", "GaussianMixtureDenoiser", "EmpiricalDenoiser", "sample_alpha_stable",
 ]

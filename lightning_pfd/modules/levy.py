@@ -18,7 +18,9 @@ from .ema import EMA, beta_from_halflife
 
 __all__ = ["LevyItoModule", "LevyScoreNet", "trimmed_mean"]
 
-_T_STREAM, _EPS_STREAM = 7, 3  # seeded streams of the frozen-noise validation loss
+# seeded streams of the frozen-noise validation loss; sample_alpha_stable(stream=k) uses the
+# seeded streams 2k and 2k+1 and generate() uses k = 0..num_steps, so these never collide.
+_T_STREAM, _EPS_STREAM = 1_000_001, 1_000_002
 
 
 def trimmed_mean(x: torch.Tensor, fraction: float = 0.1) -> torch.Tensor:
@@ -83,6 +85,10 @@ class LevyItoModule(pl.LightningModule):
         ema_decay / ema_halflife_kimg: EMA of the weights (the half-life overrides the decay).
         num_steps, sampler, sde_drift_factor: defaults of ``generate`` ("ode" or "sde").
         trim_fraction: fraction cut on each side for the logged trimmed-mean loss.
+        generate_clamp_A: clamp of A in the prior x_T and the SDE noise of ``generate`` (None =
+            exact alpha-stable law). Setting it equal to ``clamp_A`` samples the process the
+            network was trained on (the LIM reference code clamps at sampling as well); the
+            prior is then no longer exactly alpha-stable.
     """
 
     def __init__(self, net: nn.Module, alpha: float = 1.7, loss: str = "squared",
@@ -93,12 +99,14 @@ class LevyItoModule(pl.LightningModule):
                  lr: float = 2e-4, betas: Sequence[float] = (0.9, 0.999),
                  weight_decay: float = 0.0, warmup_steps: int = 0, ema_decay: float = 0.999,
                  ema_halflife_kimg: Optional[float] = None, num_steps: int = 100,
-                 sampler: str = "ode", sde_drift_factor: float = 2.0, trim_fraction: float = 0.1):
+                 sampler: str = "ode", sde_drift_factor: float = 2.0, trim_fraction: float = 0.1,
+                 generate_clamp_A: Optional[float] = None):
         super().__init__()
         check_alpha(alpha)
         _check_choice("loss", loss, ("squared", "huber", "l2"))
         _check_choice("sampler", sampler, ("ode", "sde"))
-        for name, v in (("clamp_A", clamp_A), ("clamp_eps", clamp_eps)):
+        for name, v in (("clamp_A", clamp_A), ("clamp_eps", clamp_eps),
+                    ("generate_clamp_A", generate_clamp_A)):
             if v is not None and not v > 0:
                 raise ValueError(f"{name}: must be > 0 or None, got {v}")
         if not huber_delta > 0:
@@ -185,13 +193,13 @@ class LevyItoModule(pl.LightningModule):
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
         model = self.score_model if model is None else model
         seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
-        iso, a = self.hparams.isotropic, self.alpha
+        iso, a, cA = self.hparams.isotropic, self.alpha, self.hparams.generate_clamp_A
         out = []
         for chunk in seeds.split(int(batch_size)):
             x_T = self.schedule.sigma(self.schedule.T) * sample_alpha_stable(
-                a, self.data_shape, iso, device=self.device, seeds=chunk, stream=0)
+                a, self.data_shape, iso, device=self.device, seeds=chunk, stream=0, clamp_A=cA)
             noise_fn = (lambda i, c=chunk: sample_alpha_stable(
-                a, self.data_shape, iso, device=self.device, seeds=c, stream=1 + i))
+                a, self.data_shape, iso, device=self.device, seeds=c, stream=1 + i, clamp_A=cA))
             out.append(levy_sample(model.fractional_score, x_T, self.schedule, num_steps, sampler,
                                    noise_fn, drift_factor=self.hparams.sde_drift_factor))
         if not out:

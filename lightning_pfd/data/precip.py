@@ -1,0 +1,134 @@
+"""StageIV hourly precipitation (Hurricane Florence 2018): heavy-tailed real fields (DATA.md).
+
+The package ships a copy of ``test_stageiv_xyt.nc`` from Debian's r-cran-stars (Apache-2.0; see
+``assets/COPYRIGHT-stageiv_florence.txt``): 23 hourly frames of 118 x 87 pixels in mm/h, 43 %
+dry, max 164 mm/h. With only 23 correlated frames, the model trains on seeded random crops
+(default 32 x 32). Frames are split in time (default: first 18 for training, last 5 for
+validation) so validation crops come from unseen hours.
+
+Transform (training space): y = 2 log1p(p) / log1p(log_max) - 1, so 0 mm/h -> -1 and
+``log_max`` mm/h -> +1; ``inverse_transform`` maps samples back to mm/h (values below -1 are
+clipped to 0 mm/h) before computing physical observables such as the crop maximum.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from .base import TensorDataModule
+
+__all__ = ["PrecipitationDataModule", "load_stageiv", "random_crops", "STAGEIV_PATH",
+           "log1p_transform", "log1p_inverse"]
+
+STAGEIV_PATH = Path(__file__).resolve().parent / "assets" / "stageiv_florence.nc"
+STAGEIV_VARIABLE = "Total_precipitation_surface_1_Hour_Accumulation"
+
+
+def load_stageiv(path: Optional[str] = None) -> torch.Tensor:
+    """The precipitation frames (T, H, W) in mm/h as float32 (NaN -> 0, negatives -> 0)."""
+    from scipy.io import netcdf_file
+
+    p = Path(path) if path is not None else STAGEIV_PATH
+    if not p.exists():
+        raise ValueError(f"path: no netCDF file at {str(p)!r} (expected the StageIV file with "
+                         f"variable {STAGEIV_VARIABLE!r})")
+    with netcdf_file(str(p), "r", mmap=False) as f:
+        if STAGEIV_VARIABLE not in f.variables:
+            raise ValueError(f"path: {str(p)!r} has no variable {STAGEIV_VARIABLE!r}; "
+                             f"found {sorted(f.variables)}")
+        x = np.array(f.variables[STAGEIV_VARIABLE].data, dtype=np.float32)
+    x = np.nan_to_num(x, nan=0.0).clip(min=0.0)
+    return torch.from_numpy(x)
+
+
+def random_crops(frames: torch.Tensor, n: int, size: int, seed: int) -> torch.Tensor:
+    """``n`` seeded random ``size`` x ``size`` crops of frames (T, H, W) -> (n, 1, size, size)."""
+    T, H, W = frames.shape
+    if not 1 <= size <= min(H, W):
+        raise ValueError(f"crop_size: must lie in [1, {min(H, W)}], got {size}")
+    g = torch.Generator().manual_seed(int(seed))
+    f = torch.randint(T, (n,), generator=g)
+    i0 = torch.randint(H - size + 1, (n,), generator=g)
+    j0 = torch.randint(W - size + 1, (n,), generator=g)
+    r = torch.arange(size)
+    rows = (i0[:, None] + r)[:, :, None]
+    cols = (j0[:, None] + r)[:, None, :]
+    return frames[f[:, None, None], rows, cols].unsqueeze(1).contiguous()
+
+
+def log1p_transform(p: torch.Tensor, log_max: float) -> torch.Tensor:
+    """mm/h -> training space: 2 log1p(p)/log1p(log_max) - 1."""
+    return 2.0 * torch.log1p(p.clamp_min(0)) / math.log1p(log_max) - 1.0
+
+
+def log1p_inverse(y: torch.Tensor, log_max: float) -> torch.Tensor:
+    """Training space -> mm/h (float64): expm1((max(y, -1) + 1)/2 log1p(log_max))."""
+    y = torch.as_tensor(y).to(torch.float64)
+    return torch.expm1((y.clamp_min(-1.0) + 1.0) * 0.5 * math.log1p(log_max))
+
+
+class PrecipitationDataModule(TensorDataModule):
+    """Random crops of StageIV precipitation in log1p space (see the module docstring).
+
+    Args:
+        crop_size: side of the square crops (<= 87).
+        n_train, n_val: number of training / validation crops.
+        train_frames, val_frames: frame indices of each split (default: 0..17 / 18..22).
+        log_max: precipitation (mm/h) mapped to +1 by the transform.
+        crop_seed: seeds the crop positions (validation uses crop_seed + 1).
+        path: a StageIV netCDF file (default: the shipped copy).
+    """
+
+    def __init__(self, crop_size: int = 32, n_train: int = 2048, n_val: int = 512,
+                 train_frames: Optional[Sequence[int]] = None,
+                 val_frames: Optional[Sequence[int]] = None, log_max: float = 200.0,
+                 crop_seed: int = 0, path: Optional[str] = None, batch_size: int = 64,
+                 val_batch_size: Optional[int] = None, num_workers: int = 0,
+                 samples_per_epoch: Optional[int] = None, seed: int = 0):
+        if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 1:
+            raise ValueError(f"n_train: must be an integer >= 1, got {n_train!r}")
+        if isinstance(n_val, bool) or not isinstance(n_val, int) or n_val < 0:
+            raise ValueError(f"n_val: must be an integer >= 0, got {n_val!r}")
+        if not 1 <= int(crop_size) <= 87:
+            raise ValueError(f"crop_size: must lie in [1, 87] (the grid is 118 x 87), got {crop_size}")
+        if not log_max > 0:
+            raise ValueError(f"log_max: must be > 0 (mm/h), got {log_max}")
+        train_frames = list(range(18)) if train_frames is None else [int(i) for i in train_frames]
+        val_frames = list(range(18, 23)) if val_frames is None else [int(i) for i in val_frames]
+        for name, fr in (("train_frames", train_frames), ("val_frames", val_frames)):
+            if not fr or any(not 0 <= i < 23 for i in fr):
+                raise ValueError(f"{name}: must be a non-empty list of frame indices in [0, 22], got {fr}")
+        if path is not None and not Path(path).exists():
+            raise ValueError(f"path: no netCDF file at {path!r}")
+        super().__init__(batch_size=batch_size, val_batch_size=val_batch_size,
+                         num_workers=num_workers, samples_per_epoch=samples_per_epoch,
+                         n_train=n_train, seed=seed)
+        self.save_hyperparameters()
+        self.crop_size, self.n_val, self.log_max = int(crop_size), int(n_val), float(log_max)
+        self.train_frames, self.val_frames = train_frames, val_frames
+        self.crop_seed, self.path = int(crop_seed), path
+
+    def available_train(self) -> int:
+        return self.n_train
+
+    def load_splits(self):
+        frames = load_stageiv(self.path)
+        tr = random_crops(frames[self.train_frames], self.n_train, self.crop_size, self.crop_seed)
+        x_tr = self.transform(tr)
+        x_va = None
+        if self.n_val > 0:
+            va = random_crops(frames[self.val_frames], self.n_val, self.crop_size, self.crop_seed + 1)
+            x_va = self.transform(va)
+        return x_tr, None, x_va, None
+
+    def transform(self, p: torch.Tensor) -> torch.Tensor:
+        """mm/h -> training space (float32)."""
+        return log1p_transform(p, self.log_max).to(torch.float32)
+
+    def inverse_transform(self, y: torch.Tensor) -> torch.Tensor:
+        """Training space -> mm/h (float64), for physical observables."""
+        return log1p_inverse(y, self.log_max)
