@@ -1,4 +1,5 @@
 """The math of diffusion models, pure torch (no Lightning import)."""
+from .augment import augment, noisy_view
 from .empirical import EmpiricalDenoiser
 from .exact import GaussianDenoiser, GaussianMixtureDenoiser
 from .levy import sample_alpha_stable
@@ -11,4 +12,5 @@ __all__ = [
     "karras_sigmas", "heun_sample", "euler_sample", "sample_endpoints", "clamp_sigmas",
     "seeded_noise", "seeded_uniform", "EDMPrecond", "VPPrecond", "EDMLoss", "VPLoss",
     "GaussianDenoiser", "GaussianMixtureDenoiser", "EmpiricalDenoiser", "sample_alpha_stable",
+    "augment", "noisy_view",
 ]
