@@ -196,7 +196,10 @@ def noise_threshold(y, s, window: int, min_sigma: float, min_rel: float, min_amp
     thr = max(min_sigma * unit, min_rel * scale, float(min_amplitude))
     if thr <= 0.0:  # constant curve: nothing can be significant
         thr = np.finfo(np.float64).tiny
-    unit = max(unit, 1e-12 * max(scale, 1e-300))
+    # A curve with no measurable noise (e.g. a memorization ratio that is exactly 0 so far)
+    # would give an unbounded z-score: floor the unit at 0.1 % of the curve's scale, which caps
+    # the significance at amplitude / (1e-3 * max|s|).
+    unit = max(unit, 1e-3 * scale, 1e-300)
     return thr, unit, sigma
 
 
