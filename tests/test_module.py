@@ -5,7 +5,7 @@ import torch
 
 from lightning_pfd.data.base import TensorDataModule
 from lightning_pfd.diffusion import GaussianMixtureDenoiser
-from lightning_pfd.modules import EMA, DiffusionModule, beta_from_halflife
+from lightning_pfd.modules import EMA, DiffusionModule, beta_from_halflife, ema_beta
 from lightning_pfd.nets import MLPNet
 
 
@@ -36,6 +36,36 @@ def test_ema_update_is_the_convex_blend():
     assert beta_from_halflife(512, 500) == pytest.approx(0.5 ** (512 / 500_000))
 
 
+def test_ema_rampup_formulas():
+    # decay mode: min(decay, (1 + n) / (10 + n)); without ramp-up the decay itself
+    assert ema_beta(0, 64, decay=0.999) == pytest.approx(0.1)
+    assert ema_beta(90, 64, decay=0.999) == pytest.approx(91 / 100)
+    assert ema_beta(10**6, 64, decay=0.999) == pytest.approx(0.999)
+    assert ema_beta(0, 64, decay=0.999, rampup=False) == 0.999
+    # half-life mode (EDM): half-life capped at 5 % of the images seen after this step
+    assert ema_beta(9, 100, halflife_kimg=500) == pytest.approx(0.5 ** (100 / (0.05 * 1000)))
+    assert ema_beta(10**7, 100, halflife_kimg=500) == pytest.approx(beta_from_halflife(100, 500))
+
+
+def test_ema_rampup_forgets_the_initial_weights(tmp_path):
+    """The shadow starts at the initial weights; shift the live weights by +1 (lr ~ 0 keeps them
+    there): after n steps the shadow moved by 1 - prod(beta_i). Constant 0.995 keeps 0.995**200
+    = 37 % of the initial weights; the ramp-up keeps almost none."""
+    import math
+    _, train, val = _gmm_data(n=256)
+    for rampup in (True, False):
+        model = DiffusionModule(MLPNet(4, hidden=16, depth=1), ema_decay=0.995, ema_rampup=rampup, lr=1e-12)
+        init = [p.detach().clone() for p in model.ema.shadow.parameters()]
+        with torch.no_grad():
+            for p in model.precond.parameters():
+                p.add_(1.0)
+        _trainer(tmp_path).fit(model, TensorDataModule(train, val, batch_size=32, samples_per_epoch=32 * 200))
+        moved = torch.cat([(s - i).flatten() for s, i in zip(model.ema.shadow.parameters(), init)])
+        kept = math.prod(ema_beta(i, 32, 0.995, rampup=rampup) for i in range(200))
+        torch.testing.assert_close(moved, torch.full_like(moved, 1 - kept), rtol=0, atol=1e-5)
+    assert math.prod(ema_beta(i, 32, 0.995) for i in range(200)) < 1e-3 < 0.995 ** 200
+
+
 @pytest.mark.parametrize("precond", ["edm", "vp"])
 def test_training_reduces_frozen_validation_loss(tmp_path, precond):
     torch.manual_seed(0)
@@ -63,6 +93,13 @@ def test_checkpoint_round_trip_keeps_ema_and_generates_same_samples(tmp_path):
     loaded = DiffusionModule.load_from_checkpoint(path, net=MLPNet(4, hidden=32, depth=2))
     torch.testing.assert_close(loaded.generate([1, 2, 3]), model.generate([1, 2, 3]))
     assert loaded.generate([1, 2, 3]).dtype == torch.float64
+
+
+def test_generate_num_steps_rebuilds_the_karras_grid():
+    model = DiffusionModule(MLPNet(3, hidden=16, depth=1), num_steps=18)
+    from lightning_pfd.diffusion import karras_sigmas
+    torch.testing.assert_close(model.generate([1, 2], num_steps=7), model.generate([1, 2], sigmas=karras_sigmas(7)))
+    assert not torch.allclose(model.generate([1, 2], num_steps=7), model.generate([1, 2]))
 
 
 def test_generate_is_per_seed_and_uses_the_ema_weights():

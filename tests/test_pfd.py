@@ -297,3 +297,23 @@ def test_psd_sqrt_squares_back():
     _, S = _random_gaussian(g, 6)
     R = psd_sqrt(S)
     torch.testing.assert_close(R @ R, S, rtol=1e-10, atol=1e-12)
+
+
+def test_pfd_rejects_flows_that_would_start_from_different_T():
+    """VP supports sigma <= 152: a grid starting at 300 would clamp one flow but not the other."""
+    from lightning_pfd.diffusion import EDMPrecond, GaussianDenoiser, VPPrecond, karras_sigmas
+    from lightning_pfd.nets import MLPNet
+    g = GaussianDenoiser(torch.zeros(3), torch.eye(3))
+    vp = VPPrecond(MLPNet(3, hidden=8, depth=1))
+    with pytest.raises(ValueError, match="sigmas"):
+        probability_flow_distance(g, vp, seeds=range(4), shape=(3,), sigmas=karras_sigmas(5, sigma_max=300.0))
+    # on EDM's grid both start at 80 and the value is finite
+    assert torch.isfinite(probability_flow_distance(g, vp, seeds=range(4), shape=(3,), sigmas=karras_sigmas(5)))
+
+
+def test_buffer_only_denoisers_report_their_device():
+    from lightning_pfd.diffusion import GaussianDenoiser
+    from lightning_pfd.diffusion.sampling import module_device
+    g = GaussianDenoiser(torch.zeros(2), torch.eye(2))
+    assert module_device(g, "meta") == g.mean.device
+    assert module_device(lambda x, s: x, "cpu") == torch.device("cpu")

@@ -47,6 +47,14 @@ def clamp_sigmas(sigmas: torch.Tensor, denoiser) -> torch.Tensor:
     return torch.where(pos, sigmas.clamp(min=lo if lo > 0 else None, max=hi), sigmas)
 
 
+def module_device(denoiser, default) -> torch.device:
+    """Device of a denoiser's first parameter or buffer (exact denoisers hold only buffers)."""
+    if isinstance(denoiser, torch.nn.Module):
+        for t in list(denoiser.parameters()) + list(denoiser.buffers()):
+            return t.device
+    return torch.device(default)
+
+
 def _d(denoiser, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     """ODE direction (x - D(x; sigma)) / sigma in float64."""
     D = denoiser(x, sigma.to(x.dtype)).to(torch.float64)
@@ -109,8 +117,7 @@ def sample_endpoints(denoiser: Callable, seeds: Sequence[int] | torch.Tensor, sh
     sigmas = clamp_sigmas(karras_sigmas() if sigmas is None else sigmas, denoiser)
     seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
     if device is None:
-        p = next(iter(getattr(denoiser, "parameters", lambda: iter(()))()), None)
-        device = p.device if p is not None else torch.device("cpu")
+        device = module_device(denoiser, torch.device("cpu"))
     out = []
     for chunk in seeds.split(batch_size):
         x_T = seeded_noise(chunk, shape, device=device) * sigmas[0]

@@ -15,7 +15,7 @@ from torch import nn
 from torchmetrics import Metric
 
 from ..diffusion.noise import seeded_noise
-from ..diffusion.sampling import clamp_sigmas, heun_sample, karras_sigmas, resolve_sampler
+from ..diffusion.sampling import module_device, clamp_sigmas, heun_sample, karras_sigmas, resolve_sampler
 from .descriptors import build_descriptor
 
 __all__ = ["ProbabilityFlowDistance", "probability_flow_distance", "paired_sq_distances"]
@@ -101,12 +101,16 @@ def probability_flow_distance(denoiser_p: Callable, denoiser_q: Callable,
     sampler = resolve_sampler(sampler)
     grid = karras_sigmas() if sigmas is None else torch.as_tensor(sigmas, dtype=torch.float64)
     grid_p, grid_q = clamp_sigmas(grid, denoiser_p), clamp_sigmas(grid, denoiser_q)
+    if float(grid_p[0]) != float(grid_q[0]):
+        raise ValueError(f"sigmas: the two denoisers support different maximal sigma ({float(grid_p[0]):g} vs "
+                         f"{float(grid_q[0]):g}); both flows must start from the same x_T ~ N(0, T^2 I): "
+                         "pass a grid whose first sigma both support")
     metric = ProbabilityFlowDistance(descriptor=descriptor, per_dimension=per_dimension, sync_on_compute=False)
     if x_T is not None:
         batches = x_T.split(int(batch_size))
     else:
         seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
-        batches = (seeded_noise(c, shape) * grid[0] for c in seeds.split(int(batch_size)))
+        batches = (seeded_noise(c, shape) * grid_p[0] for c in seeds.split(int(batch_size)))
     device = None
     for xb in batches:
         if device is None:
@@ -118,7 +122,4 @@ def probability_flow_distance(denoiser_p: Callable, denoiser_q: Callable,
 
 
 def _device_of(denoiser, default: torch.device) -> torch.device:
-    if isinstance(denoiser, nn.Module):
-        for t in list(denoiser.parameters()) + list(denoiser.buffers()):
-            return t.device
-    return default
+    return module_device(denoiser, default)

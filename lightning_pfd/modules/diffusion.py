@@ -12,7 +12,7 @@ from torch import nn
 from ..diffusion import (EDMLoss, EDMPrecond, VPLoss, VPPrecond, clamp_sigmas, karras_sigmas,
                          sample_endpoints)
 from ..diffusion.sampling import SAMPLERS
-from .ema import EMA, beta_from_halflife
+from .ema import EMA, ema_beta
 
 __all__ = ["DiffusionModule"]
 
@@ -39,6 +39,15 @@ def limit_cpu_threads(trainer) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
 
 
+def _validation_seeds(trainer, batch_idx: int, n: int) -> torch.Tensor:
+    """Frozen-noise seeds of a validation batch: the sample's index in the validation set (the
+    loader's batch size, so a short last batch does not reuse seeds), offset per rank."""
+    loader = getattr(trainer, "val_dataloaders", None) if trainer is not None else None
+    bs = getattr(loader, "batch_size", None) or n
+    rank = trainer.global_rank if trainer is not None else 0
+    return 10_000_000 + rank * 1_000_000_000 + batch_idx * bs + torch.arange(n)
+
+
 def _built_by_cli() -> bool:
     """True while LightningCLI instantiates the module with its parsed config."""
     try:
@@ -56,6 +65,7 @@ class DiffusionModule(pl.LightningModule):
         precond: ``"edm"`` (Karras et al. 2022) or ``"vp"`` (Song et al. 2021), REFERENCE §2-3.
         lr, betas, weight_decay: Adam(W) settings; ``warmup_steps`` linear LR warm-up.
         ema_decay: per-step EMA decay; ``ema_halflife_kimg`` (EDM's convention) overrides it.
+        ema_rampup: ramp the EMA up at the start of training (``modules.ema.ema_beta``).
         num_steps, sigma_min, sigma_max, rho, sampler: the PF-ODE sampler used by ``generate``
             and every evaluation callback (Heun-18 on EDM's grid by default).
         sample_autocast: run the network in bf16 autocast while sampling on CUDA.
@@ -78,6 +88,7 @@ class DiffusionModule(pl.LightningModule):
         warmup_steps: int = 0,
         ema_decay: float = 0.999,
         ema_halflife_kimg: Optional[float] = None,
+        ema_rampup: bool = True,
         num_steps: int = 18,
         sigma_min: float = 0.002,
         sigma_max: float = 80.0,
@@ -129,9 +140,16 @@ class DiffusionModule(pl.LightningModule):
 
     @torch.no_grad()
     def generate(self, seeds, sigmas: Optional[torch.Tensor] = None, sampler: Optional[str] = None,
-                 batch_size: int = 256, denoiser: Optional[nn.Module] = None) -> torch.Tensor:
-        """PF-ODE samples (float64, on this module's device), one per seed (REFERENCE §4)."""
+                 batch_size: int = 256, denoiser: Optional[nn.Module] = None,
+                 num_steps: Optional[int] = None) -> torch.Tensor:
+        """PF-ODE samples (float64, on this module's device), one per seed (REFERENCE §4).
+
+        ``sigmas`` gives the grid; else ``num_steps`` rebuilds the module's Karras grid with that
+        many steps; else the module's grid (Heun-18 by default)."""
         den = self.denoiser if denoiser is None else denoiser
+        if sigmas is None and num_steps is not None:
+            hp = self.hparams
+            sigmas = karras_sigmas(num_steps, hp.sigma_min, hp.sigma_max, hp.rho)
         grid = self.sigmas if sigmas is None else clamp_sigmas(sigmas, den)
         use_amp = bool(self.hparams.sample_autocast) and self.device.type == "cuda"
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_amp):
@@ -165,7 +183,7 @@ class DiffusionModule(pl.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         y = self._images(batch)
-        seeds = 10_000_000 + batch_idx * y.shape[0] + torch.arange(y.shape[0])
+        seeds = _validation_seeds(self._trainer, batch_idx, y.shape[0])
         loss = self.loss_fn(self.denoiser, y, seeds=seeds).mean()
         self.log("val/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True,
                  batch_size=y.shape[0])
@@ -178,10 +196,10 @@ class DiffusionModule(pl.LightningModule):
                 torch.nan_to_num(p.grad, nan=0.0, posinf=1e5, neginf=-1e5, out=p.grad)
 
     def _ema_beta(self, batch_size: int) -> float:
-        h = self.hparams.ema_halflife_kimg
-        if h is None:
-            return float(self.hparams.ema_decay)
-        return beta_from_halflife(batch_size * max(1, self.trainer.world_size), h)
+        hp = self.hparams
+        world = max(1, self.trainer.world_size) if self._trainer is not None else 1
+        return ema_beta(int(self.ema.num_updates), batch_size * world, hp.ema_decay,
+                        hp.ema_halflife_kimg, hp.ema_rampup)
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         self.ema.update(self.precond, self._ema_beta(self._images(batch).shape[0]))

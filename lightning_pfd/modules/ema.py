@@ -11,13 +11,36 @@ import copy
 import torch
 from torch import nn
 
-__all__ = ["EMA", "beta_from_halflife"]
+__all__ = ["EMA", "beta_from_halflife", "ema_beta"]
 
 
 def beta_from_halflife(batch_size: int, halflife_kimg: float) -> float:
     if halflife_kimg <= 0:
         raise ValueError(f"ema_halflife_kimg: must be > 0, got {halflife_kimg}")
     return 0.5 ** (batch_size / (halflife_kimg * 1000.0))
+
+
+def ema_beta(num_updates: int, images_per_step: int, decay: float = 0.999,
+             halflife_kimg: float | None = None, rampup: bool = True,
+             rampup_ratio: float = 0.05) -> float:
+    """Per-step EMA decay with a ramp-up, so early evaluations do not average in the random
+    initial weights. **[choice]**
+
+    * half-life mode (EDM): halflife_nimg = min(halflife_kimg * 1000, rampup_ratio * images seen
+      after this step) and beta = 0.5 ** (images_per_step / halflife_nimg) (EDM's
+      ``ema_rampup_ratio = 0.05``);
+    * decay mode: beta = min(decay, (1 + n) / (10 + n)) after n previous updates.
+    With a constant beta = 0.995 the shadow would still hold 0.995**250 = 28 % of the initial
+    weights after 250 steps.
+    """
+    if halflife_kimg is not None:
+        halflife_nimg = halflife_kimg * 1000.0
+        if rampup:
+            halflife_nimg = min(halflife_nimg, rampup_ratio * (num_updates + 1) * images_per_step)
+        return 0.5 ** (images_per_step / max(halflife_nimg, 1e-8))
+    if rampup:
+        return min(float(decay), (1.0 + num_updates) / (10.0 + num_updates))
+    return float(decay)
 
 
 class EMA(nn.Module):

@@ -14,7 +14,8 @@ from torch import nn
 
 from ..diffusion.levy import (CosineSchedule, check_alpha, fractional_dsm_loss, levy_sample,
                               sample_alpha_stable)
-from .ema import EMA, beta_from_halflife
+from .diffusion import _validation_seeds
+from .ema import EMA, ema_beta
 
 __all__ = ["LevyItoModule", "LevyScoreNet", "trimmed_mean"]
 
@@ -98,7 +99,8 @@ class LevyItoModule(pl.LightningModule):
                  T: float = 0.9946, t_min: float = 1e-5, sigma_data: float = 0.5, M: int = 1000,
                  lr: float = 2e-4, betas: Sequence[float] = (0.9, 0.999),
                  weight_decay: float = 0.0, warmup_steps: int = 0, ema_decay: float = 0.999,
-                 ema_halflife_kimg: Optional[float] = None, num_steps: int = 100,
+                 ema_halflife_kimg: Optional[float] = None, ema_rampup: bool = True,
+                 num_steps: int = 100,
                  sampler: str = "ode", sde_drift_factor: float = 2.0, trim_fraction: float = 0.1,
                  generate_clamp_A: Optional[float] = None):
         super().__init__()
@@ -233,7 +235,7 @@ class LevyItoModule(pl.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         y = self._images(batch)
-        seeds = 10_000_000 + batch_idx * y.shape[0] + torch.arange(y.shape[0])
+        seeds = _validation_seeds(self._trainer, batch_idx, y.shape[0])
         per = self.loss_fn(self.score_model, y, seeds=seeds)
         self.log("val/loss", per.mean(), prog_bar=True, on_epoch=True, sync_dist=True,
                  batch_size=y.shape[0])
@@ -250,10 +252,10 @@ class LevyItoModule(pl.LightningModule):
             torch.nn.utils.clip_grad_norm_(params, float(clip))
 
     def _ema_beta(self, batch_size: int) -> float:
-        h = self.hparams.ema_halflife_kimg
-        if h is None:
-            return float(self.hparams.ema_decay)
-        return beta_from_halflife(batch_size * max(1, self.trainer.world_size), h)
+        hp = self.hparams
+        world = max(1, self.trainer.world_size) if self._trainer is not None else 1
+        return ema_beta(int(self.ema.num_updates), batch_size * world, hp.ema_decay,
+                        hp.ema_halflife_kimg, hp.ema_rampup)
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         self.ema.update(self.score_net, self._ema_beta(self._images(batch).shape[0]))
