@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-__all__ = ["main", "build_parser", "format_table"]
+__all__ = ["main", "build_parser", "format_table", "matched_kwargs", "NUM_SPLITS"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +65,9 @@ def _validate(a) -> None:
         raise ValueError(f"--eta: must lie in (0, 1), got {a.eta}")
     if a.num_samples <= 1 / (1 - a.eta):
         raise ValueError(f"--num-samples: need more than {1 / (1 - a.eta):.0f} samples for eta={a.eta}")
+    if a.n_train and a.num_samples >= a.n_train:
+        raise ValueError(f"--num-samples: must be < --n-train ({a.n_train}) for the same-law "
+                         f"floor (n_gen = num_samples), got {a.num_samples}")
 
 
 def _cli_args(a, config: str, name: str) -> list[str]:
@@ -117,6 +120,27 @@ def _generate(model, seeds, a):
     model.eval()
     with torch.no_grad():
         return model.generate(seeds, **kw)
+
+
+NUM_SPLITS = 8  # reference splits for the same-law floor and the matched model scores
+
+
+def matched_kwargs(ref, n_gen: int, eta: float, floor: float, window) -> dict:
+    """Explicit metric settings shared by the model scores and the same-law floors.
+
+    **[choice]** A perfect model must score the floor in expectation (REFERENCE §13): the
+    floor is metric(ref[S_k], ref[R_k]) averaged over ``NUM_SPLITS`` seeded splits
+    (|S_k| = n_gen = ``--num-samples``, without replacement; R_k the other n_ref - n_gen
+    points), and each model is scored by ``matched_score``: metric(gen, ref[R_k]) averaged over
+    the *same* R_k. So both compare n_gen samples with the same n_ref - n_gen reference points
+    (scoring against the full reference would compare with n_ref points, a small mismatch).
+    RMSQE: explicit u_max = 1 - 1/n_gen. LOADER: window, bandwidth (Silverman) and absolute
+    density floor (``floor`` x reference KDE peak) frozen on the full reference.
+    """
+    from .metrics.tails import loader_settings
+
+    return {"rmsqe": dict(eta=eta, u_max=1.0 - 1.0 / n_gen),
+            "loader": loader_settings(ref, window=window, floor=floor)}
 
 
 def format_table(res: dict) -> str:
@@ -174,7 +198,7 @@ def run(a) -> dict:
     import torch
 
     from .metrics.observables import get_observable
-    from .metrics.tails import loader, rmsqe, same_law_floor
+    from .metrics.tails import matched_score, same_law_floor
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -190,6 +214,9 @@ def run(a) -> dict:
         if ref is None:
             ref = obs_fn(inv(dm.train_data)).cpu()
             res["n_ref"] = int(ref.numel())
+            if not a.num_samples < ref.numel():
+                raise ValueError(f"--num-samples: must be < the number of training crops "
+                                 f"({ref.numel()}) for the same-law floor, got {a.num_samples}")
         t0 = time.time()
         x = _generate(model, seeds, a)
         o = obs_fn(inv(x)).cpu()
@@ -201,16 +228,21 @@ def run(a) -> dict:
         print(f"[pite] {name}: trained {a.max_steps} steps in {t_fit:.0f} s, "
               f"sampled {a.num_samples} in {timings[name]['sample_s']:.0f} s", flush=True)
     window = (float(ref.min()), float(ref.max()))
-    lkw = dict(window=window, floor=a.floor)
+    # model and floor on identical terms (see ``matched_kwargs``)
+    kws = matched_kwargs(ref, a.num_samples, a.eta, a.floor, window)
     for name in ("sbm", "lim"):
-        for key, fn, kw in (("rmsqe", rmsqe, {"eta": a.eta}), ("loader", loader, lkw)):
+        for key in ("rmsqe", "loader"):
             try:
-                res[name][key] = float(fn(gen_obs[name], ref, **kw))
+                res[name][key] = float(matched_score(gen_obs[name], ref, key, NUM_SPLITS, 0,
+                                                     a.num_samples, **kws[key]))
             except ValueError as e:  # e.g. every sample non-finite
                 print(f"[pite] {name}: {key} undefined ({e})", flush=True)
                 res[name][key] = float("nan")
-    res["floor"] = {"rmsqe": float(same_law_floor(ref, "rmsqe", eta=a.eta)),
-                    "loader": float(same_law_floor(ref, "loader", **lkw))}
+    res["floor"] = {k: float(same_law_floor(ref, k, NUM_SPLITS, 0, a.num_samples, **kws[k]))
+                    for k in ("rmsqe", "loader")}
+    res["floor_method"] = (f"same_law_floor: {NUM_SPLITS} splits, n_gen = {a.num_samples} vs the "
+                           f"other {ref.numel() - a.num_samples} reference points; models scored "
+                           f"against the same {NUM_SPLITS} reference subsets (matched_score)")
     res["window"] = window
     qs = torch.tensor([0.5, 0.9, 0.975, 0.99], dtype=torch.float64)
     res["quantiles"] = {k: (torch.quantile(v.double(), qs).tolist() + [float(v.max())]) if v.numel()

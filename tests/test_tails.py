@@ -9,7 +9,8 @@ from scipy import integrate, stats
 from lightning_pfd.metrics import (LogAbsoluteDensityRatio, RootMeanSquaredQuantileError,
                                    get_observable, loader, register_observable, rmsqe,
                                    same_law_floor)
-from lightning_pfd.metrics.tails import integrate_abs_log_ratio, kde_density
+from lightning_pfd.metrics.tails import (integrate_abs_log_ratio, kde_density, loader_settings,
+                                        matched_score, reference_splits)
 
 
 def quasi_sample(dist, n):
@@ -207,10 +208,18 @@ def test_tail_monitor_logs_metrics_equal_to_recomputation(tmp_path):
     ref = data.double().amax(1)
     gen = model.generate(torch.arange(7, 7 + 96)).amax(1)
     window = (float(ref.min()), float(ref.max()))
-    assert float(m["tail/rmsqe"]) == pytest.approx(float(rmsqe(gen, ref, eta=0.9)), rel=1e-5)
-    assert float(m["tail/loader"]) == pytest.approx(float(loader(gen, ref, window=window)), rel=1e-5)
+    # model and floors: same reference splits (n_gen = 96 vs the other 160), same settings
+    ls = loader_settings(ref, window=window)
+    u_max = 1 - 1 / 96
+    rest = [r for _, r in reference_splits(256, 96, 2, 0)]
+    assert float(m["tail/rmsqe"]) == pytest.approx(
+        np.mean([float(rmsqe(gen, ref[r], eta=0.9, u_max=u_max)) for r in rest]), rel=1e-5)
+    assert float(m["tail/loader"]) == pytest.approx(
+        np.mean([float(loader(gen, ref[r], **ls)) for r in rest]), rel=1e-5)
     assert float(m["tail/loader_floor"]) == pytest.approx(
-        float(same_law_floor(ref, "loader", 2, window=window)), rel=1e-5)
+        float(same_law_floor(ref, "loader", 2, n_gen=96, **ls)), rel=1e-5)
+    assert float(m["tail/rmsqe_floor"]) == pytest.approx(
+        float(same_law_floor(ref, "rmsqe", 2, n_gen=96, eta=0.9, u_max=u_max)), rel=1e-5)
     assert (tmp_path / "tail_density" / "epoch_0000.png").exists()
     # resume state
     state = mon.state_dict()
@@ -230,3 +239,79 @@ def test_tail_monitor_bad_config():
         TailMonitor(reference="test")
     with pytest.raises(ValueError, match="window"):
         TailMonitor(window=(3.0, 1.0))
+
+
+# --------------------------------------------------- same-law floor = perfect model (§13)
+def test_floor_is_the_score_of_a_perfect_model_with_n_gen_samples():
+    """A model that samples the reference law exactly (n_gen draws) scores the floor on average.
+
+    Oracle: fresh draws of the true law. The old half split (n_gen = n_ref / 2, default
+    u_max) does *not* calibrate LOADER for n_gen = n_ref / 8, which shows the test can fail.
+    """
+    dist, n_ref, n_gen, eta = stats.expon(), 512, 64, 0.9
+    rng = np.random.default_rng(1)
+    acc = {k: [] for k in ("r", "rf", "rm", "l", "lf", "lm", "lold")}
+    for s in range(150):
+        ref = torch.as_tensor(dist.rvs(n_ref, random_state=rng))
+        gen = torch.as_tensor(dist.rvs(n_gen, random_state=rng))  # the perfect model
+        ls, rq = loader_settings(ref), dict(eta=eta, u_max=1 - 1 / n_gen)
+        acc["r"].append(float(rmsqe(gen, ref, **rq)))
+        acc["l"].append(float(loader(gen, ref, **ls)))
+        acc["rf"].append(float(same_law_floor(ref, "rmsqe", 1, s, n_gen=n_gen, **rq)))
+        acc["lf"].append(float(same_law_floor(ref, "loader", 1, s, n_gen=n_gen, **ls)))
+        acc["rm"].append(float(matched_score(gen, ref, "rmsqe", 1, s, **rq)))
+        acc["lm"].append(float(matched_score(gen, ref, "loader", 1, s, **ls)))
+        acc["lold"].append(float(same_law_floor(ref, "loader", 1, s)))
+    mean = {k: float(np.mean(v)) for k, v in acc.items()}
+    for model, floor in (("r", "rf"), ("rm", "rf"), ("l", "lf"), ("lm", "lf")):
+        assert mean[model] == pytest.approx(mean[floor], rel=0.15), (model, floor, mean)
+    assert mean["lold"] < 0.8 * mean["l"]  # the half split looked far too optimistic
+
+
+def test_floor_defaults_and_shared_splits():
+    ref = torch.as_tensor(stats.pareto(b=2.5).rvs(200, random_state=np.random.default_rng(4)))
+    # default n_gen = n_ref // 2 and u_max = 1 - 1/n_gen: the old half split
+    perm = torch.randperm(200, generator=torch.Generator().manual_seed(3))
+    old = float(rmsqe(ref[perm[:100]], ref[perm[100:]], eta=0.9))
+    assert float(same_law_floor(ref, "rmsqe", 1, 3, eta=0.9)) == pytest.approx(old, rel=1e-12)
+    # matched_score with gen = the split's own subset reproduces the floor exactly
+    (a, b), = reference_splits(200, 30, 1, 7)
+    assert a.numel() == 30 and b.numel() == 170 and set((a.tolist() + b.tolist())) == set(range(200))
+    for metric, kw in (("rmsqe", dict(eta=0.9)), ("loader", loader_settings(ref))):
+        assert float(matched_score(ref[a], ref, metric, 1, 7, **kw)) == pytest.approx(
+            float(same_law_floor(ref, metric, 1, 7, n_gen=30, **kw)), rel=1e-12)
+    # torchmetrics classes with splits = matched_score
+    gen = ref[:40] * 1.3
+    m = RootMeanSquaredQuantileError(eta=0.9, reference=ref, num_splits=3, n_gen=40)
+    m.update(gen)
+    assert float(m.compute()) == pytest.approx(float(matched_score(gen, ref, "rmsqe", 3, eta=0.9)))
+    ls = loader_settings(ref)
+    m = LogAbsoluteDensityRatio(reference=ref, num_splits=3, **ls)
+    m.update(gen)
+    assert float(m.compute()) == pytest.approx(float(matched_score(gen, ref, "loader", 3, **ls)))
+    # loader_settings reproduces loader's own data-dependent defaults
+    assert float(loader(gen, ref, **ls)) == pytest.approx(float(loader(gen, ref)), rel=1e-12)
+
+
+@pytest.mark.parametrize("n_gen", [0, -3, 200, 250, 2.5, "ten", True])
+def test_same_law_floor_bad_n_gen(n_gen):
+    ref = torch.linspace(0, 1, 200, dtype=torch.float64)
+    with pytest.raises(ValueError, match="n_gen"):
+        same_law_floor(ref, "rmsqe", n_gen=n_gen)
+    with pytest.raises(ValueError, match="n_gen"):
+        reference_splits(200, n_gen)
+    with pytest.raises(ValueError, match="n_gen"):
+        matched_score(ref[:10], ref, "rmsqe", n_gen=n_gen)
+
+
+def test_floor_needs_fewer_generated_than_reference_samples(capsys):
+    from lightning_pfd.callbacks import TailMonitor
+    from lightning_pfd.experiments_cli import main
+
+    mon = TailMonitor(num_samples=64)
+    with pytest.raises(ValueError, match="num_samples"):
+        mon._metric_settings(torch.arange(64, dtype=torch.float64))
+    st = mon._metric_settings(torch.arange(65, dtype=torch.float64))
+    assert st["rmsqe"]["u_max"] == 1 - 1 / 64 and st["loader"]["relative_floor"] is False
+    assert main(["--num-samples", "100", "--n-train", "64"]) == 2
+    assert "--num-samples" in capsys.readouterr().err

@@ -10,10 +10,13 @@ ratio, so the minimum is a label-free, sampling-free early-stopping point. This 
   ``trainer.callback_metrics`` (and ``icr/icr_smooth`` when smoothing);
 - the check runs in ``on_validation_end`` (``check_on_train_epoch_end=False``), i.e. after
   ``ICRMonitor`` logged the value of the *same* epoch in ``on_validation_epoch_end``;
-- ``every_n_epochs``: check only at epochs e with e % every_n_epochs == 0 (None: the
-  ``every_n_epochs`` of an ``ICRMonitor`` among the trainer's callbacks, else 1) -- Lightning keeps
-  the last logged value in ``callback_metrics``, so checking at epochs without a fresh ICR would
-  count a stale value as "no improvement". ``patience`` counts checks, not epochs;
+- the check runs only after validation passes with a *fresh* value -- Lightning keeps the last
+  logged value in ``callback_metrics``, so checking after a pass without a fresh ICR would count a
+  stale value as "no improvement". ``every_n_epochs=None`` with an ``ICRMonitor`` among the
+  trainer's callbacks (and an ``icr/*`` monitor): exactly the passes where that monitor measured.
+  Otherwise (an explicit ``every_n_epochs``, or no ICRMonitor: 1): every n-th validation pass, the
+  first included -- the ICRMonitor schedule (``_schedule.py``), so it also holds with
+  ``check_val_every_n_epoch > 1``. ``patience`` counts checks, not epochs;
 - state (wait count, best score, best epoch, EMA state) in ``state_dict`` for resume.
 
 Pair it with ``ModelCheckpoint(monitor="icr/icr", mode="min")`` so the checkpoint at the minimum
@@ -28,6 +31,8 @@ from typing import Any, Dict, Optional
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import EarlyStopping
+
+from ._schedule import MeasurementSchedule
 
 __all__ = ["ICREarlyStopping"]
 
@@ -67,6 +72,8 @@ class ICREarlyStopping(EarlyStopping):
         self.smoothing = float(smoothing)
         self.every_n_epochs = every_n_epochs
         self._every = every_n_epochs or 1
+        self._schedule = MeasurementSchedule()  # own count of validation passes
+        self._source = None  # the ICRMonitor whose fresh measurements are checked (every_n_epochs None)
         self.best_epoch = -1
         self.smoothed: Optional[float] = None
 
@@ -84,16 +91,26 @@ class ICREarlyStopping(EarlyStopping):
 
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        if stage == "fit":
+            self._schedule.reset()  # a resumed run gets its count back from the checkpoint
+        self._source = None
         if self.every_n_epochs is None:
             from .icr import ICRMonitor  # the producer of icr/* metrics
 
             monitors = [c for c in trainer.callbacks if isinstance(c, ICRMonitor)]
-            self._every = monitors[0].every_n_epochs if monitors and \
-                self.monitor.startswith("icr/") else 1
+            if monitors and self.monitor.startswith("icr/"):
+                self._source = monitors[0]
+            self._every = self._source.every_n_epochs if self._source is not None else 1
+
+    def _fresh(self, trainer: "pl.Trainer") -> bool:
+        """Whether this validation pass produced a fresh value (counts the pass; call once)."""
+        if self._source is not None:  # its on_validation_epoch_end ran before on_validation_end
+            return self._source.schedule.fresh
+        return self._schedule.due(trainer, self._every)
 
     def _run_early_stopping_check(self, trainer: "pl.Trainer") -> None:
         logs = trainer.callback_metrics
-        if trainer.current_epoch % self._every:  # no fresh value this epoch
+        if not self._fresh(trainer):  # no fresh value in this pass
             return
         if trainer.fast_dev_run or not self._validate_condition_metric(logs):
             return
@@ -124,7 +141,8 @@ class ICREarlyStopping(EarlyStopping):
 
     def state_dict(self) -> Dict[str, Any]:
         state = super().state_dict()
-        state.update(best_epoch=self.best_epoch, smoothed=self.smoothed, smoothing=self.smoothing)
+        state.update(best_epoch=self.best_epoch, smoothed=self.smoothed, smoothing=self.smoothing,
+                     schedule=self._schedule.state_dict())
         return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -132,3 +150,4 @@ class ICREarlyStopping(EarlyStopping):
         self.best_epoch = int(state_dict.get("best_epoch", -1))
         self.smoothed = state_dict.get("smoothed")
         self.smoothing = float(state_dict.get("smoothing", self.smoothing))
+        self._schedule.load_state_dict(state_dict.get("schedule", {}))

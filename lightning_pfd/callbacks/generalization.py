@@ -5,8 +5,9 @@ At fit (or validate) start it fixes M evaluation seeds x_gen,T, disjoint from th
 test seeds (``datamodule.gen_seed_offset``, default 2_000_000), and computes -- once, cached on
 disk under a hash of everything they depend on -- the teacher's endpoints Phi_data(x_gen,T)
 (when ``datamodule.teacher`` is set) and the empirical endpoints Phi_emp(x_gen,T) of the training
-set (the closed-form denoiser of eq. 46), together with their descriptors Psi. Every
-``every_n_epochs`` epochs, in ``on_validation_epoch_end`` on every rank, only the student's
+set (the closed-form denoiser of eq. 46), together with their descriptors Psi. On every
+``every_n_epochs``-th validation pass (the first always; ``_schedule.py``), in
+``on_validation_epoch_end`` on every rank (``on_train_epoch_end`` when the fit has no validation), only the student's
 endpoints are recomputed (EMA denoiser ``pl_module.denoiser``) on this rank's shard
 seeds[rank::world] (no padding sampler), and
 
@@ -15,7 +16,7 @@ seeds[rank::world] (no padding sampler), and
     loss/gap = loss/test_fixed - loss/train_fixed                                (App. C.6)
 
 are logged (values are already synced: float64 sum states reduced over ranks). Every
-``image_every_n_epochs`` epochs a grid of samples (rows: student, teacher, empirical; columns:
+``image_every_n_epochs`` passes a grid of samples (rows: student, teacher, empirical; columns:
 the same seeds, like the paper's Fig. 1) goes to the logger's ``log_image`` or to a PNG file.
 """
 from __future__ import annotations
@@ -27,7 +28,6 @@ from typing import Any, Dict, Optional, Sequence
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 from torchmetrics import Metric
 
 from ..cache import cache_dir, hash_key, load_tensor_verified, save_tensor_atomic
@@ -35,6 +35,7 @@ from ..diffusion import EmpiricalDenoiser, clamp_sigmas, karras_sigmas, sample_e
 from ..diffusion.sampling import SAMPLERS
 from ..metrics.descriptors import build_descriptor, descriptor_fingerprint
 from ..metrics.pfd import ProbabilityFlowDistance
+from ._schedule import ScheduledMonitor
 
 __all__ = ["GeneralizationMonitor"]
 
@@ -62,12 +63,13 @@ class _Mean(Metric):
         return self.total / self.count if float(self.count) > 0 else torch.tensor(math.nan, dtype=torch.float64)
 
 
-class GeneralizationMonitor(Callback):
+class GeneralizationMonitor(ScheduledMonitor):
     """Log E_gen, E_mem (PFD), frozen-noise train/test losses and their gap every epoch.
 
     Args:
         num_eval: M, the number of evaluation seeds x_gen,T (paper: 10^4; default 1024).
-        every_n_epochs: evaluate every n-th epoch (and always on the first validation).
+        every_n_epochs: evaluate on every n-th validation pass (the first always), or every n-th
+            training epoch when the fit has no validation loop.
         descriptor: Psi for PFD (None / "identity", "efficientnet_lite0", a TorchScript path, a module).
         sampler: "heun" (default, EDM Alg. 1) or "euler"; same for student, teacher and empirical flows.
         sigmas: the sigma grid; None = ``pl_module.sigmas`` if present, else EDM's 18-step grid.
@@ -75,7 +77,8 @@ class GeneralizationMonitor(Callback):
         chunk_size: training-set chunk of the empirical denoiser (memory knob).
         num_loss_samples: how many (fixed, leading) training / held-out samples enter the
             frozen-noise losses; None = all.
-        image_every_n_epochs: epochs between sample grids (0 disables); image data only.
+        image_every_n_epochs: validation passes between sample grids (0 disables; a grid only on
+            a measured pass); image data only.
         num_images: columns of the sample grid.
         use_cache: read/write the on-disk cache (``$LIGHTNING_PFD_CACHE``).
     """
@@ -175,6 +178,9 @@ class GeneralizationMonitor(Callback):
         return torch.cat(feats)
 
     def _prepare(self, trainer, pl_module) -> None:
+        if self.num_eval < trainer.world_size:  # an empty shard would hang the all_gather below
+            raise ValueError(f"num_eval: {self.num_eval} is smaller than the world size {trainer.world_size}; "
+                             "every rank needs at least one evaluation seed (use num_eval >= world size)")
         if self._ref is not None:
             return
         dm = self._datamodule(trainer)
@@ -207,6 +213,10 @@ class GeneralizationMonitor(Callback):
             return EmpiricalDenoiser(dm.train_data, chunk_size=self.chunk_size).to(pl_module.device)
         self._ref["empirical"] = self._reference(trainer, pl_module, "empirical", empirical_fn, fp, grid, shape)
 
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._ref, self._seeds = None, None  # a new run may bring new data / teacher: prepare again
+
     def on_fit_start(self, trainer, pl_module) -> None:
         self._prepare(trainer, pl_module)
 
@@ -214,12 +224,7 @@ class GeneralizationMonitor(Callback):
         if not trainer.sanity_checking:
             self._prepare(trainer, pl_module)
 
-    # ------------------------------------------------------------------ every epoch
-    def _due(self, trainer) -> bool:
-        if trainer.sanity_checking:
-            return False
-        return trainer.current_epoch % self.every_n_epochs == 0 or not self.history
-
+    # ------------------------------------------------------------------ every n-th validation pass
     @torch.no_grad()
     def _frozen_loss(self, trainer, pl_module, data: Optional[torch.Tensor],
                      seed_offset: int) -> Optional[torch.Tensor]:
@@ -243,20 +248,9 @@ class GeneralizationMonitor(Callback):
                                 sampler=self.sampler, batch_size=self.batch_size,
                                 device=pl_module.device, out_device=pl_module.device)
 
-    @staticmethod
-    def _no_validation(trainer) -> bool:
-        nv = trainer.num_val_batches
-        return not nv or sum(nv) == 0
-
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
-        # without validation batches Lightning never calls on_validation_epoch_end: measure here
-        if self._no_validation(trainer):
-            self.on_validation_epoch_end(trainer, pl_module)
-
     @torch.no_grad()
-    def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        if not self._due(trainer):
-            return
+    def _measure_and_log(self, trainer, pl_module) -> None:
+        """Called by ScheduledMonitor on due passes (on_validation_epoch_end / on_train_epoch_end)."""
         self._prepare(trainer, pl_module)
         shape = tuple(self._ref["empirical"]["endpoints"].shape[1:])
         shard = self._shard(trainer)
@@ -287,7 +281,7 @@ class GeneralizationMonitor(Callback):
         for k, v in values.items():
             pl_module.log(k, v, sync_dist=False, on_epoch=True, on_step=False, batch_size=1)
         self.history.append({"epoch": int(trainer.current_epoch), **{k: float(v) for k, v in values.items()}})
-        if (self.image_every_n_epochs and trainer.current_epoch % self.image_every_n_epochs == 0
+        if (self.image_every_n_epochs and self.schedule.index % self.image_every_n_epochs == 0
                 and trainer.global_rank == 0 and len(shape) == 3 and shape[0] in (1, 3)):
             self._log_grid(trainer, shard, student)
 
@@ -332,10 +326,12 @@ class GeneralizationMonitor(Callback):
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> Dict[str, Any]:
-        return {"history": list(self.history), "cache_keys": dict(self.cache_keys), "num_eval": self.num_eval}
+        return {"history": list(self.history), "cache_keys": dict(self.cache_keys), "num_eval": self.num_eval,
+                **self.schedule_state()}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self.history = list(state_dict.get("history", []))
+        self.load_schedule_state(state_dict)
         self.cache_keys = dict(state_dict.get("cache_keys", {}))
 
 

@@ -1,6 +1,7 @@
 """ICRMonitor: the Invariant Contamination Ratio of the EMA denoiser, every epoch (ICR paper Sec. 5).
 
-Protocol (REFERENCE §10, ICR paper App. B.6 / C):
+Protocol (REFERENCE §10, ICR paper App. B.6 / C), on every ``every_n_epochs``-th validation pass
+(the first always; every n-th training epoch when the fit has no validation loop; ``_schedule.py``):
 
 1. a fixed, seeded subset of the *training* set (``num_images``, default 1024; the paper uses
    4096), the same at every epoch, sharded across ranks by the code (no padding sampler);
@@ -33,13 +34,13 @@ from typing import Dict, List, Optional, Sequence
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
 from ..diffusion.augment import AUG_LEVELS, noisy_view
 from ..diffusion.features import extract_features, random_projection
 from ..diffusion.noise import seeded_uniform
 from ..metrics.icr import InvariantContaminationRatio
+from ._schedule import ScheduledMonitor
 
 __all__ = ["ICRMonitor", "sigma_key", "fixed_subset"]
 
@@ -83,7 +84,7 @@ def denoiser_of(pl_module: "pl.LightningModule"):
     return den
 
 
-class ICRMonitor(Callback):
+class ICRMonitor(ScheduledMonitor):
     """Log ICR of the EMA denoiser on a fixed training subset (module docstring).
 
     Args:
@@ -100,7 +101,8 @@ class ICRMonitor(Callback):
         tau, normalize: passed to :class:`InvariantContaminationRatio`.
         seed: selects the subset and seeds every view.
         batch_size: images per forward pass.
-        every_n_epochs: measure when ``epoch % every_n_epochs == 0``.
+        every_n_epochs: measure on every n-th validation pass (the first always), or every n-th
+            training epoch when the fit has no validation loop.
     """
 
     def __init__(self, num_images: int = 1024, sigma: float = 0.29,
@@ -142,9 +144,8 @@ class ICRMonitor(Callback):
         self._projection: Optional[torch.Tensor] = None
 
     # -- hooks -----------------------------------------------------------------------------------
-    def on_validation_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        if trainer.sanity_checking or trainer.current_epoch % self.every_n_epochs:
-            return
+    def _measure_and_log(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        """Called by ScheduledMonitor on due passes (on_validation_epoch_end / on_train_epoch_end)."""
         results = self.measure(pl_module, train_data_of(trainer), trainer.global_rank,
                                trainer.world_size)
         main = results[self.sigma]
@@ -221,8 +222,9 @@ class ICRMonitor(Callback):
 
     # -- resume -------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"history": list(self.history), "warned": self._warned}
+        return {"history": list(self.history), "warned": self._warned, **self.schedule_state()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.history = list(state_dict.get("history", []))
+        self.load_schedule_state(state_dict)
         self._warned = bool(state_dict.get("warned", False))

@@ -1,6 +1,7 @@
 """MemorizationMonitor: the memorization ratio of seeded samples every k epochs (REFERENCE §11).
 
-Every ``every_n_epochs`` epochs (when ``epoch % every_n_epochs == 0``), the module draws
+On every ``every_n_epochs``-th validation pass (the first always; every n-th training epoch when
+the fit has no validation loop; ``_schedule.py``), the module draws
 ``num_samples`` PF-ODE samples from fixed seeds (``pl_module.generate(seeds)``, EMA weights; the
 seeds are sharded across ranks by the code) and counts those that copy a training sample with
 :class:`~lightning_pfd.metrics.MemorizationRatio` (``cosine`` > 0.6 in a descriptor space, or the
@@ -20,20 +21,21 @@ from typing import Callable, Dict, List, Optional, Union
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 
 from ..metrics.memorization import MemorizationRatio
+from ._schedule import ScheduledMonitor
 from .icr import _positive_int, train_data_of
 
 __all__ = ["MemorizationMonitor"]
 
 
-class MemorizationMonitor(Callback):
+class MemorizationMonitor(ScheduledMonitor):
     """Log ``mem/ratio`` from seeded samples every ``every_n_epochs`` epochs.
 
     Args:
         num_samples: generated samples per measurement (seeds ``seed .. seed + num_samples - 1``).
-        every_n_epochs: measure when ``epoch % every_n_epochs == 0``.
+        every_n_epochs: measure on every n-th validation pass (the first always), or every n-th
+            training epoch when the fit has no validation loop.
         criterion, threshold, descriptor, chunk_size: passed to :class:`MemorizationRatio`
             (threshold None: 0.6 for cosine, 1/3 for nn_ratio).
         seed: first sample seed (the same seeds at every measurement).
@@ -117,16 +119,16 @@ class MemorizationMonitor(Callback):
     def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         self._reference = None  # a new fit may bring new data: embed again (once)
 
-    def on_validation_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        if trainer.sanity_checking or trainer.current_epoch % self.every_n_epochs:
-            return
+    def _measure_and_log(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        """Called by ScheduledMonitor on due passes (on_validation_epoch_end / on_train_epoch_end)."""
         logs = self.measure(trainer, pl_module)
         for name, value in logs.items():
             pl_module.log(name, torch.tensor(value, dtype=torch.float32), sync_dist=False)
         self.history.append({"epoch": trainer.current_epoch, **logs})
 
     def state_dict(self) -> dict:
-        return {"history": list(self.history)}
+        return {"history": list(self.history), **self.schedule_state()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.history = list(state_dict.get("history", []))
+        self.load_schedule_state(state_dict)

@@ -1,14 +1,17 @@
 """TailMonitor: tail metrics of a physical observable every k epochs (PITE; REFERENCE §13).
 
-Every ``every_n_epochs`` validation epochs: ``num_samples`` seeded samples from the EMA model
+On every ``every_n_epochs``-th validation pass (the first always; every n-th training epoch when the
+fit has no validation loop; ``_schedule.py``): ``num_samples`` seeded samples from the EMA model
 (``pl_module.generate(seeds)``; seeds sharded over ranks), mapped back to physical units with
 ``datamodule.inverse_transform`` when it exists, reduced to one scalar per sample by the
 observable (``lightning_pfd.metrics.observables``), compared with the same observable of the
 training (or validation) data:
 
 * ``tail/rmsqe``, ``tail/loader``: RMSQE (eta) and LOADER (fixed window, density floor);
-* ``tail/rmsqe_floor``, ``tail/loader_floor``: the same-law noise floors (reference split in
-  halves), computed once;
+* ``tail/rmsqe_floor``, ``tail/loader_floor``: the same-law noise floors (the score of a perfect
+  model with ``num_samples`` samples: random ``num_samples``-subsets of the reference vs the
+  rest), computed once; the model scores use the same reference subsets and settings
+  (see ``TailMonitor._metric_settings``);
 * ``tail/nonfinite``: fraction of samples whose observable is NaN/inf (dropped before the
   metrics);
 * a density plot (data vs model, log-scale density, like the blog's Fig. 9) via
@@ -24,26 +27,28 @@ from typing import Any, Dict, Optional, Sequence
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 
 from ..metrics.observables import get_observable
 from ..metrics.tails import (LogAbsoluteDensityRatio, RootMeanSquaredQuantileError, kde_density,
-                             same_law_floor)
+                             loader_settings, same_law_floor)
+
+from ._schedule import ScheduledMonitor
 
 __all__ = ["TailMonitor"]
 
 
-class TailMonitor(Callback):
+class TailMonitor(ScheduledMonitor):
     """Tail metrics of ``observable`` between model samples and data (see module docstring).
 
     Args:
-        every_n_epochs: evaluate when ``current_epoch % every_n_epochs == 0``.
+        every_n_epochs: evaluate on every n-th validation pass (the first always), or every n-th
+            training epoch when the fit has no validation loop.
         num_samples: generated samples per evaluation (seeds ``seed_offset + i``).
         observable, observable_kwargs: registered observable name and its keyword arguments.
         reference: "train" or "val" data as the reference sample.
         eta: RMSQE tail level. window, floor, relative_floor, bandwidth: LOADER settings
             (window None = range of the reference observable, fixed for the whole run).
-        num_splits: splits of the reference for the same-law floors.
+        num_splits: splits of the reference for the same-law floors and the matched model scores.
         batch_size, num_steps: passed to ``generate`` (num_steps only when given).
         plot: log the density plot.
     """
@@ -73,6 +78,7 @@ class TailMonitor(Callback):
         self.every_n_epochs, self.num_samples = int(every_n_epochs), int(num_samples)
         self.reference, self.eta = reference, float(eta)
         self.window = None if window is None else tuple(float(v) for v in window)
+        self._window_arg = self.window  # None: the reference's range, re-derived for every new run
         self.floor, self.relative_floor, self.bandwidth = float(floor), bool(relative_floor), bandwidth
         self.num_splits, self.seed_offset = int(num_splits), int(seed_offset)
         self.batch_size, self.num_steps, self.plot = int(batch_size), num_steps, bool(plot)
@@ -80,6 +86,12 @@ class TailMonitor(Callback):
         self.floors: Dict[str, float] = {}
         self._ref: Optional[torch.Tensor] = None
         self.last_samples_obs: Optional[torch.Tensor] = None
+
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        # a new run may bring new data: forget what was derived from the old reference (a resumed
+        # run gets window / floors back from its checkpoint, restored after setup)
+        self._ref, self.window, self.floors = None, self._window_arg, {}
 
     # ------------------------------------------------------------------ reference
     @staticmethod
@@ -106,12 +118,37 @@ class TailMonitor(Callback):
         return dict(window=self.window, floor=self.floor, relative_floor=self.relative_floor,
                     bandwidth=self.bandwidth)
 
+    def _metric_settings(self, ref: torch.Tensor) -> Dict[str, dict]:
+        """Explicit settings shared by the model scores and the same-law floors.
+
+        **[choice]** Model and floor are compared on identical terms (REFERENCE §13): the
+        floor is the mean of metric(ref[S_k], ref[R_k]) over ``num_splits`` seeded splits
+        (|S_k| = n_gen = ``num_samples``, drawn without replacement; R_k the other
+        n_ref - n_gen points) and the model score is the mean of metric(gen, ref[R_k]) over
+        the *same* R_k (``matched_score``), so a perfect model's expected score equals the
+        floor; scoring against the full reference instead would leave a reference-size
+        mismatch (n_ref vs n_ref - n_gen). RMSQE uses the explicit u_max = 1 - 1/n_gen;
+        LOADER the window, bandwidth and absolute density floor frozen on the full reference
+        (``loader_settings``). Needs ``num_samples`` < n_ref.
+        """
+        n_ref = int(ref.numel())
+        if not self.num_samples < n_ref:
+            raise ValueError(f"num_samples: must be < the number of reference samples ({n_ref}) "
+                             f"for the same-law floor (n_gen = num_samples), got {self.num_samples}")
+        return {"rmsqe": dict(eta=self.eta, u_max=1.0 - 1.0 / self.num_samples),
+                "loader": loader_settings(ref, **self._loader_kwargs())}
+
+    def _split_kwargs(self) -> dict:
+        return dict(num_splits=self.num_splits, n_gen=self.num_samples, split_seed=0)
+
     def _floors(self, ref: torch.Tensor) -> Dict[str, float]:
         if not self.floors:
+            st, n = self._metric_settings(ref), self.num_samples
             self.floors = {
-                "loader_floor": float(same_law_floor(ref, "loader", self.num_splits,
-                                                     **self._loader_kwargs())),
-                "rmsqe_floor": float(same_law_floor(ref, "rmsqe", self.num_splits, eta=self.eta)),
+                "loader_floor": float(same_law_floor(ref, "loader", self.num_splits, 0, n,
+                                                     **st["loader"])),
+                "rmsqe_floor": float(same_law_floor(ref, "rmsqe", self.num_splits, 0, n,
+                                                    **st["rmsqe"])),
             }
         return self.floors
 
@@ -128,8 +165,10 @@ class TailMonitor(Callback):
         obs = self.observable(self._inverse(trainer.datamodule, x)).detach().cpu()
         finite = torch.isfinite(obs)
         device = pl_module.device
-        rm = RootMeanSquaredQuantileError(eta=self.eta, reference=ref).to(device)
-        ld = LogAbsoluteDensityRatio(reference=ref, **self._loader_kwargs()).to(device)
+        st = self._metric_settings(ref)  # same settings and reference splits as the floors
+        rm = RootMeanSquaredQuantileError(reference=ref, **st["rmsqe"],
+                                          **self._split_kwargs()).to(device)
+        ld = LogAbsoluteDensityRatio(reference=ref, **st["loader"], **self._split_kwargs()).to(device)
         n_bad = torch.tensor([float((~finite).sum())], dtype=torch.float64, device=device)
         for m in (rm, ld):
             m.update(obs[finite])
@@ -148,9 +187,8 @@ class TailMonitor(Callback):
             self._plot(trainer, ref, obs[finite])
         return out
 
-    def on_validation_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        if trainer.sanity_checking or trainer.current_epoch % self.every_n_epochs:
-            return
+    def _measure_and_log(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        """Called by ScheduledMonitor on due passes (on_validation_epoch_end / on_train_epoch_end)."""
         vals = self.measure(trainer, pl_module)
         for k, v in vals.items():
             pl_module.log(f"tail/{k}", torch.tensor(v, dtype=torch.float32), sync_dist=False)
@@ -212,11 +250,12 @@ class TailMonitor(Callback):
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> Dict[str, Any]:
         return {"history": list(self.history), "floors": dict(self.floors),
-                "window": None if self.window is None else list(self.window)}
+                "window": None if self.window is None else list(self.window), **self.schedule_state()}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self.history = list(state_dict.get("history", []))
         self.floors = dict(state_dict.get("floors", {}))
+        self.load_schedule_state(state_dict)
         w = state_dict.get("window")
         self.window = None if w is None else tuple(w)
 

@@ -6,6 +6,7 @@ from .memorization import MemorizationRatio, memorization_ratio
 from .observables import OBSERVABLES, get_observable, register_observable
 from .pfd import ProbabilityFlowDistance, probability_flow_distance
 from .tails import LogAbsoluteDensityRatio, RootMeanSquaredQuantileError, loader, rmsqe, same_law_floor
+from .tails import loader_settings, matched_score, reference_splits
 
 __all__ = [
     "ProbabilityFlowDistance", "probability_flow_distance",
@@ -13,5 +14,6 @@ __all__ = [
     "InvariantContaminationRatio", "invariant_contamination_ratio",
     "MemorizationRatio", "memorization_ratio",
     "RootMeanSquaredQuantileError", "rmsqe", "LogAbsoluteDensityRatio", "loader", "same_law_floor",
+    "matched_score", "loader_settings", "reference_splits",
     "OBSERVABLES", "get_observable", "register_observable",
 ]

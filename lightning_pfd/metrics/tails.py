@@ -12,8 +12,11 @@
   (``numpy.polynomial.legendre.leggauss``). Over an unbounded range the integral does not
   converge for heavy tails, so the window Omega is fixed (default: the range of the
   reference sample) and densities are floored (default: 1e-3 x the peak of the reference
-  density). ``same_law_floor`` reports the noise floor of a metric by splitting the
-  reference sample in two halves.
+  density). ``same_law_floor`` reports the noise floor of a metric: the score of a perfect
+  model with n_gen samples, i.e. the metric between random n_gen-subsets of the reference
+  (drawn without replacement) and the remaining n_ref - n_gen points, with the same explicit
+  settings as the model score. ``matched_score`` scores a model against the same remaining
+  subsets, so model and floor are compared on identical terms.
 
 The torchmetrics classes keep "cat" states of the per-sample *scalar* observables (a few
 thousand floats): quantiles and KDEs need the whole sample, and gathering the scalars makes
@@ -32,7 +35,8 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 __all__ = [
-    "rmsqe", "loader", "same_law_floor", "kde_density", "integrate_abs_log_ratio",
+    "rmsqe", "loader", "same_law_floor", "matched_score", "reference_splits", "loader_settings",
+    "kde_density", "integrate_abs_log_ratio",
     "RootMeanSquaredQuantileError", "LogAbsoluteDensityRatio", "QUANTILE_METHOD",
 ]
 
@@ -197,32 +201,124 @@ def loader(gen, ref, window: Sequence[float] | None = None, floor: float = 1e-3,
                         dtype=torch.float64)
 
 
-def same_law_floor(ref, metric: str = "loader", num_splits: int = 8, seed: int = 0,
-                   **kwargs) -> torch.Tensor:
-    """Noise floor of ``metric`` ('loader' or 'rmsqe') between two halves of ``ref``.
+def _check_n_gen(n_ref: int, n_gen) -> int:
+    if n_gen is None:
+        return n_ref // 2
+    try:
+        ok = not isinstance(n_gen, bool) and float(n_gen).is_integer() and 1 <= int(n_gen) <= n_ref - 1
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise ValueError(f"n_gen: must be an integer in [1, n_ref - 1] = [1, {n_ref - 1}] "
+                         f"(generated samples; the rest of the reference is the comparison "
+                         f"sample), got {n_gen!r}")
+    return int(n_gen)
 
-    The reference is split at random into halves ``num_splits`` times (seeded); returns the
-    mean metric value. This is the score of a *perfect* model with n/2 samples: model scores
-    near it are indistinguishable from the data. For LOADER the window defaults to the range
-    of the full reference (as in ``loader(gen, ref)``).
+
+def reference_splits(n_ref: int, n_gen: int, num_splits: int = 8, seed: int = 0):
+    """``num_splits`` seeded random splits of range(n_ref) into (n_gen indices, the rest).
+
+    Drawn *without* replacement (``torch.randperm``); the same (n_ref, n_gen, num_splits, seed)
+    always give the same splits, so :func:`same_law_floor` and :func:`matched_score` share them.
     """
-    r = _as_1d(ref, "ref")
-    if r.numel() < 4:
-        raise ValueError(f"ref: need at least 4 samples to split, got {r.numel()}")
-    if metric not in ("loader", "rmsqe"):
-        raise ValueError(f"metric: must be 'loader' or 'rmsqe', got {metric!r}")
+    n_gen = _check_n_gen(int(n_ref), n_gen)
     if int(num_splits) < 1:
         raise ValueError(f"num_splits: must be >= 1, got {num_splits}")
+    gen = torch.Generator().manual_seed(int(seed))
+    out = []
+    for _ in range(int(num_splits)):
+        perm = torch.randperm(int(n_ref), generator=gen)
+        out.append((perm[:n_gen], perm[n_gen:]))
+    return out
+
+
+def _metric_fn(metric: str, n_gen: int, kwargs: dict):
+    if metric not in ("loader", "rmsqe"):
+        raise ValueError(f"metric: must be 'loader' or 'rmsqe', got {metric!r}")
+    kwargs = dict(kwargs)
+    if metric == "rmsqe" and kwargs.get("u_max") is None:
+        # the model score rmsqe(gen, ref) uses 1 - 1/min(n_gen, n_ref) = 1 - 1/n_gen
+        kwargs["u_max"] = 1.0 - 1.0 / n_gen
+    return (loader if metric == "loader" else rmsqe), kwargs
+
+
+def same_law_floor(ref, metric: str = "loader", num_splits: int = 8, seed: int = 0,
+                   n_gen: int | None = None, **kwargs) -> torch.Tensor:
+    """Same-law noise floor of ``metric`` ('loader' or 'rmsqe'): the score of a *perfect* model.
+
+    For ``num_splits`` seeded random splits of ``ref`` (n_ref samples) into a subset of
+    ``n_gen`` samples drawn without replacement (playing the generated sample) and the
+    remaining n_ref - n_gen (playing the reference), returns the mean of
+    ``metric(ref[subset], ref[rest], **kwargs)``. ``n_gen`` must be the number of generated
+    samples of the model score it calibrates (default n_ref // 2: the old half split), in
+    [1, n_ref - 1].
+
+    Pass the *same explicit* settings as the model score: for RMSQE ``u_max`` (default here
+    1 - 1/n_gen, the default of ``rmsqe(gen, ref)`` with n_gen < n_ref); for LOADER the window,
+    bandwidth and floor (:func:`loader_settings` freezes them from the full reference; the
+    window defaults to the range of the full reference). Remaining mismatch when the model is
+    scored against the *full* reference: the floor's comparison sample has n_ref - n_gen points
+    instead of n_ref (its empirical quantiles / KDE are slightly noisier), so the floor is
+    slightly above the perfect model's expected score (for n_gen << n_ref negligible).
+    :func:`matched_score` removes it by scoring the model against the same n_ref - n_gen
+    subsets.
+    """
+    r = _as_1d(ref, "ref")
+    if r.numel() < 2:
+        raise ValueError(f"ref: need at least 2 samples to split, got {r.numel()}")
+    n_gen = _check_n_gen(r.numel(), n_gen)
+    fn, kwargs = _metric_fn(metric, n_gen, kwargs)
     if metric == "loader" and kwargs.get("window") is None:
         kwargs["window"] = (float(r.min()), float(r.max())) if r.max() > r.min() else None
-    fn = loader if metric == "loader" else rmsqe
-    gen = torch.Generator().manual_seed(int(seed))
-    half = r.numel() // 2
-    vals = []
-    for _ in range(int(num_splits)):
-        perm = torch.randperm(r.numel(), generator=gen)
-        vals.append(fn(r[perm[:half]], r[perm[half:2 * half]], **kwargs))
+    vals = [fn(r[a], r[b], **kwargs) for a, b in reference_splits(r.numel(), n_gen, num_splits, seed)]
     return torch.stack(vals).mean()
+
+
+def matched_score(gen, ref, metric: str = "loader", num_splits: int = 8, seed: int = 0,
+                  n_gen: int | None = None, **kwargs) -> torch.Tensor:
+    """Model score comparable with :func:`same_law_floor`: mean over the *same* splits of
+    ``metric(gen, ref[rest])``, ``rest`` = the n_ref - n_gen reference points of each split.
+
+    With the same (num_splits, seed, n_gen, explicit kwargs) the model and the floor are
+    compared with identical reference samples of identical size, so a perfect model (``gen``
+    n_gen draws of the reference law) has *exactly* the floor as expected score (up to the
+    window, if it is derived from the data). ``n_gen`` defaults to ``len(gen)``; pass the
+    number of samples generated (before dropping non-finite ones) to reuse a cached floor.
+    """
+    g, r = _as_1d(gen, "gen"), _as_1d(ref, "ref")
+    n_gen = _check_n_gen(r.numel(), g.numel() if n_gen is None else n_gen)
+    fn, kwargs = _metric_fn(metric, n_gen, kwargs)
+    if metric == "loader" and kwargs.get("window") is None:
+        kwargs["window"] = (float(r.min()), float(r.max())) if r.max() > r.min() else None
+    vals = [fn(g, r[b], **kwargs) for _, b in reference_splits(r.numel(), n_gen, num_splits, seed)]
+    return torch.stack(vals).mean()
+
+
+def loader_settings(ref, window: Sequence[float] | None = None, floor: float = 1e-3,
+                    relative_floor: bool = True, bandwidth="silverman",
+                    grid_size: int = 2**14) -> dict:
+    """Freeze LOADER's data-dependent settings on the full reference ``ref``.
+
+    Returns ``dict(window, floor, relative_floor=False, bandwidth)`` with an explicit window
+    (default the range of ``ref``), the bandwidth rule evaluated on ``ref`` and the relative
+    floor turned into an absolute density (``floor`` x peak of the reference KDE), exactly
+    as ``loader(gen, ref, ...)`` would compute them. Passing this dict to both the model score
+    and :func:`same_law_floor` makes the two use the same window / bandwidth / floor.
+    """
+    r = _as_1d(ref, "ref")
+    if window is None:
+        window = (float(r.min()), float(r.max()))
+        if window[0] == window[1]:
+            window = (window[0] - 0.5, window[1] + 0.5)
+    lo, hi = _check_window(window)
+    if not floor > 0:
+        raise ValueError(f"floor: must be > 0, got {floor}")
+    bw = _bandwidth(r.numpy(), bandwidth)
+    floor = float(floor)
+    if relative_floor:
+        probe = np.linspace(lo, hi, 2049)
+        floor *= max(float(kde_density(r, probe, bw, grid_size).max()), 1e-300)
+    return dict(window=(lo, hi), floor=floor, relative_floor=False, bandwidth=bw)
 
 
 # ------------------------------------------------------------------------ torchmetrics
@@ -233,11 +329,25 @@ class _TailMetric(Metric):
     higher_is_better = False
     full_state_update = False
 
-    def __init__(self, reference=None, **kwargs):
+    def __init__(self, reference=None, num_splits: int | None = None, n_gen: int | None = None,
+                 split_seed: int = 0, **kwargs):
+        if num_splits is not None and int(num_splits) < 1:
+            raise ValueError(f"num_splits: must be >= 1 (or None = whole reference), got {num_splits}")
+        if n_gen is not None and (isinstance(n_gen, bool) or int(n_gen) < 1):
+            raise ValueError(f"n_gen: must be an integer >= 1 (or None = len(preds)), got {n_gen!r}")
         super().__init__(**kwargs)
         self.add_state("preds", default=[], dist_reduce_fx="cat")
         self.add_state("target", default=[], dist_reduce_fx="cat")
         self._fixed_ref = None if reference is None else _as_1d(reference, "reference")
+        self.num_splits = None if num_splits is None else int(num_splits)
+        self.n_gen = None if n_gen is None else int(n_gen)
+        self.split_seed = int(split_seed)
+
+    def _score(self, metric: str, p: torch.Tensor, t: torch.Tensor, **kw) -> torch.Tensor:
+        """Against the whole reference, or (num_splits set) :func:`matched_score`."""
+        if self.num_splits is None:
+            return (loader if metric == "loader" else rmsqe)(p, t, **kw)
+        return matched_score(p, t, metric, self.num_splits, self.split_seed, self.n_gen, **kw)
 
     def update(self, preds: torch.Tensor, target: torch.Tensor | None = None) -> None:
         """Add generated observables ``preds`` and (optionally) reference observables."""
@@ -259,7 +369,11 @@ class _TailMetric(Metric):
 
 
 class RootMeanSquaredQuantileError(_TailMetric):
-    """torchmetrics wrapper of :func:`rmsqe` (update(preds=gen observables, target=ref))."""
+    """torchmetrics wrapper of :func:`rmsqe` (update(preds=gen observables, target=ref)).
+
+    With ``num_splits`` set, ``compute`` is :func:`matched_score` (same splits as
+    ``same_law_floor(ref, "rmsqe", num_splits, split_seed, n_gen)``) instead of rmsqe(gen, ref).
+    """
 
     def __init__(self, eta: float = 0.975, u_max: float | None = None, num_levels: int = 200,
                  reference=None, **kwargs):
@@ -273,11 +387,15 @@ class RootMeanSquaredQuantileError(_TailMetric):
 
     def compute(self) -> torch.Tensor:
         p, t = self._gathered()
-        return rmsqe(p, t, self.eta, self.u_max, self.num_levels)
+        return self._score("rmsqe", p, t, eta=self.eta, u_max=self.u_max,
+                           num_levels=self.num_levels)
 
 
 class LogAbsoluteDensityRatio(_TailMetric):
-    """torchmetrics wrapper of :func:`loader` (update(preds=gen observables, target=ref))."""
+    """torchmetrics wrapper of :func:`loader` (update(preds=gen observables, target=ref)).
+
+    ``num_splits``, ``n_gen``, ``split_seed``: as for :class:`RootMeanSquaredQuantileError`.
+    """
 
     def __init__(self, window: Sequence[float] | None = None, floor: float = 1e-3,
                  relative_floor: bool = True, bandwidth="silverman", panels: int = 64,
@@ -295,5 +413,6 @@ class LogAbsoluteDensityRatio(_TailMetric):
 
     def compute(self) -> torch.Tensor:
         p, t = self._gathered()
-        return loader(p, t, self.window, self.floor, self.relative_floor, self.bandwidth,
-                      self.panels, self.nodes)
+        return self._score("loader", p, t, window=self.window, floor=self.floor,
+                           relative_floor=self.relative_floor, bandwidth=self.bandwidth,
+                           panels=self.panels, nodes=self.nodes)

@@ -1,0 +1,175 @@
+"""When the measurement callbacks measure (lightning_pfd/callbacks/_schedule.py).
+
+Every n-th *validation pass* (the first always), not ``epoch % n == 0`` -- Lightning validates at
+epochs with ``(epoch + 1) % check_val_every_n_epoch == 0``; every n-th training epoch when the fit
+has no validation loop; the count survives a resume. Plus: GeneralizationMonitor refuses
+num_eval < world size, and a reused monitor re-derives its references for a second fit.
+"""
+import warnings
+from types import SimpleNamespace
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lightning_pfd.callbacks import (GeneralizationMonitor, ICREarlyStopping, ICRMonitor,
+                                     MemorizationMonitor, TailMonitor)
+from lightning_pfd.data import TensorDataModule
+from lightning_pfd.modules import DiffusionModule
+from lightning_pfd.nets import MLPNet
+
+D = 3
+
+
+def _data(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.tensor([[1.0, -1.0, 0.5], [-1.0, 0.5, -0.5]])  # a 2-component GMM
+    return (centres[torch.randint(0, 2, (n,), generator=g)] + 0.3 * torch.randn(n, D, generator=g)).float()
+
+
+def _dm(seed=0, n=24):
+    return TensorDataModule(train_data=_data(n, seed), val_data=_data(8, seed + 100), batch_size=8)
+
+
+def _module():
+    torch.manual_seed(0)
+    return DiffusionModule(MLPNet(D, hidden=8, depth=1, emb_dim=8), precond="edm", num_steps=3,
+                           ema_decay=0.9)
+
+
+def _monitors(every_n):
+    return {
+        "gen": GeneralizationMonitor(num_eval=4, every_n_epochs=every_n, num_loss_samples=4,
+                                     image_every_n_epochs=0, use_cache=False),
+        "icr": ICRMonitor(num_images=6, every_n_epochs=every_n, batch_size=6),
+        "mem": MemorizationMonitor(num_samples=4, every_n_epochs=every_n, seed=0),
+        "tail": TailMonitor(every_n_epochs=every_n, num_samples=8, eta=0.5, num_splits=2, plot=False),
+    }
+
+
+class _RecordingES(ICREarlyStopping):
+    """ICREarlyStopping that records the epochs at which it evaluated the stopping criteria."""
+
+    def __init__(self, **kw):
+        super().__init__(patience=100, **kw)
+        self.checked = []
+
+    def _evaluate_stopping_criteria(self, current):
+        self.checked.append(self._epoch)
+        return super()._evaluate_stopping_criteria(current)
+
+    def on_validation_end(self, trainer, pl_module):
+        self._epoch = trainer.current_epoch
+        super().on_validation_end(trainer, pl_module)
+
+
+def _trainer(tmp_path, callbacks, max_epochs, **kw):
+    args = dict(accelerator="cpu", devices=1, max_epochs=max_epochs, limit_train_batches=1,
+                limit_val_batches=1, num_sanity_val_steps=0, logger=False,
+                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                default_root_dir=str(tmp_path))
+    args.update(kw)
+    return pl.Trainer(callbacks=callbacks, **args)
+
+
+def _fit(trainer, dm=None, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # small-n ICR warning, few-batches logging warnings
+        trainer.fit(_module(), datamodule=dm or _dm(), **kw)
+
+
+def _epochs(mon):
+    return [h["epoch"] for h in mon.history]
+
+
+@pytest.mark.parametrize("every_n, expected", [(1, [1, 3, 5]), (2, [1, 5])])
+def test_cadence_counts_validation_passes_with_check_val_every_2(tmp_path, every_n, expected):
+    # validation runs at epochs 1, 3, 5; the old `epoch % every_n == 0` test never measured
+    # with every_n = 2 (GeneralizationMonitor once, at epoch 0, without a validation)
+    mons = _monitors(every_n)
+    es_follow = _RecordingES()  # follows the ICRMonitor's fresh measurements
+    es_own = _RecordingES(monitor="icr/trace_s", every_n_epochs=every_n)  # counts passes itself
+    _fit(_trainer(tmp_path, [*mons.values(), es_follow, es_own], max_epochs=6,
+                  check_val_every_n_epoch=2))
+    for name, mon in mons.items():
+        assert _epochs(mon) == expected, name
+    assert es_follow.checked == expected and es_own.checked == expected
+    assert mons["icr"].schedule.passes == 3
+
+
+def test_every_pass_is_counted_with_validation_twice_per_epoch(tmp_path):
+    mon = ICRMonitor(num_images=6, every_n_epochs=3, batch_size=6)
+    # 2 training batches, validation after each -> passes 0..5 at epochs 0,0,1,1,2,2
+    _fit(_trainer(tmp_path, [mon], max_epochs=3, limit_train_batches=2, val_check_interval=1))
+    assert mon.schedule.passes == 6 and _epochs(mon) == [0, 1]
+
+
+def test_without_validation_the_monitors_measure_at_train_epoch_end(tmp_path):
+    mons = _monitors(2)
+    _fit(_trainer(tmp_path, list(mons.values()), max_epochs=3, limit_val_batches=0))
+    for name, mon in mons.items():
+        assert _epochs(mon) == [0, 2], name
+    keys = {"gen": "pfd/e_mem", "icr": "icr/icr", "mem": "mem/ratio", "tail": "rmsqe"}
+    for name, key in keys.items():  # a real measurement happened in on_train_epoch_end
+        assert key in mons[name].history[-1], name
+
+
+def test_resume_keeps_the_cadence(tmp_path):
+    mons = _monitors(2)
+    trainer = _trainer(tmp_path, list(mons.values()), max_epochs=3)
+    _fit(trainer)  # passes 0, 1, 2 -> measured at epochs 0, 2; the next due pass is 4
+    ckpt = str(tmp_path / "e2.ckpt")
+    trainer.save_checkpoint(ckpt)
+    resumed = _monitors(2)
+    _fit(_trainer(tmp_path, list(resumed.values()), max_epochs=6), ckpt_path=ckpt)
+    for name, mon in resumed.items():
+        # a count restarted at 0 would measure at epochs 3 and 5 instead
+        assert _epochs(mon) == [0, 2, 4], name
+        assert mon.schedule.passes == 6
+
+
+def test_early_stopping_state_keeps_its_pass_count():
+    es = ICREarlyStopping(every_n_epochs=2)
+    es._schedule.passes = 5
+    es2 = ICREarlyStopping(every_n_epochs=2)
+    es2.load_state_dict(es.state_dict())
+    assert es2._schedule.passes == 5
+
+
+def test_generalization_monitor_refuses_fewer_seeds_than_ranks():
+    cb = GeneralizationMonitor(num_eval=3, image_every_n_epochs=0, use_cache=False)
+    fake = SimpleNamespace(world_size=4, global_rank=0, datamodule=None)
+    with pytest.raises(ValueError, match="num_eval: 3 .*world size 4"):
+        cb._prepare(fake, None)
+    # num_eval == world size passes this check (and fails later, on the missing datamodule)
+    cb4 = GeneralizationMonitor(num_eval=4, image_every_n_epochs=0, use_cache=False)
+    with pytest.raises(ValueError, match="datamodule") as err:
+        cb4._prepare(fake, None)
+    assert "num_eval" not in str(err.value)
+
+
+def test_a_reused_monitor_rederives_its_references_for_a_new_fit(tmp_path):
+    reused = {"gen": GeneralizationMonitor(num_eval=4, num_loss_samples=4, image_every_n_epochs=0,
+                                           use_cache=False),
+              "tail": TailMonitor(num_samples=8, eta=0.5, num_splits=2, plot=False)}
+    _fit(_trainer(tmp_path, list(reused.values()), max_epochs=1), dm=_dm(seed=0))
+    first_ref = reused["gen"]._ref["empirical"]["endpoints"].clone()
+    first_window = reused["tail"].window
+    _fit(_trainer(tmp_path, list(reused.values()), max_epochs=1), dm=_dm(seed=7))
+    fresh = {"gen": GeneralizationMonitor(num_eval=4, num_loss_samples=4, image_every_n_epochs=0,
+                                          use_cache=False),
+             "tail": TailMonitor(num_samples=8, eta=0.5, num_splits=2, plot=False)}
+    _fit(_trainer(tmp_path, list(fresh.values()), max_epochs=1), dm=_dm(seed=7))
+    # the references follow the second training set (the stale ones differ)
+    ref2 = reused["gen"]._ref["empirical"]["endpoints"]
+    assert not torch.allclose(ref2, first_ref)
+    assert torch.equal(ref2, fresh["gen"]._ref["empirical"]["endpoints"])
+    assert reused["tail"].window == fresh["tail"].window != first_window
+    assert torch.equal(reused["tail"]._ref, fresh["tail"]._ref)
+    assert reused["tail"].floors == fresh["tail"].floors
+    # same student (same seed, same data) -> the same logged values as a fresh callback
+    last, want = reused["gen"].history[-1], fresh["gen"].history[-1]
+    assert last["pfd/e_mem"] == pytest.approx(want["pfd/e_mem"], rel=1e-10)
+    assert reused["tail"].history[-1]["rmsqe"] == pytest.approx(fresh["tail"].history[-1]["rmsqe"],
+                                                                rel=1e-10)
+    assert len(reused["gen"].history) == 2 and reused["gen"].schedule.passes == 1
