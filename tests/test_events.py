@@ -300,3 +300,14 @@ def test_analyze_history_combines_detectors():
 def test_bad_input_raises_value_error(call, field):
     with pytest.raises(ValueError, match=field):
         call()
+
+
+def test_flat_memorization_ratio_is_not_overridden_by_a_falling_e_mem():
+    """Data-rich run: the ratio is measured and stays 0 while E_mem falls because the model
+    learns; that is no memorization onset (the E_mem fallback is only for runs without a ratio)."""
+    import numpy as np
+    from lightning_pfd.analysis.events import detect_memorization_onset
+    t = np.arange(24.0)
+    e_mem = 3.3 + 1.5 * np.exp(-t / 2)
+    assert detect_memorization_onset(t, mem_ratio=np.zeros(24), e_mem=e_mem) is None
+    assert detect_memorization_onset(t, mem_ratio=None, e_mem=e_mem) is not None

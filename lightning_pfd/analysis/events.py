@@ -434,7 +434,7 @@ def detect_memorization_onset(epochs, mem_ratio=None, e_mem=None, icr=None, *,
     - From the memorization ratio (preferred when given): the first epoch where the smoothed
       ratio exceeds its running minimum by θ = max(min_sigma·√2σ_s, ``min_ratio_rise``) for
       ``confirm`` consecutive evaluations.
-    - Else from E_mem: the first epoch where the smoothed E_mem is θ below its running maximum
+    - Only when no ratio was measured, from E_mem: the first epoch where the smoothed E_mem is θ below its running maximum
       for ``confirm`` consecutive evaluations; if ``e_gen_min_epoch`` is given the search (and
       the running maximum) starts there, since before the E_gen minimum E_mem also falls simply
       because the model learns the data.
@@ -453,7 +453,7 @@ def detect_memorization_onset(epochs, mem_ratio=None, e_mem=None, icr=None, *,
         if x.size >= max(5, confirm + 2):
             ev = _onset_from_ratio(x, r, window=window, min_sigma=min_sigma, confirm=confirm,
                                    min_rise=min_ratio_rise)
-    if ev is None and e_mem is not None:
+    if mem_ratio is None and e_mem is not None:  # a measured ratio that never rises is a "no"
         x, e = _prepare(epochs if e_mem_epochs is None else e_mem_epochs, e_mem, "e_mem")
         if x.size >= max(5, confirm + 2):
             ev = _onset_from_e_mem(x, e, window=window, min_sigma=min_sigma, min_rel=min_rel,
