@@ -23,7 +23,28 @@ def as_sigma(sigma, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torc
     return s.reshape(-1, *([1] * (x.ndim - 1)))
 
 
-class EDMPrecond(nn.Module):
+class _Preconditioned(nn.Module):
+    """D(x; sigma) = c_skip x + c_out F(c_in x; c_noise); subclasses define ``coefficients``."""
+
+    def coefficients(self, sigma: torch.Tensor):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, sigma) -> torch.Tensor:
+        x = x.to(torch.float32)
+        sigma = as_sigma(sigma, x)
+        c_skip, c_out, c_in, c_noise = self.coefficients(sigma)
+        F_x = self.net(c_in * x, c_noise.flatten())
+        return c_skip * x + c_out * F_x.to(torch.float32)  # skip combination in float32
+
+    def network_input(self, x: torch.Tensor, sigma):
+        """(c_in x, c_noise): what the raw network sees (used for feature taps)."""
+        x = x.to(torch.float32)
+        sigma = as_sigma(sigma, x)
+        _, _, c_in, c_noise = self.coefficients(sigma)
+        return c_in * x, c_noise.flatten()
+
+
+class EDMPrecond(_Preconditioned):
     """EDM preconditioning: D = c_skip x + c_out F(c_in x; c_noise) (EDM eq. 7, Table 1).
 
     c_skip = s_d^2/(s^2+s_d^2), c_out = s s_d/sqrt(s^2+s_d^2), c_in = 1/sqrt(s^2+s_d^2),
@@ -48,22 +69,8 @@ class EDMPrecond(nn.Module):
         c_noise = sigma.log() / 4
         return c_skip, c_out, c_in, c_noise
 
-    def forward(self, x: torch.Tensor, sigma) -> torch.Tensor:
-        x = x.to(torch.float32)
-        sigma = as_sigma(sigma, x)
-        c_skip, c_out, c_in, c_noise = self.coefficients(sigma)
-        F_x = self.net(c_in * x, c_noise.flatten())
-        return c_skip * x + c_out * F_x.to(torch.float32)
 
-    def network_input(self, x: torch.Tensor, sigma):
-        """(c_in x, c_noise): what the raw network sees (used for feature taps)."""
-        x = x.to(torch.float32)
-        sigma = as_sigma(sigma, x)
-        _, _, c_in, c_noise = self.coefficients(sigma)
-        return c_in * x, c_noise.flatten()
-
-
-class VPPrecond(nn.Module):
+class VPPrecond(_Preconditioned):
     """VP preconditioning (EDM Table 1, VP column; REFERENCE §3).
 
     sigma(t) = sqrt(exp(beta_d t^2/2 + beta_min t) - 1); c_skip = 1, c_out = -sigma,
@@ -102,12 +109,3 @@ class VPPrecond(nn.Module):
         c_in = 1 / (sigma**2 + 1).sqrt()
         c_noise = (self.M - 1) * self.sigma_inv(sigma)
         return c_skip, c_out, c_in, c_noise
-
-    def forward(self, x: torch.Tensor, sigma) -> torch.Tensor:
-        x = x.to(torch.float32)
-        sigma = as_sigma(sigma, x)
-        c_skip, c_out, c_in, c_noise = self.coefficients(sigma)
-        F_x = self.net(c_in * x, c_noise.flatten())
-        return c_skip * x + c_out * F_x.to(torch.float32)
-
-    network_input = EDMPrecond.network_input

@@ -12,7 +12,7 @@ from torch import nn
 from ..diffusion import (EDMLoss, EDMPrecond, VPLoss, VPPrecond, clamp_sigmas, karras_sigmas,
                          sample_endpoints)
 from ..diffusion.sampling import SAMPLERS
-from .ema import EMA, ema_beta
+from .ema import EMA, ema_step, sanitize_gradients
 
 __all__ = ["DiffusionModule"]
 
@@ -191,18 +191,11 @@ class DiffusionModule(pl.LightningModule):
 
     def on_before_optimizer_step(self, optimizer) -> None:
         # EDM: replace NaN gradients by 0 and +-inf by +-1e5 (REFERENCE §2)
-        for p in self.precond.parameters():
-            if p.grad is not None:
-                torch.nan_to_num(p.grad, nan=0.0, posinf=1e5, neginf=-1e5, out=p.grad)
-
-    def _ema_beta(self, batch_size: int) -> float:
-        hp = self.hparams
-        world = max(1, self.trainer.world_size) if self._trainer is not None else 1
-        return ema_beta(int(self.ema.num_updates), batch_size * world, hp.ema_decay,
-                        hp.ema_halflife_kimg, hp.ema_rampup)
+        sanitize_gradients(self.precond.parameters())
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        self.ema.update(self.precond, self._ema_beta(self._images(batch).shape[0]))
+        world = self.trainer.world_size if self._trainer is not None else 1
+        ema_step(self.ema, self.precond, self.hparams, self._images(batch).shape[0], world)
 
     def configure_optimizers(self):
         hp = self.hparams

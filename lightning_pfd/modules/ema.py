@@ -11,7 +11,7 @@ import copy
 import torch
 from torch import nn
 
-__all__ = ["EMA", "beta_from_halflife", "ema_beta"]
+__all__ = ["EMA", "beta_from_halflife", "ema_beta", "sanitize_gradients", "ema_step"]
 
 
 def beta_from_halflife(batch_size: int, halflife_kimg: float) -> float:
@@ -85,3 +85,20 @@ class EMA(nn.Module):
         super().train(mode)
         self.shadow.eval()
         return self
+
+
+def sanitize_gradients(params) -> list:
+    """EDM's guard (REFERENCE §2): NaN gradients -> 0, +-inf -> +-1e5, in place. Returns the
+    parameters that have gradients."""
+    params = [p for p in params if p.grad is not None]
+    for p in params:
+        torch.nan_to_num(p.grad, nan=0.0, posinf=1e5, neginf=-1e5, out=p.grad)
+    return params
+
+
+def ema_step(ema: EMA, model: nn.Module, hparams, batch_size: int, world_size: int = 1) -> None:
+    """One EMA update after an optimizer step, with the decay of :func:`ema_beta` from the
+    module's hyper-parameters (``ema_decay``, ``ema_halflife_kimg``, ``ema_rampup``)."""
+    beta = ema_beta(int(ema.num_updates), batch_size * max(1, world_size), hparams.ema_decay,
+                    hparams.ema_halflife_kimg, hparams.ema_rampup)
+    ema.update(model, beta)

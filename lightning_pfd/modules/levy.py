@@ -15,7 +15,7 @@ from torch import nn
 from ..diffusion.levy import (CosineSchedule, check_alpha, fractional_dsm_loss, levy_sample,
                               sample_alpha_stable)
 from .diffusion import _validation_seeds
-from .ema import EMA, ema_beta
+from .ema import EMA, ema_step, sanitize_gradients
 
 __all__ = ["LevyItoModule", "LevyScoreNet", "trimmed_mean"]
 
@@ -244,26 +244,20 @@ class LevyItoModule(pl.LightningModule):
         return per.mean()
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        params = [p for p in self.score_net.parameters() if p.grad is not None]
-        for p in params:  # EDM's guard: NaN -> 0, +-inf -> +-1e5
-            torch.nan_to_num(p.grad, nan=0.0, posinf=1e5, neginf=-1e5, out=p.grad)
+        params = sanitize_gradients(self.score_net.parameters())
         clip = self.hparams.gradient_clip_val
         if clip:
             torch.nn.utils.clip_grad_norm_(params, float(clip))
 
-    def _ema_beta(self, batch_size: int) -> float:
-        hp = self.hparams
-        world = max(1, self.trainer.world_size) if self._trainer is not None else 1
-        return ema_beta(int(self.ema.num_updates), batch_size * world, hp.ema_decay,
-                        hp.ema_halflife_kimg, hp.ema_rampup)
-
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        self.ema.update(self.score_net, self._ema_beta(self._images(batch).shape[0]))
+        world = self.trainer.world_size if self._trainer is not None else 1
+        ema_step(self.ema, self.score_net, self.hparams, self._images(batch).shape[0], world)
 
     def configure_optimizers(self):
         hp = self.hparams
+        fused = self.device.type in ("cpu", "cuda")  # one kernel for all parameters
         opt = torch.optim.Adam(self.score_net.parameters(), lr=hp.lr, betas=tuple(hp.betas),
-                               weight_decay=hp.weight_decay)
+                               weight_decay=hp.weight_decay, fused=fused or None)
         if hp.warmup_steps <= 0:
             return opt
         sched = torch.optim.lr_scheduler.LambdaLR(
