@@ -272,3 +272,10 @@ def test_every_n_epochs_and_reference_reuse_across_epochs(tmp_path, monkeypatch)
     # the reference flows ran once (one Heun-6 pass = 11 calls per batch), not once per epoch
     assert dm._teacher.calls == 11 and CountingEmpirical.calls == 11
     assert len({h["pfd/e_mem"] for h in cb.history}) == 3  # the student changes between epochs
+
+
+def test_levy_module_is_refused_with_a_clear_message(tmp_path):
+    from lightning_pfd.modules import LevyItoModule
+    trainer = _trainer(tmp_path, GeneralizationMonitor(num_eval=4))
+    with pytest.raises(ValueError, match="TailMonitor"):
+        trainer.fit(LevyItoModule(MLPNet(2, hidden=8, depth=1), alpha=1.7), datamodule=TeacherDM())

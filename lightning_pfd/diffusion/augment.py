@@ -35,7 +35,7 @@ __all__ = ["augment", "noisy_view", "AUG_LEVELS", "crop_padding"]
 
 AUG_LEVELS = (0, 1, 2, 3, 4, 5)
 _AUG_STREAM = 7_000  # offsets keep augmentation streams apart from training / sampling streams
-_NOISE_STREAM = 7_500
+_NOISE_STREAM = _AUG_STREAM + 1_000_000  # view v uses streams AUG+v and NOISE+v: disjoint for v < 10^6
 _NUM_PARAMS = 8
 _JITTER = 0.4
 _HUE = 0.1
