@@ -115,3 +115,19 @@ def count_parameters(net: nn.Module, trainable_only: bool = False) -> int:
         seen.add(id(p))
         total += p.numel()
     return total
+
+
+class TappedNetwork(nn.Module):
+    """Base of the raw networks ``net(x_in, c_noise) -> F``: subclasses implement
+    ``_run(x, c_noise, stop_at)`` and fill ``feature_taps`` / ``default_tap``."""
+
+    def forward(self, x_in: torch.Tensor, c_noise) -> torch.Tensor:
+        """F(x_in; c_noise), same shape as x_in (the raw network of EDM eq. 7)."""
+        return self._run(x_in, c_noise, stop_at=None)
+
+    def forward_features(self, x_in: torch.Tensor, c_noise, tap=None) -> torch.Tensor:
+        """Output of the ``tap`` module (default: ``default_tap``), computing nothing after it."""
+        tap = self.default_tap if tap is None else tap
+        if tap not in self.feature_taps:
+            raise ValueError(f"tap: unknown name {tap!r}; accepted: {sorted(self.feature_taps)}")
+        return self._run(x_in, c_noise, stop_at=tap)

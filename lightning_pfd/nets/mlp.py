@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import as_noise_labels, init_xavier, make_noise_embedding
+from .layers import TappedNetwork, as_noise_labels, init_xavier, make_noise_embedding
 
 __all__ = ["MLPNet", "MLPBlock"]
 
@@ -48,7 +48,7 @@ class _Head(nn.Module):
         return self.lin(F.silu(self.norm(h)))
 
 
-class MLPNet(nn.Module):
+class MLPNet(TappedNetwork):
     """Residual MLP ``net(x_in, c_noise) -> F`` for vector data of shape (B, dim).
 
     Args:
@@ -91,17 +91,6 @@ class MLPNet(nn.Module):
     def embed(self, c_noise: torch.Tensor) -> torch.Tensor:
         emb = F.silu(self.map_layer0(self.map_noise(c_noise)))
         return F.silu(self.map_layer1(emb))
-
-    def forward(self, x_in: torch.Tensor, c_noise) -> torch.Tensor:
-        """F(x_in; c_noise) of shape (B, dim)."""
-        return self._run(x_in, c_noise, stop_at=None)
-
-    def forward_features(self, x_in: torch.Tensor, c_noise, tap: Optional[str] = None) -> torch.Tensor:
-        """Output of the ``tap`` module (default "middle"), computing nothing after it."""
-        tap = self.default_tap if tap is None else tap
-        if tap not in self.feature_taps:
-            raise ValueError(f"tap: unknown name {tap!r}; accepted: {list(self.feature_taps)}")
-        return self._run(x_in, c_noise, stop_at=tap)
 
     def _run(self, x: torch.Tensor, c_noise, stop_at: Optional[str]) -> torch.Tensor:
         if x.ndim != 2 or x.shape[1] != self.dim:

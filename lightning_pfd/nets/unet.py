@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import as_noise_labels, group_norm, init_xavier, make_noise_embedding
+from .layers import TappedNetwork, as_noise_labels, group_norm, init_xavier, make_noise_embedding
 
 __all__ = ["UNet", "UNetBlock", "UNET_PRESETS"]
 
@@ -131,7 +131,7 @@ class _StopForward(Exception):
         self.value = value
 
 
-class UNet(nn.Module):
+class UNet(TappedNetwork):
     """EDM SongUNet "ddpm++" U-Net, ``net(x_in, c_noise) -> F`` with F of the shape of x_in.
 
     Args:
@@ -236,17 +236,6 @@ class UNet(nn.Module):
         emb = self.map_noise(c_noise)
         emb = F.silu(self.map_layer0(emb))
         return F.silu(self.map_layer1(emb))
-
-    def forward(self, x_in: torch.Tensor, c_noise) -> torch.Tensor:
-        """F(x_in; c_noise), same shape as x_in (the raw network of EDM eq. 7)."""
-        return self._run(x_in, c_noise, stop_at=None)
-
-    def forward_features(self, x_in: torch.Tensor, c_noise, tap: Optional[str] = None) -> torch.Tensor:
-        """Output of the ``tap`` module (default: ``default_tap``), computing nothing after it."""
-        tap = self.default_tap if tap is None else tap
-        if tap not in self.feature_taps:
-            raise ValueError(f"tap: unknown name {tap!r}; accepted: {sorted(self.feature_taps)}")
-        return self._run(x_in, c_noise, stop_at=tap)
 
     def _run(self, x: torch.Tensor, c_noise, stop_at: Optional[str]) -> torch.Tensor:
         self._check_input(x)
