@@ -183,11 +183,11 @@ class GeneralizationMonitor(ScheduledMonitor):
                              "every rank needs at least one evaluation seed (use num_eval >= world size)")
         if self._ref is not None:
             return
+        dm = self._datamodule(trainer)
         if not hasattr(pl_module, "denoiser") or not hasattr(pl_module, "loss_fn"):
             raise ValueError(f"GeneralizationMonitor: {type(pl_module).__name__} has no sigma-space `denoiser` / "
                              "`loss_fn`; PFD compares PF-ODE maps of sigma-space denoisers (DiffusionModule). "
                              "For LevyItoModule use TailMonitor and MemorizationMonitor")
-        dm = self._datamodule(trainer)
         offset = int(getattr(dm, "gen_seed_offset", DEFAULT_GEN_SEED_OFFSET))
         n_gen = getattr(dm, "n_gen", None)
         if n_gen is not None and self.num_eval > int(n_gen):
