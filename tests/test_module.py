@@ -129,3 +129,20 @@ def test_shape_mismatch_fails_before_training(tmp_path):
     with pytest.raises(ValueError, match="net"):
         _trainer(tmp_path).fit(model, dm)
     assert int(model.ema.num_updates) == 0
+
+
+def test_adam_with_linear_warmup():
+    from types import SimpleNamespace
+    from lightning_pfd.modules.optim import adam_with_warmup
+    p = [torch.nn.Parameter(torch.zeros(3))]
+    hp = SimpleNamespace(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, warmup_steps=4)
+    cfg = adam_with_warmup(p, hp, torch.device("cpu"))
+    opt, sched = cfg["optimizer"], cfg["lr_scheduler"]["scheduler"]
+    lrs = []
+    for _ in range(6):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert isinstance(adam_with_warmup(p, SimpleNamespace(**{**vars(hp), "warmup_steps": 0}), "cpu"),
+                      torch.optim.Adam)

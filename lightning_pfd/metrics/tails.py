@@ -184,17 +184,9 @@ def loader(gen, ref, window: Sequence[float] | None = None, floor: float = 1e-3,
     cannot inflate its own rule-of-thumb bandwidth and flatten its density.
     """
     g, r = _as_1d(gen, "gen"), _as_1d(ref, "ref")
-    if window is None:
-        window = (float(r.min()), float(r.max()))
-        if window[0] == window[1]:
-            window = (window[0] - 0.5, window[1] + 0.5)
-    lo, hi = _check_window(window)
-    if not floor > 0:
-        raise ValueError(f"floor: must be > 0, got {floor}")
-    bw = _bandwidth(r.numpy(), bandwidth)  # validates before any work; shared by both KDEs
-    if relative_floor:
-        probe = np.linspace(lo, hi, 2049)
-        floor = float(floor) * max(float(kde_density(r, probe, bw, grid_size).max()), 1e-300)
+    # window, absolute density floor and the bandwidth shared by both KDEs, all from ref
+    settings = loader_settings(r, window, floor, relative_floor, bandwidth, grid_size)
+    (lo, hi), floor, bw = settings["window"], settings["floor"], settings["bandwidth"]
     p = lambda x: kde_density(g, x, bw, grid_size)  # noqa: E731
     q = lambda x: kde_density(r, x, bw, grid_size)  # noqa: E731
     return torch.tensor(integrate_abs_log_ratio(p, q, (lo, hi), floor, panels, nodes),

@@ -13,6 +13,7 @@ from ..diffusion import (EDMLoss, EDMPrecond, VPLoss, VPPrecond, clamp_sigmas, k
                          sample_endpoints)
 from ..diffusion.sampling import SAMPLERS
 from .ema import EMA, ema_step, sanitize_gradients
+from .optim import adam_with_warmup
 
 __all__ = ["DiffusionModule"]
 
@@ -198,13 +199,4 @@ class DiffusionModule(pl.LightningModule):
         ema_step(self.ema, self.precond, self.hparams, self._images(batch).shape[0], world)
 
     def configure_optimizers(self):
-        hp = self.hparams
-        # fused Adam: one kernel for all parameters (3.6x faster than the default on CPU here)
-        fused = self.device.type in ("cpu", "cuda")
-        opt = torch.optim.Adam(self.precond.parameters(), lr=hp.lr, betas=tuple(hp.betas),
-                               weight_decay=hp.weight_decay, fused=fused or None)
-        if hp.warmup_steps <= 0:
-            return opt
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: min(1.0, (step + 1) / hp.warmup_steps))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return adam_with_warmup(self.precond.parameters(), self.hparams, self.device)

@@ -16,6 +16,7 @@ from ..diffusion.levy import (CosineSchedule, check_alpha, fractional_dsm_loss, 
                               sample_alpha_stable)
 from .diffusion import _validation_seeds
 from .ema import EMA, ema_step, sanitize_gradients
+from .optim import adam_with_warmup
 
 __all__ = ["LevyItoModule", "LevyScoreNet", "trimmed_mean"]
 
@@ -254,12 +255,4 @@ class LevyItoModule(pl.LightningModule):
         ema_step(self.ema, self.score_net, self.hparams, self._images(batch).shape[0], world)
 
     def configure_optimizers(self):
-        hp = self.hparams
-        fused = self.device.type in ("cpu", "cuda")  # one kernel for all parameters
-        opt = torch.optim.Adam(self.score_net.parameters(), lr=hp.lr, betas=tuple(hp.betas),
-                               weight_decay=hp.weight_decay, fused=fused or None)
-        if hp.warmup_steps <= 0:
-            return opt
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: min(1.0, (step + 1) / hp.warmup_steps))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return adam_with_warmup(self.score_net.parameters(), self.hparams, self.device)
