@@ -1,0 +1,83 @@
+"""Expected user errors: one short block a person reads, never a traceback.
+
+:class:`ConfigError` is raised for a bad value a user typed (a config field, a command-line
+option, a file): it names the field, the bad value, what is accepted and, where a name is
+close to an accepted one, a "did you mean" suggestion. The command-line entry point
+(``lightning_pfd.cli.main``) prints it as one block and exits with status 2; the traceback is
+shown only with ``--debug`` or ``LIGHTNING_PFD_DEBUG=1``.
+
+It subclasses ``ValueError`` so Python callers that catch ``ValueError`` keep working.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable, Optional
+
+__all__ = ["ConfigError", "did_you_mean", "check_choice"]
+
+_UNSET = object()
+
+
+def did_you_mean(value: Any, choices: Iterable[Any]) -> Optional[str]:
+    """The accepted name closest to ``value`` (difflib ratio >= 0.6), or None."""
+    names = [str(c) for c in choices]
+    close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+class ConfigError(ValueError):
+    """A user error with its field, bad value, accepted values and a suggestion.
+
+    Args:
+        field: the dotted name the user wrote (``model.init_args.lr``, ``--ckpt``,
+            ``trainer.callbacks[ICRMonitor].tap``).
+        problem: what is wrong, in a short sentence.
+        value: the bad value (omitted when there is none, e.g. a missing file).
+        accepted: what is accepted (a list of names, or a sentence such as "a number > 0").
+        suggestion: how to fix it; when omitted and ``accepted`` is a list, a close name is
+            suggested automatically ("did you mean ...").
+    """
+
+    def __init__(self, field: str, problem: str, value: Any = _UNSET, accepted: Any = None,
+                 suggestion: Optional[str] = None):
+        self.field, self.problem, self.accepted = field, problem, accepted
+        self.value = None if value is _UNSET else value
+        self.has_value = value is not _UNSET
+        if suggestion is None and isinstance(accepted, (list, tuple, set, frozenset)) \
+                and self.has_value:
+            close = did_you_mean(value, accepted)
+            if close is not None and close != str(value):
+                suggestion = f"did you mean {close!r}?"
+        self.suggestion = suggestion
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        parts = [f"{self.field}: {self.problem}"]
+        if self.has_value:
+            parts.append(f"got {self.value!r}")
+        if self.accepted is not None:
+            acc = list(self.accepted) if isinstance(self.accepted, (set, frozenset)) else self.accepted
+            parts.append(f"accepted: {acc}")
+        if self.suggestion:
+            parts.append(self.suggestion)
+        return "; ".join(parts)
+
+    def block(self) -> str:
+        """The multi-line form printed by the command line."""
+        lines = [f"error: {self.field}: {self.problem}"]
+        if self.has_value:
+            lines.append(f"  value:    {self.value!r}")
+        if self.accepted is not None:
+            acc = sorted(map(str, self.accepted)) if isinstance(self.accepted, (set, frozenset)) \
+                else self.accepted
+            lines.append(f"  accepted: {acc}")
+        if self.suggestion:
+            lines.append(f"  hint:     {self.suggestion}")
+        return "\n".join(lines)
+
+
+def check_choice(field: str, value: Any, accepted: Iterable[Any]) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is one of ``accepted``."""
+    accepted = list(accepted)
+    if value not in accepted:
+        raise ConfigError(field, "unknown value", value=value, accepted=accepted)
