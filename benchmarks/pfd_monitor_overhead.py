@@ -46,7 +46,8 @@ class TimedMonitor(GeneralizationMonitor):
 class TeacherDM(TensorDataModule):
     def __init__(self, teacher, n_train, n_val):
         super().__init__(train_data=teacher.sample(range(n_train)).float(),
-                         val_data=teacher.sample(range(10**6, 10**6 + n_val)).float(), batch_size=256)
+                         val_data=teacher.sample(range(10**6, 10**6 + n_val)).float(), batch_size=256,
+                         value_range=None)
         self._teacher = teacher
 
     def setup(self, stage=None):

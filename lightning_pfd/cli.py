@@ -50,8 +50,11 @@ def resolve_config_path(value: str) -> str:
     for cand in (CONFIG_DIR / value, CONFIG_DIR / f"{value}.yaml"):
         if cand.exists():
             return str(cand)
+    from .errors import ConfigError
+
     embedded = sorted(q.stem for q in CONFIG_DIR.glob("*.yaml"))
-    raise SystemExit(f"{PROG}: error: --config: no file {value!r}; embedded configs: {embedded}")
+    raise ConfigError("--config", "no such file, and not the name of an embedded config",
+                      value=value, accepted=embedded)
 
 
 def _rewrite_configs(argv: list[str]) -> list[str]:
@@ -83,30 +86,92 @@ def _print_extra_help() -> None:
           + ", ".join(sorted(q.stem for q in CONFIG_DIR.glob('*.yaml'))))
 
 
-def run_lightning_cli(argv: Sequence[str]):
+def run_lightning_cli(argv: Sequence[str], overwrite: bool = False):
     from .lightning_cli import PFDLightningCLI
 
     ensure_wandb_mode()
     saved = sys.argv
     sys.argv = [PROG] + list(argv)  # LightningCLI warns when both sys.argv and args are given
     try:
-        return PFDLightningCLI(args=None)
+        return PFDLightningCLI(args=None, overwrite=overwrite)
     finally:
         sys.argv = saved
 
 
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def join_negative_values(argv: Sequence[str]) -> list[str]:
+    """``--key -1e-3`` → ``--key=-1e-3``: argparse takes a token that starts with '-' and is not a
+    plain integer/decimal (``-1e-3``) for an option and fails with "expected one argument"."""
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        nxt = args[i + 1] if i + 1 < len(args) else None
+        if a.startswith("--") and "=" not in a and nxt is not None and nxt.startswith("-") \
+                and _is_number(nxt):
+            out.append(f"{a}={nxt}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def debug_enabled(argv: Sequence[str]) -> bool:
+    return "--debug" in argv or os.environ.get("LIGHTNING_PFD_DEBUG", "") not in ("", "0")
+
+
+def _pop_flag(argv: list[str], flag: str) -> bool:
+    found = flag in argv
+    while flag in argv:
+        argv.remove(flag)
+    return found
+
+
+def report_user_error(err: BaseException) -> int:
+    """Print an expected user error as one short block on stderr; return the exit status 2."""
+    from .errors import ConfigError
+
+    text = err.block() if isinstance(err, ConfigError) else f"error: {err}"
+    print(f"{PROG}: {text}\n(run with --debug or LIGHTNING_PFD_DEBUG=1 for the traceback)",
+          file=sys.stderr, flush=True)
+    return 2
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from .errors import ConfigError
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = debug_enabled(argv)
+    _pop_flag(argv, "--debug")
+    try:
+        return _main(argv)
+    except ConfigError as err:
+        if debug:
+            raise
+        return report_user_error(err)
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] in EXTRA_COMMANDS:
         module, fn, _ = EXTRA_COMMANDS[argv[0]]
         return int(getattr(importlib.import_module(module), fn)(argv[1:]) or 0)
+    overwrite = _pop_flag(argv, "--overwrite")
     if not argv:
         argv = ["fit"]
     if _needs_default_config(argv):
         argv = [argv[0], "--config", str(DEFAULT_CONFIG), *argv[1:]]
         print(f"[lightning_pfd] no --config: using the embedded quickstart ({DEFAULT_CONFIG})")
     try:
-        run_lightning_cli(_rewrite_configs(argv))
+        run_lightning_cli(join_negative_values(_rewrite_configs(argv)), overwrite=overwrite)
     finally:
         if argv[0] in ("-h", "--help"):
             _print_extra_help()

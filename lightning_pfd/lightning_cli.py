@@ -1,27 +1,133 @@
-"""LightningCLI subclass: program name, config saving, early checks and the end-of-run summary."""
+"""LightningCLI subclass: validation before anything is written, explicit resume, atomic config.
+
+The order of a ``fit`` is: parse (no abbreviations) → instantiate model, data, trainer, callbacks
+(nothing is written yet) → :meth:`PFDLightningCLI.validate_run` → ``trainer.fit``. The
+validation phase checks everything that can be checked before training: model ↔ data shape, the
+checkpoint to resume (exists, verified digest, hyper-parameters compatible), an earlier run in the
+same checkpoint directory, the data (finite, in range: the datamodule's ``setup``), and every
+callback's ``check_setup(trainer, model, datamodule)``. Only then are loggers started and
+``config.yaml`` written (atomically), so a run that fails never touches the files of an earlier
+run.
+"""
 from __future__ import annotations
 
-import math
+import os
+import re
 import sys
 from pathlib import Path
+from typing import Optional
 
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from .callbacks.checkpoint import continue_loggers, install_verified_io, run_artifacts
+from .callbacks.wandb_setup import LogConfigCallback
+from .checkpoint import atomic_write_bytes, load_checkpoint
+from .errors import ConfigError, did_you_mean
+
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+_NOISE = ("Expected a <class 'NoneType'>", "Given value", "Subtypes:", "Errors:",
+          "Does not validate against any of the Union subtypes")
+
+
+def condense_error(message: str) -> str:
+    """The lines of a jsonargparse error a person needs: for nested union / class errors the
+    innermost messages (e.g. "lr: must be > 0, got -0.001"), without the echoed config."""
+    lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
+    if not any("Does not validate against any of the Union subtypes" in ln for ln in lines):
+        return " ".join(lines[:3])
+    keep = []
+    for ln in lines:
+        ln = ln.lstrip("- ").strip()
+        if not ln or any(ln.startswith(n) or n in ln for n in _NOISE):
+            continue
+        if ln not in keep:
+            keep.append(ln)
+    return "; ".join(keep[:4]) or lines[0]
+
+
+class PFDArgumentParser(LightningArgumentParser):
+    """Parser whose errors are one short block (no usage dump), with a "did you mean" for an
+    unknown option. ``LIGHTNING_PFD_DEBUG=1`` restores jsonargparse's full output."""
+
+    def error(self, message: str, ex=None):
+        if os.environ.get("LIGHTNING_PFD_DEBUG", "") not in ("", "0"):
+            return super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        text = condense_error(message)
+        hint = self._hint(parser, message)
+        sys.stderr.write(f"{prog}: error: {text}\n" + (f"  hint: {hint}\n" if hint else "")
+                         + f"  (options: {prog} --help)\n")
+        sys.exit(2)
+
+    @staticmethod
+    def _hint(parser, message: str) -> Optional[str]:
+        m = re.search(r"unrecognized arguments: (\S+)", message)
+        if not m:
+            return None
+        opt = m.group(1).split("=", 1)[0]
+        close = did_you_mean(opt, getattr(parser, "_option_string_actions", {}).keys())
+        return f"did you mean {close}? (options are never abbreviated)" if close else None
+
+
+class RunConfigCallback(LogConfigCallback):
+    """Writes ``config.yaml`` atomically (tmp file + rename) on rank 0, after validation, and logs
+    the parsed config to every logger."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.already_saved:
+            return
+        if trainer.is_global_zero:
+            log_dir = trainer.log_dir
+            if log_dir is not None and self.save_to_log_dir:
+                text = self.parser.dump(self.config, skip_none=False)
+                atomic_write_bytes(Path(log_dir) / self.config_filename, text.encode())
+            self.save_config(trainer, pl_module, stage)
+            self.already_saved = True
+        self.already_saved = trainer.strategy.broadcast(self.already_saved)
 
 
 class PFDLightningCLI(LightningCLI):
-    """LightningCLI for lightning_pfd (any LightningModule / LightningDataModule by class_path)."""
+    """LightningCLI for lightning_pfd (any LightningModule / LightningDataModule by class_path).
 
-    def __init__(self, args=None, run: bool = True, **kwargs):
-        kwargs.setdefault("parser_kwargs", {"prog": "python -m lightning_pfd"})
+    Args:
+        overwrite: allow a fresh ``fit`` into a checkpoint directory that holds an earlier run's
+            checkpoints (they are replaced as the new run writes its own).
+    """
+
+    def __init__(self, args=None, run: bool = True, overwrite: bool = False, **kwargs):
+        no_abbrev = {"allow_abbrev": False}
+        kwargs.setdefault("parser_kwargs", {"prog": "python -m lightning_pfd", **no_abbrev,
+                                            **{c: dict(no_abbrev) for c in SUBCOMMANDS}})
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
-        from .callbacks.wandb_setup import LogConfigCallback
-
-        kwargs.setdefault("save_config_callback", LogConfigCallback)
+        kwargs.setdefault("save_config_callback", RunConfigCallback)
+        kwargs.setdefault("parser_class", PFDArgumentParser)
+        self.overwrite = bool(overwrite)
+        self.resume_checkpoint: Optional[dict] = None
+        self.resolved_ckpt_path: Optional[str] = None
         super().__init__(model_class=None, datamodule_class=None, subclass_mode_model=True,
                          subclass_mode_data=True, args=args, run=run, **kwargs)
 
-    # -- bad configuration fails before any training ------------------------------------------
+    def instantiate_classes(self) -> None:
+        """A class that refuses its arguments raises a ConfigError naming them, not a nested
+        jsonargparse union error that echoes the whole config."""
+        try:
+            super().instantiate_classes()
+        except ConfigError:
+            raise
+        except (ValueError, TypeError) as e:
+            m = re.search(r"class_path='([\w.]+)'", str(e))
+            field = f"{m.group(1).rsplit('.', 1)[-1]} ({m.group(1)})" if m else (self.subcommand or "config")
+            raise ConfigError(field, condense_error(str(e)),
+                              suggestion="fix the value in the config or on the command line") from e
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning would silently replace the command line's model arguments by the
+        checkpoint's; here the two are compared in :meth:`validate_run` instead."""
+        return
+
+    # -- the validation phase ------------------------------------------------------------------
     def _check_shapes(self) -> None:
         model, dm = self.model, self.datamodule
         m_shape = getattr(model, "data_shape", None)
@@ -29,19 +135,117 @@ class PFDLightningCLI(LightningCLI):
         if m_shape is None or d_shape is None:
             return
         if tuple(m_shape) != tuple(d_shape):
-            raise ValueError(
-                f"model.init_args.net: the net expects samples of shape {tuple(m_shape)} but "
-                f"data ({type(dm).__name__}) yields shape {tuple(d_shape)}; set the net's "
-                "img_resolution / in_channels (or dim) to match the data")
+            raise ConfigError(
+                "model.init_args.net", f"the net expects samples of shape {tuple(m_shape)} but the "
+                f"data ({type(dm).__name__}) yields shape {tuple(d_shape)}",
+                suggestion="set the net's img_resolution / in_channels (or dim) to match the data")
+
+    def _ckpt_arg(self) -> Optional[str]:
+        cfg = self.config.get(self.subcommand) if self.subcommand else None
+        value = cfg.get("ckpt_path") if cfg is not None else None
+        return None if value in (None, "") else str(value)
+
+    def _resolve_ckpt(self, value: str) -> str:
+        """``last`` / ``best`` / a path → an existing file, or a ConfigError."""
+        if value not in ("last", "best"):
+            return value
+        dirs = [cb.dirpath for cb in self.trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
+        if not dirs:
+            raise ConfigError("ckpt_path", f"{value!r} needs a checkpoint callback with a dirpath",
+                              value=value, suggestion="give the checkpoint file's path instead")
+        if value == "last":
+            found = [p for d in dirs for p in Path(d).glob("last*.ckpt") if p.is_file()]
+        else:
+            found = [p for d in dirs for p in Path(d).glob("*.ckpt")
+                     if p.is_file() and not p.name.startswith("last")]
+        if not found:
+            raise ConfigError(
+                "ckpt_path", f"no {value} checkpoint in {dirs}: the run ended (or was killed) before "
+                "its first epoch finished, or it wrote elsewhere", value=value,
+                suggestion="start a new run without --ckpt_path, or give a checkpoint file's path")
+        return str(max(found, key=lambda p: p.stat().st_mtime))
+
+    def _check_resume(self) -> None:
+        value = self._ckpt_arg()
+        if value is None:
+            self._check_earlier_run()
+            return
+        path = self._resolve_ckpt(value)
+        ckpt = load_checkpoint(path)  # CheckpointError: missing, empty, foreign, damaged
+        changes = getattr(self.model, "resume_changes", None)
+        if callable(changes):  # refuses architecture changes now; the others are printed on load
+            changes(ckpt, source=path)
+        self.resume_checkpoint, self.resolved_ckpt_path = ckpt, path
+        print(f"[lightning_pfd] resuming from {path} (epoch {ckpt.get('epoch')}, "
+              f"step {ckpt.get('global_step')}; content digest verified)", flush=True)
+
+    def _check_earlier_run(self) -> None:
+        if self.subcommand != "fit" or self.overwrite:
+            return
+        found = run_artifacts(self.trainer)
+        if found:
+            raise ConfigError(
+                "trainer.callbacks[ModelCheckpoint].dirpath",
+                f"an earlier run's checkpoints are there ({', '.join(found[:3])}"
+                + (", ..." if len(found) > 3 else "") + "); a fresh fit would overwrite them",
+                suggestion="resume it with --ckpt_path last, write elsewhere (change the config's "
+                           "save_dir/dirpath), or pass --overwrite to replace it")
+
+    def _check_data(self) -> None:
+        dm = self.datamodule
+        if dm is None:
+            return
+        dm.prepare_data()
+        dm.setup("fit" if self.subcommand == "fit" else self.subcommand)
+
+    def _check_hparams_merge(self) -> None:
+        """Lightning refuses, after creating the loggers, keys that module and datamodule both
+        save with different values: refuse them here, before anything is written."""
+        dm = self.datamodule
+        if dm is None or not hasattr(dm, "hparams_initial") or not hasattr(self.model, "hparams_initial"):
+            return
+        a, b = dict(self.model.hparams_initial), dict(dm.hparams_initial)
+        clash = sorted(k for k in set(a) & set(b)
+                       if k != "_class_path" and (type(a[k]) is not type(b[k]) or repr(a[k]) != repr(b[k])))
+        if clash:
+            raise ConfigError(
+                "model / data", "the same hyper-parameter names have different values in the "
+                "model and the data: " + "; ".join(f"{k}: model {a[k]!r}, data {b[k]!r}" for k in clash),
+                suggestion="make them equal (one PF-ODE grid for student and teacher, one seed)")
+
+    def _check_callbacks(self) -> None:
+        for cb in self.trainer.callbacks:
+            check = getattr(cb, "check_setup", None)
+            if callable(check):
+                check(self.trainer, self.model, self.datamodule)
+
+    def validate_run(self) -> None:
+        """Every check that needs no training, before any file is written (see module doc)."""
+        self._check_shapes()
+        self._check_resume()
+        self._check_data()
+        self._check_shapes()  # the data shape is known for sure after setup
+        self._check_hparams_merge()
+        self._check_callbacks()
+        install_verified_io(self.trainer)
+        if self.resume_checkpoint is not None:
+            for line in continue_loggers(self.trainer, self.resume_checkpoint):
+                print(f"[lightning_pfd] {line}", flush=True)
 
     def before_fit(self) -> None:
-        self._check_shapes()
+        self.validate_run()
 
     def before_validate(self) -> None:
-        self._check_shapes()
+        self.validate_run()
 
     def before_test(self) -> None:
-        self._check_shapes()
+        self.validate_run()
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict:
+        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        if self.resolved_ckpt_path is not None and "ckpt_path" in kwargs:
+            kwargs["ckpt_path"] = self.resolved_ckpt_path
+        return kwargs
 
     # -- where did everything go ---------------------------------------------------------------
     def after_fit(self) -> None:
@@ -52,6 +256,8 @@ class PFDLightningCLI(LightningCLI):
         for lg in trainer.loggers:
             name = type(lg).__name__
             d = getattr(lg, "log_dir", None) or getattr(lg, "save_dir", None)
+            if hasattr(lg, "_experiment") and lg._experiment is None:
+                continue  # this logger never started: its directory does not exist
             if "Wandb" in name:
                 try:
                     d = lg.experiment.dir.rsplit("/files", 1)[0]
@@ -66,7 +272,6 @@ class PFDLightningCLI(LightningCLI):
         if plots:
             lines.append("  plots: " + ", ".join(sorted(set(map(str, plots)))))
         if any("Wandb" in type(lg).__name__ for lg in trainer.loggers):
-            import os
             if os.environ.get("WANDB_MODE") == "offline":
                 lines.append("  W&B ran offline (no credentials): upload later with `wandb sync <run dir>`")
         print("\n".join(lines), flush=True)

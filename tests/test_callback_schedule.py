@@ -28,7 +28,8 @@ def _data(n, seed):
 
 
 def _dm(seed=0, n=24):
-    return TensorDataModule(train_data=_data(n, seed), val_data=_data(8, seed + 100), batch_size=8)
+    return TensorDataModule(train_data=_data(n, seed), val_data=_data(8, seed + 100), batch_size=8,
+                            value_range=None)
 
 
 def _module():

@@ -284,7 +284,7 @@ def test_500_steps_alpha_1p5_finite_and_generate_reproducible(tmp_path):
 
     torch.manual_seed(0)
     data = torch.distributions.StudentT(2.5).sample((512, 2)).float()
-    dm = TensorDataModule(train_data=data, val_data=data[:64], batch_size=64)
+    dm = TensorDataModule(train_data=data, val_data=data[:64], batch_size=64, value_range=None)
     net = MLPNet(dim=2, hidden=32, depth=2, emb_dim=16)
     m = LevyItoModule(net, alpha=1.5, loss="squared", lr=1e-3, ema_decay=0.99, num_steps=20)
     losses = []

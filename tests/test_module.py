@@ -59,7 +59,7 @@ def test_ema_rampup_forgets_the_initial_weights(tmp_path):
         with torch.no_grad():
             for p in model.precond.parameters():
                 p.add_(1.0)
-        _trainer(tmp_path).fit(model, TensorDataModule(train, val, batch_size=32, samples_per_epoch=32 * 200))
+        _trainer(tmp_path).fit(model, TensorDataModule(train, val, batch_size=32, samples_per_epoch=32 * 200, value_range=None))
         moved = torch.cat([(s - i).flatten() for s, i in zip(model.ema.shadow.parameters(), init)])
         kept = math.prod(ema_beta(i, 32, 0.995, rampup=rampup) for i in range(200))
         torch.testing.assert_close(moved, torch.full_like(moved, 1 - kept), rtol=0, atol=1e-5)
@@ -70,7 +70,7 @@ def test_ema_rampup_forgets_the_initial_weights(tmp_path):
 def test_training_reduces_frozen_validation_loss(tmp_path, precond):
     torch.manual_seed(0)
     _, train, val = _gmm_data()
-    dm = TensorDataModule(train, val, batch_size=64, samples_per_epoch=64 * 60)
+    dm = TensorDataModule(train, val, batch_size=64, samples_per_epoch=64 * 60, value_range=None)
     model = DiffusionModule(MLPNet(4, hidden=64, depth=2), precond=precond, lr=2e-3, ema_decay=0.9)
     dm.setup()
     seeds = torch.arange(len(val))
@@ -84,7 +84,7 @@ def test_training_reduces_frozen_validation_loss(tmp_path, precond):
 
 def test_checkpoint_round_trip_keeps_ema_and_generates_same_samples(tmp_path):
     _, train, val = _gmm_data(n=128)
-    dm = TensorDataModule(train, val, batch_size=32)
+    dm = TensorDataModule(train, val, batch_size=32, value_range=None)
     model = DiffusionModule(MLPNet(4, hidden=32, depth=2), ema_decay=0.5, num_steps=6)
     trainer = _trainer(tmp_path)
     trainer.fit(model, dm)
@@ -124,7 +124,7 @@ def test_bad_configuration_is_rejected_at_construction(kwargs, field):
 
 def test_shape_mismatch_fails_before_training(tmp_path):
     _, train, val = _gmm_data(n=64)
-    dm = TensorDataModule(train, val, batch_size=32)
+    dm = TensorDataModule(train, val, batch_size=32, value_range=None)
     model = DiffusionModule(MLPNet(5, hidden=8, depth=1))
     with pytest.raises(ValueError, match="net"):
         _trainer(tmp_path).fit(model, dm)

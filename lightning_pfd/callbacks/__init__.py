@@ -1,4 +1,5 @@
 """Lightning glue: when to measure, caching, logging, events, early stopping."""
+from .checkpoint import EpochCheckpoint
 from .early_stopping import ICREarlyStopping
 from .generalization import GeneralizationMonitor
 from .icr import ICRMonitor
@@ -10,6 +11,7 @@ from .wandb_setup import (AutoWandbLogger, LogConfigCallback, WandbMetricsSetup,
                           logger_offline_if_no_credentials, setup_wandb_metrics)
 
 __all__ = [
+    "EpochCheckpoint",
     "GeneralizationMonitor", "ICRMonitor", "MemorizationMonitor", "ICREarlyStopping", "TailMonitor",
     "RegimeMonitor", "PFDProgressBar", "AutoWandbLogger", "LogConfigCallback", "WandbMetricsSetup",
     "default_wandb_logger", "logger_offline_if_no_credentials", "setup_wandb_metrics",

@@ -5,13 +5,14 @@ import os
 import warnings
 from typing import Optional, Sequence
 
-import lightning.pytorch as pl
 import torch
 from torch import nn
 
 from ..diffusion import (EDMLoss, EDMPrecond, VPLoss, VPPrecond, clamp_sigmas, karras_sigmas,
                          sample_endpoints)
 from ..diffusion.sampling import SAMPLERS
+from ..errors import check_choice
+from .base import ResumableModule
 from .ema import EMA, ema_step, sanitize_gradients
 from .optim import adam_with_warmup
 
@@ -21,8 +22,7 @@ PRECONDS = ("edm", "vp")
 
 
 def _check_choice(name: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}: unknown value {value!r}; accepted: {list(allowed)}")
+    check_choice(name, value, allowed)
 
 
 # The EMA copy is deliberately kept in eval mode; Lightning's generic warning about modules in
@@ -40,15 +40,6 @@ def limit_cpu_threads(trainer) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
 
 
-def _validation_seeds(trainer, batch_idx: int, n: int) -> torch.Tensor:
-    """Frozen-noise seeds of a validation batch: the sample's index in the validation set (the
-    loader's batch size, so a short last batch does not reuse seeds), offset per rank."""
-    loader = getattr(trainer, "val_dataloaders", None) if trainer is not None else None
-    bs = getattr(loader, "batch_size", None) or n
-    rank = trainer.global_rank if trainer is not None else 0
-    return 10_000_000 + rank * 1_000_000_000 + batch_idx * bs + torch.arange(n)
-
-
 def _built_by_cli() -> bool:
     """True while LightningCLI instantiates the module with its parsed config."""
     try:
@@ -58,7 +49,7 @@ def _built_by_cli() -> bool:
     return _given_hyperparameters.get() is not None
 
 
-class DiffusionModule(pl.LightningModule):
+class DiffusionModule(ResumableModule):
     """Train a denoiser D(x; sigma) with the EDM or VP loss; keep EMA weights for evaluation.
 
     Args:
@@ -70,7 +61,14 @@ class DiffusionModule(pl.LightningModule):
         num_steps, sigma_min, sigma_max, rho, sampler: the PF-ODE sampler used by ``generate``
             and every evaluation callback (Heun-18 on EDM's grid by default).
         sample_autocast: run the network in bf16 autocast while sampling on CUDA.
+        train_seed: training seed (None: ``seed_everything``'s, else 0); batch k's noise and dropout
+            come from SplitMix64(seed, k, rank), so a resumed run is bit-identical.
+        divergence_patience: consecutive steps with non-finite loss/gradients that make a
+            ``diverged`` event (0 = off); ``on_divergence``: ``"stop"`` or ``"continue"``.
     """
+
+    ARCHITECTURE_KEYS = frozenset({"net", "precond", "sigma_data", "vp_beta_d", "vp_beta_min",
+                                   "vp_M", "vp_epsilon_t"})
 
     def __init__(
         self,
@@ -96,6 +94,9 @@ class DiffusionModule(pl.LightningModule):
         rho: float = 7.0,
         sampler: str = "heun",
         sample_autocast: bool = False,
+        train_seed: Optional[int] = None,
+        divergence_patience: int = 10,
+        on_divergence: str = "stop",
     ):
         super().__init__()
         _check_choice("precond", precond, PRECONDS)
@@ -124,6 +125,7 @@ class DiffusionModule(pl.LightningModule):
             self.loss_fn = VPLoss(vp_beta_d, vp_beta_min, vp_epsilon_t)
         self.sigmas = clamp_sigmas(self.sigmas, self.precond)
         self.ema = EMA(self.precond)
+        self._init_resumable(train_seed, divergence_patience, on_divergence)
 
     # -- public interface used by the callbacks -------------------------------------------
     @property
@@ -178,20 +180,22 @@ class DiffusionModule(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         y = self._images(batch)
         loss = self.loss_fn(self.precond, y).mean()
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True,
-                 batch_size=y.shape[0])
+        self._last_loss = loss.detach()
+        self._log_train({"train/loss": loss}, y.shape[0])
         return loss
 
     def validation_step(self, batch, batch_idx):
+        """Frozen-noise loss of the EMA weights; seeds by the sample's index in the validation
+        set, so ``val/loss`` is the same for any number of processes."""
         y = self._images(batch)
-        seeds = _validation_seeds(self._trainer, batch_idx, y.shape[0])
-        loss = self.loss_fn(self.denoiser, y, seeds=seeds).mean()
-        self.log("val/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True,
-                 batch_size=y.shape[0])
-        return loss
+        seeds, keep = self._val_seeds(batch_idx, y.shape[0], y.device)
+        per = self.loss_fn(self.denoiser, y, seeds=seeds)
+        self._accumulate_val("val/loss", per, keep)
+        return per.mean()
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        # EDM: replace NaN gradients by 0 and +-inf by +-1e5 (REFERENCE §2)
+        # EDM's guard: NaN gradients -> 0, +-inf -> +-1e5 (after counting them for divergence)
+        self._check_gradients(self.precond.parameters())
         sanitize_gradients(self.precond.parameters())
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:

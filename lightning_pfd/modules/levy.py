@@ -8,13 +8,13 @@ import math
 import warnings
 from typing import Optional, Sequence
 
-import lightning.pytorch as pl
 import torch
 from torch import nn
 
 from ..diffusion.levy import (CosineSchedule, check_alpha, fractional_dsm_loss, levy_sample,
                               sample_alpha_stable)
-from .diffusion import _validation_seeds
+from ..errors import check_choice
+from .base import ResumableModule
 from .ema import EMA, ema_step, sanitize_gradients
 from .optim import adam_with_warmup
 
@@ -65,11 +65,10 @@ class LevyScoreNet(nn.Module):
 
 
 def _check_choice(name: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}: unknown value {value!r}; accepted: {list(allowed)}")
+    check_choice(name, value, allowed)
 
 
-class LevyItoModule(pl.LightningModule):
+class LevyItoModule(ResumableModule):
     """Train a Lévy–Itō model with fractional denoising score matching; keep EMA weights.
 
     Args:
@@ -91,7 +90,12 @@ class LevyItoModule(pl.LightningModule):
             exact alpha-stable law). Setting it equal to ``clamp_A`` samples the process the
             network was trained on (the LIM reference code clamps at sampling as well); the
             prior is then no longer exactly alpha-stable.
+        train_seed, divergence_patience, on_divergence: seeded per-batch randomness and divergence
+            events (see ``lightning_pfd.modules.base.ResumableModule``).
     """
+
+    ARCHITECTURE_KEYS = frozenset({"net", "alpha", "isotropic", "schedule_s", "T", "t_min",
+                                   "sigma_data", "M"})
 
     def __init__(self, net: nn.Module, alpha: float = 1.7, loss: str = "squared",
                  huber_delta: float = 1.0, clamp_A: Optional[float] = None,
@@ -103,7 +107,8 @@ class LevyItoModule(pl.LightningModule):
                  ema_halflife_kimg: Optional[float] = None, ema_rampup: bool = True,
                  num_steps: int = 100,
                  sampler: str = "ode", sde_drift_factor: float = 2.0, trim_fraction: float = 0.1,
-                 generate_clamp_A: Optional[float] = None):
+                 generate_clamp_A: Optional[float] = None, train_seed: Optional[int] = None,
+                 divergence_patience: int = 10, on_divergence: str = "stop"):
         super().__init__()
         check_alpha(alpha)
         _check_choice("loss", loss, ("squared", "huber", "l2"))
@@ -137,6 +142,7 @@ class LevyItoModule(pl.LightningModule):
         self.net = net
         self.score_net = LevyScoreNet(net, self.schedule, sigma_data, M)
         self.ema = EMA(self.score_net)
+        self._init_resumable(train_seed, divergence_patience, on_divergence)
 
     # -- public interface ----------------------------------------------------------------------
     @property
@@ -226,25 +232,24 @@ class LevyItoModule(pl.LightningModule):
         y = self._images(batch)
         per = self.loss_fn(self.score_net, y)
         loss = per.mean()
-        B = y.shape[0]
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=B)
-        self.log("train/loss_median", per.detach().median(), on_step=True, on_epoch=True,
-                 batch_size=B)
-        self.log("train/loss_trimmed", trimmed_mean(per, self.hparams.trim_fraction),
-                 on_step=True, on_epoch=True, batch_size=B)
+        self._last_loss = loss.detach()
+        self._log_train({"train/loss": loss, "train/loss_median": per.detach().median(),
+                         "train/loss_trimmed": trimmed_mean(per.detach(), self.hparams.trim_fraction)},
+                        y.shape[0])
         return loss
 
     def validation_step(self, batch, batch_idx):
+        """Frozen-noise loss of the EMA score model, seeded by the sample's global index.
+        ``val/loss_median`` is the mean over validation batches of the batch medians."""
         y = self._images(batch)
-        seeds = _validation_seeds(self._trainer, batch_idx, y.shape[0])
+        seeds, keep = self._val_seeds(batch_idx, y.shape[0], y.device)
         per = self.loss_fn(self.score_model, y, seeds=seeds)
-        self.log("val/loss", per.mean(), prog_bar=True, on_epoch=True, sync_dist=True,
-                 batch_size=y.shape[0])
-        self.log("val/loss_median", per.median(), on_epoch=True, sync_dist=True,
-                 batch_size=y.shape[0])
+        self._accumulate_val("val/loss", per, keep)
+        self._accumulate_val("val/loss_median", per.median().expand(1), keep.any().expand(1))
         return per.mean()
 
     def on_before_optimizer_step(self, optimizer) -> None:
+        self._check_gradients(self.score_net.parameters())
         params = sanitize_gradients(self.score_net.parameters())
         clip = self.hparams.gradient_clip_val
         if clip:

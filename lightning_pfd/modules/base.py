@@ -1,0 +1,308 @@
+"""What every lightning_pfd LightningModule needs to survive a long run (Lightning glue).
+
+:class:`ResumableModule` is the base of ``DiffusionModule`` and ``LevyItoModule``:
+
+* **Training randomness is a pure function of (seed, batch counter, rank).** Before every
+  training batch the global torch RNG is re-seeded with SplitMix64(seed, total batch index, rank),
+  so the loss noise, the σ draws and dropout of batch k are the same whether the run was
+  interrupted or not. The batch counter is part of Lightning's loop state in every checkpoint, the
+  seed (``seed``, else ``seed_everything``'s, else 0) is stored in it too: a run resumed from
+  ``last.ckpt`` continues bit-identically on CPU.
+* **Divergence is an event.** ``divergence_patience`` consecutive steps with non-finite loss or
+  gradients set ``self.diverged``, log ``events/diverged_step`` / ``events/diverged_epoch``,
+  print one line and stop training (``on_divergence="stop"``) or carry on (``"continue"``).
+  :class:`~lightning_pfd.callbacks.EpochCheckpoint` writes no checkpoint once diverged, so the last
+  good one stays.
+* **Epoch means are logged before the epoch's checkpoint** (``train/loss_epoch`` and friends,
+  float64 sums reduced over ranks), so the on-disk history and the checkpoint agree.
+* **The validation loss is world-size invariant.** Frozen noise is seeded by the sample's global
+  index in the validation set and padded duplicates of a distributed sampler are dropped; the
+  epoch value is a float64 sum / count over all ranks.
+* **Resuming with other hyper-parameters is explicit.** A checkpoint whose architecture or
+  preconditioning (``ARCHITECTURE_KEYS``) differs is refused with the list of conflicts; other
+  differences (learning rate, EMA, schedule, ...) are applied and printed — the optimizer state's
+  learning rate is replaced by the new one.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from ..checkpoint import verified_stream
+from ..errors import ConfigError, check_choice
+
+__all__ = ["ResumableModule", "step_seed", "compare_hparams", "DIVERGENCE_ACTIONS"]
+
+DIVERGENCE_ACTIONS = ("stop", "continue")
+_MASK64 = (1 << 64) - 1
+VAL_SEED_OFFSET = 10_000_000  # frozen-noise validation seeds: offset + global sample index
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def step_seed(seed: int, batch_index: int, rank: int = 0) -> int:
+    """The torch seed of one training batch: SplitMix64 chained over (seed, batch, rank), 63 bits."""
+    x = 0
+    for v in (int(seed), int(batch_index), int(rank)):
+        x = _splitmix64(x ^ (v & _MASK64))
+    return x >> 1
+
+
+def _plain(v):
+    """Hyper-parameter value -> comparable plain Python (namespaces and tuples to dicts/lists)."""
+    if hasattr(v, "as_dict"):
+        v = v.as_dict()
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items() if not str(k).startswith("_")}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def _diff(a, b, prefix: str) -> List[Tuple[str, object, object]]:
+    """Leaf differences between two nested plain values: (dotted key, a, b)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)
+        return out
+    if isinstance(a, float) and isinstance(b, float) and math.isclose(a, b, rel_tol=1e-12):
+        return []
+    return [] if a == b else [(prefix, a, b)]
+
+
+def compare_hparams(saved: dict, current: dict, architecture: Iterable[str]
+                    ) -> Tuple[List[Tuple[str, object, object]], List[Tuple[str, object, object]]]:
+    """Split the differences between a checkpoint's and the current hyper-parameters.
+
+    Returns ``(refused, applied)``: lists of (key, checkpoint value, current value). Keys in
+    ``architecture`` (and their sub-keys) are refused; the rest are applied. A key absent from
+    one side (e.g. ``net`` of a module built in Python, not saved) is not compared."""
+    saved, current, arch = _plain(dict(saved)), _plain(dict(current)), set(architecture)
+    refused, applied = [], []
+    for key in sorted(set(saved) & set(current)):
+        for d in _diff(saved[key], current[key], key):
+            (refused if key in arch else applied).append(d)
+    return refused, applied
+
+
+class ResumableModule(pl.LightningModule):
+    """Base LightningModule: seeded per-batch randomness, divergence events, exact resume.
+
+    Subclasses call :meth:`_init_resumable` in ``__init__`` (after ``save_hyperparameters``),
+    log per-batch losses through :meth:`_log_train` and validation losses through
+    :meth:`_val_seeds` / :meth:`_accumulate_val`, and call :meth:`_check_gradients` from
+    ``on_before_optimizer_step`` before sanitising gradients.
+    """
+
+    ARCHITECTURE_KEYS: frozenset = frozenset({"net"})
+
+    def _init_resumable(self, seed: Optional[int], divergence_patience: int, on_divergence: str) -> None:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ConfigError("model.init_args.train_seed", "must be an integer >= 0 or null", value=seed)
+        if isinstance(divergence_patience, bool) or not isinstance(divergence_patience, int) \
+                or divergence_patience < 0:
+            raise ConfigError("model.init_args.divergence_patience",
+                              "must be an integer >= 0 (0 disables the check)", value=divergence_patience)
+        check_choice("model.init_args.on_divergence", on_divergence, DIVERGENCE_ACTIONS)
+        self._train_seed: Optional[int] = seed
+        self.diverged = False
+        self._bad_steps = 0
+        self._last_loss: Optional[torch.Tensor] = None
+        self._epoch_sums: Dict[str, list] = {}
+        self._val_sums: Dict[str, list] = {}
+
+    # -- seeded randomness ---------------------------------------------------------------------
+    @property
+    def train_seed(self) -> int:
+        if self._train_seed is None:
+            self._train_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        return self._train_seed
+
+    def on_fit_start(self) -> None:
+        _ = self.train_seed  # resolve now: after a checkpoint restored its seed, before training
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        k = self.trainer.fit_loop.epoch_loop.total_batch_idx
+        torch.manual_seed(step_seed(self.train_seed, k, self.global_rank))
+
+    # -- per-epoch means, logged before the epoch's checkpoint ---------------------------------
+    def on_train_epoch_start(self) -> None:
+        self._epoch_sums = {}
+
+    def _log_train(self, values: Dict[str, torch.Tensor], batch_size: int, prog_bar: str = "train/loss") -> None:
+        for name, v in values.items():
+            v = v.detach()
+            self.log(name, v, prog_bar=(name == prog_bar), on_step=True, on_epoch=False,
+                     batch_size=batch_size)
+            s = self._epoch_sums.setdefault(name, [torch.zeros((), dtype=torch.float64, device=v.device), 0])
+            s[0] = s[0] + v.to(torch.float64)
+            s[1] += 1
+
+    def on_train_epoch_end(self) -> None:
+        if not self._epoch_sums or self._trainer is None:
+            return
+        names = sorted(self._epoch_sums)
+        sums = torch.stack([self._epoch_sums[n][0] for n in names])
+        counts = torch.tensor([float(self._epoch_sums[n][1]) for n in names], dtype=torch.float64,
+                              device=sums.device)
+        sums, counts = self._reduce_sum(sums), self._reduce_sum(counts)
+        metrics = {f"{n}_epoch": float(s / c) for n, s, c in zip(names, sums, counts)}
+        self._log_direct(metrics)
+
+    def _log_direct(self, metrics: Dict[str, float]) -> None:
+        """Log to every logger now (not at Lightning's end-of-epoch flush) and expose the values
+        to callbacks through ``trainer.callback_metrics``."""
+        trainer = self.trainer
+        step = max(trainer.fit_loop.epoch_loop._batches_that_stepped - 1, 0)
+        for name, v in metrics.items():
+            trainer.callback_metrics[name] = torch.tensor(v)
+        if trainer.is_global_zero:
+            for lg in trainer.loggers:
+                lg.log_metrics(dict(metrics, epoch=trainer.current_epoch), step=step)
+
+    def _reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self._trainer is None or self.trainer.world_size <= 1:
+            return t
+        return self.trainer.strategy.reduce(t.clone(), reduce_op="sum")
+
+    # -- divergence ----------------------------------------------------------------------------
+    @property
+    def unhealthy(self) -> bool:
+        """Diverged, or inside a run of non-finite steps: no checkpoint should be written now."""
+        return self.diverged or self._bad_steps > 0
+
+    def _check_gradients(self, params) -> None:
+        """Count consecutive steps with non-finite loss or gradients (call before sanitising).
+
+        The gradients are identical on every rank after DDP's all-reduce, so every rank takes the
+        same decision; the loss is checked as well on a single process."""
+        patience = int(self.hparams.divergence_patience)
+        if patience <= 0:
+            return
+        grads = [p.grad for p in params if p.grad is not None]
+        finite = torch.stack(torch._foreach_norm(grads)).isfinite().all() if grads \
+            else torch.ones((), dtype=torch.bool)
+        if self.trainer.world_size <= 1 and self._last_loss is not None:
+            finite = finite & self._last_loss.isfinite().all()
+        self._bad_steps = 0 if bool(finite) else self._bad_steps + 1
+        if self._bad_steps >= patience and not self.diverged:
+            self._on_diverged()
+
+    def _on_diverged(self) -> None:
+        trainer = self.trainer
+        self.diverged = True
+        step, epoch = int(trainer.global_step), int(trainer.current_epoch)
+        self._log_direct({"events/diverged_step": float(step), "events/diverged_epoch": float(epoch)})
+        action = self.hparams.on_divergence
+        if action == "stop":
+            trainer.should_stop = True
+        rank_zero_info(
+            f"[lightning_pfd] event: diverged — non-finite loss or gradients for "
+            f"{self._bad_steps} consecutive steps (step {step}, epoch {epoch}); "
+            + ("training stops, no further checkpoint is written (the last good one is kept)"
+               if action == "stop" else "training continues (on_divergence=continue); "
+               "no further checkpoint is written"))
+
+    # -- world-size invariant validation loss --------------------------------------------------
+    def _val_seeds(self, batch_idx: int, n: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(seeds, keep) of a validation batch: seed = offset + the sample's index in the
+        validation set; keep = False for the padded duplicates of a distributed sampler."""
+        loader = self.trainer.val_dataloaders if self._trainer is not None else None
+        if isinstance(loader, (list, tuple)):
+            loader = loader[0] if loader else None
+        bs = getattr(loader, "batch_size", None) or n
+        sampler = getattr(loader, "sampler", None)
+        world = int(getattr(sampler, "num_replicas", 1) or 1)
+        rank = int(getattr(sampler, "rank", 0) or 0)
+        try:
+            total = len(loader.dataset)
+        except (AttributeError, TypeError):
+            total = None
+        pos = (batch_idx * bs + torch.arange(n)) * world + rank  # position in the padded order
+        if total:
+            keep, index = pos < total, pos % total
+        else:
+            keep, index = torch.ones(n, dtype=torch.bool), pos
+        return (VAL_SEED_OFFSET + index).to(device), keep.to(device)
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums = {}
+
+    def _accumulate_val(self, name: str, per_sample: torch.Tensor, keep: torch.Tensor) -> None:
+        v = per_sample.detach().to(torch.float64)
+        s = self._val_sums.setdefault(name, [torch.zeros((), dtype=torch.float64, device=v.device),
+                                             torch.zeros((), dtype=torch.float64, device=v.device)])
+        s[0] = s[0] + (v * keep).sum()
+        s[1] = s[1] + keep.sum()
+
+    def on_validation_epoch_end(self) -> None:
+        for name, (s, c) in sorted(self._val_sums.items()):
+            s, c = self._reduce_sum(s), self._reduce_sum(c)
+            value = (s / c) if c > 0 else torch.tensor(float("nan"), dtype=torch.float64)
+            self.log(name, value.to(torch.float32), prog_bar=(name == "val/loss"), sync_dist=False)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None,
+                             strict=None, weights_only=None, **kwargs):
+        """Lightning's ``load_from_checkpoint`` after verifying the file (missing, empty,
+        truncated, foreign or damaged → :class:`~lightning_pfd.checkpoint.CheckpointError`);
+        always ``weights_only`` loading."""
+        if isinstance(checkpoint_path, (str, os.PathLike)):
+            checkpoint_path = verified_stream(checkpoint_path)
+        return super().load_from_checkpoint(checkpoint_path, map_location=map_location,
+                                            hparams_file=hparams_file, strict=strict,
+                                            weights_only=True, **kwargs)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["lightning_pfd"] = {"train_seed": self.train_seed}
+
+    def resume_changes(self, checkpoint: dict, source: str = "the checkpoint") -> List[str]:
+        """Compare a checkpoint's hyper-parameters with this module's.
+
+        Raises :class:`ConfigError` listing every architecture/preconditioning conflict; returns
+        one line per other difference (those are applied when resuming)."""
+        refused, applied = compare_hparams(checkpoint.get("hyper_parameters") or {},
+                                           dict(self.hparams), self.ARCHITECTURE_KEYS)
+        if refused:
+            raise ConfigError(
+                "ckpt_path", f"{source} was made with another architecture or preconditioning: "
+                + "; ".join(f"model.init_args.{k}: checkpoint {a!r}, now {b!r}" for k, a, b in refused),
+                suggestion="drop these overrides to resume, or start a new run without --ckpt_path")
+        return [f"resuming with model.init_args.{k} = {b!r} (the checkpoint was trained with {a!r})"
+                for k, a, b in applied]
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        saved = (checkpoint.get("lightning_pfd") or {}).get("train_seed")
+        if saved is not None:
+            self._train_seed = int(saved)
+        for line in self.resume_changes(checkpoint):
+            rank_zero_info(f"[lightning_pfd] {line}")
+        self._apply_optimizer_hparams(checkpoint)
+
+    def _apply_optimizer_hparams(self, checkpoint: dict) -> None:
+        """Make the restored optimizer / scheduler use the current lr, betas and weight decay."""
+        hp = self.hparams
+        new = {"lr": float(hp.lr), "betas": tuple(hp.betas), "weight_decay": float(hp.weight_decay)}
+        for opt in checkpoint.get("optimizer_states") or []:
+            for group in opt.get("param_groups", []):
+                old_base = float(group.get("initial_lr", group.get("lr", new["lr"])))
+                scale = float(group.get("lr", old_base)) / old_base if old_base else 1.0
+                group["lr"] = new["lr"] * scale
+                if "initial_lr" in group:
+                    group["initial_lr"] = new["lr"]
+                group["betas"], group["weight_decay"] = new["betas"], new["weight_decay"]
+        for sched in checkpoint.get("lr_schedulers") or []:
+            if "base_lrs" in sched:  # the scheduler's next step recomputes lr from base_lrs
+                sched["base_lrs"] = [new["lr"] for _ in sched["base_lrs"]]

@@ -1,0 +1,18 @@
+"""Fault injection for the reliability tests (importable by class_path from a CLI subprocess)."""
+from __future__ import annotations
+
+import os
+import signal
+
+from lightning.pytorch.callbacks import Callback
+
+
+class KillAtStep(Callback):
+    """SIGKILL this process right after optimizer step ``step`` (no state, no cleanup: a crash)."""
+
+    def __init__(self, step: int):
+        self.step = int(step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
