@@ -25,8 +25,9 @@ from lightning_pfd.diffusion import GaussianMixtureDenoiser, karras_sigmas, samp
 # base: subsets, samplers, errors
 # ---------------------------------------------------------------------------------------------
 def _arange_dm(n=100, **kw):
+    """Rows 0..n-1 (value = row index, so outside [-1, 1]: no range check)."""
     x = torch.arange(n, dtype=torch.float32).reshape(n, 1)
-    return TensorDataModule(train_data=x, val_data=x[:5], **kw)
+    return TensorDataModule(train_data=x, val_data=x[:5], value_range=None, **kw)
 
 
 def test_subset_is_seeded_exact_and_distinct():
@@ -325,7 +326,7 @@ def test_tensorfile_npz_and_pt(tmp_path):
     x = rng.standard_normal((20, 3)).astype(np.float32)
     y = rng.integers(0, 4, size=20)
     np.savez(tmp_path / "d.npz", x=x, y=y)
-    dm = TensorFileDataModule(str(tmp_path / "d.npz"), val_fraction=0.25)
+    dm = TensorFileDataModule(str(tmp_path / "d.npz"), val_fraction=0.25, value_range=None)
     dm.setup()
     assert dm.train_data.shape == (15, 3) and dm.val_data.shape == (5, 3)
     rows = {tuple(r) for r in x.tolist()}

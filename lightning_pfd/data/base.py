@@ -6,10 +6,13 @@ training samples), ``val_data``, ``train_labels`` / ``val_labels`` (long or None
 training set). Loaders yield ``(x, label)`` with label = -1 when the data have none.
 
 Subclasses implement :meth:`TensorDataModule.load_splits` (full train / val splits); the base
-applies the seeded size-N subset (``n_train``) used in memorization studies and builds loaders.
+applies the seeded size-N subset (``n_train``) used in memorization studies, checks that the data
+are finite and inside the declared ``value_range`` (:func:`check_data`, a ``ConfigError`` before
+any training step) and builds loaders whose order is a pure function of (seed, epoch).
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Optional, Sequence
 
@@ -18,8 +21,18 @@ import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from ..cache import hash_key
+from ..errors import ConfigError
 
-__all__ = ["TensorDataModule", "SeededReplacementSampler", "seeded_subset_indices", "seeded_split"]
+__all__ = ["TensorDataModule", "SeededReplacementSampler", "SeededPermutationSampler", "epoch_seed",
+           "seeded_subset_indices", "seeded_split", "check_data", "DEFAULT_VALUE_RANGE",
+           "RANGE_TOLERANCE"]
+
+#: the range every image datamodule maps its data to (x / 127.5 - 1 for 8-bit pixels)
+DEFAULT_VALUE_RANGE = (-1.0, 1.0)
+#: slack allowed on each side of a declared range, as a fraction of its width (float rounding)
+RANGE_TOLERANCE = 1e-3
+_CHECK_CHUNK = 1 << 20  # elements per chunk of check_data (4 MiB of float32)
+_MASK64 = (1 << 64) - 1
 
 
 def seeded_subset_indices(n_available: int, n: int, seed: int) -> torch.Tensor:
@@ -35,31 +48,167 @@ def seeded_split(n_total: int, n_val: int, seed: int) -> tuple[torch.Tensor, tor
     return perm[n_val:].sort().values, perm[:n_val].sort().values
 
 
-class SeededReplacementSampler(Sampler):
-    """Draws ``num_samples`` indices with replacement; epoch e uses the generator seed ``seed + e``.
+def epoch_seed(seed: int, epoch: int) -> int:
+    """A 63-bit generator seed that is a pure function of (seed, epoch), decorrelated across both.
 
-    Lets a tiny training set (N = 64) have epochs of a meaningful length. It is deliberately not
-    a ``RandomSampler`` subclass: under DDP Lightning then wraps it in a
+    Two rounds of the splitmix64 finaliser, so that (seed, epoch + 1) and (seed + 1, epoch) give
+    unrelated streams (plain ``seed + epoch`` would make run seed=1 replay run seed=0 one epoch
+    later).
+    """
+    z = (int(seed) * 0x9E3779B97F4A7C15 + int(epoch) + 0x632BE59BD9B4E019) & _MASK64
+    for _ in range(2):
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        z ^= z >> 31
+    return z >> 1
+
+
+class _EpochSeededSampler(Sampler):
+    """Common part of the seeded samplers: ``set_epoch`` (called by Lightning at every epoch start,
+    also after a resume, with the number of completed epochs) selects the epoch's generator.
+
+    Deliberately not a ``RandomSampler`` subclass: under DDP Lightning then wraps the sampler in a
     ``DistributedSamplerWrapper`` (which forwards ``set_epoch``) instead of replacing it, so the
     epoch length and the seeding survive.
     """
 
-    def __init__(self, n: int, num_samples: int, seed: int = 0):
+    def __init__(self, n: int, seed: int = 0):
         if n < 1:
             raise ValueError(f"n: the dataset must not be empty, got {n}")
-        if num_samples < 1:
-            raise ValueError(f"samples_per_epoch: must be >= 1, got {num_samples}")
-        self.n, self.num_samples, self.seed, self.epoch = int(n), int(num_samples), int(seed), 0
+        self.n, self.seed, self.epoch = int(n), int(seed), 0
 
     def set_epoch(self, epoch: int) -> None:
+        """Select epoch ``epoch``'s order (Lightning calls this before each training epoch)."""
         self.epoch = int(epoch)
+
+    def _generator(self) -> torch.Generator:
+        return torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
+
+
+class SeededPermutationSampler(_EpochSeededSampler):
+    """Every index once per epoch, in an order that is a pure function of (seed, epoch).
+
+    Unlike ``DataLoader(shuffle=True, generator=g)`` (whose order depends on how often ``g`` was
+    used before), a run resumed from an epoch-end checkpoint sees exactly the order the
+    uninterrupted run would have seen.
+    """
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=self._generator()).tolist())
+
+
+class SeededReplacementSampler(_EpochSeededSampler):
+    """Draws ``num_samples`` indices with replacement; epoch e uses the seed ``epoch_seed(seed, e)``.
+
+    Lets a tiny training set (N = 64) have epochs of a meaningful length.
+    """
+
+    def __init__(self, n: int, num_samples: int, seed: int = 0):
+        super().__init__(n, seed)
+        if num_samples < 1:
+            raise ValueError(f"samples_per_epoch: must be >= 1, got {num_samples}")
+        self.num_samples = int(num_samples)
 
     def __len__(self) -> int:
         return self.num_samples
 
     def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(torch.randint(self.n, (self.num_samples,), generator=g).tolist())
+        return iter(torch.randint(self.n, (self.num_samples,), generator=self._generator()).tolist())
+
+
+# ---- data checks ---------------------------------------------------------------------------------
+def _as_value_range(value_range) -> Optional[tuple[float, float]]:
+    """Validate a ``value_range`` argument: None, or a pair (lo, hi) of finite numbers, lo < hi."""
+    if value_range is None:
+        return None
+    try:
+        lo, hi = (float(v) for v in value_range)
+    except (TypeError, ValueError):
+        raise ConfigError("value_range", "must be None or a pair [low, high]", value=value_range,
+                          accepted="None (no range check) or [low, high] with low < high") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ConfigError("value_range", "needs finite bounds with low < high", value=value_range,
+                          accepted="None (no range check) or [low, high] with low < high")
+    return lo, hi
+
+
+def _scan(x: torch.Tensor, chunk: int) -> tuple[int, int, Optional[int], float, float]:
+    """(numel, #non-finite, first sample index holding one, min, max of the finite values).
+
+    Walks ``x`` in slices along dim 0 (views: no copy of the whole tensor), each at most ``chunk``
+    elements (one sample at least). One pass per slice when it is finite: ``aminmax`` propagates
+    NaN and shows inf, so the finite mask is built only for slices holding a bad value.
+    """
+    x = x.reshape(1) if x.ndim == 0 else x
+    if x.numel() == 0:
+        return 0, 0, None, math.inf, -math.inf
+    rows = max(1, chunk // max(1, x[:1].numel()))
+    bad, first, lo, hi = 0, None, math.inf, -math.inf
+    for start in range(0, x.shape[0], rows):
+        c = x[start:start + rows]
+        if not c.dtype.is_floating_point:
+            c = c.to(torch.float64)  # ints / bool: a chunk-sized copy
+        cmin, cmax = (float(v) for v in torch.aminmax(c))
+        if not (math.isfinite(cmin) and math.isfinite(cmax)):
+            finite = torch.isfinite(c)
+            bad += int(finite.numel() - finite.sum())
+            if first is None:
+                first = start + int((~finite).reshape(len(c), -1).any(1).nonzero()[0, 0])
+            c = c[finite]
+            if not c.numel():
+                continue
+            cmin, cmax = (float(v) for v in torch.aminmax(c))
+        lo, hi = min(lo, cmin), max(hi, cmax)
+    return x.numel(), bad, first, lo, hi
+
+
+def _normalise_hint(mn: float, mx: float, lo: float, hi: float) -> str:
+    """How to map observed values [mn, mx] into [lo, hi] (8-bit pixel data: the nominal 0..255)."""
+    if mx == mn:
+        return (f"all values equal {mn:.6g}: a constant data set cannot be scaled; subtract "
+                f"{mn - (lo + hi) / 2:.6g} to centre it in [{lo:g}, {hi:g}]")
+    seen = f"values in [{mn:.6g}, {mx:.6g}]"
+    if mn >= 0 and 127 < mx <= 255 and float(mx).is_integer() and float(mn).is_integer():
+        seen, mn, mx = (f"{seen} (8-bit pixels?)" if (mn, mx) != (0, 255) else seen), 0.0, 255.0
+    d = (mx - mn) / (hi - lo)
+    b = lo - mn / d
+    shift = "" if abs(b) < 1e-12 else f" and {'subtract' if b < 0 else 'add'} {abs(b):.6g}"
+    return f"{seen}: divide by {d:.6g}{shift} to map to [{lo:g}, {hi:g}]"
+
+
+def check_data(x: torch.Tensor, field: str, value_range=DEFAULT_VALUE_RANGE,
+               hint: Optional[str] = None, chunk: int = _CHECK_CHUNK) -> None:
+    """Raise :class:`ConfigError` unless ``x`` is finite and, when ``value_range`` = (lo, hi) is
+    given, inside [lo - t, hi + t] with t = ``RANGE_TOLERANCE`` * (hi - lo).
+
+    The message counts the NaN/inf values (and names the first sample holding one) or states the
+    observed range and how to normalise it ("values in [0, 255]: divide by 127.5 and subtract 1
+    to map to [-1, 1]"); ``hint`` is extra, data-set specific advice. Memory: one ``chunk``-sized
+    slice at a time.
+    """
+    value_range = _as_value_range(value_range)
+    numel, bad, first, mn, mx = _scan(torch.as_tensor(x), int(chunk))
+    if bad:
+        raise ConfigError(field, f"contains {bad} NaN/inf values (of {numel}; the first in sample "
+                          f"{first})", accepted="finite values",
+                          suggestion="remove those samples or replace the values (e.g. "
+                          "torch.nan_to_num) before training")
+    if value_range is None or numel == 0:
+        return
+    lo, hi = value_range
+    tol = RANGE_TOLERANCE * (hi - lo)
+    if mn >= lo - tol and mx <= hi + tol:
+        return
+    advice = _normalise_hint(mn, mx, lo, hi)
+    if hint:
+        advice = f"{hint}; or {advice}"
+    raise ConfigError(field, f"values in [{mn:.6g}, {mx:.6g}] lie outside the declared "
+                      f"value_range [{lo:g}, {hi:g}]", accepted=f"finite values in [{lo:g}, {hi:g}]",
+                      suggestion=f"{advice} (or declare the data's range with value_range=[low, "
+                      "high], or value_range=None to skip the range check)")
 
 
 def _check_optional_int(name: str, value, minimum: int) -> None:
@@ -94,14 +243,20 @@ class TensorDataModule(pl.LightningDataModule):
         n_train: use a seeded subset of exactly ``n_train`` training samples (memorization
             studies); None = all. Must be in [1, available].
         subset_seed: the seed choosing that subset.
-        seed: seeds the training shuffle / replacement sampler.
+        seed: seeds the training order: epoch e's order is a pure function of (seed, e), so a
+            run resumed from an epoch-end checkpoint sees the same batches as an uninterrupted one.
+        value_range: the declared range [low, high] of the training and validation data
+            (default [-1, 1], allowing ``RANGE_TOLERANCE`` of the width on each side); ``setup``
+            raises :class:`ConfigError` for values outside it or for NaN/inf values, before any
+            training step. None keeps only the finite-values check.
     """
 
     def __init__(self, train_data: Optional[torch.Tensor] = None, val_data: Optional[torch.Tensor] = None,
                  train_labels: Optional[torch.Tensor] = None, val_labels: Optional[torch.Tensor] = None,
                  batch_size: int = 128, val_batch_size: Optional[int] = None, num_workers: int = 0,
                  samples_per_epoch: Optional[int] = None, n_train: Optional[int] = None,
-                 subset_seed: int = 0, seed: int = 0):
+                 subset_seed: int = 0, seed: int = 0,
+                 value_range: Optional[tuple[float, float]] = DEFAULT_VALUE_RANGE):
         super().__init__()
         _check_optional_int("batch_size", batch_size, 1)
         _check_optional_int("val_batch_size", val_batch_size, 1)
@@ -115,6 +270,7 @@ class TensorDataModule(pl.LightningDataModule):
         self.n_train = n_train
         self.subset_seed = int(subset_seed)
         self.seed = int(seed)
+        self.value_range = _as_value_range(value_range)
         self._given = (train_data, train_labels, val_data, val_labels)
         if train_data is not None:  # direct use: validate now, before any training
             self._check_n_train(len(train_data))
@@ -136,6 +292,10 @@ class TensorDataModule(pl.LightningDataModule):
             raise ValueError("train_data: TensorDataModule needs `train_data` (or use a subclass)")
         return train_x, train_y, val_x, val_y
 
+    def range_hint(self) -> Optional[str]:
+        """Data-set specific advice added to an out-of-range error (None: the generic advice)."""
+        return None
+
     def available_train(self) -> Optional[int]:
         """Size of the full training split if known without loading (for early n_train checks)."""
         return None
@@ -146,7 +306,12 @@ class TensorDataModule(pl.LightningDataModule):
             raise ValueError(f"n_train: must be in [1, {available}] (the size of the training split), "
                              f"got {self.n_train}")
 
+    def check_values(self, x: torch.Tensor, field: str) -> None:
+        """:func:`check_data` with this datamodule's ``value_range`` and ``range_hint``."""
+        check_data(x, field, self.value_range, hint=self.range_hint())
+
     def setup(self, stage: Optional[str] = None) -> None:
+        """Load the splits, apply ``n_train``, check the values; raises before any training step."""
         if self._is_setup:
             return
         train_x, train_y, val_x, val_y = self.load_splits()
@@ -155,21 +320,25 @@ class TensorDataModule(pl.LightningDataModule):
             raise ValueError(f"train_data: expected shape (N, *data_shape) with N >= 1, got {tuple(train_x.shape)}")
         self._check_n_train(train_x.shape[0])
         train_y = _as_labels(train_y, train_x.shape[0], "train_labels")
+        idx = None
         if self.n_train is not None and self.n_train < train_x.shape[0]:
             idx = seeded_subset_indices(train_x.shape[0], self.n_train, self.subset_seed)
             train_x = train_x[idx]
             train_y = None if train_y is None else train_y[idx]
-            self.train_indices = idx
-        self.data_shape = tuple(train_x.shape[1:])
-        self.train_data = train_x.to(torch.float32).contiguous()
-        self.train_labels = train_y
+        train_x = train_x.to(torch.float32).contiguous()
+        self.check_values(train_x, "train_data")  # after float32: overflow to inf is caught too
+        data_shape = tuple(train_x.shape[1:])
         if val_x is not None:
             val_x = torch.as_tensor(val_x)
-            if tuple(val_x.shape[1:]) != self.data_shape:
+            if tuple(val_x.shape[1:]) != data_shape:
                 raise ValueError(f"val_data: sample shape {tuple(val_x.shape[1:])} differs from the "
-                                 f"training data's {self.data_shape}")
-            self.val_data = val_x.to(torch.float32).contiguous()
-            self.val_labels = _as_labels(val_y, val_x.shape[0], "val_labels")
+                                 f"training data's {data_shape}")
+            val_y = _as_labels(val_y, val_x.shape[0], "val_labels")
+            val_x = val_x.to(torch.float32).contiguous()
+            self.check_values(val_x, "val_data")
+            self.val_data, self.val_labels = val_x, val_y
+        self.train_indices, self.data_shape = idx, data_shape
+        self.train_data, self.train_labels = train_x, train_y
         self._is_setup = True
 
     def fingerprint(self) -> str:
@@ -192,25 +361,34 @@ class TensorDataModule(pl.LightningDataModule):
             y = torch.full((x.shape[0],), -1, dtype=torch.long)
         return TensorDataset(x, y)
 
+    def _loader_generator(self) -> torch.Generator:
+        """A private generator for a DataLoader: without one, every ``iter(loader)`` draws the
+        worker base seed from the *global* torch RNG (even with num_workers=0), shifting the
+        model's noise stream by one draw per epoch and per validation run."""
+        return torch.Generator().manual_seed(epoch_seed(self.seed, -1))
+
     def train_dataloader(self) -> DataLoader:
+        """Training batches in a seeded per-epoch order (see :class:`SeededPermutationSampler`)."""
         if self.train_data is None:
             self.setup("fit")
         ds = self._dataset(self.train_data, self.train_labels)
         if self.samples_per_epoch is not None:
             sampler = SeededReplacementSampler(len(ds), self.samples_per_epoch, seed=self.seed)
-            return DataLoader(ds, batch_size=self.batch_size, sampler=sampler,
-                              num_workers=self.num_workers, drop_last=False)
-        g = torch.Generator().manual_seed(self.seed)
-        return DataLoader(ds, batch_size=self.batch_size, shuffle=True, generator=g,
-                          num_workers=self.num_workers, drop_last=False)
+        else:
+            sampler = SeededPermutationSampler(len(ds), seed=self.seed)
+        return DataLoader(ds, batch_size=self.batch_size, sampler=sampler,
+                          generator=self._loader_generator(), num_workers=self.num_workers,
+                          drop_last=False)
 
     def val_dataloader(self) -> DataLoader:
+        """Validation batches in their stored order."""
         if self.train_data is None:
             self.setup("validate")
         if self.val_data is None:
             return []
         return DataLoader(self._dataset(self.val_data, self.val_labels), batch_size=self.val_batch_size,
-                          shuffle=False, num_workers=self.num_workers)
+                          shuffle=False, num_workers=self.num_workers,
+                          generator=self._loader_generator())
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()
@@ -228,7 +406,7 @@ class TensorDataModule(pl.LightningDataModule):
 
 
 def _scale_uint8(x: torch.Tensor) -> torch.Tensor:
-    """uint8 images -> float32 in [-1, 1] (REFERENCE §1: x / 127.5 - 1)."""
+    """uint8 images -> float32 in [-1, 1] as x / 127.5 - 1 (the convention of docs/data.md)."""
     return x.to(torch.float32) / 127.5 - 1.0
 
 

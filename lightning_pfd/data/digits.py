@@ -1,6 +1,6 @@
 """UCI handwritten digits (scikit-learn ``load_digits``): the default real dataset, no download.
 
-1797 grayscale 8x8 images with values 0..16, scaled to [-1, 1] as x / 8 - 1 (REFERENCE §1).
+1797 grayscale 8x8 images with values 0..16, scaled to [-1, 1] as x / 8 - 1 (docs/data.md).
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .base import TensorDataModule, _check_choice, _pad_to, seeded_split
+from .base import DEFAULT_VALUE_RANGE, TensorDataModule, _check_choice, _pad_to, seeded_split
 
 __all__ = ["DigitsDataModule", "load_digits_tensor"]
 
@@ -49,14 +49,15 @@ class DigitsDataModule(TensorDataModule):
                  n_val: int = 197, split_seed: int = 0, batch_size: int = 128,
                  val_batch_size: Optional[int] = None, num_workers: int = 0,
                  samples_per_epoch: Optional[int] = None, n_train: Optional[int] = None,
-                 subset_seed: int = 0, seed: int = 0):
+                 subset_seed: int = 0, seed: int = 0,
+                 value_range: Optional[tuple[float, float]] = DEFAULT_VALUE_RANGE):
         _check_choice("image_size", image_size, (8, 16, 32))
         _check_choice("resize", resize, ("bilinear", "pad"))
         if isinstance(n_val, bool) or not isinstance(n_val, int) or not 1 <= n_val < N_DIGITS:
             raise ValueError(f"n_val: must be an integer in [1, {N_DIGITS - 1}], got {n_val!r}")
         super().__init__(batch_size=batch_size, val_batch_size=val_batch_size, num_workers=num_workers,
                          samples_per_epoch=samples_per_epoch, n_train=n_train,
-                         subset_seed=subset_seed, seed=seed)
+                         subset_seed=subset_seed, seed=seed, value_range=value_range)
         self.save_hyperparameters()
         self.image_size, self.resize, self.as_vector = image_size, resize, as_vector
         self.n_val, self.split_seed = n_val, split_seed

@@ -1,4 +1,4 @@
-"""Teacher-student distillation data (PFD paper App. C.3; REFERENCE §7).
+"""Teacher-student distillation data (PFD paper App. C.3; usage in docs/data.md).
 
 A teacher denoiser (an analytic Gaussian mixture or a trained ``DiffusionModule`` checkpoint)
 defines p_data. Three disjoint seed ranges give three noise sets x_T = sigma_max * z(seed):
@@ -123,6 +123,10 @@ class TeacherDistillationDataModule(TensorDataModule):
             if available).
         data_shape: sample shape, needed only for a denoiser object without ``shape``.
         use_cache: read / write the on-disk endpoint cache.
+        value_range: declared range of the endpoints; default None (only the finite-values
+            check, which catches a diverged teacher): the endpoints' scale is the teacher's, not
+            a normalisation choice. Teachers of [-1, 1] data overshoot it (gmm_digits with Heun-18:
+            |x| up to ~3.1; with num_steps=3: ~14).
     """
 
     def __init__(self, teacher: Any = None, teacher_ckpt: Optional[str] = None,
@@ -135,7 +139,8 @@ class TeacherDistillationDataModule(TensorDataModule):
                  gen_batch_size: int = 256, device: Optional[str] = None,
                  data_shape: Optional[list[int]] = None, use_cache: bool = True,
                  batch_size: int = 128, val_batch_size: Optional[int] = None, num_workers: int = 0,
-                 samples_per_epoch: Optional[int] = None, seed: int = 0):
+                 samples_per_epoch: Optional[int] = None, seed: int = 0,
+                 value_range: Optional[tuple[float, float]] = None):
         # ---- validate everything before any work -----------------------------------------
         check_disjoint_ranges(("train_seed_offset", train_seed_offset, "n_train", n_train),
                               ("test_seed_offset", test_seed_offset, "n_test", n_test),
@@ -169,7 +174,8 @@ class TeacherDistillationDataModule(TensorDataModule):
             if data_shape is None and getattr(teacher, "shape", None) is None:
                 raise ValueError("data_shape: required for a teacher object without a `shape` attribute")
         super().__init__(batch_size=batch_size, val_batch_size=val_batch_size, num_workers=num_workers,
-                         samples_per_epoch=samples_per_epoch, n_train=n_train, seed=seed)
+                         samples_per_epoch=samples_per_epoch, n_train=n_train, seed=seed,
+                         value_range=value_range)
         ignore = ["teacher_load_kwargs"]
         if not (teacher is None or isinstance(teacher, (str, dict))):
             ignore.append("teacher")

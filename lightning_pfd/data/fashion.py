@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .base import TensorDataModule, _check_choice, _pad_to, _scale_uint8
+from .base import DEFAULT_VALUE_RANGE, TensorDataModule, _check_choice, _pad_to, _scale_uint8
 
 __all__ = ["FashionMNISTDataModule", "read_idx", "FASHION_FILES", "DEFAULT_FASHION_ROOT"]
 
@@ -84,10 +84,11 @@ class FashionMNISTDataModule(TensorDataModule):
                  classes: Optional[list[int]] = None, batch_size: int = 128,
                  val_batch_size: Optional[int] = None, num_workers: int = 0,
                  samples_per_epoch: Optional[int] = None, n_train: Optional[int] = None,
-                 subset_seed: int = 0, seed: int = 0):
+                 subset_seed: int = 0, seed: int = 0,
+                 value_range: Optional[tuple[float, float]] = DEFAULT_VALUE_RANGE):
         super().__init__(batch_size=batch_size, val_batch_size=val_batch_size, num_workers=num_workers,
                          samples_per_epoch=samples_per_epoch, n_train=n_train,
-                         subset_seed=subset_seed, seed=seed)
+                         subset_seed=subset_seed, seed=seed, value_range=value_range)
         if classes is not None:
             for c in classes:
                 _check_choice("classes", c, range(10))

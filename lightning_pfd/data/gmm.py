@@ -49,6 +49,10 @@ class GaussianMixtureDataModule(TensorDataModule):
     Give ``weights``/``means``/``covs`` or draw a random mixture (``n_components``, ``dim``,
     ``gmm_seed``). Sample i of the training set is ``teacher.sample([train_seed_offset + i])``;
     validation uses the disjoint range starting at ``val_seed_offset``.
+
+    ``value_range`` defaults to None (only the finite-values check): the samples are exact draws
+    of the given law, whose Gaussian tails have no bound (the default random mixture reaches
+    about +-6).
     """
 
     def __init__(self, weights: Optional[list] = None, means: Optional[list] = None,
@@ -56,14 +60,16 @@ class GaussianMixtureDataModule(TensorDataModule):
                  shape: Optional[list[int]] = None, n_train: int = 1024, n_val: int = 1024,
                  train_seed_offset: int = 0, val_seed_offset: int = 1_000_000,
                  batch_size: int = 128, val_batch_size: Optional[int] = None, num_workers: int = 0,
-                 samples_per_epoch: Optional[int] = None, seed: int = 0):
+                 samples_per_epoch: Optional[int] = None, seed: int = 0,
+                 value_range: Optional[tuple[float, float]] = None):
         check_disjoint_ranges(("train_seed_offset", train_seed_offset, "n_train", n_train),
                               ("val_seed_offset", val_seed_offset, "n_val", n_val))
         given = [p is not None for p in (weights, means, covs)]
         if any(given) and not all(given):
             raise ValueError("weights, means, covs: give all three GMM parameters or none (random GMM)")
         super().__init__(batch_size=batch_size, val_batch_size=val_batch_size, num_workers=num_workers,
-                         samples_per_epoch=samples_per_epoch, n_train=n_train, seed=seed)
+                         samples_per_epoch=samples_per_epoch, n_train=n_train, seed=seed,
+                         value_range=value_range)
         self.save_hyperparameters()
         if all(given):
             self.teacher = GaussianMixtureDenoiser(torch.as_tensor(weights), torch.as_tensor(means),

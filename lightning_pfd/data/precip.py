@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from .base import TensorDataModule
+from .base import DEFAULT_VALUE_RANGE, TensorDataModule
 
 __all__ = ["PrecipitationDataModule", "load_stageiv", "random_crops", "STAGEIV_PATH",
            "log1p_transform", "log1p_inverse"]
@@ -81,6 +81,9 @@ class PrecipitationDataModule(TensorDataModule):
         log_max: precipitation (mm/h) mapped to +1 by the transform.
         crop_seed: seeds the crop positions (validation uses crop_seed + 1).
         path: a StageIV netCDF file (default: the shipped copy).
+        value_range: declared range of the transformed crops (default [-1, 1]: 0 mm/h is -1,
+            ``log_max`` mm/h is +1; the shipped data peak at 164 mm/h, inside the default
+            ``log_max`` of 200). Values above +1 mean precipitation above ``log_max``.
     """
 
     def __init__(self, crop_size: int = 32, n_train: int = 2048, n_val: int = 512,
@@ -88,7 +91,8 @@ class PrecipitationDataModule(TensorDataModule):
                  val_frames: Optional[Sequence[int]] = None, log_max: float = 200.0,
                  crop_seed: int = 0, path: Optional[str] = None, batch_size: int = 64,
                  val_batch_size: Optional[int] = None, num_workers: int = 0,
-                 samples_per_epoch: Optional[int] = None, seed: int = 0):
+                 samples_per_epoch: Optional[int] = None, seed: int = 0,
+                 value_range: Optional[tuple[float, float]] = DEFAULT_VALUE_RANGE):
         if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 1:
             raise ValueError(f"n_train: must be an integer >= 1, got {n_train!r}")
         if isinstance(n_val, bool) or not isinstance(n_val, int) or n_val < 0:
@@ -106,7 +110,7 @@ class PrecipitationDataModule(TensorDataModule):
             raise ValueError(f"path: no netCDF file at {path!r}")
         super().__init__(batch_size=batch_size, val_batch_size=val_batch_size,
                          num_workers=num_workers, samples_per_epoch=samples_per_epoch,
-                         n_train=n_train, seed=seed)
+                         n_train=n_train, seed=seed, value_range=value_range)
         self.save_hyperparameters()
         self.crop_size, self.n_val, self.log_max = int(crop_size), int(n_val), float(log_max)
         self.train_frames, self.val_frames = train_frames, val_frames
@@ -114,6 +118,11 @@ class PrecipitationDataModule(TensorDataModule):
 
     def available_train(self) -> int:
         return self.n_train
+
+    def range_hint(self) -> Optional[str]:
+        """Values above +1 are precipitation above ``log_max``: raising it fixes the range."""
+        return (f"the transform maps log_max = {self.log_max:g} mm/h to +1: raise log_max above "
+                "the data's maximum precipitation")
 
     def load_splits(self):
         frames = load_stageiv(self.path)

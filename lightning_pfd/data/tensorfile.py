@@ -5,6 +5,8 @@ Keys (the first present wins): training data ``x`` | ``train`` | ``train_data``;
 validation labels ``y_val`` | ``val_labels``. A ``.pt`` file may also hold a bare tensor.
 uint8 data are scaled to [-1, 1] (x / 127.5 - 1); float data are used as they are.
 Without a validation array, a seeded ``val_fraction`` of the training data is held out.
+``setup`` then requires finite values inside ``value_range`` (default [-1, 1]); the error says how
+to rescale (e.g. float pixels in [0, 255]: divide by 127.5 and subtract 1).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .base import TensorDataModule, _scale_uint8, seeded_split
+from .base import DEFAULT_VALUE_RANGE, TensorDataModule, _scale_uint8, seeded_split
 
 __all__ = ["TensorFileDataModule", "load_tensor_file"]
 
@@ -57,12 +59,11 @@ def load_tensor_file(path: str | os.PathLike) -> dict[str, Optional[torch.Tensor
 
 
 def _to_float(x: torch.Tensor, name: str) -> torch.Tensor:
+    """uint8 -> [-1, 1]; floats as they are (finiteness and range: checked by ``setup``)."""
     if x.dtype == torch.uint8:
         return _scale_uint8(x)
     if not x.dtype.is_floating_point:
         raise ValueError(f"{name}: must be floating point or uint8, got {x.dtype}")
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name}: contains NaN or infinite values")
     return x.to(torch.float32)
 
 
@@ -72,16 +73,22 @@ class TensorFileDataModule(TensorDataModule):
     def __init__(self, path: str, val_fraction: float = 0.1, split_seed: int = 0,
                  batch_size: int = 128, val_batch_size: Optional[int] = None, num_workers: int = 0,
                  samples_per_epoch: Optional[int] = None, n_train: Optional[int] = None,
-                 subset_seed: int = 0, seed: int = 0):
+                 subset_seed: int = 0, seed: int = 0,
+                 value_range: Optional[tuple[float, float]] = DEFAULT_VALUE_RANGE):
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction: must be in [0, 1), got {val_fraction}")
         if not Path(path).is_file():
             raise FileNotFoundError(f"path: no such file {str(path)!r} (expected a .npz or .pt file)")
         super().__init__(batch_size=batch_size, val_batch_size=val_batch_size, num_workers=num_workers,
                          samples_per_epoch=samples_per_epoch, n_train=n_train,
-                         subset_seed=subset_seed, seed=seed)
+                         subset_seed=subset_seed, seed=seed, value_range=value_range)
         self.save_hyperparameters()
         self.path, self.val_fraction, self.split_seed = str(path), val_fraction, split_seed
+
+    def range_hint(self) -> str:
+        """Where to fix out-of-range values: the file's float arrays are used as they are."""
+        return (f"float arrays in {self.path} are used as they are: rescale them in the file "
+                "(uint8 arrays are mapped to [-1, 1] automatically)")
 
     def load_splits(self):
         d = load_tensor_file(self.path)
