@@ -1,5 +1,8 @@
 """`python -m lightning_pfd report RUN_DIR` on a CSVLogger-style run and a W&B offline run:
-PNG figures + markdown with the events the pure detectors find on the same curves (oracle)."""
+PNG figures + markdown with the events the pure detectors find on the same curves (oracle).
+Also: an existing report is never overwritten without --force, the detector settings saved with
+the run are used, resumed segments are merged, damaged logs are reported, and RegimeMonitor
+saves its settings and keeps a separate checkpoint state per instance."""
 import csv
 import json
 import subprocess
@@ -8,10 +11,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 
 from lightning_pfd.analysis.events import analyze_history
-from lightning_pfd.analysis.history import load_history
-from lightning_pfd.analysis.report import main, write_report
+from lightning_pfd.analysis.history import load_history, scan_wandb_log
+from lightning_pfd.analysis.report import (
+    SETTINGS_FILE,
+    main,
+    save_detector_settings,
+    write_report,
+)
+from lightning_pfd.callbacks.regime import RegimeMonitor
+from lightning_pfd.errors import ConfigError
 
 T = np.arange(40, dtype=np.float64)
 RNG = np.random.default_rng(7)
@@ -32,17 +46,20 @@ def _expected():
     return a
 
 
-def _write_csv(root: Path) -> Path:
-    """metrics.csv as Lightning's CSVLogger writes it: step rows and epoch rows, empty cells."""
-    d = root / "lightning_logs" / "version_0"
+def _write_csv(root: Path, version: int = 0, epochs=range(T.size), shift: float = 0.0,
+               curves=None) -> Path:
+    """metrics.csv as Lightning's CSVLogger writes it: step rows and epoch rows, empty cells;
+    ``shift`` is added to every metric value (a segment whose values must not be used)."""
+    curves = CURVES if curves is None else curves
+    d = root / "lightning_logs" / f"version_{version}"
     d.mkdir(parents=True)
-    cols = ["epoch", "step", "train/loss"] + list(CURVES)
+    cols = ["epoch", "step", "train/loss"] + list(curves)
     with open(d / "metrics.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(cols)
-        for e in range(T.size):
-            w.writerow([e, 10 * e + 4, 0.3] + [""] * len(CURVES))
-            w.writerow([e, 10 * e + 9, ""] + [repr(float(CURVES[k][e])) for k in CURVES])
+        for e in epochs:
+            w.writerow([e, 10 * e + 4, 0.3] + [""] * len(curves))
+            w.writerow([e, 10 * e + 9, ""] + [repr(float(curves[k][e]) + shift) for k in curves])
     return root
 
 
@@ -93,14 +110,22 @@ def test_report_without_events_says_so(tmp_path):
 
 
 def test_report_bad_input(tmp_path, capsys):
+    """User errors: exit 2, one short block on stderr naming the problem, nothing written."""
     assert main([str(tmp_path / "missing")]) == 2
-    assert "run_dir" in capsys.readouterr().out
+    err = capsys.readouterr().err
+    assert err.startswith("error: run_dir:") and "does not exist" in err
+    assert len(err.splitlines()) == 1
     (tmp_path / "empty").mkdir()
     assert main([str(tmp_path / "empty")]) == 2
-    assert "no W&B run" in capsys.readouterr().out
+    assert "no W&B run" in capsys.readouterr().err
     run = _write_csv(tmp_path / "run")
     assert main([str(run), "--window", "0"]) == 2
-    assert "--window" in capsys.readouterr().out
+    assert "--window: must be a positive integer" in capsys.readouterr().err
+    assert main([str(run), "--key", "egen=pfd/x"]) == 2
+    assert "did you mean 'e_gen'" in capsys.readouterr().err
+    assert main([str(run), "--segment", "version_3"]) == 2
+    assert "--segment: no such segment" in capsys.readouterr().err
+    assert not (run / "report").exists()
     with pytest.raises(ValueError, match="source"):
         load_history(run, source="tensorboard")
 
@@ -111,3 +136,242 @@ def test_report_module_entry_point(tmp_path):
                         str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "early learning" in r.stdout and (tmp_path / "o" / "report.md").is_file()
+    # a missing directory: status 2, one line, no traceback
+    r = subprocess.run([sys.executable, "-m", "lightning_pfd.analysis.report",
+                        str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
+    assert r.stderr.strip() == f"error: run_dir: {str(tmp_path / 'nope')!r} does not exist"
+
+
+# ----------------------------------------------------------------------------- never destroys
+def test_existing_report_kept_without_force(tmp_path, capsys):
+    run = _write_csv(tmp_path / "run")
+    ver = run / "lightning_logs" / "version_0"
+    old = ver / "report"  # as RegimeMonitor leaves it at the end of the run
+    old.mkdir()
+    before = {"report.md": b"# in-run report\n", "events.json": b'{"events": []}',
+              "dynamics.png": PNG + b"old"}
+    for name, data in before.items():
+        (old / name).write_bytes(data)
+    assert main([str(ver)]) == 0
+    assert {n: (old / n).read_bytes() for n in before} == before  # byte-identical
+    assert sorted(p.name for p in old.iterdir()) == sorted(before)
+    err = capsys.readouterr().err
+    assert f"{old} already holds a report (kept); writing to {old}-2" in err
+    _check_outputs(ver / "report-2", _expected())
+    assert main([str(ver)]) == 0  # next free sibling
+    assert (ver / "report-3" / "report.md").is_file()
+    # --force overwrites in place
+    assert main([str(ver), "--force"]) == 0
+    _check_outputs(old, _expected())
+    assert (old / "report.md").read_bytes() != before["report.md"]
+    assert not (ver / "report-4").exists()
+
+
+# ----------------------------------------------------------------------------- saved settings
+N_SET = 14
+T_SET = np.arange(N_SET, dtype=np.float64)
+SET_CURVES = {
+    "pfd/e_gen": 2.0 + 2.0 * np.exp(-T_SET / 2.0) + (1.0 - np.exp(-T_SET / 12.0)),
+    "pfd/e_mem": 3.0 + 0.0 * T_SET,
+    "custom/ratio": 0.8 / (1.0 + np.exp(-(T_SET - 8.0))),
+}
+SAVED = dict(keys={"mem_ratio": "custom/ratio"}, window=3, confirm=2)
+
+
+def _onset(series, **kw):
+    return analyze_history(series, **kw).event("memorization_onset")
+
+
+def test_saved_settings_are_used(tmp_path, capsys):
+    run = _write_csv(tmp_path / "run", epochs=range(N_SET), curves=SET_CURVES)
+    ver = run / "lightning_logs" / "version_0"
+    series = {k: (T_SET, v) for k, v in SET_CURVES.items()}
+    saved_on = _onset(series, keys=SAVED["keys"], window=3, confirm=2)
+    default_on = _onset(series, keys=SAVED["keys"])
+    assert (saved_on.epoch, default_on.epoch) == (6, 5)  # the settings move the onset
+    assert _onset(series) is None  # without the saved keys no ratio, flat E_mem: no onset
+    f = save_detector_settings(ver / "report", dict(SAVED, require_descent=True),
+                               written_by="test")
+    assert main([str(ver), "--out", str(tmp_path / "a")]) == 0
+    data = json.loads((tmp_path / "a" / "events.json").read_text())
+    onset = [e for e in data["events"] if e["name"] == "memorization_onset"]
+    assert [e["epoch"] for e in onset] == [saved_on.epoch]
+    assert data["settings"]["window"] == 3 and data["settings"]["confirm"] == 2
+    assert data["settings"]["keys"]["mem_ratio"] == "custom/ratio"
+    assert data["settings_source"]["window"] == f"run: {f}"
+    assert data["settings_source"]["min_sigma"] == "default"
+    md = (tmp_path / "a" / "report.md").read_text()
+    assert f"| window | `3` | run: {f} |" in md and "| min_rel | `0.02` | default |" in md
+    assert f"(run: {f})" in capsys.readouterr().out
+    # flags given explicitly win over the saved settings; the saved keys stay
+    assert main([str(ver), "--out", str(tmp_path / "b"), "--window", "5", "--confirm", "3"]) == 0
+    data = json.loads((tmp_path / "b" / "events.json").read_text())
+    assert [e["epoch"] for e in data["events"] if e["name"] == "memorization_onset"] == \
+        [default_on.epoch]
+    assert data["settings_source"]["window"] == "command line"
+    assert data["settings_source"]["keys"] == f"run: {f}"
+    # a damaged settings file is a user error naming it
+    f.write_text("{not json")
+    assert main([str(ver), "--out", str(tmp_path / "c")]) == 2
+    assert str(f) in capsys.readouterr().err and not (tmp_path / "c").exists()
+
+
+# ----------------------------------------------------------------------------- segments
+def test_report_merges_csv_versions(tmp_path, capsys):
+    """version_0 ran epochs 0-24 but its epochs 20-24 were re-run by version_1 (resumed from a
+    checkpoint at epoch 19): the stale values (shifted by +5) must not reach the report."""
+    run = tmp_path / "run"
+    _write_csv(run, 0, epochs=range(0, 20))
+    d = run / "lightning_logs"
+    _write_csv(tmp_path / "tmp", 0, epochs=range(20, 25), shift=5.0)  # stale rows of version_0
+    stale = (tmp_path / "tmp" / "lightning_logs" / "version_0" / "metrics.csv").read_text()
+    with open(d / "version_0" / "metrics.csv", "a") as fh:
+        fh.write(stale.split("\n", 1)[1])
+    _write_csv(run, 1, epochs=range(20, T.size))
+    assert main([str(run / "lightning_logs"), "--out", str(tmp_path / "o")]) == 0
+    _check_outputs(tmp_path / "o", _expected())
+    out = capsys.readouterr().out
+    assert "from 2 segments of one run, merged by epoch" in out
+    assert "version_0/metrics.csv: 50 rows, epochs 0–24, 40 kept" in out
+    # the latest segment alone is what the reader used to return
+    assert main([str(run / "lightning_logs"), "--segment", "latest", "--out",
+                 str(tmp_path / "l")]) == 0
+    assert "Training-dynamics report" in (tmp_path / "l" / "report.md").read_text()
+    data = json.loads((tmp_path / "l" / "events.json").read_text())
+    assert [s["rows_read"] for s in data["input"]["segments"]] == [40]
+
+
+# ----------------------------------------------------------------------------- damaged input
+def _wandb_run(tmp_path) -> Path:
+    import wandb
+
+    run = wandb.init(dir=str(tmp_path), project="trunc", mode="offline")
+    for e in range(T.size):
+        run.log({"epoch": e, **{k: float(v[e]) for k, v in CURVES.items()}})
+    f = next(Path(run.dir).parent.glob("run-*.wandb"))
+    wandb.finish()
+    return f
+
+
+def _cut_mid_record(data: bytes, at: int) -> bytes:
+    """The first prefix of length >= ``at`` that ends inside a record."""
+    while scan_wandb_log(data[:at])[1] is None or "mid-record" not in scan_wandb_log(data[:at])[1]:
+        at += 1
+    return data[:at]
+
+
+def test_truncated_wandb_log(tmp_path, capsys):
+    data = _wandb_run(tmp_path).read_bytes()
+    d = tmp_path / "cut" / "offline-run-20250101_000000-cut1"
+    d.mkdir(parents=True)
+    f = d / "run-cut1.wandb"
+    f.write_bytes(_cut_mid_record(data, len(data) // 2))
+    rows = load_history(f).series("pfd/e_gen")[0]
+    assert 0 < rows.size < T.size
+    assert main([str(d)]) == 1  # report written, but from incomplete input
+    cap = capsys.readouterr()
+    assert f"warning: {f}: cut mid-record" in cap.err
+    assert f"read {rows.size} rows, epochs 0–{rows.size - 1}" in cap.err
+    md = (d / "report" / "report.md").read_text()
+    assert md.splitlines()[2].startswith("> **Incomplete input**") and "(**incomplete**)" in md
+    assert json.loads((d / "report" / "events.json").read_text())["input"]["incomplete"] is True
+    # cut before the first metric: nothing valid, one error line, nothing written
+    f.write_bytes(_cut_mid_record(data, 300))
+    assert main([str(d), "--out", str(tmp_path / "none")]) == 2
+    cap = capsys.readouterr()
+    assert cap.err.count("\n") == 1 and "no metric values could be read" in cap.err
+    assert "cut mid-record" in cap.err and not (tmp_path / "none").exists()
+
+
+# ----------------------------------------------------------------------------- RegimeMonitor
+class Scripted(LightningModule):
+    """Logs SET_CURVES (custom/ratio as mem/ratio) in on_validation_epoch_end."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.lin(batch[0]).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def on_validation_epoch_end(self):
+        if self.trainer.sanity_checking:
+            return
+        e = self.current_epoch
+        for name, curve in SET_CURVES.items():
+            self.log(name.replace("custom/ratio", "mem/ratio"),
+                     torch.tensor(curve[e], dtype=torch.float64))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 2)),
+                                           batch_size=4)
+
+    val_dataloader = train_dataloader
+
+
+def _fit(tmp_path, callbacks, epochs, logger=False, ckpt_path=None, checkpoint=False):
+    trainer = Trainer(max_epochs=epochs, logger=logger, callbacks=callbacks, accelerator="cpu",
+                      devices=1, enable_checkpointing=checkpoint, enable_model_summary=False,
+                      enable_progress_bar=False, num_sanity_val_steps=0,
+                      default_root_dir=str(tmp_path), log_every_n_steps=1)
+    trainer.fit(Scripted(), ckpt_path=ckpt_path)
+    return trainer
+
+
+def test_in_run_report_kept_and_its_settings_used(tmp_path, capsys):
+    mon = RegimeMonitor(window=3, confirm=2, verbose=False)
+    logger = CSVLogger(str(tmp_path), name="csv")
+    _fit(tmp_path, [mon], N_SET, logger=logger)
+    ver = Path(logger.log_dir)
+    rep = ver / "report"
+    saved = json.loads((rep / SETTINGS_FILE).read_text())
+    assert saved["settings"] == dict(mon.detector_settings, min_sigma=4.0)
+    assert saved["state_key"] == mon.state_key
+    assert json.loads((ver / SETTINGS_FILE).read_text()) == saved  # copy in the logger's dir
+    before = {p.name: p.read_bytes() for p in rep.iterdir()}
+    assert main([str(ver)]) == 0
+    assert {p.name: p.read_bytes() for p in rep.iterdir()} == before
+    in_run = json.loads(before["events.json"])
+    new = json.loads((ver / "report-2" / "events.json").read_text())
+    assert [(e["name"], e["epoch"]) for e in new["events"]] == \
+        [(e["name"], e["epoch"]) for e in in_run["events"]]
+    assert new["settings_source"]["window"] == f"run: {ver / SETTINGS_FILE}"
+    series = {k.replace("custom/ratio", "mem/ratio"): (T_SET, v) for k, v in SET_CURVES.items()}
+    assert [e["epoch"] for e in new["events"] if e["name"] == "memorization_onset"] == \
+        [_onset(series, window=3, confirm=2).epoch] != [_onset(series).epoch]
+
+
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
+def test_two_regime_monitors_keep_separate_state(tmp_path):
+    def monitors():
+        return (RegimeMonitor(report_dir=str(tmp_path / "a"), verbose=False, window=3, confirm=2),
+                RegimeMonitor(keys={"e_gen": "pfd/e_mem"}, report_dir=str(tmp_path / "b"),
+                              verbose=False, window=3, confirm=2))
+
+    a, b = monitors()
+    assert a.state_key != b.state_key and "report_dir" in a.state_key
+    ck = ModelCheckpoint(dirpath=str(tmp_path / "ck"), save_last=True)
+    _fit(tmp_path, [a, b, ck], 6, checkpoint=True)
+    state = torch.load(tmp_path / "ck" / "last.ckpt", weights_only=False)["callbacks"]
+    assert state[a.state_key]["history"] == a.history and "pfd/e_gen" in a.history[0]
+    assert state[b.state_key]["history"] == b.history and "pfd/e_gen" not in b.history[0]
+    a2, b2 = monitors()
+    _fit(tmp_path, [a2, b2], 8, ckpt_path=str(tmp_path / "ck" / "last.ckpt"))
+    assert a2.history[:6] == a.history and len(a2.history) == 8
+    assert b2.history[:6] == b.history and "pfd/e_gen" not in b2.history[-1]
+    assert (tmp_path / "a" / "report.md").is_file() and (tmp_path / "b" / SETTINGS_FILE).is_file()
+    # a checkpoint from before state_key existed is still restored
+    c = RegimeMonitor(verbose=False)
+    c.on_load_checkpoint(None, None, {"callbacks": {"RegimeMonitor": state[a.state_key]}})
+    assert c.history == a.history
+    # two monitors writing into one report directory are refused before training
+    with pytest.raises(ConfigError, match="report_dir"):
+        _fit(tmp_path, [RegimeMonitor(verbose=False),
+                        RegimeMonitor(keys={"icr": "x"}, verbose=False)], 1)

@@ -3,12 +3,29 @@
 - CSV: Lightning's ``CSVLogger`` writes ``<save_dir>/<name>/version_k/metrics.csv`` with one row
   per logging call, an ``epoch`` and a ``step`` column and empty cells for metrics not logged in
   that call.
-- W&B: an offline run directory ``wandb/offline-run-*/`` holds ``run-<id>.wandb`` (a LevelDB-style
-  log of protobuf records) and ``files/media/`` (images, tables). No JSON history is written
-  offline, so the log is read with ``wandb leet inspect --json`` (wandb ≥ 0.25; one JSON record
-  per line; ``--summary --json`` for the final summary and config). When that command is not
-  available it falls back to :func:`read_wandb_log`, a ~40-line reader of the log format using
-  ``wandb.proto.wandb_internal_pb2.Record`` (wandb ≥ 0.19 no longer ships a Python reader).
+- W&B: an offline run directory ``wandb/offline-run-<time>-<id>/`` holds ``run-<id>.wandb`` (a
+  LevelDB-style log of protobuf records) and ``files/media/`` (images, tables). No JSON history
+  is written offline, so the log is read with ``wandb leet inspect --json`` (wandb ≥ 0.25; one
+  JSON record per line; ``--summary --json`` for the final summary and config). When that
+  command is not available it falls back to :func:`read_wandb_log`, a small reader of the log
+  format using ``wandb.proto.wandb_internal_pb2.Record`` (wandb ≥ 0.19 no longer ships a Python
+  reader).
+
+**Segments.** A resumed run is written in several *segments*: one W&B offline-run directory per
+start (same run id, ``offline-run-<time>-<id>``) or one CSVLogger version directory per start
+(``version_0``, ``version_1``, ...). :func:`load_history` merges the segments of one run ordered
+by segment time (the time in the W&B directory name; the CSV version number) and keeps, for every
+epoch, the rows of the *latest* segment that has that epoch (a resumed segment re-runs the epochs
+after its checkpoint). W&B segments belong together by their run id. CSVLogger has no run id:
+the version directories below one logger directory are *assumed* to be segments of one run;
+point at one ``version_k`` directory (or pass ``segment=``) to read a single one.
+
+**Integrity.** Every ``.wandb`` file is checked record by record (length and CRC-32 of each
+record, complete fragment sequences) and every ``metrics.csv`` line by line (field count, a cut
+last line). A file cut mid-record is read up to its last intact record; the problem is kept in
+:attr:`Segment.problem` and :attr:`History.warnings`, and :attr:`History.incomplete` is true
+unless a later segment re-ran the lost epochs. A run with no readable metric value raises
+:class:`~lightning_pfd.errors.ConfigError`.
 
 :func:`load_history` returns a :class:`History`; ``History.series(name)`` gives
 ``(epochs, values)`` with one value per epoch (the last finite value logged in that epoch).
@@ -18,22 +35,73 @@ from __future__ import annotations
 
 import copy
 import csv
+import io
 import json
 import math
+import re
 import shutil
 import struct
 import subprocess
 import sys
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
 import numpy as np
 
-__all__ = ["History", "load_history", "find_run", "read_csv_rows", "read_wandb_records",
-           "read_wandb_log", "wandb_leet_available"]
+from ..errors import ConfigError
+
+__all__ = ["History", "Segment", "load_history", "find_run", "find_segments", "read_csv_rows",
+           "read_csv_segment", "read_wandb_records", "read_wandb_log", "scan_wandb_log",
+           "merge_segments", "wandb_leet_available"]
 
 _SOURCES = ("auto", "csv", "wandb")
+_BLOCK = 32768
+_HEADER = 7
+
+
+@dataclass
+class Segment:
+    """One file of a run: a ``.wandb`` log or a ``metrics.csv``.
+
+    ``rows_read``: metric rows read from it; ``rows_kept``: rows left after merging (rows of
+    epochs that a later segment re-ran are dropped); ``epochs``: (first, last) epoch read, or
+    None; ``problem``: why the file is incomplete (truncated, corrupt), or None; ``covered``: a
+    later segment re-ran the epochs that may be lost; ``finished``: the W&B log has an exit
+    record (None for CSV, which has no such marker).
+    """
+
+    path: Path
+    kind: str
+    rows_read: int = 0
+    rows_kept: int = 0
+    epochs: Optional[tuple] = None
+    problem: Optional[str] = None
+    covered: bool = False
+    finished: Optional[bool] = None
+
+    @property
+    def name(self) -> str:
+        """The segment's directory name (``version_1``, ``offline-run-<time>-<id>``)."""
+        return self.path.parent.name
+
+    def describe(self) -> str:
+        """``<path>: N rows, epochs a–b`` (+ what was kept and the problem)."""
+        ep = "no epochs" if self.epochs is None else \
+            f"epochs {_num(self.epochs[0])}–{_num(self.epochs[1])}"
+        text = f"{self.path}: {self.rows_read} rows, {ep}"
+        if self.rows_kept != self.rows_read:
+            text += f", {self.rows_kept} kept"
+        if self.problem:
+            text += f"; {self.problem}"
+        return text
+
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "kind": self.kind, "rows_read": self.rows_read,
+                "rows_kept": self.rows_kept, "epochs": None if self.epochs is None
+                else [float(e) for e in self.epochs], "problem": self.problem,
+                "covered": self.covered, "finished": self.finished}
 
 
 @dataclass
@@ -43,7 +111,9 @@ class History:
     ``rows``: one dict per logging call (metric name → float; ``epoch`` when it was logged);
     ``summary`` / ``config``: W&B run summary and config (empty for CSV; CSV config comes from a
     ``hparams.yaml`` only as text in ``config['hparams_yaml']``); ``images``: metric key → list of
-    image file paths; ``tables``: key → path of the newest logged table (JSON with columns/data).
+    image file paths; ``tables``: key → path of the newest logged table (JSON with columns/data);
+    ``segments``: the :class:`Segment` files merged into ``rows`` (oldest first);
+    ``warnings``: what a reader of a report must know (truncated files, unfinished run).
     """
 
     rows: list
@@ -53,6 +123,13 @@ class History:
     config: dict = field(default_factory=dict)
     images: dict = field(default_factory=dict)
     tables: dict = field(default_factory=dict)
+    segments: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+
+    @property
+    def incomplete(self) -> bool:
+        """True when a segment is truncated or corrupt and no later segment re-ran its epochs."""
+        return any(s.problem and not s.covered for s in self.segments)
 
     def keys(self) -> list:
         """Metric names with at least one finite value (``epoch``/``step`` excluded)."""
@@ -99,6 +176,11 @@ def _finite(v) -> bool:
         and math.isfinite(float(v))
 
 
+def _num(v) -> str:
+    v = float(v)
+    return str(int(v)) if v.is_integer() else f"{v:g}"
+
+
 def _to_float(v):
     """JSON scalar → float (W&B writes NaN/inf as the strings "NaN", "Infinity")."""
     if isinstance(v, bool):
@@ -111,70 +193,276 @@ def _to_float(v):
 
 
 # ----------------------------------------------------------------------------- locate
-def find_run(path, source: str = "auto"):
-    """``(kind, file)`` for a run: kind "wandb" with the ``.wandb`` file or "csv" with the
-    ``metrics.csv``. ``path`` may be the file itself, a run directory, a ``wandb`` directory or
-    a logger save_dir (the most recently modified run below it is used)."""
+_WANDB_DIR = re.compile(r"^(?:offline-)?run-(\d{8}_\d{6})-(.+)$")
+_VERSION_DIR = re.compile(r"^version_(\d+)$")
+
+
+def _unique(files: Iterable[Path]) -> list:
+    """Files deduplicated by their resolved path (``wandb/latest-run`` is a symlink)."""
+    seen = {}
+    for f in files:
+        seen.setdefault(f.resolve(), f.resolve())
+    return list(seen.values())
+
+
+def _newest(files: list) -> Path:
+    return max(files, key=lambda f: f.stat().st_mtime)
+
+
+def _wandb_run_id(f: Path) -> str:
+    """Run id of a ``run-<id>.wandb`` file (else from its ``offline-run-<time>-<id>`` dir)."""
+    if f.name.startswith("run-") and f.suffix == ".wandb":
+        return f.name[len("run-"):-len(".wandb")]
+    m = _WANDB_DIR.match(f.parent.name)
+    return m.group(2) if m else f.stem
+
+
+def _wandb_order(f: Path) -> tuple:
+    """Segment time of a W&B log: the time in its directory name, then its mtime."""
+    m = _WANDB_DIR.match(f.parent.name)
+    return (m.group(1) if m else "", f.stat().st_mtime)
+
+
+def _csv_order(f: Path) -> tuple:
+    """Segment time of a CSVLogger file: its version number, then its mtime."""
+    m = _VERSION_DIR.match(f.parent.name)
+    return (int(m.group(1)) if m else math.inf, f.stat().st_mtime)
+
+
+def _wandb_segments(p: Path) -> list:
+    """``.wandb`` files of the most recent run at or below ``p``, with all files of the same
+    run id in the same ``wandb`` directory (its resumed segments), oldest first."""
+    if p.is_file():
+        chosen = p.resolve()
+    else:
+        direct = _unique(p.glob("run-*.wandb"))
+        cands = direct or _unique(p.rglob("*.wandb"))
+        if not cands:
+            return []
+        chosen = _newest(cands)
+    rid = _wandb_run_id(chosen)
+    sibs = _unique(chosen.parent.parent.glob(f"*/run-{rid}.wandb")) or [chosen]
+    if chosen not in sibs:
+        sibs.append(chosen)
+    return sorted(sibs, key=_wandb_order)
+
+
+def _csv_segments(p: Path) -> list:
+    """``metrics.csv`` files: the file or version dir given, else every version directory of
+    the logger directory holding the most recent ``metrics.csv`` below ``p``, oldest first."""
+    if p.is_file():
+        return [p.resolve()]
+    if (p / "metrics.csv").is_file():
+        return [(p / "metrics.csv").resolve()]
+    files = _unique(p.rglob("metrics.csv"))
+    if not files:
+        return []
+    root = _newest(files).parent.parent
+    return sorted((f for f in files if f.parent.parent == root), key=_csv_order)
+
+
+def find_segments(path, source: str = "auto") -> tuple:
+    """``(kind, files)``: kind "wandb" with the ``.wandb`` logs of one run, or "csv" with its
+    ``metrics.csv`` files, oldest segment first (see the module docstring for what counts as
+    one run). ``path`` may be a file, a run or version directory, a ``wandb`` directory or a
+    logger save_dir. Raises :class:`~lightning_pfd.errors.ConfigError` when nothing is found."""
     if source not in _SOURCES:
-        raise ValueError(f"source must be one of {_SOURCES}, got {source!r}")
+        raise ConfigError("source", "unknown value", value=source, accepted=list(_SOURCES))
     p = Path(path)
     if not p.exists():
-        raise ValueError(f"run_dir: {str(p)!r} does not exist")
+        raise ConfigError("run_dir", f"{str(p)!r} does not exist")
     if p.is_file():
         if p.suffix == ".wandb" and source in ("auto", "wandb"):
-            return "wandb", p
+            return "wandb", _wandb_segments(p)
         if p.suffix == ".csv" and source in ("auto", "csv"):
-            return "csv", p
-        raise ValueError(f"run_dir: {str(p)!r} is neither a .wandb log nor a metrics .csv "
-                         f"(source={source!r})")
-    found = {}
+            return "csv", _csv_segments(p)
+        raise ConfigError("run_dir", f"{str(p)!r} is neither a .wandb log nor a metrics .csv "
+                                     f"(source={source!r})")
     if source in ("auto", "wandb"):
-        direct = sorted(p.glob("run-*.wandb"))
-        cands = direct or sorted(p.rglob("*.wandb"), key=lambda f: f.stat().st_mtime)
-        if cands:
-            found["wandb"] = cands[-1]
+        files = _wandb_segments(p)
+        if files:
+            return "wandb", files
     if source in ("auto", "csv"):
-        direct = p / "metrics.csv"
-        cands = [direct] if direct.is_file() else sorted(p.rglob("metrics.csv"),
-                                                         key=lambda f: f.stat().st_mtime)
-        if cands:
-            found["csv"] = cands[-1]
-    if not found:
-        raise ValueError(f"run_dir: no W&B run (*.wandb) or CSVLogger metrics.csv under {str(p)!r}")
-    kind = "wandb" if "wandb" in found else "csv"
-    return kind, found[kind]
+        files = _csv_segments(p)
+        if files:
+            return "csv", files
+    what = {"auto": "W&B run (*.wandb) or CSVLogger metrics.csv", "wandb": "W&B run (*.wandb)",
+            "csv": "CSVLogger metrics.csv"}[source]
+    raise ConfigError("run_dir", f"no {what} under {str(p)!r}")
 
 
-def load_history(path, source: str = "auto", use_leet: Optional[bool] = None) -> History:
-    """Load a run's history (see module docstring). ``use_leet``: None = try ``wandb leet
-    inspect`` then fall back to the built-in reader, True = leet only, False = built-in only."""
-    kind, f = find_run(path, source)
-    if kind == "csv":
-        rows = read_csv_rows(f)
-        cfg = {}
-        hp = f.parent / "hparams.yaml"
-        if hp.is_file():
-            cfg["hparams_yaml"] = hp.read_text()
-        return History(rows=rows, source="csv", path=f, config=cfg)
-    return _wandb_history(f, use_leet)
+def find_run(path, source: str = "auto"):
+    """``(kind, file)`` of the *latest* segment of a run: kind "wandb" with the ``.wandb`` file
+    or "csv" with the ``metrics.csv`` (see :func:`find_segments`)."""
+    kind, files = find_segments(path, source)
+    return kind, files[-1]
+
+
+def _select(files: list, segment) -> list:
+    """The segments named by ``segment``: "all", "latest", an index (0 = oldest, -1 = latest)
+    or a directory name (``version_1``, ``offline-run-<time>-<id>``)."""
+    if segment in (None, "all"):
+        return files
+    if segment == "latest":
+        return files[-1:]
+    names = [f.parent.name for f in files]
+    if isinstance(segment, int) or re.fullmatch(r"-?\d+", str(segment)):
+        i = int(segment)
+        if -len(files) <= i < len(files):
+            return [files[i]]
+    elif str(segment) in names:
+        return [files[names.index(str(segment))]]
+    raise ConfigError("--segment", "no such segment of this run", value=segment,
+                      accepted=["all", "latest"] + list(range(len(files))) + names)
+
+
+def load_history(path, source: str = "auto", use_leet: Optional[bool] = None,
+                 segment="all") -> History:
+    """Load a run's history, merging its segments (see module docstring). ``use_leet``: None =
+    try ``wandb leet inspect`` then fall back to the built-in reader, True = leet only, False =
+    built-in only; ``segment``: "all" (merge), "latest", an index or a directory name."""
+    kind, files = find_segments(path, source)
+    files = _select(files, segment)
+    parts = [_read_csv(f) if kind == "csv" else _read_wandb(f, use_leet) for f in files]
+    hist = _combine(kind, parts)
+    if not hist.keys():
+        raise ConfigError("run_dir", _nothing_read(hist))
+    return hist
+
+
+def _nothing_read(hist: History) -> str:
+    """One line for a run without a single metric value."""
+    probs = "; ".join(f"{s.path}: {s.problem}" for s in hist.segments if s.problem)
+    where = ", ".join(str(s.path) for s in hist.segments)
+    return f"no metric values could be read from {where}" + (f" ({probs})" if probs else "")
+
+
+# ----------------------------------------------------------------------------- merge
+def _row_epochs(rows: list) -> list:
+    """Epoch of every row: its own, else the last one seen before it (None before any)."""
+    out, cur = [], None
+    for r in rows:
+        if _finite(r.get("epoch")):
+            cur = float(r["epoch"])
+        out.append(cur)
+    return out
+
+
+def merge_segments(segment_rows: list) -> tuple:
+    """Merge the row lists of a run's segments (oldest first): for each epoch keep the rows of
+    the latest segment that has that epoch. Rows without their own ``epoch`` get the epoch they
+    inherit (so the merged list reads the same with :meth:`History.series`); rows before the
+    first epoch of a segment are kept only for the latest segment. Returns ``(rows,
+    kept_per_segment)``."""
+    if len(segment_rows) == 1:
+        return list(segment_rows[0]), [len(segment_rows[0])]
+    epochs = [_row_epochs(rows) for rows in segment_rows]
+    later: set = set()
+    keep = [None] * len(segment_rows)
+    for i in range(len(segment_rows) - 1, -1, -1):
+        last = i == len(segment_rows) - 1
+        keep[i] = [dict(r, epoch=e) if e is not None else dict(r)
+                   for r, e in zip(segment_rows[i], epochs[i])
+                   if (e is None and last) or (e is not None and e not in later)]
+        later |= {e for e in epochs[i] if e is not None}
+    return [r for rows in keep for r in rows], [len(k) for k in keep]
+
+
+def _epoch_range(rows: list) -> Optional[tuple]:
+    ep = [e for e in _row_epochs(rows) if e is not None]
+    return (min(ep), max(ep)) if ep else None
+
+
+def _mark_covered(segments: list) -> None:
+    """A damaged segment is covered when a later one starts at most one epoch after the last
+    epoch read from it (the resumed segment re-ran whatever the damage may have lost)."""
+    for i, s in enumerate(segments):
+        last = s.epochs[1] if s.epochs else -1.0
+        s.covered = bool(s.problem) and any(t.epochs and t.epochs[0] <= last + 1
+                                            for t in segments[i + 1:])
+
+
+def _warnings(segments: list) -> list:
+    out = []
+    for s in segments:
+        if s.problem:
+            ep = "nothing" if s.epochs is None else \
+                f"{s.rows_read} rows, epochs {_num(s.epochs[0])}–{_num(s.epochs[1])}"
+            tail = "a later segment re-ran the epochs after it" if s.covered else \
+                "the report covers only what was read"
+            out.append(f"{s.path}: {s.problem}; read {ep}; {tail}")
+    last = segments[-1] if segments else None
+    if last is not None and last.finished is False and not last.problem:
+        out.append(f"{last.path}: the log has no exit record (the run is still running or was "
+                   "stopped before it finished)")
+    return out
+
+
+def _combine(kind: str, parts: list) -> History:
+    """One :class:`History` from the per-segment reads (oldest first)."""
+    rows, kept = merge_segments([p["rows"] for p in parts])
+    segments = []
+    for p, k in zip(parts, kept):
+        segments.append(Segment(path=p["path"], kind=kind, rows_read=len(p["rows"]), rows_kept=k,
+                                epochs=_epoch_range(p["rows"]), problem=p.get("problem"),
+                                finished=p.get("finished")))
+    _mark_covered(segments)
+    summary, config, images, tables = {}, {}, {}, {}
+    for p in parts:
+        summary = p.get("summary") or summary
+        config.update(p.get("config") or {})
+        tables.update(p.get("tables") or {})
+        for k, v in (p.get("images") or {}).items():
+            images.setdefault(k, []).extend(v)
+    return History(rows=rows, source=kind, path=parts[-1]["path"], summary=summary,
+                   config=config, images=images, tables=tables, segments=segments,
+                   warnings=_warnings(segments))
 
 
 # ----------------------------------------------------------------------------- CSV
-def read_csv_rows(path) -> list:
-    """Rows of a CSVLogger ``metrics.csv`` as dicts of floats (empty cells dropped)."""
+def read_csv_segment(path) -> tuple:
+    """``(rows, problem)`` of a CSVLogger ``metrics.csv``: rows as dicts of floats (empty cells
+    dropped); a last line without its newline (the file was cut while being written) and lines
+    with the wrong number of fields are left out and described in ``problem`` (None if none)."""
+    text = Path(path).read_text(errors="replace")
+    if not text.strip():
+        return [], "the file is empty"
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader)
+    records = [(reader.line_num, r) for r in reader if r]
+    problems = []
+    if records and not text.endswith(("\n", "\r")):
+        line, _ = records.pop()
+        problems.append(f"the last line ({line}) is cut (no newline at the end of the file)")
+    bad = [line for line, r in records if len(r) != len(header)]
+    if bad:
+        problems.append(f"{len(bad)} line(s) with a wrong number of fields (first: line {bad[0]})")
     rows = []
-    with open(path, newline="") as fh:
-        for raw in csv.DictReader(fh):
-            row = {}
-            for k, v in raw.items():
-                if k is None or v is None or v == "":
-                    continue
-                try:
-                    row[k] = float(v)
-                except ValueError:
-                    continue
-            rows.append(row)
-    return rows
+    for _, rec in records:
+        if len(rec) != len(header):
+            continue
+        row = {}
+        for k, v in zip(header, rec):
+            try:
+                row[k] = float(v) if v != "" else None
+            except ValueError:
+                continue
+        rows.append({k: v for k, v in row.items() if v is not None})
+    return rows, "; ".join(problems) or None
+
+
+def read_csv_rows(path) -> list:
+    """Rows of a CSVLogger ``metrics.csv`` as dicts of floats (see :func:`read_csv_segment`)."""
+    return read_csv_segment(path)[0]
+
+
+def _read_csv(f: Path) -> dict:
+    rows, problem = read_csv_segment(f)
+    cfg = {}
+    hp = f.parent / "hparams.yaml"
+    if hp.is_file():
+        cfg["hparams_yaml"] = hp.read_text()
+    return {"path": f, "rows": rows, "problem": problem, "config": cfg}
 
 
 # ----------------------------------------------------------------------------- W&B
@@ -238,33 +526,54 @@ def _read_wandb_records(wandb_file: Path, use_leet: Optional[bool]) -> tuple:
     return read_wandb_log(wandb_file)
 
 
-def _records_from_log(data: bytes) -> Iterable[bytes]:
-    """Payloads of the W&B LevelDB-style log: a 7-byte file header (":W&B", magic 0xBEE1,
-    version), then 32 KiB blocks of records [crc32c:4][length:2][type:1][data], type 1 = full,
-    2/3/4 = first/middle/last fragment; a block tail shorter than 7 bytes is padding.
-    (CRCs are not verified: a torn last record is dropped by the protobuf parse.)"""
-    if len(data) < 7 or data[:4] != b":W&B" or struct.unpack("<H", data[4:6])[0] != 0xBEE1:
-        raise ValueError("not a W&B transaction log (bad header)")
-    block, pos, buf = 32768, 7, b""
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        if left < 7:
+def scan_wandb_log(data: bytes) -> tuple:
+    """``(payloads, problem)`` of the W&B LevelDB-style log: a 7-byte file header (":W&B",
+    magic 0xBEE1, version), then 32 KiB blocks of records [crc32:4][length:2][type:1][data],
+    type 1 = full, 2/3/4 = first/middle/last fragment, crc32 = zlib CRC-32 of the type byte and
+    the data; a block tail shorter than 7 bytes is padding. Reading stops at the first record
+    that is cut, crosses a block, fails its checksum or breaks a fragment sequence; ``problem``
+    says where (None for an intact log) and ``payloads`` holds every record before it."""
+    if not data:
+        return [], "the file is empty"
+    if len(data) < _HEADER or data[:4] != b":W&B" or struct.unpack("<H", data[4:6])[0] != 0xBEE1:
+        return [], "not a W&B transaction log (bad header)"
+    out, buf, pos = [], None, _HEADER
+    while pos < len(data):
+        left = _BLOCK - pos % _BLOCK
+        if left < _HEADER:
             pos += left
             continue
-        length, rtype = struct.unpack("<HB", data[pos + 4:pos + 7])
-        chunk = data[pos + 7:pos + 7 + length]
-        pos += 7 + length
+        if pos + _HEADER > len(data):
+            return out, f"cut inside a record header at byte {pos} of {len(data)}"
+        crc, length, rtype = struct.unpack("<IHB", data[pos:pos + _HEADER])
         if rtype == 0 and length == 0:
+            pos += _HEADER  # zero padding
             continue
+        chunk = data[pos + _HEADER:pos + _HEADER + length]
+        where = f"record at byte {pos} of {len(data)}"
+        if len(chunk) < length:
+            return out, f"cut mid-record ({where} declares {length} bytes, {len(chunk)} present)"
+        if length + _HEADER > left or rtype not in (1, 2, 3, 4) \
+                or zlib.crc32(bytes([rtype]) + chunk) != crc:
+            return out, f"corrupt {where} (bad checksum, type or length)"
+        if (rtype in (1, 2)) != (buf is None):
+            return out, f"broken fragment sequence at {where}"
+        pos += _HEADER + length
         if rtype == 1:
-            yield chunk
-        elif rtype == 2:
-            buf = chunk
-        elif rtype == 3:
-            buf += chunk
+            out.append(chunk)
         elif rtype == 4:
-            yield buf + chunk
-            buf = b""
+            out.append(buf + chunk)
+            buf = None
+        else:
+            buf = chunk if rtype == 2 else buf + chunk
+    if buf is not None:
+        return out, f"cut inside a record split over blocks (end of file at byte {len(data)})"
+    return out, None
+
+
+def check_wandb_log(wandb_file) -> Optional[str]:
+    """What is wrong with a ``.wandb`` file (see :func:`scan_wandb_log`), or None."""
+    return scan_wandb_log(Path(wandb_file).read_bytes())[1]
 
 
 def _item_key(item) -> str:
@@ -272,16 +581,17 @@ def _item_key(item) -> str:
 
 
 def read_wandb_log(wandb_file) -> tuple:
-    """Built-in fallback for :func:`read_wandb_records` (no ``wandb leet``): parses the log with
-    ``wandb.proto.wandb_internal_pb2.Record``; same return shape."""
+    """Built-in fallback for :func:`read_wandb_records` (no ``wandb leet``): parses the intact
+    records of the log (:func:`scan_wandb_log`) with ``wandb.proto.wandb_internal_pb2.Record``;
+    same return shape."""
     from wandb.proto import wandb_internal_pb2 as pb  # lazy: only this fallback needs wandb
 
     recs, summary, config = [], {}, {}
-    for payload in _records_from_log(Path(wandb_file).read_bytes()):
+    for payload in scan_wandb_log(Path(wandb_file).read_bytes())[0]:
         rec = pb.Record()
         try:
             rec.ParseFromString(payload)
-        except Exception:  # torn record at the end of a crashed run
+        except Exception:  # an intact frame holding an unparseable record: skip it
             continue
         kind = rec.WhichOneof("record_type")
         if kind == "history":
@@ -302,6 +612,8 @@ def read_wandb_log(wandb_file) -> tuple:
                 _set_nested(config, list(i.nested_key) or [i.key], json.loads(i.value_json))
         elif kind == "files":
             recs.append(("files", {"files": [{"path": f.path} for f in rec.files.files]}))
+        elif kind == "exit":
+            recs.append(("exit", {"exit_code": rec.exit.exit_code}))
     config.pop("_wandb", None)
     return recs, summary, config
 
@@ -322,38 +634,52 @@ def _set_nested(d: dict, keys: list, value):
     d[keys[-1]] = value
 
 
-def _wandb_history(wandb_file: Path, use_leet: Optional[bool]) -> History:
-    recs, summary, config = read_wandb_records(wandb_file, use_leet)
-    run_dir = wandb_file.parent
-    files_dir = run_dir / "files"
+def _media(item: dict, files_dir: Path, images: dict, tables: dict) -> None:
+    """Collect the image files and the table file referenced by one history item."""
+    for k, v in item.items():
+        if not k.endswith("._type"):
+            continue
+        base = k[: -len("._type")]
+        if v == "image-file" and isinstance(item.get(base + ".path"), str):
+            images.setdefault(base, []).append(str(files_dir / item[base + ".path"]))
+        elif v == "images/separated" and isinstance(item.get(base + ".filenames"), list):
+            images.setdefault(base, []).extend(str(files_dir / p)
+                                               for p in item[base + ".filenames"])
+        elif v in ("table-file", "incremental-table-file", "partitioned-table") \
+                and isinstance(item.get(base + ".path"), str):
+            tables[base] = str(files_dir / item[base + ".path"])
+
+
+def _history_row(item: dict) -> dict:
+    """Metric values of one history item (W&B internals and media keys dropped)."""
+    media = tuple(k[: -len("_type")] for k in item if k.endswith("._type"))
+    row = {}
+    for k, v in item.items():
+        if k.startswith("_") or (media and k.startswith(media)):
+            continue
+        f = _to_float(v)
+        if f is not None:
+            row[k] = f
+    return row
+
+
+def _read_wandb(wandb_file: Path, use_leet: Optional[bool]) -> dict:
+    """One W&B segment. A damaged log is read with the built-in reader, which stops at the
+    last intact record, so what is reported is exactly what could be verified."""
+    problem = check_wandb_log(wandb_file)
+    if problem:
+        recs, summary, config = read_wandb_log(wandb_file)
+    else:
+        recs, summary, config = read_wandb_records(wandb_file, use_leet)
+    files_dir = wandb_file.parent / "files"
     rows, images, tables = [], {}, {}
     for kind, payload in recs:
-        if kind != "history":
-            continue
-        item = payload.get("item", {})
-        media = tuple(k[: -len("_type")] for k in item if k.endswith("._type"))
-        row = {}
-        for k, v in item.items():
-            if k.startswith("_") or (media and k.startswith(media)):
-                continue
-            f = _to_float(v)
-            if f is not None:
-                row[k] = f
-        rows.append(row)
-        for k, v in item.items():
-            if not k.endswith("._type"):
-                continue
-            base = k[: -len("._type")]
-            if v == "image-file" and isinstance(item.get(base + ".path"), str):
-                images.setdefault(base, []).append(str(files_dir / item[base + ".path"]))
-            elif v == "images/separated" and isinstance(item.get(base + ".filenames"), list):
-                images.setdefault(base, []).extend(str(files_dir / p)
-                                                   for p in item[base + ".filenames"])
-            elif v in ("table-file", "incremental-table-file", "partitioned-table") \
-                    and isinstance(item.get(base + ".path"), str):
-                tables[base] = str(files_dir / item[base + ".path"])
-    config = {k: v for k, v in config.items() if k != "_wandb"}
-    summary = _normalize(summary)
-    return History(rows=rows, source="wandb", path=wandb_file, summary=summary, config=config,
-                   images=images, tables=tables)
-
+        if kind == "history":
+            item = payload.get("item", {})
+            rows.append(_history_row(item))
+            _media(item, files_dir, images, tables)
+    return {"path": wandb_file, "rows": rows, "problem": problem,
+            "finished": any(kind == "exit" for kind, _ in recs),
+            "summary": _normalize(summary),
+            "config": {k: v for k, v in config.items() if k != "_wandb"},
+            "images": images, "tables": tables}

@@ -1,13 +1,29 @@
-"""``python -m lightning_pfd report RUN_DIR [--out DIR]``: figures + markdown summary of a run.
+"""``python -m lightning_pfd report RUN_DIR [--out DIR] [--force]``: figures + markdown of a run.
 
 RUN_DIR is a W&B offline run (``wandb/offline-run-*``, a ``wandb`` directory or the ``.wandb``
-file) or a CSVLogger directory (``metrics.csv`` below it). Writes to ``--out`` (default
+file) or a CSVLogger directory (``metrics.csv`` below it); the segments of a resumed run are
+merged by epoch (:mod:`lightning_pfd.analysis.history`). Writes to ``--out`` (default
 ``RUN_DIR/report`` for a directory, next to the file otherwise):
 
 - ``dynamics.png`` — PFD paper Fig. 4: E_gen, E_mem, ℓ_train, ℓ_test and ℓ_test − ℓ_train vs epoch;
 - ``icr_memorization.png`` — ICR paper Fig. 5: ICR and memorization ratio vs epoch;
-- ``report.md`` — regime, detected events (epoch, significance), per-metric summary;
+- ``report.md`` — input read, regime, detected events (epoch, significance), per-metric summary,
+  detector settings with where each came from;
 - ``events.json`` — the same, machine-readable.
+
+**Never destroys.** When the output directory already holds a report (``report.md``,
+``events.json`` or one of the PNGs, e.g. the one RegimeMonitor wrote at the end of the run), the
+new report goes to the first free sibling ``<out>-2``, ``<out>-3``, ...; ``--force`` overwrites
+instead.
+
+**Settings of the run.** RegimeMonitor saves its detector settings (keys, window, min_sigma,
+min_rel, confirm, require_descent) as ``detector_settings.json`` (:data:`SETTINGS_FILE`) in its
+report directory and in the run directory of each logger; the command reads them from the run's
+segment directories (or ``--settings FILE``), so it reproduces the run's analysis. Settings given
+on the command line override them; defaults fill the rest.
+
+Exit status: 0 report written; 1 report written from incomplete input (a truncated or corrupt
+file, marked in report.md); 2 nothing written (no run, no readable metric, bad option).
 
 Library use: :func:`write_report` (the RegimeMonitor callback calls it at the end of fit).
 """
@@ -17,15 +33,29 @@ import argparse
 import json
 import math
 import os
+import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from ..errors import ConfigError
 from .events import DEFAULT_KEYS, RunAnalysis, analyze_history
 from .history import History, load_history
 
-__all__ = ["main", "write_report", "render_markdown", "build_parser"]
+__all__ = ["main", "write_report", "render_markdown", "build_parser", "SETTINGS_FILE",
+           "DEFAULT_SETTINGS", "check_settings", "save_detector_settings",
+           "load_detector_settings", "find_saved_settings", "free_report_dir", "holds_report"]
+
+#: name of the file holding the detector settings a run was made with.
+SETTINGS_FILE = "detector_settings.json"
+#: the settings used when neither the run nor the command line gives one.
+DEFAULT_SETTINGS = {"keys": dict(DEFAULT_KEYS), "window": 5, "min_sigma": 4.0, "min_rel": 0.02,
+                    "confirm": 3, "require_descent": True}
+#: files that make a directory "hold a report".
+REPORT_FILES = ("report.md", "events.json", "dynamics.png", "icr_memorization.png")
+_FIGURES = ("dynamics.png", "icr_memorization.png")
+_FORMAT = 1
 
 _LABELS = {
     "e_gen": "E_gen (PFD to teacher)",
@@ -45,11 +75,163 @@ _EXPLAIN = {
 }
 
 
+# ----------------------------------------------------------------------------- settings
+def check_settings(settings: dict, field: Callable[[str], str] = str) -> dict:
+    """Validated copy of (a subset of) the detector settings; ``field(name)`` names a setting
+    in the :class:`~lightning_pfd.errors.ConfigError` raised for a bad value (``--window``, a
+    file's ``window``...). Unknown names are an error too."""
+    out = {}
+    for name, v in settings.items():
+        if name == "keys":
+            if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
+                raise ConfigError(field(name), "must map roles to metric names", value=v)
+            unknown = sorted(set(v) - set(DEFAULT_KEYS))
+            if unknown:
+                raise ConfigError(field(name), "unknown role", value=unknown[0],
+                                  accepted=list(DEFAULT_KEYS))
+            out[name] = dict(v)
+        elif name in ("window", "confirm"):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(field(name), "must be a positive integer", value=v)
+            out[name] = v
+        elif name in ("min_sigma", "min_rel"):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v < 0:
+                raise ConfigError(field(name), "must be a finite number >= 0", value=v)
+            out[name] = float(v)
+        elif name == "require_descent":
+            if not isinstance(v, bool):
+                raise ConfigError(field(name), "must be true or false", value=v)
+            out[name] = v
+        else:
+            raise ConfigError(field(name), "unknown detector setting", value=name,
+                              accepted=list(DEFAULT_SETTINGS))
+    return out
+
+
+def _atomic_write(path: Path, text: str):
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_detector_settings(directory, settings: dict, **meta) -> Path:
+    """Write ``directory/detector_settings.json`` atomically (temporary file + ``os.replace``):
+    ``{"format": 1, "settings": {...}, **meta}`` (meta: who wrote it, its state key, ...)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    record = dict(format=_FORMAT, settings=check_settings(settings), **meta)
+    path = d / SETTINGS_FILE
+    _atomic_write(path, json.dumps(record, indent=2, default=str) + "\n")
+    return path
+
+
+def load_detector_settings(path) -> dict:
+    """The validated settings of a ``detector_settings.json``; a file that is not valid JSON or
+    holds a bad value raises :class:`~lightning_pfd.errors.ConfigError` naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("--settings", f"{str(path)!r} does not exist")
+    try:
+        record = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ConfigError(str(path), f"not a valid settings file ({err})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
+        raise ConfigError(str(path), "not a detector settings file (no 'settings' object)")
+    return check_settings(record["settings"], field=lambda n: f"{path}: {n}")
+
+
+def find_saved_settings(history: History) -> tuple:
+    """``(settings, path, warnings)`` saved with the run: the ``detector_settings.json`` of the
+    latest segment that has one, in its directory or its ``report/`` subdirectory; ``({}, None,
+    [])`` when none is found. A warning is returned when segments saved different settings."""
+    found = []
+    for seg in reversed(history.segments):
+        for d in (seg.path.parent, seg.path.parent / "report"):
+            if (d / SETTINGS_FILE).is_file():
+                found.append(d / SETTINGS_FILE)
+                break
+    if not found:
+        return {}, None, []
+    chosen = load_detector_settings(found[0])
+    differ = [str(f) for f in found[1:] if load_detector_settings(f) != chosen]
+    warnings = [f"segments of this run were analysed with different detector settings "
+                f"({', '.join(differ)}); using those of the latest one ({found[0]})"] if differ \
+        else []
+    return chosen, found[0], warnings
+
+
+def _cli_settings(args) -> dict:
+    """The detector settings given explicitly on the command line (validated)."""
+    given = {k: getattr(args, k) for k in ("window", "min_sigma", "min_rel", "confirm",
+                                           "require_descent") if getattr(args, k) is not None}
+    out = check_settings(given, field=lambda n: "--" + n.replace("_", "-"))
+    keys = {}
+    for item in args.key or []:
+        role, sep, name = item.partition("=")
+        if not sep or not name:
+            raise ConfigError("--key", "must be ROLE=METRIC", value=item,
+                              accepted=list(DEFAULT_KEYS))
+        keys[role.strip()] = name.strip()
+    if keys:
+        check_settings({"keys": keys}, field=lambda n: "--key")
+        out["keys"] = keys
+    return out
+
+
+def resolve_settings(history: History, args) -> tuple:
+    """``(settings, sources, warnings)``: defaults, overridden by the settings saved with the run
+    (or ``--settings FILE``), overridden by the command line. ``sources[name]`` says where each
+    came from: "default", "run: <file>", "file: <file>" or "command line"."""
+    if args.settings:
+        saved, path, warnings = load_detector_settings(args.settings), Path(args.settings), []
+        origin = f"file: {path}"
+    else:
+        saved, path, warnings = find_saved_settings(history)
+        origin = f"run: {path}"
+    settings = {k: (dict(v) if isinstance(v, dict) else v) for k, v in DEFAULT_SETTINGS.items()}
+    sources = {k: "default" for k in settings}
+    for k, v in saved.items():
+        settings[k] = dict(DEFAULT_KEYS, **v) if k == "keys" else v
+        sources[k] = origin
+    for k, v in _cli_settings(args).items():
+        if k == "keys":
+            settings[k] = dict(settings["keys"], **v)
+            sources[k] = "command line" if sources[k] == "default" \
+                else sources[k] + " + command line"
+        else:
+            settings[k] = v
+            sources[k] = "command line"
+    return settings, sources, warnings
+
+
+# ----------------------------------------------------------------------------- output dir
+def holds_report(directory) -> bool:
+    """True when ``directory`` holds any report file (report.md, events.json, the PNGs)."""
+    d = Path(directory)
+    return any((d / n).exists() for n in REPORT_FILES)
+
+
+def free_report_dir(out, force: bool = False) -> Path:
+    """``out`` when it holds no report (or ``force``), else the first ``<out>-2``, ``<out>-3``
+    ... that holds none: an existing report is never overwritten without ``force``."""
+    out = Path(out)
+    if force or not holds_report(out):
+        return out
+    i = 2
+    while holds_report(out.with_name(f"{out.name}-{i}")):
+        i += 1
+    return out.with_name(f"{out.name}-{i}")
+
+
+# ----------------------------------------------------------------------------- markdown
 def _fmt(v, digits=4) -> str:
     if v is None:
         return "—"
-    if isinstance(v, (int, np.integer)):
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
         return str(int(v))
+    if isinstance(v, bool):
+        return str(v).lower()
     v = float(v)
     if not math.isfinite(v):
         return str(v)
@@ -70,27 +252,77 @@ def _metric_rows(series: dict, keys: dict) -> list:
     return rows
 
 
-def render_markdown(analysis: RunAnalysis, series: dict, *, figures: Sequence[str] = (),
-                    keys: Optional[dict] = None, source: str = "", params: Optional[dict] = None,
-                    title: str = "Training-dynamics report") -> str:
-    """Markdown summary: regime, events table, metric table, figures, detector parameters."""
-    k = dict(DEFAULT_KEYS, **(keys or {}))
-    out = [f"# {title}", ""]
-    if source:
-        out += [f"Run: `{source}`", ""]
-    out += ["## Regime", ""]
+def _input_info(history) -> Optional[dict]:
+    """What was read, for report.md / events.json (None for in-memory series)."""
+    if not isinstance(history, History) or not history.segments:
+        return None
+    return {"incomplete": history.incomplete, "warnings": list(history.warnings),
+            "segments": [s.to_dict() for s in history.segments]}
+
+
+def _epochs_text(ep) -> str:
+    return "—" if ep is None else f"{_fmt(ep[0])}–{_fmt(ep[1])}"
+
+
+def _input_md(info: Optional[dict]) -> tuple:
+    """(banner lines for the top, "## Input" section lines)."""
+    if not info:
+        return [], []
+    top = []
+    if info["incomplete"]:
+        top = ["> **Incomplete input** — a log file is truncated or corrupt; this report covers "
+               "only what could be read:"] + \
+              [f"> - {w}" for w in info["warnings"]] + [""]
+    segs = info["segments"]
+    sec = ["## Input", ""]
+    if len(segs) > 1:
+        sec += [f"{len(segs)} segments of one resumed run, oldest first; for every epoch the rows "
+                "of the latest segment that has it are kept.", ""]
+    sec += ["| segment | rows read | epochs | rows kept | note |", "|---|---|---|---|---|"]
+    for s in segs:
+        note = s["problem"] or ""
+        if s["problem"]:
+            note += " (re-run by a later segment)" if s["covered"] else " (**incomplete**)"
+        elif s["finished"] is False and s is segs[-1]:
+            note = "no exit record (running or interrupted)"
+        ep = None if s["epochs"] is None else tuple(s["epochs"])
+        sec.append(f"| `{s['path']}` | {s['rows_read']} | {_epochs_text(ep)} | "
+                   f"{s['rows_kept']} | {note} |")
+    sec.append("")
+    if info["warnings"] and not info["incomplete"]:
+        sec += [f"- {w}" for w in info["warnings"]] + [""]
+    return top, sec
+
+
+def _settings_md(settings: dict, sources: Optional[dict]) -> list:
+    out = ["## Detector settings", "", "| setting | value | from |", "|---|---|---|"]
+    for name, v in settings.items():
+        if name == "keys":
+            v = ", ".join(f"{r}=`{m}`" for r, m in v.items())
+        else:
+            v = f"`{_fmt(v)}`"
+        src = (sources or {}).get(name, "arguments")
+        out.append(f"| {name} | {v} | {src} |")
+    return out + ["", "(window in evaluations, min_sigma in noise units, min_rel relative to the "
+                      "curve, confirm in evaluations; see docs/events.md.)", ""]
+
+
+def _regime_md(analysis: RunAnalysis, k: dict) -> list:
+    out = ["## Regime", ""]
     reg = analysis.regime
     if reg is None:
-        out += ["Not determined (needs both `%s` and `%s`)." % (k["e_gen"], k["e_mem"]), ""]
-    else:
-        out += [f"**{reg.name}** — log(E_gen/E_mem) = {reg.score:.3f} at the end of training "
-                f"(E_gen = {_fmt(reg.detail['e_gen_end'])}, E_mem = {_fmt(reg.detail['e_mem_end'])}"
-                + ("" if reg.detail.get("mem_ratio_end") is None
-                   else f", memorization ratio = {_fmt(reg.detail['mem_ratio_end'])}")
-                + ("" if reg.detail.get("gap_end") is None
-                   else f", ℓ_test − ℓ_train = {_fmt(reg.detail['gap_end'])}") + ").", ""]
-        out += [f"- {r}" for r in reg.reasons] + [""]
-    out += ["## Events", ""]
+        return out + ["Not determined (needs both `%s` and `%s`)." % (k["e_gen"], k["e_mem"]), ""]
+    out += [f"**{reg.name}** — log(E_gen/E_mem) = {reg.score:.3f} at the end of training "
+            f"(E_gen = {_fmt(reg.detail['e_gen_end'])}, E_mem = {_fmt(reg.detail['e_mem_end'])}"
+            + ("" if reg.detail.get("mem_ratio_end") is None
+               else f", memorization ratio = {_fmt(reg.detail['mem_ratio_end'])}")
+            + ("" if reg.detail.get("gap_end") is None
+               else f", ℓ_test − ℓ_train = {_fmt(reg.detail['gap_end'])}") + ").", ""]
+    return out + [f"- {r}" for r in reg.reasons] + [""]
+
+
+def _events_md(analysis: RunAnalysis) -> list:
+    out = ["## Events", ""]
     if analysis.events:
         out += ["| event | epoch | significance (σ) | confirmed at epoch | description |",
                 "|---|---|---|---|---|"]
@@ -104,17 +336,32 @@ def render_markdown(analysis: RunAnalysis, series: dict, *, figures: Sequence[st
     missing = [n for n in _EXPLAIN if n not in found]
     if missing:
         out += ["Not detected: " + "; ".join(f"{n} ({_EXPLAIN[n]})" for n in missing) + ".", ""]
+    return out
+
+
+def render_markdown(analysis: RunAnalysis, series: dict, *, figures: Sequence[str] = (),
+                    keys: Optional[dict] = None, source: str = "", params: Optional[dict] = None,
+                    title: str = "Training-dynamics report", settings: Optional[dict] = None,
+                    sources: Optional[dict] = None, input_info: Optional[dict] = None) -> str:
+    """Markdown summary: incomplete-input banner, regime, events table, metric table, input
+    segments, figures, detector settings (``settings`` with their ``sources``; ``params`` is
+    the older name for the numeric settings)."""
+    k = dict(DEFAULT_KEYS, **(keys or {}))
+    top, input_sec = _input_md(input_info)
+    out = [f"# {title}", ""] + top
+    if source:
+        out += [f"Run: `{source}`", ""]
+    out += _regime_md(analysis, k) + _events_md(analysis)
     rows = _metric_rows(series, k)
     if rows:
         out += ["## Metrics", "", "| metric | key | evaluations | first | min | max | last |",
                 "|---|---|---|---|---|---|---|"] + rows + [""]
+    out += input_sec
     if figures:
         out += ["## Figures", ""] + [f"![{Path(f).stem}]({Path(f).name})" for f in figures] + [""]
-    if params:
-        out += ["## Detector parameters", "",
-                ", ".join(f"`{a}={b}`" for a, b in params.items()) +
-                " (smoothing window in evaluations, threshold in noise units, relative floor, "
-                "confirmation length; see docs/events.md).", ""]
+    shown = settings if settings is not None else params
+    if shown:
+        out += _settings_md(shown, sources)
     return "\n".join(out)
 
 
@@ -126,90 +373,158 @@ def _json_default(o):
 
 def write_report(history: History | dict, out_dir, *, keys: Optional[dict] = None,
                  window: int = 5, min_sigma: float = 4.0, min_rel: float = 0.02,
-                 confirm: int = 3, title: str = "Training-dynamics report",
-                 analysis: Optional[RunAnalysis] = None) -> dict:
+                 confirm: int = 3, require_descent: bool = True,
+                 title: str = "Training-dynamics report",
+                 analysis: Optional[RunAnalysis] = None,
+                 settings_sources: Optional[dict] = None) -> dict:
     """Analyze ``history`` (a :class:`History` or ``{name: (epochs, values)}``), write the PNGs,
-    ``report.md`` and ``events.json`` into ``out_dir``; returns ``{"markdown": path,
-    "json": path, "figures": [paths], "analysis": RunAnalysis}``."""
+    ``report.md`` and ``events.json`` into ``out_dir`` (overwriting a report there: callers that
+    must not, like the ``report`` command, pick the directory with :func:`free_report_dir`);
+    returns ``{"markdown": path, "json": path, "figures": [paths], "analysis": RunAnalysis}``.
+    ``settings_sources``: where each setting came from, shown in the report."""
     from .plots import plot_dynamics, plot_icr_memorization  # matplotlib only when writing
 
     series = history.series_dict() if isinstance(history, History) else dict(history)
     params = dict(window=window, min_sigma=min_sigma, min_rel=min_rel, confirm=confirm)
+    settings = dict(keys=dict(DEFAULT_KEYS, **(keys or {})), **params,
+                    require_descent=require_descent)
     if analysis is None:
-        analysis = analyze_history(series, keys=keys, **params)
+        analysis = analyze_history(series, keys=keys, require_descent=require_descent, **params)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figs = [f for f in (
-        plot_dynamics(series, analysis.events, out / "dynamics.png", keys=keys, window=window),
-        plot_icr_memorization(series, analysis.events, out / "icr_memorization.png", keys=keys,
+        plot_dynamics(series, analysis.events, out / _FIGURES[0], keys=keys, window=window),
+        plot_icr_memorization(series, analysis.events, out / _FIGURES[1], keys=keys,
                               window=window),
     ) if f is not None]
+    for stale in set(_FIGURES) - {Path(f).name for f in figs}:  # a figure of an older report
+        (out / stale).unlink(missing_ok=True)
     source = str(history.path) if isinstance(history, History) and history.path else ""
-    md = render_markdown(analysis, series, figures=figs, keys=keys, source=source, params=params,
-                         title=title)
+    info = _input_info(history)
+    md = render_markdown(analysis, series, figures=figs, keys=keys, source=source,
+                         title=title, settings=settings, sources=settings_sources,
+                         input_info=info)
     md_path, js_path = out / "report.md", out / "events.json"
     _atomic_write(md_path, md)
-    _atomic_write(js_path, json.dumps(dict(analysis.to_dict(), params=params), indent=2,
-                                      default=_json_default))
+    _atomic_write(js_path, json.dumps(dict(analysis.to_dict(), params=params, settings=settings,
+                                           settings_source=settings_sources, input=info),
+                                      indent=2, default=_json_default))
     return {"markdown": str(md_path), "json": str(js_path), "figures": figs, "analysis": analysis}
 
 
-def _atomic_write(path: Path, text: str):
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
+# ----------------------------------------------------------------------------- command
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m lightning_pfd report",
         description="Figures (PFD paper Fig. 4, ICR paper Fig. 5) and a markdown summary of the "
-                    "training-dynamics events of a run (W&B offline run or CSVLogger logs).")
+                    "training-dynamics events of a run (W&B offline run or CSVLogger logs). "
+                    "Detector settings: command line > the run's detector_settings.json > "
+                    "defaults. Exit status: 0 written, 1 written from incomplete input, "
+                    "2 error (nothing written).")
     p.add_argument("run_dir", help="W&B offline run dir / wandb dir / .wandb file, or a CSVLogger "
-                                   "dir / metrics.csv")
-    p.add_argument("--out", default=None, help="output directory (default: RUN_DIR/report)")
+                                   "dir / version dir / metrics.csv")
+    p.add_argument("--out", default=None,
+                   help="output directory (default: RUN_DIR/report); if it already holds a "
+                        "report, the first free OUT-2, OUT-3, ... is used instead")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite a report already in the output directory")
     p.add_argument("--source", choices=("auto", "csv", "wandb"), default="auto")
-    p.add_argument("--window", type=int, default=5, help="smoothing window (evaluations)")
-    p.add_argument("--min-sigma", type=float, default=4.0,
-                   help="minimum amplitude in noise units (√2·σ of the smoothed curve)")
-    p.add_argument("--min-rel", type=float, default=0.02,
-                   help="minimum amplitude relative to the curve's max |value|")
-    p.add_argument("--confirm", type=int, default=3,
-                   help="evaluations a change must persist to count")
+    p.add_argument("--segment", default="all",
+                   help="segments of a resumed run to read: all (merged by epoch, default), "
+                        "latest, an index (0 = oldest) or a directory name (version_1, "
+                        "offline-run-...)")
+    p.add_argument("--settings", default=None, metavar="FILE",
+                   help="detector_settings.json to use instead of the one saved with the run")
+    p.add_argument("--window", type=int, default=None,
+                   help="smoothing window (evaluations; default: the run's, else 5)")
+    p.add_argument("--min-sigma", type=float, default=None,
+                   help="minimum amplitude in noise units (√2·σ of the smoothed curve; "
+                        "default: the run's, else 4)")
+    p.add_argument("--min-rel", type=float, default=None,
+                   help="minimum amplitude relative to the curve's max |value| (default: the "
+                        "run's, else 0.02)")
+    p.add_argument("--confirm", type=int, default=None,
+                   help="evaluations a change must persist to count (default: the run's, else 3)")
+    p.add_argument("--require-descent", action=argparse.BooleanOptionalAction, default=None,
+                   help="early learning needs an observed descent (default: the run's, else yes)")
+    p.add_argument("--key", action="append", metavar="ROLE=METRIC",
+                   help=f"metric name of a role ({', '.join(DEFAULT_KEYS)}); repeatable")
     p.add_argument("--no-leet", action="store_true",
                    help="read W&B logs with the built-in reader instead of `wandb leet inspect`")
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of ``python -m lightning_pfd report``; returns the exit status."""
-    argv = list(argv) if argv is not None else None
-    if argv and argv[0] == "report" and len(argv) > 1:
-        argv = argv[1:]
-    args = build_parser().parse_args(argv)
-    try:
-        if args.window < 1 or args.confirm < 1:
-            raise ValueError("--window and --confirm must be positive integers")
-        if args.min_sigma < 0 or args.min_rel < 0:
-            raise ValueError("--min-sigma and --min-rel must be >= 0")
-        hist = load_history(args.run_dir, source=args.source,
-                            use_leet=False if args.no_leet else None)
-    except ValueError as err:
-        print(f"error: {err}")
-        return 2
-    run = Path(args.run_dir)
-    out = Path(args.out) if args.out else (run / "report" if run.is_dir() else run.parent / "report")
-    res = write_report(hist, out, window=args.window, min_sigma=args.min_sigma,
-                       min_rel=args.min_rel, confirm=args.confirm,
-                       title=f"Training-dynamics report ({hist.source})")
+def _default_out(run_dir: str) -> Path:
+    run = Path(run_dir)
+    return run / "report" if run.is_dir() else run.parent / "report"
+
+
+def _print_input(hist: History) -> None:
+    segs = hist.segments
+    if len(segs) == 1:
+        print(f"read {len(hist.rows)} rows ({hist.source}) from {hist.path}")
+        return
+    print(f"read {len(hist.rows)} rows ({hist.source}) from {len(segs)} segments of one run, "
+          "merged by epoch (the latest segment wins):")
+    for i, s in enumerate(segs):
+        print(f"  {i}. {s.describe()}")
+
+
+def _print_settings(settings: dict, sources: dict) -> None:
+    by_source: dict = {}
+    for name, v in settings.items():
+        text = "keys=" + ",".join(f"{r}:{m}" for r, m in v.items() if DEFAULT_KEYS.get(r) != m) \
+            if name == "keys" else f"{name}={_fmt(v)}"
+        if text != "keys=":
+            by_source.setdefault(sources[name], []).append(text)
+    print("settings: " + "; ".join(f"{', '.join(v)} ({src})" for src, v in by_source.items()))
+
+
+def _run(args) -> int:
+    _cli_settings(args)  # bad options fail before anything is read
+    hist = load_history(args.run_dir, source=args.source,
+                        use_leet=False if args.no_leet else None, segment=args.segment)
+    settings, sources, warnings = resolve_settings(hist, args)
+    want = Path(args.out) if args.out else _default_out(args.run_dir)
+    if want.exists() and not want.is_dir():
+        raise ConfigError("--out", "is a file, not a directory", value=str(want))
+    out = free_report_dir(want, force=args.force)
+    _print_input(hist)
+    _print_settings(settings, sources)
+    for w in hist.warnings + warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if out != want:
+        print(f"note: {want} already holds a report (kept); writing to {out} "
+              "(--force overwrites)", file=sys.stderr)
+    res = write_report(hist, out, title=f"Training-dynamics report ({hist.source})",
+                       settings_sources=sources, **settings)
     a = res["analysis"]
-    print(f"read {len(hist.rows)} rows ({hist.source}) from {hist.path}")
     for e in a.events:
         print(" -", e.describe())
     if a.regime is not None:
         print(f" - regime: {a.regime.name}")
     print(f"wrote {res['markdown']}" + "".join(f", {f}" for f in res["figures"]))
+    if hist.incomplete:
+        print(f"warning: incomplete input: the report in {out} covers only what could be read",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``python -m lightning_pfd report``; returns the exit status (0 written,
+    1 written from incomplete input, 2 error: one short block on stderr, no traceback)."""
+    argv = list(argv) if argv is not None else None
+    if argv and argv[0] == "report" and len(argv) > 1:
+        argv = argv[1:]
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except ConfigError as err:
+        print(err.block(), file=sys.stderr)
+    except OSError as err:
+        print(f"error: {err.filename or args.run_dir}: {err.strerror or err}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,10 +22,21 @@ report``) and logs the figures to W&B as ``plots/dynamics`` and ``plots/icr_memo
 
 Online events use the history so far: an E_gen rise that a later second descent turns into double
 descent is first announced as early learning. The report at the end re-analyzes the whole run.
+
+Settings saved with the run: at the start of fit the monitor writes its detector settings (keys,
+window, min_sigma, min_rel, confirm, require_descent) atomically to ``detector_settings.json`` in
+its report directory and, when it is the only RegimeMonitor of the trainer, in the run directory
+of every logger (W&B offline-run dir, CSVLogger/TensorBoard version dir); ``python -m
+lightning_pfd report`` reads them back so a later report repeats the run's analysis.
+
+Several monitors: :attr:`RegimeMonitor.state_key` is built from ``keys`` and ``report_dir``, so
+two monitors in one trainer keep separate states in a checkpoint; they must have different
+``report_dir`` values (checked at setup), since they would otherwise overwrite each other's
+report. A checkpoint written before the state key existed (state under "RegimeMonitor") is still
+restored.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Optional
 
@@ -35,6 +46,8 @@ from lightning.pytorch.loggers import WandbLogger
 
 from ..analysis.events import DEFAULT_KEYS, Event, RunAnalysis, analyze_history
 from ..analysis.history import History
+from ..analysis.report import check_settings, save_detector_settings
+from ..errors import ConfigError
 
 __all__ = ["RegimeMonitor"]
 
@@ -52,7 +65,8 @@ class RegimeMonitor(Callback):
         window, min_sigma, min_rel, confirm: detector parameters (docs/events.md).
         write_report: write the report at the end of fit.
         report_dir: where; default ``<W&B run dir>/report``, else ``<trainer.log_dir>/report``,
-            else ``<default_root_dir>/report``.
+            else ``<default_root_dir>/report``. It also receives ``detector_settings.json``
+            at the start of fit; several monitors in one trainer need different report_dirs.
         plot_every_n_epochs: also log the figures to W&B every n validations (0 = only at the end).
         require_descent: False also reports early learning when E_gen is lowest at the first
             evaluation (the descent happened before it; see ``detect_early_learning``).
@@ -63,18 +77,12 @@ class RegimeMonitor(Callback):
                  min_rel: float = 0.02, confirm: int = 3, write_report: bool = True,
                  report_dir: Optional[str] = None, plot_every_n_epochs: int = 0,
                  require_descent: bool = True, verbose: bool = True) -> None:
-        unknown = set(keys or {}) - set(DEFAULT_KEYS)
-        if unknown:
-            raise ValueError(f"keys: unknown roles {sorted(unknown)}; allowed {sorted(DEFAULT_KEYS)}")
-        for name, v in (("window", window), ("confirm", confirm)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        for name, v in (("min_sigma", min_sigma), ("min_rel", min_rel)):
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        check_settings(dict(keys=dict(keys or {}), window=window, min_sigma=min_sigma,
+                            min_rel=min_rel, confirm=confirm))
         if isinstance(plot_every_n_epochs, bool) or not isinstance(plot_every_n_epochs, int) \
                 or plot_every_n_epochs < 0:
-            raise ValueError(f"plot_every_n_epochs must be an integer >= 0, got {plot_every_n_epochs!r}")
+            raise ConfigError("plot_every_n_epochs", "must be an integer >= 0",
+                              value=plot_every_n_epochs)
         self.keys = dict(DEFAULT_KEYS, **(keys or {}))
         self.params = dict(window=window, min_sigma=min_sigma, min_rel=min_rel, confirm=confirm)
         self.require_descent = bool(require_descent)
@@ -89,6 +97,17 @@ class RegimeMonitor(Callback):
         self._snapshot: dict = {}
 
     # ------------------------------------------------------------------ state
+    @property
+    def state_key(self) -> str:
+        """Checkpoint key: the class name with ``keys`` and ``report_dir``, so several monitors
+        in one trainer save and restore their own state."""
+        return self._generate_state_key(keys=self.keys, report_dir=self.report_dir)
+
+    @property
+    def detector_settings(self) -> dict:
+        """keys, window, min_sigma, min_rel, confirm, require_descent (saved with the run)."""
+        return dict(keys=dict(self.keys), **self.params, require_descent=self.require_descent)
+
     def state_dict(self) -> dict:
         return {"history": [dict(r) for r in self.history], "emitted": dict(self.emitted),
                 "regime": self.regime}
@@ -97,6 +116,60 @@ class RegimeMonitor(Callback):
         self.history = [dict(r) for r in state_dict.get("history", [])]
         self.emitted = dict(state_dict.get("emitted", {}))
         self.regime = state_dict.get("regime")
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """Restore a checkpoint saved before :attr:`state_key` existed (key "RegimeMonitor")."""
+        states = checkpoint.get("callbacks") or {}
+        legacy = states.get(type(self).__qualname__)
+        if self.state_key not in states and legacy:
+            self.load_state_dict(legacy)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        """Refuse two RegimeMonitors with one report directory (they would overwrite each
+        other's report and settings)."""
+        def where(cb):
+            return str(Path(cb.report_dir).resolve()) if cb.report_dir else None
+
+        same = [cb for cb in trainer.callbacks if isinstance(cb, RegimeMonitor)
+                and where(cb) == where(self)]
+        if len(same) > 1:
+            raise ConfigError("trainer.callbacks[RegimeMonitor].report_dir",
+                              "several RegimeMonitors share one report directory; their reports "
+                              "and saved settings would overwrite each other",
+                              value=self.report_dir,
+                              suggestion="give each RegimeMonitor its own report_dir")
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        """Save the detector settings with the run before training (a crashed run keeps them)."""
+        if trainer.is_global_zero:
+            self._save_settings(trainer)
+
+    def _save_settings(self, trainer) -> list:
+        """``detector_settings.json`` in the report dir (when a report will be written) and,
+        for the only monitor, in every logger's run dir; returns the paths written."""
+        report = self._default_dir(trainer)
+        dirs = [report] if self.write_report else []
+        if sum(isinstance(cb, RegimeMonitor) for cb in trainer.callbacks) == 1:
+            dirs += [d for d in self._logger_dirs(trainer) if d != report]
+        meta = dict(written_by=f"{type(self).__module__}.{type(self).__qualname__}",
+                    state_key=self.state_key, report_dir=str(report))
+        return [save_detector_settings(d, self.detector_settings, **meta)
+                for d in dict.fromkeys(dirs)]
+
+    @staticmethod
+    def _logger_dirs(trainer) -> list:
+        """Run directory of each logger: W&B offline-run dir, else the logger's log_dir."""
+        out = []
+        for lg in trainer.loggers:
+            if isinstance(lg, WandbLogger):
+                d = getattr(lg.experiment, "dir", None)  # .../offline-run-*/files
+                d = Path(d).parent if isinstance(d, str) and d else None
+            else:
+                d = getattr(lg, "log_dir", None)
+                d = Path(d) if isinstance(d, str) and d else None
+            if d is not None:
+                out.append(d)
+        return out
 
     # ------------------------------------------------------------------ reading
     def series(self) -> dict:
@@ -255,8 +328,9 @@ class RegimeMonitor(Callback):
             from ..analysis.report import write_report
 
             out = self._default_dir(trainer)
-            self.report_paths = write_report(self.series(), out, keys=self.keys, analysis=analysis,
-                                             **self.params)
+            self.report_paths = write_report(
+                self.series(), out, analysis=analysis, **self.detector_settings,
+                settings_sources=dict.fromkeys(self.detector_settings, "RegimeMonitor arguments"))
             figs = {f"plots/{Path(p).stem}": p for p in self.report_paths["figures"]}
             dirs = getattr(trainer, "lightning_pfd_plot_dirs", None)  # listed by the CLI at the end
             if dirs is None:
