@@ -1,5 +1,6 @@
 """``python -m lightning_pfd pite``: train SBM and LIM on the same data and U-Net, print the
-blog's table (RMSQE, LOADER, same-law floor) of a physical observable (PITE; REFERENCE §13).
+blog's table (RMSQE, LOADER, same-law floor) of a physical observable (PITE: the blog post on evaluating heavy-tailed
+diffusion models with tail metrics).
 
 Both models are built from their LightningCLI configs (default: the embedded
 ``sbm_precip.yaml`` and ``lim_precip.yaml``) with CPU-budget overrides (crop size, U-Net width,
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--floor", type=float, default=1e-3, help="LOADER density floor (x peak)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (0 = leave as is)")
     p.add_argument("--out", default="runs/pite", help="output directory")
+    p.add_argument("--force", action="store_true", help="replace the results of an earlier run in --out")
     p.add_argument("--override", action="append", default=[],
                    help="extra LightningCLI override applied to both, e.g. --override=--model.init_args.lr=1e-3")
     return p
@@ -75,7 +77,7 @@ def _cli_args(a, config: str, name: str) -> list[str]:
 
     args = ["--config", resolve_config_path(config),
             f"--trainer.max_steps={a.max_steps}", "--trainer.max_epochs=-1",
-            "--trainer.logger=false", "--trainer.enable_checkpointing=false",
+            "--trainer.logger=false",
             "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", "--trainer.accelerator=cpu",
             f"--trainer.default_root_dir={os.path.join(a.out, name)}"]
@@ -97,8 +99,13 @@ def _cli_args(a, config: str, name: str) -> list[str]:
     return args + list(a.override)
 
 
-def train_one(a, config: str, name: str):
-    """Build (model, datamodule, trainer) from the config + overrides and fit."""
+def build_one(a, config: str, name: str):
+    """Instantiate (model, datamodule, trainer) from the config + overrides and run the
+    framework's validation phase (shapes, data, callbacks); nothing is trained or written yet.
+    The config's checkpoints are redirected to ``--out/<name>/checkpoints``; its measurement
+    callbacks (e.g. the configs' TailMonitor) are dropped: pite measures once, at the end."""
+    from .callbacks._schedule import ScheduledMonitor
+
     from .lightning_cli import PFDLightningCLI
 
     from unittest import mock
@@ -106,9 +113,37 @@ def train_one(a, config: str, name: str):
     with mock.patch.object(sys, "argv", [sys.argv[0]]):  # silence LightningCLI's mixed-args warning
         cli = PFDLightningCLI(args=_cli_args(a, config, name), run=False,
                               save_config_kwargs={"overwrite": True})
+    for cb in cli.trainer.checkpoint_callbacks:
+        cb.dirpath = os.path.join(a.out, name, "checkpoints")
+    cli.trainer.callbacks = [cb for cb in cli.trainer.callbacks if not isinstance(cb, ScheduledMonitor)]
+    cli.validate_run()
+    return cli
+
+
+def train_one(cli):
+    """Fit a validated CLI's model; returns (model, datamodule, seconds)."""
     t0 = time.time()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return cli.model, cli.datamodule, time.time() - t0
+
+
+def _check_reference(a, dm) -> None:
+    from .errors import ConfigError
+
+    n_ref = int(dm.train_data.shape[0])
+    if not a.num_samples < n_ref:
+        raise ConfigError("--num-samples", f"must be < the number of training crops ({n_ref}) for "
+                          "the same-law floor (n_gen = num_samples)", value=a.num_samples,
+                          suggestion=f"use --num-samples {n_ref // 2} or raise --n-train")
+
+
+def _check_out(a) -> None:
+    from .errors import ConfigError
+
+    done = [n for n in ("results.json", "table.md", "density.png") if (Path(a.out) / n).exists()]
+    if done and not a.force:
+        raise ConfigError("--out", f"holds the results of an earlier run ({', '.join(done)})",
+                          value=a.out, suggestion="choose another --out, or pass --force to replace them")
 
 
 def _generate(model, seeds, a):
@@ -128,7 +163,7 @@ NUM_SPLITS = 8  # reference splits for the same-law floor and the matched model 
 def matched_kwargs(ref, n_gen: int, eta: float, floor: float, window) -> dict:
     """Explicit metric settings shared by the model scores and the same-law floors.
 
-    **[choice]** A perfect model must score the floor in expectation (REFERENCE §13): the
+    **[choice]** A perfect model must score the floor in expectation (docs/levy.md): the
     floor is metric(ref[S_k], ref[R_k]) averaged over ``NUM_SPLITS`` seeded splits
     (|S_k| = n_gen = ``--num-samples``, without replacement; R_k the other n_ref - n_gen
     points), and each model is scored by ``matched_score``: metric(gen, ref[R_k]) averaged over
@@ -202,21 +237,21 @@ def run(a) -> dict:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    os.makedirs(a.out, exist_ok=True)
     obs_fn = get_observable(a.observable)
+    _check_out(a)
+    clis = {name: build_one(a, cfg, name) for name, cfg in (("sbm", a.sbm_config), ("lim", a.lim_config))}
+    _check_reference(a, clis["sbm"].datamodule)
+    os.makedirs(a.out, exist_ok=True)
     seeds = torch.arange(a.num_samples)
     res: dict = {"eta": a.eta, "observable": a.observable, "args": vars(a)}
     gen_obs, timings = {}, {}
     ref = None
-    for name, cfg in (("sbm", a.sbm_config), ("lim", a.lim_config)):
-        model, dm, t_fit = train_one(a, cfg, name)
+    for name in ("sbm", "lim"):
+        model, dm, t_fit = train_one(clis[name])
         inv = getattr(dm, "inverse_transform", lambda x: x.double())
         if ref is None:
             ref = obs_fn(inv(dm.train_data)).cpu()
             res["n_ref"] = int(ref.numel())
-            if not a.num_samples < ref.numel():
-                raise ValueError(f"--num-samples: must be < the number of training crops "
-                                 f"({ref.numel()}) for the same-law floor, got {a.num_samples}")
         t0 = time.time()
         x = _generate(model, seeds, a)
         o = obs_fn(inv(x)).cpu()
@@ -262,11 +297,17 @@ def run(a) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Validate the arguments and both configs (data, shapes, callbacks) before training anything;
+    user errors are raised as ConfigError and printed by ``lightning_pfd.cli.main``."""
+    from .errors import ConfigError
+
     a = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         _validate(a)
+    except ConfigError:
+        raise
     except ValueError as e:
-        print(f"python -m lightning_pfd pite: error: {e}", file=sys.stderr)
-        return 2
+        field, _, problem = str(e).partition(": ")
+        raise ConfigError(field, problem or str(e)) from None
     run(a)
     return 0

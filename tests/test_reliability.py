@@ -68,10 +68,18 @@ MONITORS = """    - class_path: lightning_pfd.callbacks.GeneralizationMonitor
 """
 
 
-def _write_config(d: Path, epochs: int = 4, monitors: bool = False) -> Path:
+WANDB = """    - class_path: lightning_pfd.callbacks.AutoWandbLogger
+      init_args: {project: tests, name: tiny, save_dir: run}
+"""
+
+
+def _write_config(d: Path, epochs: int = 4, monitors: bool = False, wandb: bool = False) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     cfg = d / "c.yaml"
-    cfg.write_text(TINY.format(epochs=epochs, extra_callbacks=MONITORS if monitors else ""))
+    text = TINY.format(epochs=epochs, extra_callbacks=MONITORS if monitors else "")
+    if wandb:
+        text = text.replace("  logger:\n", "  logger:\n" + WANDB, 1)
+    cfg.write_text(text)
     return cfg
 
 
@@ -103,10 +111,13 @@ def _rows(path: Path) -> list:
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path):
     """A real subprocess SIGKILLed mid-epoch 2, resumed with --ckpt_path last, writes the same
     metrics.csv (every metric, every epoch once, byte-identical) and the same final weights as an
-    uninterrupted run; the resumed history continues in the same CSV version directory."""
+    uninterrupted run; the resumed history continues in the same CSV version directory and the
+    same (offline) W&B run, whose merged history has every epoch."""
+    from lightning_pfd.analysis.history import load_history
+
     env = _env(tmp_path)
     a, b = tmp_path / "a", tmp_path / "b"
-    _write_config(a, monitors=True), _write_config(b, monitors=True)
+    _write_config(a, monitors=True, wandb=True), _write_config(b, monitors=True, wandb=True)
     ra = _cli(a, env)
     assert ra.returncode == 0, ra.stderr[-3000:]
     kill = ["--trainer.callbacks+=helpers.faults.KillAtStep", "--trainer.callbacks.step", "25"]
@@ -130,10 +141,19 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_pa
     sb = load_checkpoint(b / "run/checkpoints/last.ckpt")["state_dict"]
     assert sa.keys() == sb.keys()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
-    rep_a = (a / "run/csv/version_0/report/events.json")
-    rep_b = (b / "run/csv/version_0/report/events.json")
-    if rep_a.exists():
-        assert rep_a.read_bytes() == rep_b.read_bytes()
+    runs = sorted((b / "run/wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and len({p.name.rsplit("-", 1)[-1] for p in runs}) == 1  # one run id
+    merged = load_history(b / "run/wandb")
+    epochs, e_gen = merged.series("pfd/e_gen")
+    assert epochs.tolist() == [0, 1, 2, 3]
+    expected = [float(r["pfd/e_gen"]) for r in rows if r.get("pfd/e_gen")]
+    assert e_gen.tolist() == pytest.approx(expected, rel=1e-6)
+    import json
+
+    ev_a = max((a / "run").rglob("report/events.json"), key=lambda p: p.stat().st_mtime)
+    ev_b = max((b / "run").rglob("report/events.json"), key=lambda p: p.stat().st_mtime)
+    ja, jb = json.loads(ev_a.read_text()), json.loads(ev_b.read_text())
+    assert ja["events"] == jb["events"] and ja.get("regime") == jb.get("regime")
 
 
 def test_step_seed_is_a_pure_function_and_separates_batches_and_ranks():

@@ -140,7 +140,7 @@ def _read_csv(path: Path):
     return header, list(csv.DictReader(io.StringIO(text)))
 
 
-def _continue_csv(lg: CSVLogger, max_step: int) -> None:
+def _continue_csv(lg: CSVLogger, max_step: int) -> list:
     """Reopen a CSVLogger's version directory keeping the rows with step <= max_step.
 
     Lightning's CSV writer deletes an existing ``metrics.csv`` when it starts, so the file is first
@@ -148,7 +148,7 @@ def _continue_csv(lg: CSVLogger, max_step: int) -> None:
     written back atomically under the same header, and only then the moved copy removed."""
     metrics = Path(lg.log_dir) / "metrics.csv"
     if not metrics.is_file():
-        return
+        return []
     aside = metrics.with_name("metrics.csv.resuming")
     os.replace(metrics, aside)
     header, rows = _read_csv(aside)
@@ -161,6 +161,22 @@ def _continue_csv(lg: CSVLogger, max_step: int) -> None:
     atomic_write_bytes(metrics, buf.getvalue().encode())
     writer.metrics_keys = list(header)  # later rows are appended under the same header
     aside.unlink()
+    return keep
+
+
+def _replay(lg: WandbLogger, rows: list) -> int:
+    """Log the kept CSV rows (the history up to the checkpoint) into a resumed W&B run.
+
+    W&B buffers records in its service process, so a SIGKILLed segment may have lost its last
+    rows; the resumed segment then holds the whole history by itself (readers that merge
+    segments by epoch, like ``python -m lightning_pfd report``, get every epoch once)."""
+    n = 0
+    for r in rows:
+        vals = {k: float(v) for k, v in r.items() if k != "step" and v not in ("", None)}
+        if vals and r.get("step"):
+            lg.log_metrics(vals, step=int(float(r["step"])))
+            n += 1
+    return n
 
 
 def continue_loggers(trainer: "pl.Trainer", checkpoint: dict) -> list:
@@ -173,16 +189,21 @@ def continue_loggers(trainer: "pl.Trainer", checkpoint: dict) -> list:
     step = int(checkpoint.get("global_step", 0))
     csv_saved = {d["root"]: d["version"] for d in saved.get("csv", [])}
     wandb_saved = {d["save_dir"]: d["id"] for d in saved.get("wandb", [])}
+    history: list = []
     for lg in trainer.loggers:
         if isinstance(lg, CSVLogger) and str(Path(lg.root_dir)) in csv_saved:
             lg._version = csv_saved[str(Path(lg.root_dir))]
-            _continue_csv(lg, step)
+            rows = _continue_csv(lg, step)
+            history = history or rows
             lines.append(f"CSV log continues in {lg.log_dir} (rows after step {step} dropped)")
-        elif isinstance(lg, WandbLogger) and str(lg.save_dir) in wandb_saved and lg._experiment is None:
+    for lg in trainer.loggers:
+        if isinstance(lg, WandbLogger) and str(lg.save_dir) in wandb_saved and lg._experiment is None:
             run_id = wandb_saved[str(lg.save_dir)]
             lg._wandb_init.update(id=run_id, resume="allow")
             lg._id = run_id
-            lines.append(f"W&B run {run_id} resumed")
+            n = _replay(lg, history) if history else 0
+            lines.append(f"W&B run {run_id} resumed" + (f" ({n} history rows up to step {step} "
+                                                        "replayed from the CSV log)" if n else ""))
     return lines
 
 
