@@ -40,7 +40,8 @@ class TeacherDM(TensorDataModule):
     def __init__(self, n_train=15, n_val=9, teacher=True, **kw):
         t = CountingTeacher()
         super().__init__(train_data=t.inner.sample(range(n_train)).float(),
-                         val_data=t.inner.sample(range(100, 100 + n_val)).float(), batch_size=8, **kw)
+                         val_data=t.inner.sample(range(100, 100 + n_val)).float(), batch_size=8,
+                         value_range=None, **kw)
         self._teacher = t if teacher else None
         self.gen_seed_offset = GEN_OFFSET
 
@@ -147,7 +148,9 @@ def test_ddp_spawn_two_ranks_equal_single_process(tmp_path):
     t2 = _trainer(tmp_path, GeneralizationMonitor(use_cache=True, **kw), devices=2, strategy="ddp_spawn")
     t2.validate(_module(), datamodule=TeacherDM(), verbose=False)
     double = _metrics(t2)
-    assert set(single) == {"pfd/e_gen", "pfd/e_mem", "loss/train_fixed", "loss/test_fixed", "loss/gap"}
+    assert set(single) == {"pfd/e_gen", "pfd/e_mem", "pfd/nonfinite", "loss/train_fixed", "loss/test_fixed",
+                           "loss/gap"}
+    assert single["pfd/nonfinite"] == double["pfd/nonfinite"] == 0.0
     assert set(double) == set(single)
     for k in single:
         assert double[k] == pytest.approx(single[k], rel=1e-9, abs=1e-12), k

@@ -144,6 +144,22 @@ def test_state_survives_resume(tmp_path):
     assert es3.state_dict() == es2.state_dict()
 
 
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("check_finite", [False, True])
+def test_a_nan_icr_counts_as_no_improvement(tmp_path, check_finite):
+    # minimum 0.6 at epoch 3 between NaN epochs (a diverged measurement): by default NaN is one
+    # check without improvement (stop after 3 of them, at epoch 6, keeping epoch 3 as the best);
+    # with check_finite=True Lightning's immediate stop at the first NaN (epoch 2)
+    curve = [0.9, 0.7, NAN, 0.6, NAN, NAN, NAN, 0.5, 0.4, 0.3]
+    es = ICREarlyStopping(patience=3, check_finite=check_finite)
+    _trainer(tmp_path, [_ScriptedICR(curve), es], max_epochs=len(curve)).fit(_Tiny())
+    assert es.stopped_epoch == (2 if check_finite else 6)
+    assert es.best_epoch == (1 if check_finite else 3)
+    assert float(es.best_score) == pytest.approx(0.7 if check_finite else 0.6)
+
+
 def test_early_stopping_bad_config():
     with pytest.raises(ValueError, match="smoothing"):
         ICREarlyStopping(smoothing=1.0)
@@ -278,11 +294,12 @@ def test_icr_monitor_ddp_spawn_matches_single_process(tmp_path):
 
 # ----------------------------------------------------------------------------- MemorizationMonitor
 class _CopyingModule(_Tiny):
-    """generate(seeds): exact training copies for seeds divisible by 4, fresh noise otherwise."""
+    """generate(seeds): exact training copies for seeds divisible by 4, fresh noise otherwise;
+    with ``nan``, NaN samples (diverged) for seeds = 1 mod 10."""
 
-    def __init__(self, train):
+    def __init__(self, train, nan=False):
         super().__init__()
-        self.train_set = train
+        self.train_set, self.nan = train, nan
 
     def generate(self, seeds, batch_size=256):
         seeds = torch.as_tensor(seeds)
@@ -290,7 +307,8 @@ class _CopyingModule(_Tiny):
         out = torch.randn(len(seeds), *self.train_set.shape[1:], generator=g, dtype=torch.float64) * 3
         copy = seeds % 4 == 0
         out[copy] = self.train_set[seeds[copy] % len(self.train_set)].double()
-        out[seeds % 10 == 1] = float("nan")  # diverged samples
+        if self.nan:
+            out[seeds % 10 == 1] = float("nan")  # diverged samples
         return out
 
 
@@ -302,8 +320,21 @@ def test_memorization_monitor_counts_planted_copies(tmp_path):
     trainer.fit(_CopyingModule(train), datamodule=_DataModule(train))
     seeds = torch.arange(40)
     assert float(trainer.callback_metrics["mem/ratio"]) == pytest.approx(float((seeds % 4 == 0).double().mean()))
-    assert float(trainer.callback_metrics["mem/nonfinite"]) == pytest.approx(4 / 40)
+    assert float(trainer.callback_metrics["mem/nonfinite"]) == 0.0  # always logged
     assert [h["epoch"] for h in mon.history] == [0, 2]
+
+
+def test_memorization_monitor_with_some_nan_samples_logs_nan_not_a_ratio(tmp_path):
+    # 4 of 40 samples are NaN: counting them as "not memorized" would log 0.225 instead of the
+    # planted 0.25 -- a plausible, wrong number. The ratio is NaN and the fraction is logged.
+    g = torch.Generator().manual_seed(5)
+    train = torch.randn(50, 2, 3, 3, generator=g)
+    mon = MemorizationMonitor(num_samples=40, every_n_epochs=1, seed=0)
+    with pytest.warns(RuntimeWarning, match="non-finite samples"):
+        _trainer(tmp_path, [mon], max_epochs=2).fit(_CopyingModule(train, nan=True),
+                                                    datamodule=_DataModule(train))
+    assert [math.isnan(h["mem/ratio"]) for h in mon.history] == [True, True]
+    assert [h["mem/nonfinite"] for h in mon.history] == [pytest.approx(4 / 40)] * 2
 
 
 def test_memorization_monitor_bad_config():
@@ -326,7 +357,8 @@ def test_representation_stack_yaml_instantiates():
     cfg = parser.parse_args(["--callbacks", path.read_text()])
     cbs = parser.instantiate_classes(cfg).callbacks
     kinds = [type(c).__name__ for c in cbs]
-    assert kinds == ["ICRMonitor", "MemorizationMonitor", "ICREarlyStopping", "ModelCheckpoint"]
+    assert kinds[:3] == ["ICRMonitor", "MemorizationMonitor", "ICREarlyStopping"]
+    assert isinstance(cbs[3], ModelCheckpoint)  # ModelCheckpoint or the project's EpochCheckpoint
     assert cbs[3].monitor == "icr/icr" and cbs[3].mode == "min" and cbs[2].monitor == "icr/icr"
     assert len(spec) == 4
 
@@ -370,6 +402,12 @@ def test_icr_sweep_command(tmp_path, capsys):
     assert main(["--ckpt", str(tmp_path / "missing.ckpt"), "--data", "digits"]) == 2
     assert "--ckpt" in capsys.readouterr().err
     assert main(argv[:4] + ["--sigmas", "-1"]) == 2
+    # checks that need the loaded net / data, before the sweep runs
+    assert main(argv[:-2] + ["--tap", "midle", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "--tap" in err and "did you mean 'middle'?" in err
+    assert main(argv[:-4] + ["--num-images", "5000", "--out", str(tmp_path / "bad")]) == 2
+    assert "--num-images" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
 def test_icr_monitor_image_shape_augments_flattened_images():
@@ -409,6 +447,7 @@ def test_early_stopping_ignores_epochs_without_a_fresh_value(tmp_path):
     es2 = ICREarlyStopping(patience=2)
     mon = ICRMonitor(every_n_epochs=3)
     mon.on_validation_epoch_end = lambda trainer, pl_module: None  # only its schedule matters
+    mon.check_setup = lambda *args: None  # _Tiny has no denoiser and no data
     _trainer(tmp_path, [_EveryOther(), mon, es2], max_epochs=1).fit(_Tiny())
     assert es2._every == 3
     with pytest.raises(ValueError, match="every_n_epochs"):
@@ -440,9 +479,9 @@ def test_memorization_monitor_caches_the_training_embedding_on_disk(tmp_path):
         trainer = _trainer(tmp_path / f"r{run}", [mon], max_epochs=1)
         trainer.fit(_CopyingModule(train), datamodule=_FingerprintedData(train))
         ratios.append(float(trainer.callback_metrics["mem/ratio"]))
-        finite = int((torch.arange(40) % 10 != 1).sum())
-        # run 0 embeds the 50 training rows; run 1 reads them from the cache
-        assert desc.rows == (50 + finite if run == 0 else finite)
+        # run 0 embeds the 50 training rows; run 1 reads them from the cache (+ 2 rows of the
+        # descriptor check and the 40 samples in both runs)
+        assert desc.rows == (50 + 2 + 40 if run == 0 else 2 + 40)
     assert ratios[0] == ratios[1] == pytest.approx(10 / 40)
     files = list((Path(__import__("os").environ["LIGHTNING_PFD_CACHE"]) / "memorization").glob("*.pt"))
     assert len(files) == 1

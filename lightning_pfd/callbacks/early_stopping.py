@@ -17,7 +17,19 @@ ratio, so the minimum is a label-free, sampling-free early-stopping point. This 
   Otherwise (an explicit ``every_n_epochs``, or no ICRMonitor: 1): every n-th validation pass, the
   first included -- the ICRMonitor schedule (``_schedule.py``), so it also holds with
   ``check_val_every_n_epoch > 1``. ``patience`` counts checks, not epochs;
-- state (wait count, best score, best epoch, EMA state) in ``state_dict`` for resume.
+- state (wait count, best score, best epoch, EMA state) in ``state_dict`` for resume, under
+  ``state_key`` = (monitor, mode) as for Lightning's EarlyStopping, so one stopper per ICR
+  namespace (``ICRMonitor(name=...)``) can coexist;
+- **a NaN (or inf) ICR counts as "no improvement"** **[choice]**: Lightning's
+  ``EarlyStopping(check_finite=True)`` stops the run at the first non-finite value; here
+  ``check_finite`` defaults to False, so a NaN ICR (``ICRMonitor`` logs NaN when the features are
+  non-finite, e.g. a diverged model) adds one to the wait count, never becomes the best value
+  and leaves the EMA of ``smoothing`` untouched; a run that stays non-finite stops after
+  ``patience`` checks. Pass ``check_finite=True`` for Lightning's immediate stop.
+  (``DiffusionModule`` has its own divergence stop on non-finite losses);
+- :meth:`ICREarlyStopping.check_setup` refuses a ``monitor`` in an ICR namespace that no
+  ``ICRMonitor`` of the Trainer logs (e.g. ``icr/icr`` when the only monitor is named
+  ``icr_hi``), listing the keys they do log.
 
 Pair it with ``ModelCheckpoint(monitor="icr/icr", mode="min")`` so the checkpoint at the minimum
 is kept (``lightning_pfd/callbacks_configs/representation.yaml`` does both). ``icr/best_epoch``
@@ -26,13 +38,14 @@ is written through ``logger.log_metrics`` because ``self.log`` is not allowed in
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import EarlyStopping
 
-from ._schedule import MeasurementSchedule
+from ..errors import ConfigError
+from ._schedule import MeasurementSchedule, callback_field
 
 __all__ = ["ICREarlyStopping"]
 
@@ -41,28 +54,32 @@ class ICREarlyStopping(EarlyStopping):
     """EarlyStopping at the ICR minimum (module docstring).
 
     Extra args: ``smoothing`` (EMA coefficient in [0, 1)), ``every_n_epochs`` (None: follow the
-    ICRMonitor). Defaults differ from EarlyStopping: ``monitor="icr/icr"``, ``patience=5``,
-    ``check_on_train_epoch_end=False``.
+    ICRMonitor that logs ``monitor``). Defaults differ from EarlyStopping: ``monitor="icr/icr"``,
+    ``patience=5``, ``check_on_train_epoch_end=False`` and ``check_finite=False`` (a NaN ICR is
+    one check without improvement; module docstring).
     """
 
     def __init__(self, monitor: str = "icr/icr", min_delta: float = 0.0, patience: int = 5,
                  smoothing: float = 0.0, every_n_epochs: Optional[int] = None,
                  mode: str = "min", verbose: bool = False,
-                 strict: bool = True, check_finite: bool = True,
+                 strict: bool = True, check_finite: bool = False,
                  stopping_threshold: Optional[float] = None,
                  divergence_threshold: Optional[float] = None,
                  check_on_train_epoch_end: bool = False, log_rank_zero_only: bool = False):
+        field = lambda arg: callback_field(self, arg)  # noqa: E731
         if not 0.0 <= float(smoothing) < 1.0:
-            raise ValueError(f"smoothing: the EMA coefficient must lie in [0, 1), got {smoothing}")
+            raise ConfigError(field("smoothing"), "the EMA coefficient must lie in [0, 1)", value=smoothing)
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-            raise ValueError(f"patience: must be an integer >= 1, got {patience!r}")
+            raise ConfigError(field("patience"), "must be an integer >= 1", value=patience)
         if every_n_epochs is not None and (isinstance(every_n_epochs, bool) or
                                            not isinstance(every_n_epochs, int) or every_n_epochs < 1):
-            raise ValueError(f"every_n_epochs: must be None or an integer >= 1, got {every_n_epochs!r}")
+            raise ConfigError(field("every_n_epochs"), "must be None or an integer >= 1", value=every_n_epochs)
         if not float(min_delta) >= 0:
-            raise ValueError(f"min_delta: must be >= 0, got {min_delta}")
+            raise ConfigError(field("min_delta"), "must be >= 0", value=min_delta)
         if mode not in ("min", "max"):
-            raise ValueError(f"mode: must be 'min' or 'max', got {mode!r}")
+            raise ConfigError(field("mode"), "unknown mode", value=mode, accepted=["min", "max"])
+        if not isinstance(monitor, str) or not monitor:
+            raise ConfigError(field("monitor"), "must be a logged metric name", value=monitor)
         super().__init__(monitor=monitor, min_delta=min_delta, patience=patience, verbose=verbose,
                          mode=mode, strict=strict, check_finite=check_finite,
                          stopping_threshold=stopping_threshold,
@@ -89,17 +106,39 @@ class ICREarlyStopping(EarlyStopping):
         self.smoothed = value
         return torch.tensor(value, dtype=torch.float64)
 
+    @property
+    def state_key(self) -> str:
+        """Lightning's EarlyStopping key (monitor, mode): one stopper per monitored ICR key."""
+        return self._generate_state_key(monitor=self.monitor, mode=self.mode)
+
+    @staticmethod
+    def _icr_monitors(trainer: "pl.Trainer") -> List[Any]:
+        from .icr import ICRMonitor  # the producer of icr/* metrics
+
+        return [c for c in getattr(trainer, "callbacks", None) or [] if isinstance(c, ICRMonitor)]
+
+    def check_setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", datamodule: Any) -> None:
+        """Refuse a ``monitor`` in an ICR namespace (``icr/...`` or an ICRMonitor's ``name``)
+        that none of the Trainer's ICRMonitors logs; without ICRMonitor nothing is checked (the
+        value may come from elsewhere)."""
+        monitors = self._icr_monitors(trainer)
+        if not monitors or "/" not in self.monitor:
+            return
+        namespace = self.monitor.split("/", 1)[0]
+        logged = sorted({k for m in monitors for k in m.metric_names()})
+        if namespace in {"icr"} | {m.name for m in monitors} and self.monitor not in logged:
+            raise ConfigError(callback_field(self, "monitor"), "no ICRMonitor of the Trainer logs this key",
+                              value=self.monitor, accepted=logged)
+
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if stage == "fit":
             self._schedule.reset()  # a resumed run gets its count back from the checkpoint
+            self.check_setup(trainer, pl_module, getattr(trainer, "datamodule", None))
         self._source = None
         if self.every_n_epochs is None:
-            from .icr import ICRMonitor  # the producer of icr/* metrics
-
-            monitors = [c for c in trainer.callbacks if isinstance(c, ICRMonitor)]
-            if monitors and self.monitor.startswith("icr/"):
-                self._source = monitors[0]
+            producers = [m for m in self._icr_monitors(trainer) if self.monitor in m.metric_names()]
+            self._source = producers[0] if producers else None
             self._every = self._source.every_n_epochs if self._source is not None else 1
 
     def _fresh(self, trainer: "pl.Trainer") -> bool:

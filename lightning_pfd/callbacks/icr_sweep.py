@@ -20,6 +20,15 @@ Examples::
 ``--data`` is a LightningCLI config file (its ``data`` entry is used, and its ``model.init_args.net``
 when the checkpoint does not record the network), a short name (digits, fashion, cifar10, gmm) or
 a datamodule class path.
+
+Bad arguments fail before anything heavy is loaded, as a :class:`~lightning_pfd.errors.ConfigError`
+naming the flag (exit status 2): a missing checkpoint or config file, non-positive or duplicate
+noise levels, ``--num-images`` < 2, ``--level`` outside 0..5, ``--d-proj`` / ``--probe-train`` /
+``--batch-size`` / ``--views-per-image`` < 1, a negative ``--seed``, an unknown short name or a
+malformed class path in ``--data`` / ``--module-class``, ``--out`` naming a file, malformed
+``--data-args`` / ``--net``. After loading: an unknown ``--tap`` (with the net's taps and the
+closest name), ``--num-images`` larger than the training set, noise levels outside the
+denoiser's range.
 """
 from __future__ import annotations
 
@@ -33,7 +42,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-__all__ = ["main", "sweep", "linear_probe_accuracy", "DEFAULT_SIGMAS"]
+from ..errors import ConfigError
+
+__all__ = ["main", "sweep", "linear_probe_accuracy", "DEFAULT_SIGMAS", "validate_args"]
 
 DEFAULT_SIGMAS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.29, 0.5, 1.0, 2.0, 5.0)
 SHORT_NAMES = {
@@ -46,11 +57,15 @@ PROG = "python -m lightning_pfd icr-sweep"
 
 
 # ----------------------------------------------------------------------------- building blocks
-def _import(path: str):
+def _import(path: str, field: str = "class_path"):
+    """The class at ``package.module.Class`` (ConfigError naming ``field`` when it does not exist)."""
     module, _, name = path.rpartition(".")
     if not module:
-        raise ValueError(f"class path {path!r}: expected 'package.module.Class'")
-    return getattr(importlib.import_module(module), name)
+        raise ConfigError(field, "expected a class path 'package.module.Class'", value=path)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(field, f"cannot import {path!r} ({type(e).__name__}: {e})", value=path) from e
 
 
 def instantiate(spec: Any):
@@ -75,9 +90,9 @@ def _parse_mapping(text: Optional[str], field: str) -> Optional[dict]:
     try:
         value = yaml.safe_load(p.read_text() if p.is_file() else text)
     except yaml.YAMLError as e:
-        raise ValueError(f"{field}: not valid JSON/YAML: {e}") from e
+        raise ConfigError(field, f"not valid JSON/YAML: {e}", value=text) from e
     if not isinstance(value, dict):
-        raise ValueError(f"{field}: expected a mapping, got {type(value).__name__}")
+        raise ConfigError(field, f"expected a mapping, got {type(value).__name__}", value=text)
     return value
 
 
@@ -87,7 +102,7 @@ def build_datamodule(data: str, data_args: Optional[dict]):
     if data.endswith((".yaml", ".yml")):
         cfg = _parse_mapping(data, "--data")
         if "data" not in cfg:
-            raise ValueError(f"--data: config {data!r} has no `data` entry")
+            raise ConfigError("--data", "the config has no `data` entry", value=data)
         spec = dict(cfg["data"])
         if data_args:
             spec["init_args"] = {**(spec.get("init_args") or {}), **data_args}
@@ -100,14 +115,14 @@ def build_datamodule(data: str, data_args: Optional[dict]):
 
 
 def load_module(ckpt: str, net_spec: Optional[dict], module_class: str):
-    cls = _import(module_class)
+    cls = _import(module_class, "--module-class")
     kwargs = {"map_location": "cpu"}
     try:
         module = cls.load_from_checkpoint(ckpt, **kwargs)
     except Exception as first:  # the checkpoint may not record the net (built in Python)
         if net_spec is None:
-            raise ValueError(f"--ckpt: could not load {module_class} from {ckpt!r} ({first}); "
-                             "pass --net with the network's class_path/init_args") from first
+            raise ConfigError("--ckpt", f"could not load {module_class} from it ({first})", value=ckpt,
+                              suggestion="pass --net with the network's class_path/init_args") from first
         module = cls.load_from_checkpoint(ckpt, net=instantiate(net_spec), **kwargs)
     return module.eval()
 
@@ -152,6 +167,7 @@ def sweep(module, dm, sigmas: Sequence[float], num_images: int = 1024, level: in
     mon = ICRMonitor(num_images=num_images, sigma=sigmas[0], sigmas=sigmas[1:], level=level,
                      tap=tap, d_proj=d_proj, views_per_image=views_per_image, seed=seed,
                      batch_size=batch_size)
+    check_loaded(module, dm, sigmas, num_images, tap)
     icr = mon.measure(module, dm.train_data)
     has_labels = getattr(dm, "train_labels", None) is not None and \
         getattr(dm, "val_labels", None) is not None and getattr(dm, "val_data", None) is not None
@@ -235,28 +251,74 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _validate(args) -> None:
+def validate_args(args) -> None:
+    """Every check of the command's arguments that needs no data, no checkpoint, no network."""
     if not Path(args.ckpt).is_file():
-        raise ValueError(f"--ckpt: no such checkpoint file {args.ckpt!r}")
-    if not args.sigmas or not all(s > 0 for s in args.sigmas):
-        raise ValueError(f"--sigmas: need positive noise levels, got {args.sigmas}")
-    for name in ("num_images", "views_per_image", "batch_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+        raise ConfigError("--ckpt", "no such checkpoint file", value=args.ckpt)
+    if not args.sigmas or not all(s > 0 and math.isfinite(s) for s in args.sigmas):
+        raise ConfigError("--sigmas", "need finite noise levels > 0", value=args.sigmas)
+    if len(set(args.sigmas)) != len(args.sigmas):
+        raise ConfigError("--sigmas", "noise levels repeat", value=args.sigmas)
+    for name, lo in (("num_images", 2), ("views_per_image", 1), ("batch_size", 1), ("seed", 0)):
+        if getattr(args, name) < lo:
+            raise ConfigError(f"--{name.replace('_', '-')}", f"must be >= {lo}", value=getattr(args, name))
+    for name in ("d_proj", "probe_train"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}", "must be >= 1 (or left out)",
+                              value=getattr(args, name))
     if args.level not in range(6):
-        raise ValueError(f"--level: must be 0..5, got {args.level}")
+        raise ConfigError("--level", "unknown augmentation level", value=args.level,
+                          accepted=list(range(6)))
+    _validate_data_arg(args.data)
+    if "." not in args.module_class.strip("."):
+        raise ConfigError("--module-class", "expected a class path 'package.module.Class'",
+                          value=args.module_class)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigError("--out", "exists and is not a folder", value=args.out)
+
+
+def _validate_data_arg(data: str) -> None:
+    """--data: an existing config file, a short name or a dotted class path."""
+    if data.endswith((".yaml", ".yml")):
+        if not Path(data).is_file():
+            raise ConfigError("--data", "no such config file", value=data)
+    elif data not in SHORT_NAMES and "." not in data.strip("."):
+        raise ConfigError("--data", "unknown data name", value=data,
+                          accepted=sorted(SHORT_NAMES) + ["a config file (.yaml)", "a class path"])
+
+
+def check_loaded(module, dm, sigmas: Sequence[float], num_images: int, tap: Optional[str]) -> None:
+    """The checks that need the loaded module and data: --tap, --num-images, --sigmas range."""
+    from .icr import denoiser_of
+
+    den = denoiser_of(module)
+    taps = getattr(den.net, "feature_taps", None)
+    if tap is not None and taps is not None and tap not in taps:
+        raise ConfigError("--tap", f"unknown feature tap of {type(den.net).__name__}", value=tap,
+                          accepted=sorted(taps))
+    n = int(dm.train_data.shape[0])
+    if num_images > n:
+        raise ConfigError("--num-images", f"larger than the training set ({n} samples)",
+                          value=num_images, accepted=f"an integer in [2, {n}]")
+    lo, hi = float(getattr(den, "sigma_min", 0.0) or 0.0), float(getattr(den, "sigma_max", math.inf))
+    outside = [s for s in sigmas if not lo <= s <= hi]
+    if outside:
+        raise ConfigError("--sigmas", f"outside the denoiser's noise range [{lo:g}, {hi:g}]",
+                          value=outside)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        _validate(args)
+        validate_args(args)  # nothing loaded yet
         data_args = _parse_mapping(args.data_args, "--data-args")
         net_spec_cli = _parse_mapping(args.net, "--net")
         dm, net_spec_cfg = build_datamodule(args.data, data_args)
         module = load_module(args.ckpt, net_spec_cli or net_spec_cfg, args.module_class)
-    except ValueError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        check_loaded(module, dm, args.sigmas, args.num_images, args.tap)
+    except ValueError as e:  # ConfigError, or a datamodule's / module's own ValueError
+        text = e.block() if isinstance(e, ConfigError) else f"error: {e}"
+        print(f"{PROG}: {text}", file=sys.stderr)
         return 2
     rows = sweep(module, dm, sorted(args.sigmas), num_images=args.num_images, level=args.level,
                  tap=args.tap, d_proj=args.d_proj, views_per_image=args.views_per_image,

@@ -26,6 +26,11 @@ l2-normalized features, so that they measure how the representation energy is sp
 its norm growth; only traces are needed there, so those states are d-vectors and scalars.
 Raw-feature traces are reported as ``trace_s_raw`` / ``trace_xi_raw``.
 
+Failures: when Sigma_xi + tau I is not positive definite the error says why -- non-finite
+features (NaN/inf covariances; a diverged model), identical views (Sigma_xi = 0), too few view
+pairs (only when n <= d, where the estimate must be singular), or a singular Sigma_xi. Callers
+that may see non-finite features (``ICRMonitor``) filter and count them before ``update``.
+
 Pure torch; torchmetrics is the only extra dependency (no Lightning import).
 """
 from __future__ import annotations
@@ -41,6 +46,7 @@ __all__ = [
     "icr_from_covariances",
     "generalized_eigenvalues",
     "pool_features",
+    "not_positive_definite_message",
     "DEFAULT_TAU_REL",
 ]
 
@@ -98,28 +104,63 @@ def resolve_tau(sigma_xi: torch.Tensor, tau: Optional[float] = None,
 
 def generalized_eigenvalues(sigma_s: torch.Tensor, sigma_xi: torch.Tensor,
                             tau: Optional[float] = None,
-                            tau_rel: float = DEFAULT_TAU_REL) -> torch.Tensor:
+                            tau_rel: float = DEFAULT_TAU_REL,
+                            n: Optional[float] = None) -> torch.Tensor:
     """Eigenvalues of Sigma_s v = lambda (Sigma_xi + tau I) v (eq. 4), descending, float64.
 
     Cholesky whitening: L L^T = Sigma_xi + tau I, M = L^-1 Sigma_s L^-T, lambda = eig(M).
-    Negative eigenvalues (finite-sample Sigma_s is not PSD) are kept.
+    Negative eigenvalues (finite-sample Sigma_s is not PSD) are kept. ``n`` (the number of view
+    pairs behind the estimates, if known) only sharpens the error message.
     """
     _check_tau(tau, tau_rel)
     s = sigma_s.to(torch.float64)
     x = sigma_xi.to(torch.float64)
     d = x.shape[0]
+    _require_finite(s, x, tau, n)
     t = resolve_tau(x, tau, tau_rel)
     a = 0.5 * (x + x.T) + t * torch.eye(d, dtype=x.dtype, device=x.device)
     L, info = torch.linalg.cholesky_ex(a)
     if int(info) != 0:
-        raise ValueError(
-            "Sigma_xi + tau I is not positive definite (too few samples for the feature dimension "
-            f"d={d}, or identical views); use tau=None (relative default) or a larger tau, "
-            "fewer feature dimensions (d_proj) or more view pairs")
+        raise ValueError(not_positive_definite_message(s, x, t, n))
     y = torch.linalg.solve_triangular(L, 0.5 * (s + s.T), upper=False)  # L^-1 S
     m = torch.linalg.solve_triangular(L, y.T, upper=False)  # L^-1 (L^-1 S)^T = L^-1 S L^-T
     lam = torch.linalg.eigvalsh(0.5 * (m + m.T))
     return lam.flip(0)
+
+
+def _require_finite(sigma_s: torch.Tensor, sigma_xi: torch.Tensor, tau: Optional[float],
+                    n: Optional[float]) -> None:
+    """Raise the non-finite-features message before tau (a trace of NaN) is even resolved."""
+    if not (bool(torch.isfinite(sigma_xi).all()) and bool(torch.isfinite(sigma_s).all())):
+        raise ValueError(not_positive_definite_message(sigma_s, sigma_xi,
+                                                       float("nan") if tau is None else tau, n))
+
+
+def not_positive_definite_message(sigma_s: torch.Tensor, sigma_xi: torch.Tensor, tau: float,
+                                  n: Optional[float] = None) -> str:
+    """Why the eigenproblem of eq. 4 cannot be solved, in the order the causes are checked.
+
+    Non-finite covariances (non-finite features) first; then identical views (Sigma_xi = 0, so
+    only tau can make it definite); then too few samples -- only when n <= d, where the
+    (n - 1)-rank estimate of Sigma_xi must be singular; otherwise a singular Sigma_xi.
+    """
+    d = sigma_xi.shape[0]
+    tau_text = f", tau={tau:g}" if tau == tau else ""  # tau is NaN when it could not be resolved
+    head = f"Sigma_xi + tau I is not positive definite (d={d}{tau_text})"
+    if not (bool(torch.isfinite(sigma_xi).all()) and bool(torch.isfinite(sigma_s).all())):
+        return (f"{head}: the covariances contain NaN/inf because the features are non-finite "
+                "(a diverged model, or a net overflowing at this noise level); ICR is undefined "
+                "for such features -- check torch.isfinite(features) before update()")
+    if float(torch.diagonal(sigma_xi).sum()) <= 0:
+        return (f"{head}: Sigma_xi = 0, i.e. the two views of every image are identical (no "
+                "augmentation and no noise?); use views that differ, or a tau > 0")
+    if n is not None and float(n) <= d:
+        return (f"{head}: too few samples -- n={int(n)} view pairs for d={d} feature dimensions, "
+                "so the estimated Sigma_xi has rank <= n - 1 < d; use tau=None (relative "
+                "default) or a larger tau, fewer feature dimensions (d_proj) or more view pairs")
+    return (f"{head}: Sigma_xi is singular (the residual features do not vary along some "
+            f"direction{'' if n is None else f'; n={int(n)} view pairs'}); use tau=None "
+            "(relative default) or a larger tau, or fewer feature dimensions (d_proj)")
 
 
 def icr_from_covariances(sigma_s: torch.Tensor, sigma_xi: torch.Tensor,
@@ -214,9 +255,10 @@ class InvariantContaminationRatio(Metric):
     def compute(self) -> Dict[str, torch.Tensor]:
         cov = self.covariances()
         sigma_s, sigma_xi = cov["sigma_s"], cov["sigma_xi"]
-        tau = resolve_tau(sigma_xi, self.tau, self.tau_rel)
-        lam = generalized_eigenvalues(sigma_s, sigma_xi, tau=tau)
         n = self.n
+        _require_finite(sigma_s, sigma_xi, self.tau, float(n))
+        tau = resolve_tau(sigma_xi, self.tau, self.tau_rel)
+        lam = generalized_eigenvalues(sigma_s, sigma_xi, tau=tau, n=float(n))
         tr_t = _trace_from_sums(self.sum_t_unit, self.sq_t_unit, n)
         tr_d = _trace_from_sums(self.sum_delta_unit, self.sq_delta_unit, n)
         dev, f64 = lam.device, torch.float64

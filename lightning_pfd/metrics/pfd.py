@@ -39,7 +39,10 @@ class ProbabilityFlowDistance(Metric):
     the same noise seeds (row i of both from x_T^(i)); Psi is applied to both, and the float64
     sum of squared distances and the count are accumulated (summed across processes).
     ``compute()`` returns sqrt(sum / M), or sqrt(sum / (M * F)) with ``per_dimension=True``
-    (F = number of features), as float64. Non-finite endpoints propagate to a NaN/inf result.
+    (F = number of features), as float64. A pair with a non-finite feature (NaN/inf endpoint,
+    e.g. a diverged model) makes the result NaN -- never inf or a finite number -- and is counted:
+    ``nonfinite_fraction()`` is the fraction of such pairs (of this process's states; inside
+    ``metric.sync_context()`` of all processes).
 
     Args:
         descriptor: Psi (see ``build_descriptor``); None = identity.
@@ -57,6 +60,7 @@ class ProbabilityFlowDistance(Metric):
         self.add_state("sum_sq", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("num_features", torch.zeros((), dtype=torch.float64), dist_reduce_fx="max")
+        self.add_state("num_nonfinite", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, endpoints_p: torch.Tensor, endpoints_q: torch.Tensor) -> None:
         if endpoints_p.shape != endpoints_q.shape:
@@ -66,13 +70,23 @@ class ProbabilityFlowDistance(Metric):
         sq = paired_sq_distances(fp, fq)
         self.sum_sq += sq.sum().to(self.sum_sq.device)
         self.count += sq.shape[0]
+        self.num_nonfinite += (~torch.isfinite(sq)).sum().to(self.num_nonfinite.device)
         self.num_features.fill_(max(float(self.num_features), float(fp[0].numel())))
 
     def compute(self) -> torch.Tensor:
         if float(self.count) == 0:
             raise RuntimeError("ProbabilityFlowDistance: compute() called before any update()")
+        if float(self.num_nonfinite) > 0:
+            return torch.full_like(self.sum_sq, float("nan"))
         denom = self.count * (self.num_features if self.per_dimension else 1.0)
         return (self.sum_sq / denom).sqrt()
+
+    def nonfinite_fraction(self) -> torch.Tensor:
+        """Fraction of the paired endpoints with a non-finite distance (float64; this process's
+        states unless called inside ``self.sync_context()``)."""
+        if float(self.count) == 0:
+            raise RuntimeError("ProbabilityFlowDistance: nonfinite_fraction() called before any update()")
+        return self.num_nonfinite / self.count
 
     plot = lambda self, val=None, ax=None: self._plot(val, ax)  # noqa: E731
 
