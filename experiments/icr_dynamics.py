@@ -40,7 +40,7 @@ def run(n_train: int, args) -> dict:
     module = DiffusionModule(net, precond="edm", lr=args.lr, ema_decay=args.ema)
     icr = ICRMonitor(num_images=min(n_train, args.icr_images), sigma=0.29, level=3,
                      image_shape=(1, 8, 8), d_proj=args.d_proj, views_per_image=args.views,
-                     seed=1)
+                     seed=1, tap=args.tap)
     mem = MemorizationMonitor(num_samples=args.mem_samples, every_n_epochs=1,
                               criterion="nn_ratio", batch_size=args.mem_samples)
     trainer = pl.Trainer(max_epochs=args.epochs, callbacks=[icr, mem], logger=False,
@@ -84,6 +84,9 @@ def main() -> None:
     p.add_argument("--ema", type=float, default=0.995)
     p.add_argument("--icr-images", type=int, default=1024)
     p.add_argument("--d-proj", type=int, default=32)
+    p.add_argument("--tap", default="middle",
+                   help="MLP tap; the recorded results used 'middle' (the residual stream, mostly "
+                        "the input projection); the MLP's default is now 'middle_hidden'")
     p.add_argument("--views", type=int, default=4)
     p.add_argument("--mem-samples", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)

@@ -298,17 +298,22 @@ def test_flip_and_colour_jitter_rules():
                for i in range(32)]
     assert all(torch.equal(l2[i], l1[i]) or flipped[i] for i in range(32))
     assert 5 < sum(flipped) < 27
-    assert torch.equal(l3, l2)  # 1-channel: no colour jitter at level 3
+    # 1 channel: level 3 adds brightness / contrast jitter (no colour to jitter)
+    assert all(not torch.allclose(l3[i], l2[i]) for i in range(32))
     x3 = _images(8, c=3, seed=3)
     assert not torch.allclose(augment(x3, seeds[:8], level=3), augment(x3, seeds[:8], level=2))
 
 
 def test_rotation_and_centre_crop_keep_constant_images_inside():
-    x = torch.full((4, 1, 16, 16), 0.3)  # 1 channel: no colour jitter
+    x = torch.full((4, 1, 16, 16), 0.3)
+    # level 3 (1 channel: brightness / contrast) keeps the interior constant, at a new value
+    inner = augment(x, torch.arange(4), level=3)[:, :, 8, 8].reshape(4, 1, 1, 1)
+    assert torch.allclose(augment(x, torch.arange(4), level=3)[..., 6:10, 6:10],
+                          inner.expand(4, 1, 4, 4), atol=1e-6)
     for level in (4, 5):
         out = augment(x, torch.arange(4), level=level)
         centre = out[..., 6:10, 6:10]  # far from the black padding
-        assert torch.allclose(centre, torch.full_like(centre, 0.3), atol=1e-5)
+        assert torch.allclose(centre, inner.expand_as(centre), atol=1e-5)
 
 
 def test_noisy_view_adds_independent_seeded_noise():

@@ -1,6 +1,8 @@
-"""Memorization ratio (REFERENCE §11): planted duplicates, disjoint data, brute-force oracles, DDP."""
+"""Memorization ratio (ICR paper fn. 4; Gu et al.): planted duplicates, disjoint data, brute-force
+oracles (exact copies of duplicated points included), DDP."""
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -91,6 +93,77 @@ def test_duplicated_training_point_counts_as_memorized():
     assert float(memorization_ratio(train[:1], train, criterion="nn_ratio")) == 1.0
 
 
+def _brute_ratio(gen, train):
+    """Oracle: numpy differences in float64, full sort; 0/0 -> 0 (memorized)."""
+    g, t = gen.numpy(), train.numpy()
+    d = np.sqrt(((g[:, None, :] - t[None, :, :]) ** 2).sum(-1))
+    d.sort(axis=1)
+    return np.where(d[:, 0] == 0, 0.0, d[:, 0] / np.where(d[:, 1] == 0, 1.0, d[:, 1]))
+
+
+def test_exact_copies_of_duplicated_points_are_memorized_in_random_trials():
+    """An exact copy of a training point that appears twice has d1 = d2 = 0 (0/0 -> memorized).
+    The expanded |x|^2 - 2 x.y + |y|^2 alone returned d1 = d2 != 0 (ratio 1) in a good share
+    of such trials (large offsets and norms); recomputing the nearest distances exactly fixes it."""
+    missed = 0
+    for trial in range(300):
+        g = torch.Generator().manual_seed(trial)
+        d = int(torch.randint(2, 64, (1,), generator=g))
+        scale = float(torch.rand(1, generator=g)) * 100 + 0.1
+        shift = float(torch.randn(1, generator=g)) * 10
+        train = torch.randn(50, d, generator=g, dtype=F64) * scale + shift
+        i = int(torch.randint(0, 50, (1,), generator=g))
+        train = torch.cat([train, train[i:i + 1]])
+        gen = torch.cat([train[i:i + 1], train[:3] + 1e-9 * scale])  # copy + near-copies
+        s = memorization_scores(gen, train, "nn_ratio", chunk_size=16)
+        missed += bool(s[0] != 0.0)
+        np.testing.assert_allclose(s.numpy(), _brute_ratio(gen, train), rtol=1e-9, atol=1e-12)
+    assert missed == 0
+
+
+def _expanded_only_ratio(gen, train):
+    """The former computation: expanded squared distances only (shows the cancellation)."""
+    d2 = ((gen * gen).sum(1, keepdim=True) + (train * train).sum(1)[None, :]
+          - 2.0 * gen @ train.T).clamp_min(0.0)
+    d = d2.topk(2, dim=1, largest=False).values.sqrt()
+    return torch.where(d[:, 0] == 0, torch.zeros_like(d[:, 0]), d[:, 0] / d[:, 1])
+
+
+def test_the_expanded_formula_alone_misses_exact_copies():
+    """Guard that the test above can fail: the expanded formula gets such copies wrong."""
+    wrong = 0
+    for trial in range(100):
+        g = torch.Generator().manual_seed(trial)
+        train = torch.randn(50, 32, generator=g, dtype=F64) * 50 + 7
+        train = torch.cat([train, train[:1]])
+        wrong += bool(_expanded_only_ratio(train[:1], train)[0] != 0)
+        assert float(memorization_scores(train[:1], train, "nn_ratio")[0]) == 0.0
+    assert wrong > 5
+
+
+@pytest.mark.parametrize("candidates", [2, 3, 8])
+def test_nn_ratio_matches_brute_force_with_many_duplicates_and_ties(candidates):
+    """Duplicated training points (up to 12 copies: more than the candidates), exact copies,
+    near-copies and equidistant points: every row equals the brute-force oracle."""
+    g = torch.Generator().manual_seed(21)
+    base = torch.randn(40, 6, generator=g, dtype=F64) * 30 + 5
+    train = torch.cat([base, base[:1].expand(11, -1), base[1:3].repeat(4, 1)])  # 12, 5, 5 copies
+    train = train[torch.randperm(train.shape[0], generator=g)]
+    tie = torch.zeros(1, 6, dtype=F64)
+    train = torch.cat([train, tie + 1.0, tie - 1.0, tie + 3.0])  # tie: two points at distance sqrt(6)
+    gen = torch.cat([base[:5], base[5:9] + 1e-7, tie, torch.randn(20, 6, generator=g, dtype=F64) * 30])
+    brute = _brute_ratio(gen, train)
+    for chunk in (1, 7, 4096):
+        got = memorization_scores(gen, train, "nn_ratio", chunk_size=chunk, candidates=candidates)
+        np.testing.assert_allclose(got.numpy(), brute, rtol=1e-9, atol=1e-12)
+    assert (brute[:5] == 0).all() and brute[9] == 1.0  # copies memorized; the tie is 1
+    # torch oracle as well: cdist *without* its matmul (expanded-formula) path, which has the
+    # same cancellation for near-copies
+    ref = torch.cdist(gen, train, compute_mode="donot_use_mm_for_euclid_dist")
+    ref = ref.topk(2, dim=1, largest=False).values
+    np.testing.assert_allclose(got[5:].numpy(), (ref[:, 0] / ref[:, 1])[5:].numpy(), rtol=1e-9)
+
+
 def test_bad_inputs():
     with pytest.raises(ValueError, match="criterion"):
         MemorizationRatio(criterion="l2")
@@ -109,6 +182,8 @@ def test_bad_inputs():
         memorization_ratio(_data(3), _data(1), criterion="nn_ratio")
     with pytest.raises(ValueError, match="dimension"):
         memorization_scores(_data(3, d=4), _data(5, d=5))
+    with pytest.raises(ValueError, match="candidates"):
+        memorization_scores(_data(3), _data(5), "nn_ratio", candidates=1)
 
 
 def _ddp_worker(rank, world, init_file, out_dir, gen, train):

@@ -249,9 +249,10 @@ def test_mlp_shapes_taps_and_conditioning():
     torch.manual_seed(0)
     net = _randomize(MLPNet(5, hidden=32, depth=4, emb_dim=16)).eval()
     assert net.data_shape == (5,)
-    assert net.default_tap == "middle"
+    assert net.default_tap == "middle_hidden"
     assert net.feature_taps["middle"] is net.blocks[1]
-    assert {"in", "block0", "block3", "out"} <= set(net.feature_taps)
+    assert net.feature_taps["middle_hidden"] is net.blocks[1].act
+    assert {"in", "block0", "block3", "block0_hidden", "block3_hidden", "out"} <= set(net.feature_taps)
     x = torch.randn(1, 5).expand(2, 5)
     y = net(x, torch.tensor([-1.0, 1.0]))
     assert y.shape == (2, 5)
@@ -261,7 +262,8 @@ def test_mlp_shapes_taps_and_conditioning():
     assert feats.shape == (2, 32)
 
 
-@pytest.mark.parametrize("tap", ["in", "block0", "middle", "block3", "out"])
+@pytest.mark.parametrize("tap", ["in", "block0", "middle", "block3", "block0_hidden",
+                                 "middle_hidden", "block3_hidden", "out"])
 def test_mlp_forward_features_equals_hook(tap):
     torch.manual_seed(0)
     net = _randomize(MLPNet(3, hidden=16, depth=4, emb_dim=8)).eval()
@@ -273,6 +275,33 @@ def test_mlp_forward_features_equals_hook(tap):
     counter.remove()
     assert torch.equal(feats, hooked)
     assert (counter.calls < full) == (tap != "out")
+
+
+def _linear_r2(x: torch.Tensor, h: torch.Tensor) -> float:
+    """Fraction of the variance of h explained by a least-squares affine map of x (float64)."""
+    x1 = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], 1)
+    res = h - x1 @ torch.linalg.lstsq(x1, h).solution
+    return float(1 - res.square().sum() / (h - h.mean(0)).square().sum())
+
+
+@pytest.mark.parametrize("dim,hidden,depth", [(2, 64, 4), (8, 64, 4), (3, 32, 1)])
+def test_mlp_default_tap_is_not_a_linear_function_of_the_input(dim, hidden, depth):
+    """At initialisation the residual stream ("middle", the former default) *is* the linear
+    input projection (the branches' last layers start at 1e-5 scale): R^2 > 0.9999. The default
+    tap, the middle block's hidden activation, is not: R^2 ~ 0.7 (the linear part of SiLU on
+    unit-variance pre-activations; measured 0.66-0.72 over these shapes and seeds)."""
+    for seed in range(2):
+        torch.manual_seed(seed)
+        net = MLPNet(dim, hidden=hidden, depth=depth, emb_dim=16).eval()
+        x = torch.randn(2000, dim, generator=torch.Generator().manual_seed(100 + seed))
+        c = torch.full((2000,), -0.3)
+        with torch.no_grad():
+            default = net.forward_features(x, c).double()
+            middle = net.forward_features(x, c, "middle").double()
+        assert default.shape == middle.shape == (2000, hidden)
+        assert _linear_r2(x.double(), default) < 0.8
+        assert _linear_r2(x.double(), middle) > 0.9999
+        assert float(default.var(0).sum()) > 0.01 * float(middle.var(0).sum())  # not a dead tap
 
 
 def test_mlp_gradients_and_bad_input():

@@ -150,10 +150,10 @@ def test_pite_config_builds_through_the_cli(tmp_path):
     assert cli.model.hparams.lr == 1e-3 and cli.trainer.max_steps == a.max_steps
 
 
-@pytest.mark.parametrize("argv", [["--eta", "1.5"], ["--max-steps", "0"], ["--num-samples", "10"],
+@pytest.mark.parametrize("argv", [["--eta", "1.5"], ["--max-steps", "0"], ["--num-samples", "0"],
                                   ["--crop-size", "-1"]])
 def test_pite_cli_rejects_bad_args(argv, capsys):
-    from lightning_pfd.experiments_cli import main
+    from lightning_pfd.cli import main
 
-    assert main(argv) == 2
+    assert main(["pite", *argv]) == 2
     assert argv[0] in capsys.readouterr().err

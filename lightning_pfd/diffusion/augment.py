@@ -5,11 +5,13 @@ Levels (cumulative, as in the paper):
 1. random crop: pad by p = max(1, round(H/8)) pixels with black (-1, torchvision's fill=0 on
    [0, 1] images), crop back to H x W at a random integer offset (p = 4 at 32x32, 1 at 8x8);
 2. + horizontal flip with probability 1/2;
-3. + colour jitter, RGB only (C == 3): brightness, contrast, saturation factors in
-   [0.6, 1.4] and a hue rotation of up to +-0.1 turn, in this fixed order (torchvision's
+3. + colour jitter. RGB (C == 3): brightness, contrast, saturation factors in [0.6, 1.4] and a
+   hue rotation of up to +-0.1 turn, in this fixed order (torchvision's
    ColorJitter(0.4, 0.4, 0.4, 0.1) draws a random order). **[choice]** The hue shift is a rotation
-   of the chroma plane in YIQ space (a linear approximation of the HSV hue shift). For 1-channel
-   (or any non-RGB) data the colour jitter is skipped, so level 3 equals level 2 there;
+   of the chroma plane in YIQ space (a linear approximation of the HSV hue shift). One-channel
+   (and any non-RGB) data: the jitter that exists without colour, brightness then contrast with
+   factors in [0.6, 1.4] (torchvision's ColorJitter(0.4, 0.4) on grayscale; contrast blends with
+   the image's mean), so level 3 differs from level 2 on one-channel data too;
 4. + random rotation by an angle uniform in [-15, 15] degrees (bilinear, black fill);
 5. + centre crop to round(0.875 H) x round(0.875 W), resized back to H x W (bilinear) so the
    network input keeps its shape.
@@ -112,6 +114,17 @@ def _color_jitter(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return 2 * y - 1
 
 
+def _intensity_jitter(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Brightness then contrast (u: (B, 2)) for non-RGB images in [-1, 1]: factors in
+    [0.6, 1.4]; contrast blends with the per-image mean over channels and pixels."""
+    y = (x + 1) / 2
+    k = lambda v: (1 - _JITTER + 2 * _JITTER * v)[:, None, None, None]  # noqa: E731
+    y = (y * k(u[:, 0])).clamp(0, 1)
+    mean = y.mean(dim=(1, 2, 3), keepdim=True)
+    y = (k(u[:, 1]) * y + (1 - k(u[:, 1])) * mean).clamp(0, 1)
+    return 2 * y - 1
+
+
 def _rotate(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Rotate by an angle uniform in [-15, 15] degrees about the centre, black fill."""
     a = torch.deg2rad(_DEGREES * (2 * u - 1)).to(x.dtype)
@@ -151,8 +164,8 @@ def augment(x: torch.Tensor, seeds, level: int = 3, stream: int = 0,
     out = _random_crop(x, u[:, 0:2])
     if level >= 2:
         out = _flip(out, u[:, 2])
-    if level >= 3 and x.shape[1] == 3:
-        out = _color_jitter(out, u[:, 3:7])
+    if level >= 3:
+        out = _color_jitter(out, u[:, 3:7]) if x.shape[1] == 3 else _intensity_jitter(out, u[:, 3:5])
     if level >= 4:
         out = _rotate(out, u[:, 7])
     if level >= 5:

@@ -1,4 +1,5 @@
-"""Memorization ratio of generated samples (REFERENCE §11; ICR paper footnote 4; Gu et al.).
+"""Memorization ratio of generated samples (ICR paper "Evaluating the Representation Space of
+Diffusion Models via Self-Supervised Principles", footnote 4; Gu et al.).
 
 A generated sample x is *memorized* when, in a descriptor space Psi,
 
@@ -7,6 +8,13 @@ A generated sample x is *memorized* when, in a descriptor space Psi,
 - ``criterion="nn_ratio"`` (Gu et al., pixel space): d_1/d_2 < threshold (default 1/3), where
   d_1 <= d_2 are the Euclidean distances from Psi(x) to its nearest and second-nearest training
   samples (0/0 counts as 0: an exact copy of a duplicated training point is memorized).
+  **Exact distances**: the expanded form |x|^2 - 2 x.y + |y|^2 (one matmul per chunk) only
+  *selects* the ``candidates`` nearest training points; d_1, d_2 are then recomputed as
+  |x - y| in float64 from the differences. The expanded form cancels catastrophically for
+  near-equal vectors (an exact copy of a duplicated training point got d_1 = d_2 != 0, ratio 1,
+  i.e. "not memorized"); a rounding bound on it (2 (D + 4) eps (|x|^2 + max |y|^2)) tells whether
+  the true two nearest are surely among the candidates, and the rows where they might not be
+  (near ties, many duplicates) are recomputed exactly against the whole reference, in chunks.
 
 The ratio is (#memorized)/(#generated). The training set is embedded once (``set_reference``) and
 scanned in chunks of ``chunk_size`` rows with a running max / running two smallest distances, so
@@ -16,7 +24,7 @@ sharded -- the synced ratio is exact.
 
 ``descriptor``: a callable mapping a batch (B, *shape) to features (B, D) (e.g. a frozen
 image encoder); None means the flattened samples themselves (pixel space). The cosine threshold
-0.6 was calibrated for SSCD; with any other descriptor calibrate it on your data (REFERENCE §11).
+0.6 was calibrated for SSCD; with any other descriptor calibrate it on your data.
 Pure torch + torchmetrics (no Lightning import).
 """
 from __future__ import annotations
@@ -25,6 +33,8 @@ from typing import Callable, Optional
 
 import torch
 from torchmetrics import Metric
+
+from ..errors import ConfigError
 
 __all__ = ["MemorizationRatio", "memorization_ratio", "memorization_scores", "CRITERIA",
            "DEFAULT_THRESHOLDS"]
@@ -35,20 +45,21 @@ DEFAULT_THRESHOLDS = {"cosine": 0.6, "nn_ratio": 1.0 / 3.0}
 
 def _check_criterion(criterion: str, threshold) -> float:
     if criterion not in CRITERIA:
-        raise ValueError(f"criterion: must be one of {list(CRITERIA)}, got {criterion!r}")
+        raise ConfigError("criterion", "unknown memorization criterion", value=criterion,
+                          accepted=list(CRITERIA))
     if threshold is None:
         return DEFAULT_THRESHOLDS[criterion]
     threshold = float(threshold)
     if criterion == "cosine" and not -1.0 <= threshold <= 1.0:
-        raise ValueError(f"threshold: a cosine threshold must lie in [-1, 1], got {threshold}")
+        raise ConfigError("threshold", "a cosine threshold must lie in [-1, 1]", value=threshold)
     if criterion == "nn_ratio" and not 0.0 < threshold <= 1.0:
-        raise ValueError(f"threshold: an nn_ratio threshold must lie in (0, 1], got {threshold}")
+        raise ConfigError("threshold", "an nn_ratio threshold must lie in (0, 1]", value=threshold)
     return threshold
 
 
 def _check_chunk(chunk_size) -> None:
     if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size: must be an int >= 1, got {chunk_size!r}")
+        raise ConfigError("chunk_size", "must be an int >= 1", value=chunk_size)
 
 
 def embed(x: torch.Tensor, descriptor: Optional[Callable] = None,
@@ -74,28 +85,88 @@ def _max_cosine(g: torch.Tensor, ref: torch.Tensor, chunk_size: int) -> torch.Te
     return best
 
 
-def _nn_ratio(g: torch.Tensor, ref: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """d_1/d_2 with a running pair of smallest squared distances over reference chunks."""
-    inf = torch.full((g.shape[0], 2), float("inf"), dtype=torch.float64, device=g.device)
-    top2 = inf
+_EXACT_BUDGET = 1 << 22  # float64 elements of difference tensors held at once (32 MiB)
+
+
+def _exact_sq_dist(g: torch.Tensor, r: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """|g_i - r_idx[i, k]|^2 from the differences (no cancellation), shape of idx; row blocks
+    keep the (rows, k, D) difference tensor within ``_EXACT_BUDGET`` elements."""
+    rows = max(1, _EXACT_BUDGET // max(1, idx.shape[1] * g.shape[1]))
+    return torch.cat([(g[i:i + rows, None, :] - r[idx[i:i + rows]]).square().sum(-1)
+                      for i in range(0, g.shape[0], rows)]) if g.shape[0] else idx.to(g.dtype)
+
+
+def _exact_top2(g: torch.Tensor, ref: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """Two smallest exact squared distances of each row of g to all of ref (brute force, chunked)."""
+    top2 = torch.full((g.shape[0], 2), float("inf"), dtype=torch.float64, device=g.device)
+    cols = max(1, min(chunk_size, _EXACT_BUDGET // max(1, g.shape[1])))
+    rows = max(1, _EXACT_BUDGET // (cols * max(1, g.shape[1])))
+    for i in range(0, g.shape[0], rows):
+        gi, best = g[i:i + rows], top2[i:i + rows]
+        for j in range(0, ref.shape[0], cols):
+            d = (gi[:, None, :] - ref[None, j:j + cols, :]).square().sum(-1)
+            best = torch.cat([best, d], 1).topk(2, dim=1, largest=False).values
+        top2[i:i + rows] = best
+    return top2
+
+
+def _nn_ratio(g: torch.Tensor, ref: torch.Tensor, chunk_size: int,
+              candidates: int = 8) -> torch.Tensor:
+    """d_1/d_2 with exact distances for the nearest neighbours (module docstring).
+
+    1. running top-``candidates`` by the expanded squared distance over reference chunks;
+    2. exact squared distances |x - y|^2 of those candidates, the two smallest kept;
+    3. rows whose 2nd exact distance is not surely below every non-candidate's (the k-th
+       expanded distance minus the rounding bound) are redone exactly over all chunks.
+    Memory O(B x (chunk + k)) plus difference tensors of at most 2^22 float64 elements.
+    """
+    k = min(max(2, int(candidates)), ref.shape[0])
+    B, D = g.shape
     g2 = (g * g).sum(1, keepdim=True)
+    best_d = torch.full((B, 0), float("inf"), dtype=torch.float64, device=g.device)
+    best_i = torch.zeros((B, 0), dtype=torch.long, device=g.device)
+    r2max = torch.zeros((), dtype=torch.float64, device=g.device)
     for j in range(0, ref.shape[0], chunk_size):
         r = ref[j:j + chunk_size]
-        d2 = (g2 + (r * r).sum(1)[None, :] - 2.0 * g @ r.T).clamp_min(0.0)
-        top2 = torch.cat([top2, d2], 1).topk(2, dim=1, largest=False).values
+        r2 = (r * r).sum(1)
+        r2max = torch.maximum(r2max, r2.max())
+        d2 = (g2 + r2[None, :] - 2.0 * g @ r.T).clamp_min(0.0)
+        cand_d = torch.cat([best_d, d2], 1)
+        cand_i = torch.cat([best_i, torch.arange(j, j + r.shape[0], device=g.device).expand(B, -1)], 1)
+        kk = min(k, cand_d.shape[1])
+        best_d, pos = cand_d.topk(kk, dim=1, largest=False)
+        best_i = cand_i.gather(1, pos)
+    exact = _exact_sq_dist(g, ref, best_i)  # (B, k)
+    top2 = exact.topk(2, dim=1, largest=False).values
+    if k < ref.shape[0]:
+        # any non-candidate y has expanded d2 >= best_d[:, -1], hence true d2 >= that - bound
+        eps = torch.finfo(torch.float64).eps
+        bound = 2.0 * (D + 4) * eps * (g2[:, 0] + r2max)
+        unsure = torch.nonzero(best_d[:, -1] - bound <= top2[:, 1]).flatten()
+        if unsure.numel():  # near ties / many duplicates: exact over the whole reference
+            top2[unsure] = _exact_top2(g[unsure], ref, chunk_size)
     d = top2.sqrt()
     return torch.where(d[:, 0] == 0, torch.zeros_like(d[:, 0]), d[:, 0] / d[:, 1])
 
 
 def memorization_scores(generated_features: torch.Tensor, reference_features: torch.Tensor,
-                        criterion: str = "cosine", chunk_size: int = 4096) -> torch.Tensor:
-    """Per-sample score: max cosine similarity (``cosine``) or d_1/d_2 (``nn_ratio``), float64."""
+                        criterion: str = "cosine", chunk_size: int = 4096,
+                        candidates: int = 8) -> torch.Tensor:
+    """Per-sample score: max cosine similarity (``cosine``) or d_1/d_2 (``nn_ratio``), float64.
+
+    ``candidates`` (>= 2, ``nn_ratio`` only): nearest neighbours by the fast expanded distance
+    whose distances are recomputed exactly (a margin for near ties; rows where the true two
+    nearest may lie outside them are recomputed against the whole reference).
+    """
     _check_criterion(criterion, None)
     _check_chunk(chunk_size)
+    if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 2:
+        raise ConfigError("candidates", "must be an int >= 2", value=candidates)
     g = generated_features.reshape(generated_features.shape[0], -1).to(torch.float64)
     r = reference_features.reshape(reference_features.shape[0], -1).to(torch.float64).to(g.device)
     if g.shape[1] != r.shape[1]:
-        raise ValueError(f"features: generated dimension {g.shape[1]} != reference {r.shape[1]}")
+        raise ConfigError("features", f"generated dimension {g.shape[1]} != reference dimension "
+                          f"{r.shape[1]}")
     if r.shape[0] < (2 if criterion == "nn_ratio" else 1):
         raise ValueError(f"reference: {criterion} needs at least "
                          f"{2 if criterion == 'nn_ratio' else 1} training samples, got {r.shape[0]}")
@@ -103,7 +174,7 @@ def memorization_scores(generated_features: torch.Tensor, reference_features: to
     for i in range(0, g.shape[0], chunk_size):  # bound the generated side too
         gi = g[i:i + chunk_size]
         out.append(_max_cosine(gi, r, chunk_size) if criterion == "cosine"
-                   else _nn_ratio(gi, r, chunk_size))
+                   else _nn_ratio(gi, r, chunk_size, candidates))
     return torch.cat(out) if out else g.new_zeros(0)
 
 

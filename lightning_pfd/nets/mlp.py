@@ -1,10 +1,20 @@
-"""Residual MLP denoiser network for vector data (GMM, features; REFERENCE §9 last line).
+"""Residual MLP denoiser network for vector data (GMM, features).
 
 ``net(x_in, c_noise) -> F`` with x_in of shape (B, dim). Layout:
 c_noise -> positional embedding (emb_dim) -> Linear -> SiLU -> Linear -> SiLU = emb;
 x_in -> Linear(dim, hidden) -> ``depth`` residual blocks
-[LayerNorm -> SiLU -> Linear -> (+ affine(emb)) -> SiLU -> dropout -> Linear, added to the
-stream] -> LayerNorm -> SiLU -> Linear(hidden, dim) (initialised almost at 0, as in EDM).
+[LayerNorm -> SiLU -> Linear -> (+ affine(emb)) -> SiLU (= the block's *hidden* activation,
+module ``blocks[i].act``) -> dropout -> Linear, added to the stream] -> LayerNorm -> SiLU ->
+Linear(hidden, dim) (initialised almost at 0, as in EDM).
+
+Feature taps for ICR (ICR paper, Sec. 2 and App. C: features of the denoiser's own layers).
+The residual *stream* ("in", "block<i>", "middle") is the linear input projection plus the
+blocks' branch outputs; the last layer of every branch starts at ~1e-5 of Xavier scale, so at
+initialisation the stream is the input projection to ~1e-5 (and it stays largely linear in
+the input early in training): ICR of the stream largely measures the input. The default tap
+``"middle_hidden"`` is the hidden activation of the middle block,
+SiLU(W0 SiLU(LN h) + A emb) before the branch's last Linear adds it back: a learned nonlinear
+feature of the input and the noise level that does not contain the skip path.
 """
 from __future__ import annotations
 
@@ -22,19 +32,27 @@ _INIT_ZERO = 1e-5
 
 
 class MLPBlock(nn.Module):
-    """Pre-norm residual block conditioned on emb: h + W1 drop(SiLU(W0 SiLU(LN h) + A emb))."""
+    """Pre-norm residual block conditioned on emb: h + W1 drop(SiLU(W0 SiLU(LN h) + A emb)).
+
+    ``act`` (a parameter-free ``nn.SiLU``) produces the hidden activation
+    SiLU(W0 SiLU(LN h) + A emb) of the residual branch, so a forward hook on it sees that feature.
+    """
 
     def __init__(self, hidden: int, emb_dim: int, dropout: float = 0.0):
         super().__init__()
         self.norm = nn.LayerNorm(hidden)
         self.lin0 = init_xavier(nn.Linear(hidden, hidden))
         self.affine = init_xavier(nn.Linear(emb_dim, hidden))
+        self.act = nn.SiLU()
         self.lin1 = init_xavier(nn.Linear(hidden, hidden), _INIT_ZERO)
         self.dropout = float(dropout)
 
+    def hidden(self, h: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """The branch's hidden activation (before dropout and the last Linear)."""
+        return self.act(self.lin0(F.silu(self.norm(h))) + self.affine(emb))
+
     def forward(self, h: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        y = self.lin0(F.silu(self.norm(h))) + self.affine(emb)
-        y = F.dropout(F.silu(y), p=self.dropout, training=self.training)
+        y = F.dropout(self.hidden(h, emb), p=self.dropout, training=self.training)
         return h + self.lin1(y)
 
 
@@ -61,9 +79,21 @@ class MLPNet(TappedNetwork):
 
     Attributes:
         data_shape: (dim,).
-        feature_taps: "in" (input projection), "block0".."block{depth-1}", "middle" (alias of
-            block[(depth-1)//2], i.e. the residual stream after half of the blocks), "out".
-        default_tap: "middle".
+        feature_taps: "in" (input projection), "block0".."block{depth-1}" (the residual stream
+            after each block), "middle" (alias of block[(depth-1)//2]: the stream after half of
+            the blocks), "block0_hidden".."block{depth-1}_hidden" (the hidden activation of each
+            block's residual branch, module ``blocks[i].act``), "middle_hidden" (alias of
+            block[(depth-1)//2]_hidden), "out".
+        default_tap: "middle_hidden": the hidden activation SiLU(W0 SiLU(LN h) + A emb) of the
+            middle block's residual branch, a learned nonlinear feature without the skip path.
+            The stream taps ("middle" was the former default) are dominated by the linear input
+            projection (at initialisation they equal it to ~1e-5), so ICR there measures the
+            input rather than a representation. At initialisation a least-squares linear map of
+            the input explains ~70 % of the hidden tap's variance on Gaussian inputs (the linear
+            part of SiLU on unit-variance pre-activations) against ~100 % for the stream
+            (tested). Measured once on a 2-d 8-mode GMM at sigma = 0.29 (EDM, Adam, batch 128):
+            linear R^2 of stream / hidden tap 1.00 / 0.85 at init, 0.95 / 0.56 after 500 steps,
+            0.53 / 0.13 after 3000 steps.
     """
 
     def __init__(self, dim: int, hidden: int = 256, depth: int = 4, emb_dim: int = 64,
@@ -80,13 +110,16 @@ class MLPNet(TappedNetwork):
         self.blocks = nn.ModuleList(MLPBlock(hidden, emb_dim, dropout) for _ in range(depth))
         self.out = _Head(hidden, dim)
         self._middle = (depth - 1) // 2
-        self.default_tap = "middle"
+        self.default_tap = "middle_hidden"
 
     @property
     def feature_taps(self) -> Dict[str, nn.Module]:
-        """Name -> submodule for forward hooks ("middle" aliases block[(depth-1)//2])."""
+        """Name -> submodule for forward hooks ("middle" aliases block[(depth-1)//2],
+        "middle_hidden" its branch activation ``blocks[(depth-1)//2].act``)."""
         return {"in": self.inp, **{f"block{i}": b for i, b in enumerate(self.blocks)},
-                "middle": self.blocks[self._middle], "out": self.out}
+                "middle": self.blocks[self._middle],
+                **{f"block{i}_hidden": b.act for i, b in enumerate(self.blocks)},
+                "middle_hidden": self.blocks[self._middle].act, "out": self.out}
 
     def embed(self, c_noise: torch.Tensor) -> torch.Tensor:
         emb = F.silu(self.map_layer0(self.map_noise(c_noise)))
@@ -101,6 +134,8 @@ class MLPNet(TappedNetwork):
         if stop is self.inp:
             return h
         for blk in self.blocks:
+            if stop is blk.act:
+                return blk.hidden(h, emb)
             h = blk(h, emb)
             if stop is blk:
                 return h
