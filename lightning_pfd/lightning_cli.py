@@ -264,10 +264,11 @@ class PFDLightningCLI(LightningCLI):
                 except Exception:  # pragma: no cover - depends on wandb internals
                     pass
             lines.append(f"  logs ({name}): {d}")
-        ckpt = trainer.checkpoint_callback
-        if ckpt is not None:
-            best = getattr(ckpt, "best_model_path", "") or getattr(ckpt, "last_model_path", "")
-            lines.append(f"  checkpoints: {ckpt.dirpath}" + (f" (best: {best})" if best else ""))
+        for ckpt in trainer.checkpoint_callbacks:
+            parts = [f"{k}: {Path(v).name}" for k, v in
+                     (("last", getattr(ckpt, "last_model_path", "")),
+                      ("best", getattr(ckpt, "best_model_path", "") if ckpt.monitor else "")) if v]
+            lines.append(f"  checkpoints: {ckpt.dirpath}" + (f" ({', '.join(parts)})" if parts else ""))
         plots = getattr(trainer, "lightning_pfd_plot_dirs", None)
         if plots:
             lines.append("  plots: " + ", ".join(sorted(set(map(str, plots)))))

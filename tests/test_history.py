@@ -100,8 +100,14 @@ def test_scan_wandb_log_detects_cuts_and_corruption(tmp_path):
         run.log({"epoch": e, "pfd/e_gen": float(e)})
     f = next(Path(run.dir).parent.glob("run-*.wandb"))
     wandb.finish()
-    data = f.read_bytes()
-    payloads, problem = scan_wandb_log(data)
+    import time
+
+    for _ in range(100):  # the W&B service may still be writing the file after finish()
+        data = f.read_bytes()
+        payloads, problem = scan_wandb_log(data)
+        if len(payloads) > 30:
+            break
+        time.sleep(0.1)
     assert problem is None and len(payloads) > 30
     # every cut inside the last record is found; fewer records survive
     cut_payloads, problem = scan_wandb_log(data[:-3])

@@ -126,7 +126,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_pa
     assert not (b / "run/checkpoints/last.ckpt.tmp").exists()
     assert load_checkpoint(b / "run/checkpoints/last.ckpt")["global_step"] == 20  # end of epoch 1
     rb = _cli(b, env, "--ckpt_path", "last")
-    assert rb.returncode == 0, rb.stderr[-3000:]
+    assert rb.returncode == 0, rb.stderr[-600:]
     assert "resuming from" in rb.stdout and "CSV log continues" in rb.stdout
 
     assert sorted(p.name for p in (b / "run/csv").iterdir()) == ["version_0"]
