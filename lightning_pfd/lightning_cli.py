@@ -77,8 +77,8 @@ class RunConfigCallback(LogConfigCallback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.already_saved:
             return
+        log_dir = trainer.log_dir  # a broadcast: every rank must take part
         if trainer.is_global_zero:
-            log_dir = trainer.log_dir
             if log_dir is not None and self.save_to_log_dir:
                 text = self.parser.dump(self.config, skip_none=False)
                 atomic_write_bytes(Path(log_dir) / self.config_filename, text.encode())

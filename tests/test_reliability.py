@@ -399,3 +399,25 @@ def test_cli_errors_are_one_short_block_with_exit_2(tmp_path, monkeypatch, capsy
     assert main(["fit", "--config", "quickstrt"]) == 2
     assert "did you mean 'quickstart'?" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+# -- the command line under DDP ------------------------------------------------------------------------
+@pytest.mark.slow
+def test_cli_under_ddp_writes_one_run_and_resumes_it(tmp_path):
+    """Two CPU processes (strategy=ddp, a real launch from the command line): every rank takes
+    part in the collective calls of the validation phase, config writing, checkpointing and the
+    monitors (a rank-0-only broadcast used to hang here); the resumed run continues the same
+    CSV file, and no stray ./wandb or extra CSV version appears."""
+    d = tmp_path / "ddp"
+    env = _env(tmp_path)
+    cfg = _write_config(d, epochs=1, monitors=True)
+    cfg.write_text(cfg.read_text().replace("  devices: 1\n", "  devices: 2\n  strategy: ddp\n"))
+    r = _cli(d, env, timeout=300)
+    assert r.returncode == 0, r.stderr[-600:]
+    r = _cli(d, env, "--ckpt_path", "last", "--trainer.max_epochs", "2", timeout=300)
+    assert r.returncode == 0, r.stderr[-600:]
+    assert sorted(p.name for p in (d / "run/csv").iterdir()) == ["version_0"]
+    rows = _rows(d / "run/csv/version_0/metrics.csv")
+    for key in ("pfd/e_gen", "icr/icr", "val/loss"):
+        assert [r["epoch"] for r in rows if r.get(key)] == ["0", "1"], key
+    assert not (d / "wandb").exists() and load_checkpoint(d / "run/checkpoints/last.ckpt")["epoch"] == 1

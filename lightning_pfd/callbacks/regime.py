@@ -54,6 +54,15 @@ __all__ = ["RegimeMonitor"]
 EVENT_COLUMNS = ["event", "epoch", "significance", "detected_epoch", "description"]
 
 
+def _local_log_dir(trainer):
+    """``trainer.log_dir`` without its broadcast: this monitor writes on rank 0 only, and a
+    collective call made by one rank alone hangs a DDP run."""
+    if not trainer.loggers:
+        return None
+    lg = trainer.loggers[0]
+    return getattr(lg, "log_dir", None) or getattr(lg, "save_dir", None)
+
+
 class RegimeMonitor(Callback):
     """Detect early learning, double descent, ICR minimum and memorization onset online; regime
     and report at the end of fit.
@@ -280,8 +289,9 @@ class RegimeMonitor(Callback):
                 run_dir = getattr(lg.experiment, "dir", None)  # .../offline-run-*/files
                 if isinstance(run_dir, str) and run_dir:
                     return Path(run_dir).parent / "report"
-        if trainer.loggers and trainer.log_dir:
-            return Path(trainer.log_dir) / "report"
+        log_dir = _local_log_dir(trainer)
+        if log_dir:
+            return Path(log_dir) / "report"
         return Path(trainer.default_root_dir) / "report"
 
     def _log_figures(self, trainer, analysis: RunAnalysis, out_dir: Path) -> list:
