@@ -1,14 +1,19 @@
-"""``python -m lightning_pfd pite``: train SBM and LIM on the same data and U-Net, print the
-blog's table (RMSQE, LOADER, same-law floor) of a physical observable (PITE: the blog post on evaluating heavy-tailed
-diffusion models with tail metrics).
+"""``python -m lightning_pfd pite``: train SBM(s) and a LIM on the same data and U-Net, print the
+blog's table (RMSQE, LOADER, same-law floor) for physical observables (PITE: the blog post "A
+Physically Interpretable Evaluation Strategy" for heavy-tailed diffusion models).
 
-Both models are built from their LightningCLI configs (default: the embedded
-``sbm_precip.yaml`` and ``lim_precip.yaml``) with CPU-budget overrides (crop size, U-Net width,
-training steps), trained one after the other, then each generates ``--num-samples`` seeded
-samples. The observable (default: crop maximum in mm/h, after the inverse log1p transform) of
-the samples is compared with that of the training crops. Writes ``results.json``,
-``table.md``, ``observables.pt`` (the finite observables: data / sbm / lim) and ``density.png``
-(the blog's Fig. 9: data vs SBM vs LIM) under ``--out``.
+Defaults (docs/levy.md, "PITE at CPU scale"): the configs ``experiments/pite_sbm`` (EDM
+preconditioning) and ``experiments/pite_lim`` (alpha = 1.7, x0 parameterisation, Heun in
+r = sigma/gamma on EDM's grid, 100 steps): 16x16 crops, a 78k-parameter U-Net, 1500 steps each.
+``--sbm-preconds edm,vp`` adds an SBM row with VP preconditioning (its network error is
+multiplied by sigma, up to 80, in the denoised image). Each model generates ``--num-samples``
+seeded samples; the observables (default: crop maximum and the fraction of pixels above
+25 mm/h, after the inverse log1p transform) are compared with those of the training crops. The
+fraction of generated pixels outside the training range [-1, 1] (= [0, log_max] mm/h) is
+always counted and reported; ``--out-of-range clip`` caps them at log_max before the inverse
+transform (default ``keep``: faithful). Writes ``results.json``, ``table.md``,
+``observables.pt`` (the finite observables per row) and ``density.png`` (the blog's Fig. 9)
+under ``--out``.
 """
 from __future__ import annotations
 
@@ -20,42 +25,108 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-__all__ = ["main", "build_parser", "format_table", "matched_kwargs", "NUM_SPLITS"]
+__all__ = ["main", "build_parser", "format_table", "matched_kwargs", "NUM_SPLITS",
+           "parse_observable", "SBM_PRECONDS"]
+
+SBM_PRECONDS = ("edm", "vp")
+DEFAULT_OBSERVABLES = ("max", "exceedance:threshold=25")
+_LIM_SAMPLERS = ("ode", "ddim", "heun", "sde")
+_TIME_GRIDS = ("uniform", "edm")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightning_pfd pite", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sbm-config", default="sbm_precip", help="SBM config (path or embedded name)")
-    p.add_argument("--lim-config", default="lim_precip", help="LIM config (path or embedded name)")
-    p.add_argument("--max-steps", type=int, default=1000, help="training steps per model")
-    p.add_argument("--crop-size", type=int, default=16,
+    p.add_argument("--sbm-config", default="experiments/pite_sbm",
+                   help="SBM config (path or embedded name)")
+    p.add_argument("--lim-config", default="experiments/pite_lim",
+                   help="LIM config (path or embedded name)")
+    p.add_argument("--sbm-preconds", default="edm",
+                   help="comma-separated SBM rows, each a preconditioning: edm, vp (e.g. edm,vp)")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="training steps per model (default: the configs' trainer.max_steps)")
+    p.add_argument("--crop-size", type=int, default=0,
                    help="crop side (overrides data crop_size and net img_resolution); 0 = config")
-    p.add_argument("--model-channels", type=int, default=8, help="U-Net width; 0 = config")
-    p.add_argument("--num-blocks", type=int, default=1, help="U-Net blocks per level; 0 = config")
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate of both; 0 = config")
-    p.add_argument("--ema-decay", type=float, default=0.99,
-                   help="EMA decay of both (short runs need a short EMA); <0 = config")
-    p.add_argument("--n-train", type=int, default=2048, help="training crops; 0 = config")
-    p.add_argument("--batch-size", type=int, default=32, help="training batch; 0 = config")
+    p.add_argument("--model-channels", type=int, default=0, help="U-Net width; 0 = config")
+    p.add_argument("--num-blocks", type=int, default=0, help="U-Net blocks per level; 0 = config")
+    p.add_argument("--lr", type=float, default=0.0, help="learning rate of all models; 0 = config")
+    p.add_argument("--ema-decay", type=float, default=-1.0,
+                   help="EMA decay of all models; < 0 = config")
+    p.add_argument("--n-train", type=int, default=0, help="training crops; 0 = config")
+    p.add_argument("--batch-size", type=int, default=0, help="training batch; 0 = config")
     p.add_argument("--num-samples", type=int, default=1024, help="generated samples per model")
-    p.add_argument("--lim-steps", type=int, default=50, help="LIM sampler steps")
-    p.add_argument("--lim-sampler", default="ode", choices=["ode", "sde"])
-    p.add_argument("--observable", default="max", help="registered observable name")
+    p.add_argument("--lim-steps", type=int, default=None,
+                   help="LIM sampler steps (default: the config's num_steps)")
+    p.add_argument("--lim-sampler", default=None, choices=list(_LIM_SAMPLERS),
+                   help="LIM sampler (default: the config's)")
+    p.add_argument("--lim-time-grid", default=None, choices=list(_TIME_GRIDS),
+                   help="LIM time grid (default: the config's)")
+    p.add_argument("--observable", action="append", default=None,
+                   help="observable, repeatable: a registered name, with keyword arguments as "
+                        "name:key=value[:key=value] (default: max and exceedance:threshold=25)")
+    p.add_argument("--out-of-range", default="keep", choices=["keep", "clip"],
+                   help="generated values above the training range (+1 = log_max mm/h): keep "
+                        "(faithful extrapolation) or clip to log_max; always counted")
     p.add_argument("--eta", type=float, default=0.975, help="RMSQE tail level")
     p.add_argument("--floor", type=float, default=1e-3, help="LOADER density floor (x peak)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (0 = leave as is)")
     p.add_argument("--out", default="runs/pite", help="output directory")
     p.add_argument("--force", action="store_true", help="replace the results of an earlier run in --out")
     p.add_argument("--override", action="append", default=[],
-                   help="extra LightningCLI override applied to both, e.g. --override=--model.init_args.lr=1e-3")
+                   help="extra LightningCLI override applied to all models, e.g. "
+                        "--override=--model.init_args.lr=1e-3")
+    p.add_argument("--sbm-override", action="append", default=[],
+                   help="extra LightningCLI override for the SBM rows only")
+    p.add_argument("--lim-override", action="append", default=[],
+                   help="extra LightningCLI override for the LIM row only, e.g. "
+                        "--lim-override=--model.init_args.parameterization=eps")
     return p
 
 
+def parse_observable(spec: str):
+    """``"name"`` or ``"name:key=value[:key=value]"`` -> (label, name, kwargs); numbers are parsed
+    as floats. Unknown names and malformed specs raise ConfigError naming ``--observable``."""
+    from .errors import ConfigError
+    from .metrics.observables import OBSERVABLES
+
+    name, *pairs = str(spec).split(":")
+    if name not in OBSERVABLES:
+        raise ConfigError("--observable", "not a registered observable", value=name,
+                          accepted=sorted(OBSERVABLES))
+    kw = {}
+    for pair in pairs:
+        k, eq, v = pair.partition("=")
+        if not eq or not k:
+            raise ConfigError("--observable", "keyword arguments are written name:key=value",
+                              value=spec)
+        try:
+            kw[k] = float(v)
+        except ValueError:
+            kw[k] = v
+    return str(spec), name, kw
+
+
+def _preconds(a) -> list:
+    from .errors import ConfigError
+
+    out = [q.strip() for q in str(a.sbm_preconds).split(",") if q.strip()]
+    if not out:
+        raise ConfigError("--sbm-preconds", "needs at least one preconditioning",
+                          value=a.sbm_preconds, accepted=list(SBM_PRECONDS))
+    for q in out:
+        if q not in SBM_PRECONDS:
+            raise ConfigError("--sbm-preconds", "unknown preconditioning", value=q,
+                              accepted=list(SBM_PRECONDS))
+    if len(set(out)) != len(out):
+        raise ConfigError("--sbm-preconds", "lists a preconditioning twice", value=a.sbm_preconds)
+    return out
+
+
 def _validate(a) -> None:
-    for name in ("max_steps", "num_samples", "lim_steps"):
-        if getattr(a, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(a, name)}")
+    for name in ("num_samples", "max_steps", "lim_steps"):
+        v = getattr(a, name)
+        if v is not None and v < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {v}")
     if a.ema_decay > 1:
         raise ValueError(f"--ema-decay: must be <= 1 (negative = config), got {a.ema_decay}")
     if a.lr < 0:
@@ -68,17 +139,21 @@ def _validate(a) -> None:
     if a.n_train and a.num_samples >= a.n_train:
         raise ValueError(f"--num-samples: must be < --n-train ({a.n_train}) for the same-law "
                          f"floor (n_gen = num_samples), got {a.num_samples}")
+    _preconds(a)
+    for spec in a.observable or DEFAULT_OBSERVABLES:
+        parse_observable(spec)
 
 
-def _cli_args(a, config: str, name: str) -> list[str]:
+def _cli_args(a, config: str, name: str, extra: Sequence[str] = ()) -> list[str]:
     from .cli import resolve_config_path
 
-    args = ["--config", resolve_config_path(config),
-            f"--trainer.max_steps={a.max_steps}", "--trainer.max_epochs=-1",
+    args = ["--config", resolve_config_path(config), "--trainer.max_epochs=-1",
             "--trainer.logger=false",
             "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", "--trainer.accelerator=cpu",
             f"--trainer.default_root_dir={os.path.join(a.out, name)}"]
+    if a.max_steps:
+        args.append(f"--trainer.max_steps={a.max_steps}")
     if a.crop_size:
         args += [f"--data.init_args.crop_size={a.crop_size}",
                  f"--model.init_args.net.init_args.img_resolution={a.crop_size}"]
@@ -94,10 +169,24 @@ def _cli_args(a, config: str, name: str) -> list[str]:
         args.append(f"--data.init_args.n_train={a.n_train}")
     if a.batch_size:
         args.append(f"--data.init_args.batch_size={a.batch_size}")
-    return args + list(a.override)
+    return args + list(a.override) + list(extra)
 
 
-def build_one(a, config: str, name: str):
+def _rows(a) -> list:
+    """(row name, config, extra overrides) of every model: one SBM per preconditioning, the LIM."""
+    rows = [(f"sbm_{q}", a.sbm_config, [f"--model.init_args.precond={q}", *a.sbm_override])
+            for q in _preconds(a)]
+    lim = list(a.lim_override)
+    if a.lim_steps:
+        lim.append(f"--model.init_args.num_steps={a.lim_steps}")
+    if a.lim_sampler:
+        lim.append(f"--model.init_args.sampler={a.lim_sampler}")
+    if a.lim_time_grid:
+        lim.append(f"--model.init_args.time_grid={a.lim_time_grid}")
+    return rows + [("lim", a.lim_config, lim)]
+
+
+def build_one(a, config: str, name: str, extra: Sequence[str] = ()):
     """Instantiate (model, datamodule, trainer) from the config + overrides and run the
     framework's validation phase (shapes, data, callbacks); nothing is trained or written yet.
     The config's checkpoints are redirected to ``--out/<name>/checkpoints``; its measurement
@@ -109,7 +198,7 @@ def build_one(a, config: str, name: str):
     from unittest import mock
 
     with mock.patch.object(sys, "argv", [sys.argv[0]]):  # silence LightningCLI's mixed-args warning
-        cli = PFDLightningCLI(args=_cli_args(a, config, name), run=False,
+        cli = PFDLightningCLI(args=_cli_args(a, config, name, extra), run=False,
                               save_config_kwargs={"overwrite": True})
     for cb in cli.trainer.checkpoint_callbacks:
         cb.dirpath = os.path.join(a.out, name, "checkpoints")
@@ -145,11 +234,11 @@ def _check_out(a) -> None:
 
 
 def _generate(model, seeds, a):
+    """Samples with each module's configured sampler (the LIM overrides are applied through
+    the config in ``_rows``)."""
     import torch
 
     kw = {"batch_size": 256}
-    if hasattr(model, "alpha"):  # LevyItoModule
-        kw.update(num_steps=a.lim_steps, sampler=a.lim_sampler)
     model.eval()
     with torch.no_grad():
         return model.generate(seeds, **kw)
@@ -178,25 +267,53 @@ def matched_kwargs(ref, n_gen: int, eta: float, floor: float, window=None) -> di
             "loader": loader_settings(ref, window=window, floor=floor)}
 
 
+ROW_LABELS = {"sbm_edm": "SBM (EDM)", "sbm_vp": "SBM (VP)", "lim": "LIM"}
+
+
+def _label(res: dict, row: str) -> str:
+    if row == "lim":
+        return f"LIM (alpha = {res.get('alpha', float('nan')):g})"
+    return ROW_LABELS.get(row, row)
+
+
 def format_table(res: dict) -> str:
-    lim_label = f"LIM (alpha = {res['alpha']:g})"
-    rows = [
-        "| Metric | SBM | " + lim_label + " | same-law floor |",
-        "|---|---|---|---|",
-        f"| RMSQE (eta = {res['eta']}) | {res['sbm']['rmsqe']:.4g} | {res['lim']['rmsqe']:.4g} | "
-        f"{res['floor']['rmsqe']:.4g} |",
-        f"| LOADER | {res['sbm']['loader']:.4g} | {res['lim']['loader']:.4g} | "
-        f"{res['floor']['loader']:.4g} |",
-    ]
-    q = ["", f"Observable `{res['observable']}` quantiles (q50 / q90 / q97.5 / q99 / max):"]
-    for k in ("data", "sbm", "lim"):
-        v = res["quantiles"][k]
-        bad = "" if k == "data" else f" (non-finite: {100 * res[k]['nonfinite']:.1f} %)"
-        q.append(f"- {k}: " + " / ".join(f"{x:.4g}" for x in v) + bad)
-    return "\n".join(rows + q)
+    """Markdown: per observable, RMSQE and LOADER of every row next to the same-law floor, the
+    quantiles (q50 / q90 / q97.5 / q99 / max) and the out-of-range fractions."""
+    rows = res["rows"]
+    head = "| Metric | " + " | ".join(_label(res, r) for r in rows) + " | same-law floor |"
+    sep = "|---" * (len(rows) + 2) + "|"
+    out = []
+    for obs in res["observables"]:
+        m = res["metrics"][obs]
+        out += [f"**Observable `{obs}`**", "", head, sep]
+        for key, name in (("rmsqe", f"RMSQE (eta = {res['eta']})"), ("loader", "LOADER")):
+            out.append(f"| {name} | " + " | ".join(f"{m[r][key]:.4g}" for r in rows)
+                       + f" | {m['floor'][key]:.4g} |")
+        q = res["quantiles"][obs]
+        out.append("| q50 / q90 / q99 | " + " | ".join(
+            " / ".join(f"{q[r][i]:.3g}" for i in (0, 1, 3)) for r in rows)
+            + " | data: " + " / ".join(f"{q['data'][i]:.3g}" for i in (0, 1, 3)) + " |")
+        out.append("")
+        out.append("Quantiles q50 / q90 / q97.5 / q99 / max:")
+        for k in ["data"] + list(rows):
+            bad = "" if k == "data" else \
+                f" (non-finite: {100 * res['models'][k]['nonfinite'][obs]:.1f} %)"
+            out.append(f"- {k}: " + " / ".join(f"{x:.4g}" for x in q[k]) + bad)
+        out.append("")
+    out += [f"**Out of the training range** (generated values outside it, in training space; "
+            f"precipitation: [-1, 1] = [0, log_max] mm/h; policy `{res['out_of_range']}`):", "",
+            "| | " + " | ".join(_label(res, r) for r in rows) + " |", "|---" * (len(rows) + 1) + "|"]
+    oors = [res["models"][r]["out_of_range"] for r in rows]
+    for key, name in (("pixels_above", "pixels > +1"), ("samples_above", "samples with a pixel > +1"),
+                      ("pixels_below", "pixels < -1 (-> 0 mm/h)")):
+        out.append(f"| {name} | " + " | ".join(_pct(o, key) for o in oors) + " |")
+    out.append("| largest value (training space) | " + " | ".join(
+        "n/a" if o is None else f"{o['max']:.3g}" for o in oors) + " |")
+    return "\n".join(out)
 
 
-def _density_plot(path: Path, obs: dict, window, title: str) -> None:
+def _density_plot(path: Path, obs: dict, title: str) -> None:
+    """One panel per observable: KDEs (data's Silverman bandwidth, log scale) of data and rows."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -205,29 +322,45 @@ def _density_plot(path: Path, obs: dict, window, title: str) -> None:
 
     from .metrics.tails import _bandwidth, kde_density
 
-    d = obs["data"]
-    lo = float(d.min())
-    gmax = max([float(v.max()) for v in obs.values() if v.numel()] + [float(d.max())])
-    hi = max(1.5 * float(d.max()), min(gmax, 3.0 * float(d.max())))  # tail, outliers cut
-    xs = np.linspace(lo, hi, 600)
-    bw = _bandwidth(d.numpy(), "silverman")  # one bandwidth for all curves, as in LOADER
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (k, v), c in zip(obs.items(), ("C0", "C1", "C2")):
-        if v.numel() < 2:
-            continue
-        ax.plot(xs, kde_density(v, xs, bw), label=k, color=c)
-    if window is not None:
-        ax.axvspan(*window, color="0.92", zorder=0, label="LOADER window")
-    ax.set_yscale("log")
-    peak = float(kde_density(obs["data"], xs, bw).max())
-    ax.set_ylim(peak * 1e-5, peak * 3)
-    ax.set_xlabel("observable (physical units)")
-    ax.set_ylabel("density (KDE, log scale)")
-    ax.set_title(title)
-    ax.legend()
+    fig, axes = plt.subplots(1, len(obs), figsize=(4.2 * len(obs), 3.4), squeeze=False)
+    for ax, (label, curves) in zip(axes[0], obs.items()):
+        d = curves["data"]
+        lo = float(d.min())
+        gmax = max([float(v.max()) for v in curves.values() if v.numel()] + [float(d.max())])
+        hi = max(1.5 * float(d.max()), min(gmax, 3.0 * float(d.max())))  # tail, outliers cut
+        xs = np.linspace(lo, hi, 500)
+        bw = _bandwidth(d.numpy(), "silverman")  # one bandwidth for all curves, as in LOADER
+        for (k, v), c in zip(curves.items(), ("k", "C1", "C3", "C2")):
+            if v.numel() < 2:
+                continue
+            ax.plot(xs, kde_density(v, xs, bw), label=k, color=c, lw=1.2)
+        ax.set_yscale("log")
+        peak = float(kde_density(d, xs, bw).max())
+        ax.set_ylim(peak * 1e-5, peak * 3)
+        ax.set_xlabel(label)
+        ax.set_ylabel("density (KDE, log)")
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+def _out_of_range(dm, x) -> Optional[dict]:
+    """Out-of-range counts of generated samples (training space): the datamodule's
+    ``out_of_range_stats`` (precipitation: [-1, 1] = [0, log_max] mm/h), else its declared
+    ``value_range``, else None (no training range to compare with)."""
+    from .data.precip import out_of_range_fraction
+
+    stats = getattr(dm, "out_of_range_stats", None)
+    if callable(stats):
+        return stats(x)
+    vr = getattr(dm, "value_range", None)
+    return out_of_range_fraction(x, float(vr[0]), float(vr[1])) if vr is not None else None
+
+
+def _pct(oor: Optional[dict], key: str) -> str:
+    return "n/a" if oor is None else f"{100 * oor[key]:.3g} %"
 
 
 def run(a) -> dict:
@@ -238,62 +371,96 @@ def run(a) -> dict:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    obs_fn = get_observable(a.observable)
+    t_start = time.time()
+    specs = [parse_observable(s) for s in (a.observable or DEFAULT_OBSERVABLES)]
+    obs_fns = {label: get_observable(name, **kw) for label, name, kw in specs}
     _check_out(a)
-    clis = {name: build_one(a, cfg, name) for name, cfg in (("sbm", a.sbm_config), ("lim", a.lim_config))}
-    _check_reference(a, clis["sbm"].datamodule)
+    rows = _rows(a)
+    clis = {name: build_one(a, cfg, name, extra) for name, cfg, extra in rows}
+    _check_reference(a, clis[rows[0][0]].datamodule)
     os.makedirs(a.out, exist_ok=True)
     seeds = torch.arange(a.num_samples)
-    res: dict = {"eta": a.eta, "observable": a.observable, "args": vars(a)}
-    gen_obs, timings = {}, {}
-    ref = None
-    for name in ("sbm", "lim"):
+    res: dict = {"eta": a.eta, "observables": list(obs_fns), "rows": [r[0] for r in rows],
+                 "out_of_range": a.out_of_range, "args": vars(a), "models": {}}
+    gen_obs = {o: {} for o in obs_fns}
+    ref = {}
+    for name, _, _ in rows:
         model, dm, t_fit = train_one(clis[name])
-        inv = getattr(dm, "inverse_transform", lambda x: x.double())
-        if ref is None:
-            ref = obs_fn(inv(dm.train_data)).cpu()
-            res["n_ref"] = int(ref.numel())
+
+        def inv(x, dm=dm):
+            if not hasattr(dm, "inverse_transform"):
+                return x.double()
+            try:
+                return dm.inverse_transform(x, out_of_range=a.out_of_range)
+            except TypeError:  # a datamodule without the policy argument
+                return dm.inverse_transform(x)
+
+        if not ref:
+            phys = inv(dm.train_data)
+            ref = {o: f(phys).cpu() for o, f in obs_fns.items()}
+            res["n_ref"] = int(dm.train_data.shape[0])
         t0 = time.time()
         x = _generate(model, seeds, a)
-        o = obs_fn(inv(x)).cpu()
-        timings[name] = {"fit_s": round(t_fit, 1), "sample_s": round(time.time() - t0, 1)}
-        gen_obs[name] = o[torch.isfinite(o)]
-        res[name] = {"nonfinite": float((~torch.isfinite(o)).double().mean())}
-        if name == "lim":
+        t_sample = time.time() - t0
+        hp = model.hparams
+        info = {"fit_s": round(t_fit, 1), "sample_s": round(t_sample, 1),
+                "out_of_range": _out_of_range(dm, x.cpu()), "nonfinite": {}}
+        if hasattr(model, "alpha"):  # LevyItoModule
             res["alpha"] = float(model.alpha)
-        print(f"[pite] {name}: trained {a.max_steps} steps in {t_fit:.0f} s, "
-              f"sampled {a.num_samples} in {timings[name]['sample_s']:.0f} s", flush=True)
-    window = None  # LOADER over the whole real line (see matched_kwargs)
-    # model and floor on identical terms (see ``matched_kwargs``)
-    kws = matched_kwargs(ref, a.num_samples, a.eta, a.floor, window)
-    for name in ("sbm", "lim"):
-        for key in ("rmsqe", "loader"):
-            try:
-                res[name][key] = float(matched_score(gen_obs[name], ref, key, NUM_SPLITS, 0,
-                                                     a.num_samples, **kws[key]))
-            except ValueError as e:  # e.g. every sample non-finite
-                print(f"[pite] {name}: {key} undefined ({e})", flush=True)
-                res[name][key] = float("nan")
-    res["floor"] = {k: float(same_law_floor(ref, k, NUM_SPLITS, 0, a.num_samples, **kws[k]))
-                    for k in ("rmsqe", "loader")}
-    res["floor_method"] = (f"same_law_floor: {NUM_SPLITS} splits, n_gen = {a.num_samples} vs the "
-                           f"other {ref.numel() - a.num_samples} reference points; models scored "
-                           f"against the same {NUM_SPLITS} reference subsets (matched_score)")
-    res["window"] = window
+            info["sampler"] = (f"{hp.sampler}, {hp.num_steps} steps, time grid "
+                               f"{hp.get('time_grid', 'uniform')}, parameterization "
+                               f"{hp.get('parameterization', 'eps')}")
+        else:
+            info["sampler"] = f"{hp.sampler}, {hp.num_steps} steps, precond {hp.precond}"
+        phys = inv(x)
+        for o, f in obs_fns.items():
+            v = f(phys).cpu()
+            gen_obs[o][name] = v[torch.isfinite(v)]
+            info["nonfinite"][o] = float((~torch.isfinite(v)).double().mean())
+        res["models"][name] = info
+        print(f"[pite] {name}: trained {model.global_step} steps in {t_fit:.0f} s, sampled "
+              f"{a.num_samples} in {t_sample:.0f} s ({info['sampler']}); pixels above the "
+              f"training range: {_pct(info['out_of_range'], 'pixels_above')}", flush=True)
+    res["metrics"], res["quantiles"] = {}, {}
     qs = torch.tensor([0.5, 0.9, 0.975, 0.99], dtype=torch.float64)
-    res["quantiles"] = {k: (torch.quantile(v.double(), qs).tolist() + [float(v.max())]) if v.numel()
-                        else [float("nan")] * 5
-                        for k, v in (("data", ref), ("sbm", gen_obs["sbm"]), ("lim", gen_obs["lim"]))}
-    res["timings"] = timings
+    for o in obs_fns:
+        kws = matched_kwargs(ref[o], a.num_samples, a.eta, a.floor, None)
+        m = {}
+        for name in res["rows"]:
+            m[name] = {}
+            for key in ("rmsqe", "loader"):
+                try:
+                    m[name][key] = float(matched_score(gen_obs[o][name], ref[o], key, NUM_SPLITS,
+                                                       0, a.num_samples, **kws[key]))
+                except ValueError as e:  # e.g. every sample non-finite
+                    print(f"[pite] {name} / {o}: {key} undefined ({e})", flush=True)
+                    m[name][key] = float("nan")
+        m["floor"] = {k: float(same_law_floor(ref[o], k, NUM_SPLITS, 0, a.num_samples, **kws[k]))
+                      for k in ("rmsqe", "loader")}
+        res["metrics"][o] = m
+        res["quantiles"][o] = {
+            k: (torch.quantile(v.double(), qs).tolist() + [float(v.max())]) if v.numel()
+            else [float("nan")] * 5
+            for k, v in [("data", ref[o])] + [(r, gen_obs[o][r]) for r in res["rows"]]}
+    res["floor_method"] = (f"same_law_floor: {NUM_SPLITS} splits, n_gen = {a.num_samples} vs the "
+                           f"other {res['n_ref'] - a.num_samples} reference points; models scored "
+                           f"against the same {NUM_SPLITS} reference subsets (matched_score); "
+                           f"RMSQE = the blog's integral over [eta, 1], LOADER over the real line")
+    res["window"] = None
+    res["wall_s"] = round(time.time() - t_start, 1)
     table = format_table(res)
     out = Path(a.out)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
-    torch.save({"data": ref, "sbm": gen_obs["sbm"], "lim": gen_obs["lim"]}, out / "observables.pt")
-    _density_plot(out / "density.png", {"data": ref, "SBM": gen_obs["sbm"], "LIM": gen_obs["lim"]},
-                  window, f"PITE: {a.observable} ({a.max_steps} steps per model)")
+    torch.save({o: {"data": ref[o], **gen_obs[o]} for o in obs_fns}, out / "observables.pt")
+    labels = {"data": "data", **{r: _label(res, r) for r in res["rows"]}}
+    _density_plot(out / "density.png",
+                  {o: {labels[k]: v for k, v in [("data", ref[o])] + list(gen_obs[o].items())}
+                   for o in obs_fns},
+                  f"PITE (StageIV crops, {a.num_samples} samples per model)")
     print(table)
-    print(f"[pite] wrote {out / 'table.md'}, {out / 'results.json'}, {out / 'density.png'}")
+    print(f"[pite] wrote {out / 'table.md'}, {out / 'results.json'}, {out / 'density.png'} "
+          f"({res['wall_s']:.0f} s)")
     return res
 
 

@@ -10,7 +10,9 @@ from scipy.io import netcdf_file
 from lightning_pfd.data import HeavyTailedFieldDataModule, PrecipitationDataModule
 from lightning_pfd.data.heavy import gaussian_random_field, heavy_tailed_fields
 from lightning_pfd.data.precip import (STAGEIV_PATH, STAGEIV_VARIABLE, load_stageiv,
-                                       log1p_inverse, log1p_transform, random_crops)
+                                       log1p_inverse, log1p_transform, out_of_range_fraction,
+                                       random_crops)
+from lightning_pfd.errors import ConfigError
 
 
 def test_shipped_file_and_licence():
@@ -46,6 +48,51 @@ def test_log1p_roundtrip():
     assert float(y[0]) == -1.0 and abs(float(y[4]) - 1.0) < 1e-12
     torch.testing.assert_close(log1p_inverse(y, 200.0), p)
     assert float(log1p_inverse(torch.tensor([-3.0]), 200.0)) == 0.0  # below -1 -> dry
+
+
+def test_out_of_range_policy_closed_form():
+    """keep: y = 1 + d -> (1 + log_max)^(1 + d/2) - 1 (faithful extrapolation); clip: log_max.
+    Below -1 is dry under both."""
+    y = torch.tensor([-3.0, -1.0, 0.0, 1.0, 1.5, 3.0, 9.0], dtype=torch.float64)
+    keep = log1p_inverse(y, 200.0)
+    want = torch.tensor([0.0, 0.0, 201.0**0.5 - 1, 200.0, 201.0**1.25 - 1, 201.0**2 - 1,
+                         201.0**5 - 1], dtype=torch.float64)
+    torch.testing.assert_close(keep, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(log1p_inverse(y, 200.0, out_of_range="keep"), keep)
+    clip = log1p_inverse(y, 200.0, out_of_range="clip")
+    torch.testing.assert_close(clip, torch.minimum(want, torch.tensor(200.0, dtype=torch.float64)))
+    with pytest.raises(ConfigError, match="out_of_range"):
+        log1p_inverse(y, 200.0, out_of_range="cap")
+
+
+def test_out_of_range_fraction_counts():
+    y = -torch.ones(4, 1, 2, 5, dtype=torch.float64) * 0.5    # 4 samples x 10 pixels
+    y[0, 0, 0, 0] = 1.5          # sample 0: one pixel above
+    y[0, 0, 1, 3] = 7.0          # ... and a second one
+    y[2, 0, 1, 1] = 1.0          # exactly +1: inside
+    y[2, 0, 0, 4] = -1.2         # below
+    y[3, 0, 0, 0] = float("nan")
+    y[3, 0, 0, 1] = float("inf")
+    st = out_of_range_fraction(y)
+    assert st["n_pixels"] == 40
+    assert st["pixels_above"] == 2 / 40 and st["pixels_below"] == 1 / 40
+    assert st["samples_above"] == 1 / 4 and st["nonfinite"] == 2 / 40 and st["max"] == 7.0
+    assert out_of_range_fraction(y, -2.0, 10.0)["pixels_above"] == 0.0
+    with pytest.raises(ConfigError, match="lo, hi"):
+        out_of_range_fraction(y, 1.0, -1.0)
+    with pytest.raises(ConfigError, match="y"):
+        out_of_range_fraction(torch.zeros(0, 3))
+
+
+def test_datamodule_out_of_range_policy():
+    dm = PrecipitationDataModule(crop_size=8, n_train=8, n_val=0, out_of_range="clip")
+    y = torch.tensor([[0.0, 1.0, 2.0]])
+    assert float(dm.inverse_transform(y).max()) == pytest.approx(200.0)
+    assert float(dm.inverse_transform(y, out_of_range="keep").max()) == pytest.approx(201.0**1.5 - 1)
+    assert dm.out_of_range_stats(y)["pixels_above"] == pytest.approx(1 / 3)
+    assert PrecipitationDataModule(crop_size=8, n_train=8).out_of_range == "keep"
+    with pytest.raises(ConfigError, match="out_of_range"):
+        PrecipitationDataModule(out_of_range="drop")
 
 
 def test_datamodule_contract_and_split():
@@ -121,37 +168,95 @@ def test_heavy_datamodule_seeded_and_bad_input():
 
 
 # ----------------------------------------------------------------------------- PITE configs / CLI
-def test_pite_configs_share_net_and_data():
+@pytest.mark.parametrize("pair", [("sbm_precip", "lim_precip"),
+                                  ("experiments/pite_sbm", "experiments/pite_lim")])
+def test_pite_configs_share_net_and_data(pair):
     import yaml
 
     from lightning_pfd.cli import CONFIG_DIR
 
-    sbm = yaml.safe_load((CONFIG_DIR / "sbm_precip.yaml").read_text())
-    lim = yaml.safe_load((CONFIG_DIR / "lim_precip.yaml").read_text())
+    sbm = yaml.safe_load((CONFIG_DIR / f"{pair[0]}.yaml").read_text())
+    lim = yaml.safe_load((CONFIG_DIR / f"{pair[1]}.yaml").read_text())
     assert sbm["model"]["init_args"]["net"] == lim["model"]["init_args"]["net"]
     assert sbm["data"] == lim["data"]
     assert sbm["model"]["class_path"].endswith("DiffusionModule")
     assert lim["model"]["class_path"].endswith("LevyItoModule")
+    assert sbm["model"]["init_args"]["precond"] == "edm"  # VP only as the documented extra row
+    li = lim["model"]["init_args"]
+    assert li["parameterization"] == "x0" and li["sampler"] == "heun" and li["time_grid"] == "edm"
+    assert li["num_steps"] >= 100
+    for k in ("lr", "ema_decay", "warmup_steps"):
+        assert sbm["model"]["init_args"][k] == li[k]
 
 
 def test_pite_config_builds_through_the_cli(tmp_path):
     import sys
     from unittest import mock
 
-    from lightning_pfd.experiments_cli import _cli_args, build_parser
+    from lightning_pfd.experiments_cli import _cli_args, _rows, build_parser
     from lightning_pfd.lightning_cli import PFDLightningCLI
-    from lightning_pfd.modules import LevyItoModule
+    from lightning_pfd.modules import DiffusionModule, LevyItoModule
 
-    a = build_parser().parse_args(["--out", str(tmp_path), "--crop-size", "8", "--n-train", "16"])
-    with mock.patch.object(sys, "argv", ["x"]):
-        cli = PFDLightningCLI(args=_cli_args(a, "lim_precip", "lim"), run=False)
-    assert isinstance(cli.model, LevyItoModule) and cli.model.alpha == 1.7
-    assert cli.model.data_shape == (1, 8, 8) and cli.datamodule.crop_size == 8
-    assert cli.model.hparams.lr == 1e-3 and cli.trainer.max_steps == a.max_steps
+    a = build_parser().parse_args(["--out", str(tmp_path), "--crop-size", "8", "--n-train", "16",
+                                   "--sbm-preconds", "edm,vp", "--lim-steps", "7"])
+    rows = _rows(a)
+    assert [r[0] for r in rows] == ["sbm_edm", "sbm_vp", "lim"]
+    built = {}
+    for name, cfg, extra in rows:
+        with mock.patch.object(sys, "argv", ["x"]):
+            built[name] = PFDLightningCLI(args=_cli_args(a, cfg, name, extra), run=False)
+    lim = built["lim"].model
+    assert isinstance(lim, LevyItoModule) and lim.alpha == 1.7 and lim.parameterization == "x0"
+    assert lim.hparams.sampler == "heun" and lim.hparams.time_grid == "edm"
+    assert lim.hparams.num_steps == 7
+    assert lim.data_shape == (1, 8, 8) and built["lim"].datamodule.crop_size == 8
+    assert built["lim"].trainer.max_steps == 1500  # the config's
+    for q in ("edm", "vp"):
+        m = built[f"sbm_{q}"].model
+        assert isinstance(m, DiffusionModule) and m.hparams.precond == q
+        assert m.hparams.lr == lim.hparams.lr
+
+
+def test_pite_table_and_observable_parsing():
+    from lightning_pfd.experiments_cli import format_table, parse_observable
+
+    assert parse_observable("max") == ("max", "max", {})
+    assert parse_observable("exceedance:threshold=25") == ("exceedance:threshold=25", "exceedance",
+                                                           {"threshold": 25.0})
+    for bad in ("maxx", "exceedance:threshold"):
+        with pytest.raises(ConfigError, match="--observable"):
+            parse_observable(bad)
+    rows = ["sbm_edm", "lim"]
+    oor = {"pixels_above": 0.001, "pixels_below": 0.1, "samples_above": 0.05, "nonfinite": 0.0,
+           "max": 2.5, "n_pixels": 10}
+    res = {"rows": rows, "observables": ["max"], "eta": 0.975, "alpha": 1.7, "out_of_range": "keep",
+           "metrics": {"max": {"sbm_edm": {"rmsqe": 1.0, "loader": 2.0}, "lim": {"rmsqe": 3.0, "loader": 4.0},
+                               "floor": {"rmsqe": 0.5, "loader": 1.5}}},
+           "quantiles": {"max": {k: [1.0, 2.0, 3.0, 4.0, 5.0] for k in ["data"] + rows}},
+           "models": {r: {"nonfinite": {"max": 0.0}, "out_of_range": oor} for r in rows}}
+    t = format_table(res)
+    assert "| RMSQE (eta = 0.975) | 1 | 3 | 0.5 |" in t and "SBM (EDM)" in t
+    assert "| pixels > +1 | 0.1 % | 0.1 % |" in t and "| samples with a pixel > +1 | 5 % | 5 % |" in t
+    res["models"]["lim"]["out_of_range"] = None  # data without a training range
+    assert "| pixels > +1 | 0.1 % | n/a |" in format_table(res)
+
+
+def test_pite_out_of_range_uses_the_datamodules_range():
+    from lightning_pfd.experiments_cli import _out_of_range
+
+    y = torch.tensor([[0.0, 1.5, -2.0, 0.5]])
+    pre = PrecipitationDataModule(crop_size=8, n_train=8, n_val=0)
+    assert _out_of_range(pre, y)["pixels_above"] == 0.25
+    heavy = HeavyTailedFieldDataModule(size=8, n_train=8, n_val=4, value_range=None)
+    assert _out_of_range(heavy, y) is None
+    ranged = HeavyTailedFieldDataModule(size=8, n_train=8, n_val=4, value_range=(-3.0, 3.0))
+    assert _out_of_range(ranged, y)["pixels_above"] == 0.0
 
 
 @pytest.mark.parametrize("argv", [["--eta", "1.5"], ["--max-steps", "0"], ["--num-samples", "0"],
-                                  ["--crop-size", "-1"]])
+                                  ["--crop-size", "-1"], ["--sbm-preconds", "edn"],
+                                  ["--sbm-preconds", "edm,edm"], ["--observable", "maxx"],
+                                  ["--lim-steps", "0"]])
 def test_pite_cli_rejects_bad_args(argv, capsys):
     from lightning_pfd.cli import main
 

@@ -7,8 +7,15 @@ dry, max 164 mm/h. With only 23 correlated frames, the model trains on seeded ra
 validation) so validation crops come from unseen hours.
 
 Transform (training space): y = 2 log1p(p) / log1p(log_max) - 1, so 0 mm/h -> -1 and
-``log_max`` mm/h -> +1; ``inverse_transform`` maps samples back to mm/h (values below -1 are
-clipped to 0 mm/h) before computing physical observables such as the crop maximum.
+``log_max`` mm/h -> +1; ``inverse_transform`` maps samples back to mm/h before computing physical
+observables such as the crop maximum. Values below -1 have no preimage (precipitation >= 0) and
+become 0 mm/h (dry). Values above +1 are precipitation above ``log_max``, outside the training
+range; the inverse is exponential, so y = 3 is already log_max^2 ~ 4e4 mm/h and one such pixel
+decides a crop maximum. The **out-of-range policy** says what to do with them:
+``out_of_range="keep"`` (default, faithful: extrapolate the transform) or ``"clip"`` (cap at
+``log_max``; a documented option, it hides the failure). Whatever the policy,
+``out_of_range_fraction`` counts them (pixels above +1 / below -1, samples with a pixel above +1):
+report it next to every tail metric.
 """
 from __future__ import annotations
 
@@ -19,10 +26,14 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from ..errors import ConfigError, check_choice
 from .base import DEFAULT_VALUE_RANGE, TensorDataModule
 
 __all__ = ["PrecipitationDataModule", "load_stageiv", "random_crops", "STAGEIV_PATH",
-           "log1p_transform", "log1p_inverse"]
+           "log1p_transform", "log1p_inverse", "out_of_range_fraction", "OUT_OF_RANGE_POLICIES"]
+
+#: what ``log1p_inverse`` does with training-space values above +1 (precipitation > log_max)
+OUT_OF_RANGE_POLICIES = ("keep", "clip")
 
 STAGEIV_PATH = Path(__file__).resolve().parent / "assets" / "stageiv_florence.nc"
 STAGEIV_VARIABLE = "Total_precipitation_surface_1_Hour_Accumulation"
@@ -65,10 +76,41 @@ def log1p_transform(p: torch.Tensor, log_max: float) -> torch.Tensor:
     return 2.0 * torch.log1p(p.clamp_min(0)) / math.log1p(log_max) - 1.0
 
 
-def log1p_inverse(y: torch.Tensor, log_max: float) -> torch.Tensor:
-    """Training space -> mm/h (float64): expm1((max(y, -1) + 1)/2 log1p(log_max))."""
+def log1p_inverse(y: torch.Tensor, log_max: float, out_of_range: str = "keep") -> torch.Tensor:
+    """Training space -> mm/h (float64): expm1((max(y, -1) + 1)/2 log1p(log_max)).
+
+    ``out_of_range``: "keep" (default) extrapolates above +1 (faithful: y = 1 + d gives
+    (1 + log_max)^(1 + d/2) - 1 mm/h); "clip" caps y at +1, i.e. at ``log_max`` mm/h. Below -1
+    is 0 mm/h under both policies (no precipitation below 0)."""
+    check_choice("out_of_range", out_of_range, OUT_OF_RANGE_POLICIES)
     y = torch.as_tensor(y).to(torch.float64)
-    return torch.expm1((y.clamp_min(-1.0) + 1.0) * 0.5 * math.log1p(log_max))
+    y = y.clamp_min(-1.0) if out_of_range == "keep" else y.clamp(-1.0, 1.0)
+    return torch.expm1((y + 1.0) * 0.5 * math.log1p(log_max))
+
+
+def out_of_range_fraction(y: torch.Tensor, lo: float = -1.0, hi: float = 1.0) -> dict:
+    """How much of a batch (B, ...) lies outside the training range [lo, hi] (training space).
+
+    Returns floats: ``pixels_above`` / ``pixels_below`` (fraction of all values > hi / < lo),
+    ``samples_above`` (fraction of samples with at least one value > hi), ``nonfinite``
+    (fraction of non-finite values, counted in neither), ``max`` (largest finite value) and
+    ``n_pixels``. For precipitation, [-1, 1] = [0, log_max] mm/h."""
+    if isinstance(lo, bool) or isinstance(hi, bool) or not (
+            isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo < hi):
+        raise ConfigError("lo, hi", "need numbers lo < hi", value=(lo, hi))
+    y = torch.as_tensor(y).to(torch.float64)
+    if y.ndim < 1 or y.shape[0] == 0:
+        raise ConfigError("y", "need a non-empty batch (B, ...)",
+                          value=tuple(y.shape))
+    flat = y.reshape(y.shape[0], -1)
+    fin = torch.isfinite(flat)
+    above, below = (flat > hi) & fin, (flat < lo) & fin
+    n = flat.numel()
+    return {"pixels_above": float(above.sum()) / n, "pixels_below": float(below.sum()) / n,
+            "samples_above": float(above.any(1).double().mean()),
+            "nonfinite": float((~fin).sum()) / n,
+            "max": float(flat[fin].max()) if bool(fin.any()) else float("nan"),
+            "n_pixels": int(n)}
 
 
 class PrecipitationDataModule(TensorDataModule):
@@ -84,6 +126,8 @@ class PrecipitationDataModule(TensorDataModule):
         value_range: declared range of the transformed crops (default [-1, 1]: 0 mm/h is -1,
             ``log_max`` mm/h is +1; the shipped data peak at 164 mm/h, inside the default
             ``log_max`` of 200). Values above +1 mean precipitation above ``log_max``.
+        out_of_range: default policy of ``inverse_transform`` for generated values above +1:
+            "keep" (faithful extrapolation, default) or "clip" (cap at ``log_max``).
     """
 
     def __init__(self, crop_size: int = 32, n_train: int = 2048, n_val: int = 512,
@@ -92,7 +136,9 @@ class PrecipitationDataModule(TensorDataModule):
                  crop_seed: int = 0, path: Optional[str] = None, batch_size: int = 64,
                  val_batch_size: Optional[int] = None, num_workers: int = 0,
                  samples_per_epoch: Optional[int] = None, seed: int = 0,
-                 value_range: Optional[tuple[float, float]] = DEFAULT_VALUE_RANGE):
+                 value_range: Optional[tuple[float, float]] = DEFAULT_VALUE_RANGE,
+                 out_of_range: str = "keep"):
+        check_choice("data.init_args.out_of_range", out_of_range, OUT_OF_RANGE_POLICIES)
         if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 1:
             raise ValueError(f"n_train: must be an integer >= 1, got {n_train!r}")
         if isinstance(n_val, bool) or not isinstance(n_val, int) or n_val < 0:
@@ -115,6 +161,7 @@ class PrecipitationDataModule(TensorDataModule):
         self.crop_size, self.n_val, self.log_max = int(crop_size), int(n_val), float(log_max)
         self.train_frames, self.val_frames = train_frames, val_frames
         self.crop_seed, self.path = int(crop_seed), path
+        self.out_of_range = out_of_range
 
     def available_train(self) -> int:
         return self.n_train
@@ -138,6 +185,13 @@ class PrecipitationDataModule(TensorDataModule):
         """mm/h -> training space (float32)."""
         return log1p_transform(p, self.log_max).to(torch.float32)
 
-    def inverse_transform(self, y: torch.Tensor) -> torch.Tensor:
-        """Training space -> mm/h (float64), for physical observables."""
-        return log1p_inverse(y, self.log_max)
+    def inverse_transform(self, y: torch.Tensor, out_of_range: Optional[str] = None) -> torch.Tensor:
+        """Training space -> mm/h (float64), for physical observables; ``out_of_range``
+        (None = the module's policy): "keep" or "clip" values above +1 (see module doc)."""
+        return log1p_inverse(y, self.log_max, self.out_of_range if out_of_range is None
+                             else out_of_range)
+
+    def out_of_range_stats(self, y: torch.Tensor) -> dict:
+        """``out_of_range_fraction`` of generated samples against the transform's range [-1, 1]
+        (= [0, log_max] mm/h), whatever the inverse-transform policy."""
+        return out_of_range_fraction(y, -1.0, 1.0)

@@ -25,6 +25,13 @@ Conventions
   (sigma_t^alpha = sigma_s^alpha - h gamma_s^alpha to first order); the reference code's
   alpha h S inflates it for alpha < 2 (REFERENCE §12, tested). The last step is noiseless
   (an ODE step).
+* Noise-to-signal coordinates (docs/levy.md, "Samplers"): with r = sigma/gamma and
+  y = x/gamma the probability-flow ODE is exactly dy/dr = eps_hat(x, t), where
+  eps_hat = -alpha sigma^(alpha-1) S = (x - gamma D)/sigma is the predicted noise and D the
+  predicted clean sample -- the EDM ODE dx/dsigma = (x - D)/sigma in (r, y). "ddim" is Euler in
+  r (exact for a point mass on any grid), "heun" the second-order Heun step in r (EDM Alg. 1
+  without churn); the "edm" time grid is EDM's rho-grid in r (dense near r -> 0 and spread
+  over log r near T).
 """
 from __future__ import annotations
 
@@ -33,13 +40,23 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..errors import ConfigError, check_choice
 from .noise import seeded_noise, seeded_uniform
 
 __all__ = [
     "sample_alpha_stable", "sample_positive_stable", "subgaussian_constant", "check_alpha",
-    "CosineSchedule", "fractional_dsm_loss", "levy_time_grid", "levy_ode_step",
-    "levy_sde_step", "levy_sample",
+    "CosineSchedule", "fractional_dsm_loss", "denoiser_dsm_loss", "levy_time_grid",
+    "levy_ode_step", "levy_ddim_step", "levy_sde_step", "levy_sample", "score_to_eps",
+    "denoiser_to_score", "LEVY_SAMPLERS", "LEVY_TIME_GRIDS", "PARAMETERIZATIONS",
 ]
+
+#: reverse samplers: "ode" (the first-order exponential integrator in t, the former default),
+#: "ddim" (Euler in r = sigma/gamma), "heun" (second order in r), "sde"
+LEVY_SAMPLERS = ("ode", "ddim", "heun", "sde")
+#: time grids: "uniform" in t, "edm" = EDM's rho-grid in r = sigma/gamma
+LEVY_TIME_GRIDS = ("uniform", "edm")
+#: network output: "eps" (regresses -eps/alpha, LIM) or "x0" (EDM-preconditioned denoiser)
+PARAMETERIZATIONS = ("eps", "x0")
 
 _EPS_V = 1e-12  # keeps V strictly inside (-pi/2, pi/2)
 
@@ -180,7 +197,44 @@ class CosineSchedule:
         return torch.cos(self._phase(t)) / math.cos(0.5 * math.pi * self.s / (1 + self.s))
 
     def sigma(self, t) -> torch.Tensor:
-        return (1 - self.gamma(t).pow(self.alpha)).clamp_min(0).pow(1 / self.alpha)
+        # 1 - gamma^alpha = -expm1(alpha log gamma): no cancellation near t -> 0
+        g = self.gamma(t).clamp_min(0)
+        return (-torch.expm1(self.alpha * torch.log(g))).clamp_min(0).pow(1 / self.alpha)
+
+    def nsr(self, t) -> torch.Tensor:
+        """Noise-to-signal ratio r(t) = sigma(t)/gamma(t) (the EDM sigma of y = x/gamma)."""
+        return self.sigma(t) / self.gamma(t)
+
+    def t_of_nsr(self, r) -> torch.Tensor:
+        """Inverse of ``nsr``: gamma = (1 + r^alpha)^(-1/alpha) (from gamma^alpha + sigma^alpha
+        = 1), t = 2(1+s)/pi arccos(gamma cos(pi/2 s/(1+s))) - s."""
+        r = torch.as_tensor(r, dtype=torch.float64)
+        g = torch.exp(-torch.log1p(r.pow(self.alpha)) / self.alpha)
+        c0 = math.cos(0.5 * math.pi * self.s / (1 + self.s))
+        return torch.acos((g * c0).clamp(-1.0, 1.0)) * 2 * (1 + self.s) / math.pi - self.s
+
+    def time_grid(self, num_steps: int, grid: str = "uniform", rho: float = 7.0,
+                  t_end: float | None = None, device=None) -> torch.Tensor:
+        """Reverse grid T = t_0 > ... > t_N = t_end (default t_min), N + 1 points, float64.
+
+        ``grid="uniform"``: uniform in t. ``grid="edm"``: r_i = (r_max^(1/rho) + i/N
+        (r_min^(1/rho) - r_max^(1/rho)))^rho with r = sigma/gamma (EDM eq. 5 in r), mapped back
+        to t by ``t_of_nsr``; the end points are exactly T and t_end.
+        """
+        check_choice("time_grid", grid, LEVY_TIME_GRIDS)
+        t_end = self.t_min if t_end is None else float(t_end)
+        ts = levy_time_grid(num_steps, self.T, t_end, device=device)
+        if grid == "uniform":
+            return ts
+        if not (isinstance(rho, (int, float)) and not isinstance(rho, bool) and rho > 0):
+            raise ConfigError("rho", "must be a number > 0", value=rho)
+        n = int(num_steps)
+        r_max, r_min = float(self.nsr(self.T)), float(self.nsr(t_end))
+        i = torch.arange(n + 1, dtype=torch.float64, device=device)
+        r = (r_max ** (1 / rho) + i / n * (r_min ** (1 / rho) - r_max ** (1 / rho))) ** rho
+        ts = self.t_of_nsr(r)
+        ts[0], ts[-1] = self.T, t_end
+        return ts
 
     def beta(self, t) -> torch.Tensor:
         return self.alpha * math.pi / (2 * (1 + self.s)) * torch.tan(self._phase(t))
@@ -204,7 +258,11 @@ def fractional_dsm_loss(s_pred: torch.Tensor, eps: torch.Tensor, alpha: float,
     """
     if loss not in ("squared", "huber", "l2"):
         raise ValueError(f"loss: must be one of 'squared', 'huber', 'l2', got {loss!r}")
-    r = (s_pred + eps.to(s_pred.dtype) / alpha).flatten(1)
+    return _penalty(s_pred + eps.to(s_pred.dtype) / alpha, loss, huber_delta)
+
+
+def _penalty(r: torch.Tensor, loss: str, huber_delta: float) -> torch.Tensor:
+    r = r.flatten(1)
     if loss == "squared":
         return r.square().sum(1)
     if loss == "l2":
@@ -212,6 +270,40 @@ def fractional_dsm_loss(s_pred: torch.Tensor, eps: torch.Tensor, alpha: float,
     ar = r.abs()
     d = float(huber_delta)
     return torch.where(ar < d, 0.5 * r.square(), d * (ar - 0.5 * d)).sum(1)
+
+
+def denoiser_dsm_loss(D: torch.Tensor, x0: torch.Tensor, c_out: torch.Tensor,
+                      loss: str = "squared", huber_delta: float = 1.0) -> torch.Tensor:
+    """Per-example loss of the x0 (denoiser) parameterization (B,): penalty of (D - x0)/c_out.
+
+    D = c_skip y + c_out F, so (D - x0)/c_out = F - F* (EDM's effective target, eq. 8). In
+    terms of the eps parameterization's residual s + eps/alpha = (D - x0)/(alpha r) this is the
+    same regression weighted by (alpha r / c_out)^2 = alpha^2 (1 + r^2/sigma_data^2) per time.
+    ``c_out`` has shape (B,) or broadcasts against D.
+    """
+    if loss not in ("squared", "huber", "l2"):
+        raise ConfigError("loss", "unknown value", value=loss, accepted=["squared", "huber", "l2"])
+    c = torch.as_tensor(c_out, dtype=torch.float64, device=D.device)
+    if c.ndim == 1:
+        c = c.reshape(-1, *([1] * (D.ndim - 1)))
+    r = (D.to(torch.float64) - x0.to(torch.float64)) / c
+    return _penalty(r.to(torch.float32) if D.dtype != torch.float64 else r, loss, huber_delta)
+
+
+def score_to_eps(S: torch.Tensor, sigma, alpha: float) -> torch.Tensor:
+    """Predicted noise from the fractional score: eps_hat = -alpha sigma^(alpha-1) S."""
+    return -alpha * torch.as_tensor(sigma, dtype=torch.float64).pow(alpha - 1) * S
+
+
+def denoiser_to_score(D: torch.Tensor, x: torch.Tensor, gamma, sigma, alpha: float) -> torch.Tensor:
+    """Fractional score from a denoiser: S = -(x - gamma D)/(alpha sigma^alpha) (docs/levy.md).
+
+    For the isotropic sub-Gaussian noise the conditional fractional score of x_t | x_0 is
+    -(x_t - gamma x_0)/(alpha sigma^alpha) = sigma^(1-alpha)(-eps/alpha); averaging over the
+    posterior of x_0 gives this with D = E[x_0 | x_t], the minimiser of the x0 loss."""
+    g = torch.as_tensor(gamma, dtype=torch.float64)
+    sg = torch.as_tensor(sigma, dtype=torch.float64)
+    return -(x.to(torch.float64) - g * D.to(torch.float64)) / (alpha * sg.pow(alpha))
 
 
 def levy_time_grid(num_steps: int, T: float = 0.9946, t_min: float = 1e-5,
@@ -227,6 +319,13 @@ def levy_ode_step(x: torch.Tensor, S: torch.Tensor, a: float, alpha: float) -> t
     return a * x + alpha * (a - 1) * S
 
 
+def levy_ddim_step(x: torch.Tensor, eps_hat: torch.Tensor, a: float, sigma_s: float,
+                   sigma_t: float) -> torch.Tensor:
+    """Euler step in (r, y): y_t = y_s + (r_t - r_s) eps_hat, i.e. x <- a x + (sigma_t - a
+    sigma_s) eps_hat (the DDIM step of the LIM flow; exact for a point mass)."""
+    return a * x + (sigma_t - a * sigma_s) * eps_hat
+
+
 def levy_sde_step(x: torch.Tensor, S: torch.Tensor, a: float, h: float, alpha: float,
                   noise: torch.Tensor, drift_factor: float = 2.0) -> torch.Tensor:
     """Reverse SDE step: x <- a x + drift_factor h S + h^(1/alpha) eps'.
@@ -240,19 +339,22 @@ def levy_sde_step(x: torch.Tensor, S: torch.Tensor, a: float, h: float, alpha: f
 def levy_sample(score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x_T: torch.Tensor,
                 schedule: CosineSchedule, num_steps: int = 100, sampler: str = "ode",
                 noise_fn: Callable[[int], torch.Tensor] | None = None, t_end: float | None = None,
-                drift_factor: float = 2.0) -> torch.Tensor:
+                drift_factor: float = 2.0, time_grid: str = "uniform",
+                rho: float = 7.0) -> torch.Tensor:
     """Integrate the reverse process from T to ``t_end`` (default schedule.t_min), float64.
 
     ``score(x, t)`` returns the fractional score S(x, t) (t a float64 scalar tensor).
-    ``sampler``: "ode" (probability flow) or "sde"; ``noise_fn(i)`` gives the alpha-stable
-    noise eps' for step i (shape of x), required for "sde". The last step is noiseless.
+    ``sampler``: "ode" (first-order exponential integrator in t), "ddim" (Euler in
+    r = sigma/gamma), "heun" (Heun in r, 2 score evaluations per step), or "sde";
+    ``noise_fn(i)`` gives the alpha-stable noise eps' for step i (shape of x), required for
+    "sde". The last step of "sde" is noiseless. ``time_grid`` / ``rho``: see
+    ``CosineSchedule.time_grid``.
     """
-    if sampler not in ("ode", "sde"):
-        raise ValueError(f"sampler: must be 'ode' or 'sde', got {sampler!r}")
+    check_choice("sampler", sampler, LEVY_SAMPLERS)
     if sampler == "sde" and noise_fn is None:
         raise ValueError("noise_fn: required for sampler='sde'")
-    ts = levy_time_grid(num_steps, schedule.T, schedule.t_min if t_end is None else t_end)
-    gam, beta = schedule.gamma(ts), schedule.beta(ts)
+    ts = schedule.time_grid(num_steps, time_grid, rho, t_end, device=x_T.device)
+    gam, sig, beta = schedule.gamma(ts), schedule.sigma(ts), schedule.beta(ts)
     x = x_T.to(torch.float64)
     alpha = schedule.alpha
     for i in range(len(ts) - 1):
@@ -260,7 +362,15 @@ def levy_sample(score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x_T
         a = float(gam[i + 1] / gam[i])
         S = score(x, s_t).to(torch.float64)
         last = i == len(ts) - 2
-        if sampler == "ode" or last:
+        if sampler in ("ddim", "heun"):
+            ss, st = float(sig[i]), float(sig[i + 1])
+            e = score_to_eps(S, ss, alpha)
+            x_new = levy_ddim_step(x, e, a, ss, st)
+            if sampler == "heun":
+                e2 = score_to_eps(score(x_new, t_t).to(torch.float64), st, alpha)
+                x_new = levy_ddim_step(x, 0.5 * (e + e2), a, ss, st)
+            x = x_new
+        elif sampler == "ode" or last:
             x = levy_ode_step(x, S, a, alpha)
         else:
             h = float(beta[i] * (s_t - t_t))

@@ -11,9 +11,10 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ..diffusion.levy import (CosineSchedule, check_alpha, fractional_dsm_loss, levy_sample,
-                              sample_alpha_stable)
-from ..errors import check_choice
+from ..diffusion.levy import (LEVY_SAMPLERS, LEVY_TIME_GRIDS, PARAMETERIZATIONS, CosineSchedule,
+                              check_alpha, denoiser_dsm_loss, denoiser_to_score,
+                              fractional_dsm_loss, levy_sample, sample_alpha_stable)
+from ..errors import ConfigError, check_choice
 from .base import ResumableModule
 from .ema import EMA, ema_step, sanitize_gradients
 from .optim import adam_with_warmup
@@ -33,39 +34,81 @@ def trimmed_mean(x: torch.Tensor, fraction: float = 0.1) -> torch.Tensor:
 
 
 class LevyScoreNet(nn.Module):
-    """s_theta(x_t, t) = net(c_in x_t, c_noise): the network regressing -eps/alpha.
+    """The network of the Lévy–Itō model with its input scaling and output parameterization.
 
-    c_in = 1/sqrt(gamma(t)^2 sigma_data^2 + sigma(t)^2) (a nominal input scale; alpha-stable
-    noise has no variance), c_noise = (M - 1) t (as VP, REFERENCE §3). The fractional score
-    is S_theta = sigma(t)^(1-alpha) s_theta (``fractional_score``).
+    Network input c_in x_t with c_in = 1/sqrt(gamma(t)^2 sigma_data^2 + sigma(t)^2) (a nominal
+    input scale; alpha-stable noise has no variance), c_noise = (M - 1) t (as EDM Table 1, VP).
+
+    * ``parameterization="eps"`` (LIM): ``forward`` returns s_theta = net(c_in x_t, c_noise),
+      regressing -eps/alpha; the fractional score is S_theta = sigma(t)^(1-alpha) s_theta.
+    * ``parameterization="x0"``: ``forward`` returns the denoiser D(x_t, t) = c_skip y +
+      c_out net(c_in x_t, c_noise) (float64) with y = x_t/gamma, r = sigma/gamma and EDM's
+      coefficients in r: c_skip = sigma_data^2/(r^2 + sigma_data^2), c_out = r sigma_data /
+      sqrt(r^2 + sigma_data^2) (so c_in x_t = y/sqrt(r^2 + sigma_data^2), the same input). It
+      regresses x_0; the score is S = -(x_t - gamma D)/(alpha sigma^alpha). A network error
+      delta gives a clean-image error c_out delta <= sigma_data delta at every t, where an error
+      delta in s_theta gives alpha r delta (r(T) = 119 for the cosine schedule, docs/levy.md).
     """
 
     def __init__(self, net: nn.Module, schedule: CosineSchedule, sigma_data: float = 0.5,
-                 M: int = 1000):
+                 M: int = 1000, parameterization: str = "eps"):
         super().__init__()
+        check_choice("parameterization", parameterization, PARAMETERIZATIONS)
         self.net, self.schedule = net, schedule
         self.sigma_data, self.M = float(sigma_data), int(M)
+        self.parameterization = parameterization
 
-    def forward(self, x: torch.Tensor, t) -> torch.Tensor:
+    def _coef(self, t, x):
+        """(t (B,), gamma, sigma) as float64 tensors shaped to broadcast against x."""
         t = torch.as_tensor(t, dtype=torch.float64, device=x.device)
         if t.ndim == 0:
             t = t.expand(x.shape[0])
-        g, s = self.schedule.gamma(t), self.schedule.sigma(t)
+        shape = (-1,) + (1,) * (x.ndim - 1)
+        return t, self.schedule.gamma(t).reshape(shape), self.schedule.sigma(t).reshape(shape)
+
+    def c_out(self, t) -> torch.Tensor:
+        """c_out(t) of the x0 parameterization: r sigma_data / sqrt(r^2 + sigma_data^2)."""
+        r = self.schedule.nsr(t)
+        return r * self.sigma_data / (r.square() + self.sigma_data**2).sqrt()
+
+    def forward(self, x: torch.Tensor, t) -> torch.Tensor:
+        t, g, s = self._coef(t, x)
         c_in = (g.square() * self.sigma_data**2 + s.square()).rsqrt()
-        c_in = c_in.to(torch.float32).reshape(-1, *([1] * (x.ndim - 1)))
         c_noise = ((self.M - 1) * t).to(torch.float32)
-        return self.net(c_in * x.to(torch.float32), c_noise).to(torch.float32)
+        F = self.net((c_in * x.to(torch.float64)).to(torch.float32), c_noise)
+        if self.parameterization == "eps":
+            return F.to(torch.float32)
+        r = s / g
+        sd2 = self.sigma_data**2
+        c_skip = sd2 / (r.square() + sd2)
+        c_out = r * self.sigma_data / (r.square() + sd2).sqrt()
+        return c_skip * (x.to(torch.float64) / g) + c_out * F.to(torch.float64)
 
     def fractional_score(self, x: torch.Tensor, t) -> torch.Tensor:
-        """S_theta(x, t) = sigma(t)^(1-alpha) s_theta(x, t), float64."""
-        t = torch.as_tensor(t, dtype=torch.float64, device=x.device)
-        sig = self.schedule.sigma(t).pow(1 - self.schedule.alpha)
-        sig = sig.reshape(-1, *([1] * (x.ndim - 1))) if sig.ndim else sig
-        return sig * self(x, t).to(torch.float64)
+        """S_theta(x, t), float64 (eps: sigma^(1-alpha) s_theta; x0: -(x - gamma D)/(alpha sigma^alpha))."""
+        _, g, s = self._coef(t, x)
+        out = self(x, t).to(torch.float64)
+        if self.parameterization == "eps":
+            return s.pow(1 - self.schedule.alpha) * out
+        return denoiser_to_score(out, x, g, s, self.schedule.alpha)
+
+    def denoised(self, x: torch.Tensor, t) -> torch.Tensor:
+        """The implied clean sample D(x, t) = (x - sigma eps_hat)/gamma, float64."""
+        _, g, s = self._coef(t, x)
+        out = self(x, t).to(torch.float64)
+        if self.parameterization == "x0":
+            return out
+        return (x.to(torch.float64) + s * self.schedule.alpha * out) / g
 
 
 def _check_choice(name: str, value, allowed) -> None:
     check_choice(name, value, allowed)
+
+
+def _check_rho(rho) -> float:
+    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not rho > 0:
+        raise ConfigError("rho", "must be a number > 0 (EDM's time-grid exponent)", value=rho)
+    return float(rho)
 
 
 class LevyItoModule(ResumableModule):
@@ -84,7 +127,12 @@ class LevyItoModule(ResumableModule):
         sigma_data, M: input scaling and noise conditioning of the network (``LevyScoreNet``).
         lr, betas, weight_decay, warmup_steps: Adam settings and linear LR warm-up.
         ema_decay / ema_halflife_kimg: EMA of the weights (the half-life overrides the decay).
-        num_steps, sampler, sde_drift_factor: defaults of ``generate`` ("ode" or "sde").
+        parameterization: "eps" (the network regresses -eps/alpha, LIM) or "x0" (an
+            EDM-preconditioned denoiser in r = sigma/gamma; the score is derived from it, see
+            ``LevyScoreNet`` and docs/levy.md).
+        num_steps, sampler, sde_drift_factor, time_grid, rho: defaults of ``generate``
+            (sampler "ode" (first order in t) / "ddim" / "heun" / "sde"; time grid "uniform" in t or
+            "edm" = EDM's rho-grid in r = sigma/gamma).
         trim_fraction: fraction cut on each side for the logged trimmed-mean loss.
         generate_clamp_A: clamp of A in the prior x_T and the SDE noise of ``generate`` (None =
             exact alpha-stable law). Setting it equal to ``clamp_A`` samples the process the
@@ -95,7 +143,7 @@ class LevyItoModule(ResumableModule):
     """
 
     ARCHITECTURE_KEYS = frozenset({"net", "alpha", "isotropic", "schedule_s", "T", "t_min",
-                                   "sigma_data", "M"})
+                                   "sigma_data", "M", "parameterization"})
 
     def __init__(self, net: nn.Module, alpha: float = 1.7, loss: str = "squared",
                  huber_delta: float = 1.0, clamp_A: Optional[float] = None,
@@ -108,11 +156,15 @@ class LevyItoModule(ResumableModule):
                  num_steps: int = 100,
                  sampler: str = "ode", sde_drift_factor: float = 2.0, trim_fraction: float = 0.1,
                  generate_clamp_A: Optional[float] = None, train_seed: Optional[int] = None,
-                 divergence_patience: int = 10, on_divergence: str = "stop"):
+                 divergence_patience: int = 10, on_divergence: str = "stop",
+                 parameterization: str = "eps", time_grid: str = "uniform", rho: float = 7.0):
         super().__init__()
         check_alpha(alpha)
         _check_choice("loss", loss, ("squared", "huber", "l2"))
-        _check_choice("sampler", sampler, ("ode", "sde"))
+        _check_choice("sampler", sampler, LEVY_SAMPLERS)
+        _check_choice("parameterization", parameterization, PARAMETERIZATIONS)
+        _check_choice("time_grid", time_grid, LEVY_TIME_GRIDS)
+        _check_rho(rho)
         for name, v in (("clamp_A", clamp_A), ("clamp_eps", clamp_eps),
                     ("generate_clamp_A", generate_clamp_A)):
             if v is not None and not v > 0:
@@ -140,7 +192,7 @@ class LevyItoModule(ResumableModule):
             warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`.*")
             self.save_hyperparameters()
         self.net = net
-        self.score_net = LevyScoreNet(net, self.schedule, sigma_data, M)
+        self.score_net = LevyScoreNet(net, self.schedule, sigma_data, M, parameterization)
         self.ema = EMA(self.score_net)
         self._init_resumable(train_seed, divergence_patience, on_divergence)
 
@@ -173,12 +225,24 @@ class LevyItoModule(ResumableModule):
             eps = eps.clamp(-hp.clamp_eps, hp.clamp_eps)
         return t, eps
 
+    @property
+    def parameterization(self) -> str:
+        return self.hparams.get("parameterization", "eps")
+
     def loss_fn(self, model: LevyScoreNet, y: torch.Tensor, seeds=None) -> torch.Tensor:
-        """Per-sample fractional DSM loss (B,): x_t = gamma y + sigma eps, target -eps/alpha."""
+        """Per-sample loss (B,), x_t = gamma y + sigma eps. "eps": fractional DSM, target
+        -eps/alpha; "x0": ``denoiser_dsm_loss`` of D = model(x_t, t) against y (the same
+        regression weighted by alpha^2 (1 + r^2/sigma_data^2), docs/levy.md)."""
         t, eps = self.draw(y, seeds)
         shape = (-1,) + (1,) * (y.ndim - 1)
         x_t = self.schedule.gamma(t).reshape(shape) * y.to(torch.float64) \
             + self.schedule.sigma(t).reshape(shape) * eps
+        if self.parameterization == "x0":
+            r = self.schedule.nsr(t)
+            sd = float(self.hparams.sigma_data)
+            c_out = r * sd / (r.square() + sd**2).sqrt()
+            D = model(x_t, t)
+            return denoiser_dsm_loss(D, y, c_out, self.hparams.loss, self.hparams.huber_delta)
         s = model(x_t.to(torch.float32), t)
         return fractional_dsm_loss(s, eps.to(torch.float32), self.alpha, self.hparams.loss,
                                    self.hparams.huber_delta)
@@ -186,17 +250,22 @@ class LevyItoModule(ResumableModule):
     @torch.no_grad()
     def generate(self, seeds, num_steps: Optional[int] = None, sampler: Optional[str] = None,
                  batch_size: int = 256, model: Optional[nn.Module] = None,
-                 sigmas=None) -> torch.Tensor:
+                 sigmas=None, time_grid: Optional[str] = None,
+                 rho: Optional[float] = None) -> torch.Tensor:
         """Samples (float64, on this module's device), one per seed, reproducible per seed.
 
         x_T = sigma(T) eps with eps from ``sample_alpha_stable(seeds=...)`` (stream 0), SDE
         noise of step i from stream 1 + i. ``sigmas`` is accepted for interface compatibility
-        with ``DiffusionModule.generate`` and must be None.
+        with ``DiffusionModule.generate`` and must be None. ``sampler``, ``num_steps``,
+        ``time_grid``, ``rho``: None = the module's defaults.
         """
         if sigmas is not None:
             raise ValueError("sigmas: LevyItoModule integrates in t; use num_steps instead")
         sampler = sampler or self.hparams.sampler
-        _check_choice("sampler", sampler, ("ode", "sde"))
+        _check_choice("sampler", sampler, LEVY_SAMPLERS)
+        time_grid = time_grid or self.hparams.get("time_grid", "uniform")
+        _check_choice("time_grid", time_grid, LEVY_TIME_GRIDS)
+        rho = _check_rho(self.hparams.get("rho", 7.0) if rho is None else rho)
         num_steps = int(num_steps or self.hparams.num_steps)
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
@@ -210,7 +279,8 @@ class LevyItoModule(ResumableModule):
             noise_fn = (lambda i, c=chunk: sample_alpha_stable(
                 a, self.data_shape, iso, device=self.device, seeds=c, stream=1 + i, clamp_A=cA))
             out.append(levy_sample(model.fractional_score, x_T, self.schedule, num_steps, sampler,
-                                   noise_fn, drift_factor=self.hparams.sde_drift_factor))
+                                   noise_fn, drift_factor=self.hparams.sde_drift_factor,
+                                   time_grid=time_grid, rho=rho))
         if not out:
             return torch.zeros(0, *self.data_shape, dtype=torch.float64, device=self.device)
         return torch.cat(out)
