@@ -68,14 +68,89 @@ def test_eigenvalues_match_scipy_generalized_eigh():
     assert torch.equal(m.eigenvalues(), out["eigenvalues"])
 
 
-def test_default_tau_is_relative_to_mean_residual_eigenvalue():
+def test_relative_tau_is_the_old_rule_one_thousandth_of_mean_residual_eigenvalue():
     g = torch.Generator().manual_seed(4)
     h1, h2 = _views(_spd(6, g), _spd(6, g), 2000, 4)
+    out = invariant_contamination_ratio(h1, h2, tau="relative")
+    m = InvariantContaminationRatio(tau="relative")
+    m.update(h1, h2)
+    cov = m.covariances()
+    tr = float(cov["sigma_xi"].diagonal().sum())
+    assert math.isclose(float(out["tau"]), 1e-3 * tr / 6, rel_tol=1e-12)
+    ref = icr_from_covariances(cov["sigma_s"], cov["sigma_xi"], tau=1e-3 * tr / 6)
+    assert math.isclose(float(out["icr"]), float(ref), rel_tol=1e-12)
+
+
+# ----------------------------------------------------------------------------- tau = "auto"
+def _ill_conditioned(d, cond, g):
+    """SPD matrix with eigenvalues log-spaced in [1/cond, 1] (condition number ``cond``)."""
+    q, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=F64))
+    return q @ torch.diag(torch.logspace(0, -math.log10(cond), d, dtype=F64)) @ q.T
+
+
+def test_auto_tau_is_zero_and_equals_closed_form_on_well_conditioned_covariances():
+    """Population covariances: tau="auto" (the default) adds nothing, so ICR is exactly
+    1/(1 + Tr(Sigma_xi^-1 Sigma_s)/d); the old relative ridge is measurably off."""
+    g = torch.Generator().manual_seed(40)
+    for d in (4, 12, 32):
+        s, x = _spd(d, g), _spd(d, g, scale=0.5)
+        exact = _exact_icr(s, x)
+        assert math.isclose(float(icr_from_covariances(s, x)), exact, rel_tol=1e-10)
+        assert math.isclose(float(icr_from_covariances(s, x, tau="auto")), exact, rel_tol=1e-10)
+        assert math.isclose(float(icr_from_covariances(s, x, tau=None)), exact, rel_tol=1e-10)
+        rel = float(icr_from_covariances(s, x, tau="relative"))
+        assert rel > exact  # a ridge only shrinks the eigenvalues (Proposition 1)
+    # estimated: the default reports tau = 0, its condition number, and equals the tau = 0 estimate
+    h1, h2 = _views(_spd(6, g), _spd(6, g), 2000, 41)
     out = invariant_contamination_ratio(h1, h2)
+    assert float(out["tau"]) == 0.0 and 1 <= float(out["cond_xi"]) < 1e3
+    assert float(out["icr"]) == float(invariant_contamination_ratio(h1, h2, tau=0.0)["icr"])
+
+
+def test_auto_tau_applies_the_relative_ridge_only_when_ill_conditioned():
+    g = torch.Generator().manual_seed(42)
+    d = 8
+    s = _spd(d, g)
+    x = _ill_conditioned(d, 1e10, g)  # cond 1e10 > cond_max = 1e8
+    tau_rel = 1e-3 * float(x.diagonal().sum()) / d
+    got = float(icr_from_covariances(s, x, tau="auto"))
+    assert math.isclose(got, float(icr_from_covariances(s, x, tau=tau_rel)), rel_tol=1e-12)
+    assert math.isclose(got, float(icr_from_covariances(s, x, tau="relative")), rel_tol=1e-12)
+    assert got > 10 * _exact_icr(s, x)  # the ridge caps the huge eigenvalues of the tiny directions
+    # the threshold: cond 1e5 is well conditioned for the default cond_max, not for cond_max = 1e4
+    x5 = _ill_conditioned(d, 1e5, g)
+    assert math.isclose(float(icr_from_covariances(s, x5)), _exact_icr(s, x5), rel_tol=1e-8)
+    assert math.isclose(float(icr_from_covariances(s, x5, cond_max=1e4)),
+                        float(icr_from_covariances(s, x5, tau="relative")), rel_tol=1e-12)
+    # a singular estimate (n <= d): tau = 0 fails, "auto" falls back to the ridge, like "relative"
+    h1, h2 = torch.randn(5, 8, generator=g, dtype=F64), torch.randn(5, 8, generator=g, dtype=F64)
+    with pytest.raises(ValueError, match="too few samples"):
+        invariant_contamination_ratio(h1, h2, tau=0.0)
+    auto = invariant_contamination_ratio(h1, h2)
+    rel = invariant_contamination_ratio(h1, h2, tau="relative")
+    assert math.isinf(float(auto["cond_xi"])) and float(auto["tau"]) == float(rel["tau"]) > 0
+    assert float(auto["icr"]) == float(rel["icr"])
+
+
+def test_icr_at_recomputes_the_same_state_under_another_tau():
+    g = torch.Generator().manual_seed(43)
+    h1, h2 = _views(_spd(6, g), _spd(6, g), 1000, 43)
     m = InvariantContaminationRatio()
     m.update(h1, h2)
-    tr = float(m.covariances()["sigma_xi"].diagonal().sum())
-    assert math.isclose(float(out["tau"]), 1e-3 * tr / 6, rel_tol=1e-12)
+    out = m.compute()
+    assert float(m.icr_at("auto")) == float(out["icr"])
+    assert float(m.icr_at("relative")) == float(invariant_contamination_ratio(h1, h2, tau="relative")["icr"])
+    assert float(m.icr_at(0.01)) == float(invariant_contamination_ratio(h1, h2, tau=0.01)["icr"])
+
+
+def test_bad_tau_specs_name_the_field():
+    for bad in ("always", -1.0, math.nan, math.inf, True, [0.1]):
+        with pytest.raises(ValueError, match="tau"):
+            InvariantContaminationRatio(tau=bad)
+    with pytest.raises(ValueError, match="cond_max"):
+        InvariantContaminationRatio(cond_max=0.5)
+    with pytest.raises(ValueError, match="tau_rel"):
+        icr_from_covariances(torch.eye(2), torch.eye(2), tau_rel=-1.0)
 
 
 def test_traces_are_on_l2_normalized_features():
@@ -116,12 +191,13 @@ def test_invariant_under_invertible_linear_map_and_translation_tau0():
     assert math.isclose(float(base), float(mapped), rel_tol=1e-8)
 
 
-def test_invariant_under_scaled_rotation_with_default_tau():
+@pytest.mark.parametrize("tau", ["auto", "relative"])
+def test_invariant_under_scaled_rotation_with_default_tau(tau):
     g = torch.Generator().manual_seed(8)
     h1, h2 = _views(_spd(10, g), _spd(10, g), 1500, 8)
     q, _ = torch.linalg.qr(torch.randn(10, 10, generator=g, dtype=F64))
-    base = invariant_contamination_ratio(h1, h2)
-    mapped = invariant_contamination_ratio(7.0 * h1 @ q + 2.0, 7.0 * h2 @ q + 2.0)
+    base = invariant_contamination_ratio(h1, h2, tau=tau)
+    mapped = invariant_contamination_ratio(7.0 * h1 @ q + 2.0, 7.0 * h2 @ q + 2.0, tau=tau)
     assert math.isclose(float(base["icr"]), float(mapped["icr"]), rel_tol=1e-9)
     # traces on normalized features are rotation invariant, but not translation invariant
     rot = invariant_contamination_ratio(7.0 * h1 @ q, 7.0 * h2 @ q)
@@ -159,7 +235,7 @@ def test_proposition1_monotonicity_population():
     for _ in range(20):
         s, x = _spd(7, g), _spd(7, g)
         delta = _spd(7, g, scale=0.5, floor=0.0)  # PSD
-        for tau in (0.0, None):
+        for tau in (0.0, "auto", "relative"):
             base = icr_from_covariances(s, x, tau=tau)
             assert icr_from_covariances(s, x + delta, tau=tau) >= base  # more residual hurts
             assert icr_from_covariances(s + delta, x, tau=tau) <= base  # more invariant helps

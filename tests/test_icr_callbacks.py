@@ -85,6 +85,29 @@ def test_stops_after_patience_and_keeps_the_minimum(tmp_path):
     assert rows[-1] == 3.0 and rows[0] == 0.0
 
 
+def test_dry_run_keeps_training_and_logs_where_it_would_have_stopped(tmp_path):
+    """Observe mode: the same decision as a real stop (epoch 6 on CURVE), but every epoch runs;
+    the checkpoint at the minimum is still the one kept."""
+    es = ICREarlyStopping(patience=3, dry_run=True)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="icr/icr", mode="min", save_top_k=1)
+    logger = CSVLogger(tmp_path, name="csv")
+    trainer = _trainer(tmp_path, [_ScriptedICR(CURVE), es, ckpt], max_epochs=len(CURVE),
+                       logger=logger)
+    trainer.fit(_Tiny())
+    assert trainer.current_epoch == len(CURVE) and es.stopped_epoch == 0  # never stopped
+    assert es.would_stop_epoch == 6 and es.best_epoch == 3
+    assert _best_ckpt_epoch(ckpt) == 3
+    assert float(trainer.callback_metrics["icr/stop_epoch"]) == 6
+    logger.finalize("success")
+    rows = list(csv_rows(Path(logger.log_dir) / "metrics.csv", "icr/stop_epoch"))
+    assert rows[:6] == [-1.0] * 6 and rows[6:] == [6.0] * (len(CURVE) - 6)
+    es2 = ICREarlyStopping(patience=3, dry_run=True)
+    es2.load_state_dict(es.state_dict())
+    assert es2.would_stop_epoch == 6
+    with pytest.raises(ValueError, match="dry_run"):
+        ICREarlyStopping(dry_run="yes")
+
+
 def csv_rows(path, column):
     import csv
     with open(path) as f:
@@ -264,12 +287,50 @@ def test_icr_monitor_vp_uses_same_sigma_space():
 
 
 def test_icr_monitor_bad_config():
+    from lightning_pfd.errors import ConfigError
     for kw, field in (({"num_images": 1}, "num_images"), ({"sigma": 0.0}, "sigma"),
                       ({"level": 7}, "level"), ({"d_proj": 0}, "d_proj"),
                       ({"views_per_image": 0}, "views_per_image"), ({"tau": -1.0}, "tau"),
+                      ({"tau": "sometimes"}, "tau"), ({"cond_max": 0.0}, "cond_max"),
                       ({"vector_jitter": -0.1}, "vector_jitter")):
-        with pytest.raises(ValueError, match=field):
+        with pytest.raises(ConfigError, match=field):
             ICRMonitor(**kw)
+
+
+def test_icr_monitor_default_subset_is_4096_capped_at_n():
+    """num_images=None (default): min(4096, N) -- the paper's 4096, or all N when N is smaller;
+    an explicit value larger than N is still refused."""
+    from lightning_pfd.callbacks.icr import DEFAULT_NUM_IMAGES, resolve_num_images
+    from lightning_pfd.errors import ConfigError
+    assert DEFAULT_NUM_IMAGES == 4096 and ICRMonitor().num_images is None
+    assert resolve_num_images(None, 50_000) == 4096 and resolve_num_images(None, 300) == 300
+    assert resolve_num_images(128, 50_000) == 128
+    g = torch.Generator().manual_seed(5)
+    module = _mlp_module(dim=4, hidden=8)
+    small = torch.randn(300, 4, generator=g)
+    mon = ICRMonitor(batch_size=4096)
+    mon.check_data(small)  # no refusal: the default adapts to N
+    assert float(mon.measure(module, small)[0.29]["n"]) == 300
+    big = torch.randn(5000, 4, generator=g)
+    out = mon.measure(module, big)[0.29]
+    assert float(out["n"]) == 4096
+    ref = ICRMonitor(num_images=4096, batch_size=4096).measure(module, big)[0.29]
+    assert float(out["icr"]) == float(ref["icr"])  # the same fixed subset as an explicit 4096
+    with pytest.raises(ConfigError, match="num_images"):
+        ICRMonitor(num_images=301).check_data(small)
+
+
+def test_icr_monitor_tau_rules_on_the_same_features():
+    """The monitor's ICR uses tau="auto" by default; both rules are reported for the same
+    features, and tau="relative" reproduces the former default."""
+    g = torch.Generator().manual_seed(6)
+    module, data = _mlp_module(dim=6, hidden=16), torch.randn(200, 6, generator=g)
+    auto = ICRMonitor(num_images=200).measure(module, data)[0.29]
+    rel = ICRMonitor(num_images=200, tau="relative").measure(module, data)[0.29]
+    assert float(auto["tau"]) == 0.0 and float(auto["cond_xi"]) < 1e8
+    assert float(auto["icr"]) == float(auto["icr_tau_auto"]) == float(rel["icr_tau_auto"])
+    assert float(rel["icr"]) == float(rel["icr_tau_relative"]) == float(auto["icr_tau_relative"])
+    assert float(rel["tau"]) > 0 and float(rel["icr"]) > float(auto["icr"])  # a ridge only adds
 
 
 @pytest.mark.slow

@@ -27,6 +27,10 @@ ratio, so the minimum is a label-free, sampling-free early-stopping point. This 
   and leaves the EMA of ``smoothing`` untouched; a run that stays non-finite stops after
   ``patience`` checks. Pass ``check_finite=True`` for Lightning's immediate stop.
   (``DiffusionModule`` has its own divergence stop on non-finite losses);
+- ``dry_run=True`` **[observe mode]**: every check runs and is logged as usual, but the run is
+  not stopped; the first epoch at which it *would* have stopped is kept in ``would_stop_epoch``
+  and logged as ``icr/stop_epoch`` (-1 until then). This lets one run show both the stopping
+  decision and what happens after it (e.g. memorization onset), with the same code path;
 - :meth:`ICREarlyStopping.check_setup` refuses a ``monitor`` in an ICR namespace that no
   ``ICRMonitor`` of the Trainer logs (e.g. ``icr/icr`` when the only monitor is named
   ``icr_hi``), listing the keys they do log.
@@ -54,7 +58,8 @@ class ICREarlyStopping(EarlyStopping):
     """EarlyStopping at the ICR minimum (module docstring).
 
     Extra args: ``smoothing`` (EMA coefficient in [0, 1)), ``every_n_epochs`` (None: follow the
-    ICRMonitor that logs ``monitor``). Defaults differ from EarlyStopping: ``monitor="icr/icr"``,
+    ICRMonitor that logs ``monitor``), ``dry_run`` (decide and log ``icr/stop_epoch`` but keep
+    training). Defaults differ from EarlyStopping: ``monitor="icr/icr"``,
     ``patience=5``, ``check_on_train_epoch_end=False`` and ``check_finite=False`` (a NaN ICR is
     one check without improvement; module docstring).
     """
@@ -65,7 +70,8 @@ class ICREarlyStopping(EarlyStopping):
                  strict: bool = True, check_finite: bool = False,
                  stopping_threshold: Optional[float] = None,
                  divergence_threshold: Optional[float] = None,
-                 check_on_train_epoch_end: bool = False, log_rank_zero_only: bool = False):
+                 check_on_train_epoch_end: bool = False, log_rank_zero_only: bool = False,
+                 dry_run: bool = False):
         field = lambda arg: callback_field(self, arg)  # noqa: E731
         if not 0.0 <= float(smoothing) < 1.0:
             raise ConfigError(field("smoothing"), "the EMA coefficient must lie in [0, 1)", value=smoothing)
@@ -78,6 +84,8 @@ class ICREarlyStopping(EarlyStopping):
             raise ConfigError(field("min_delta"), "must be >= 0", value=min_delta)
         if mode not in ("min", "max"):
             raise ConfigError(field("mode"), "unknown mode", value=mode, accepted=["min", "max"])
+        if not isinstance(dry_run, bool):
+            raise ConfigError(field("dry_run"), "must be a bool", value=dry_run)
         if not isinstance(monitor, str) or not monitor:
             raise ConfigError(field("monitor"), "must be a logged metric name", value=monitor)
         super().__init__(monitor=monitor, min_delta=min_delta, patience=patience, verbose=verbose,
@@ -93,10 +101,17 @@ class ICREarlyStopping(EarlyStopping):
         self._source = None  # the ICRMonitor whose fresh measurements are checked (every_n_epochs None)
         self.best_epoch = -1
         self.smoothed: Optional[float] = None
+        self.dry_run = dry_run
+        self.would_stop_epoch = -1  # dry_run: first epoch at which the run would have stopped
 
     @property
     def best_key(self) -> str:
         return self.monitor.rsplit("/", 1)[0] + "/best_epoch" if "/" in self.monitor else "best_epoch"
+
+    @property
+    def stop_key(self) -> str:
+        """``icr/stop_epoch`` (dry_run): where the run would have stopped."""
+        return self.monitor.rsplit("/", 1)[0] + "/stop_epoch" if "/" in self.monitor else "stop_epoch"
 
     def _smooth(self, raw: torch.Tensor) -> torch.Tensor:
         if self.smoothing == 0.0 or not torch.isfinite(raw):
@@ -159,8 +174,15 @@ class ICREarlyStopping(EarlyStopping):
         should_stop, reason = self._evaluate_stopping_criteria(current)
         if not torch.equal(self.best_score.to(before.dtype), before):
             self.best_epoch = trainer.current_epoch
-        self._publish(trainer, current)
         should_stop = trainer.strategy.reduce_boolean_decision(should_stop, all=False)
+        if self.dry_run and should_stop and self.would_stop_epoch < 0:
+            self.would_stop_epoch = trainer.current_epoch
+            self.stopping_reason_message = reason
+        self._publish(trainer, current)
+        if self.dry_run:
+            if reason and self.verbose:
+                self._log_info(trainer, f"[dry run, not stopping] {reason}", self.log_rank_zero_only)
+            return
         trainer.should_stop = trainer.should_stop or should_stop
         if should_stop:
             self.stopped_epoch = trainer.current_epoch
@@ -171,6 +193,8 @@ class ICREarlyStopping(EarlyStopping):
     def _publish(self, trainer: "pl.Trainer", current: torch.Tensor) -> None:
         """icr/best_epoch (+ icr/icr_smooth) to callback_metrics and every logger."""
         metrics = {self.best_key: float(self.best_epoch)}
+        if self.dry_run:
+            metrics[self.stop_key] = float(self.would_stop_epoch)
         if self.smoothing > 0:
             metrics[self.monitor + "_smooth"] = float(current)
         for k, v in metrics.items():
@@ -181,12 +205,13 @@ class ICREarlyStopping(EarlyStopping):
     def state_dict(self) -> Dict[str, Any]:
         state = super().state_dict()
         state.update(best_epoch=self.best_epoch, smoothed=self.smoothed, smoothing=self.smoothing,
-                     schedule=self._schedule.state_dict())
+                     schedule=self._schedule.state_dict(), would_stop_epoch=self.would_stop_epoch)
         return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self.best_epoch = int(state_dict.get("best_epoch", -1))
+        self.would_stop_epoch = int(state_dict.get("would_stop_epoch", -1))
         self.smoothed = state_dict.get("smoothed")
         self.smoothing = float(state_dict.get("smoothing", self.smoothing))
         self._schedule.load_state_dict(state_dict.get("schedule", {}))

@@ -1,10 +1,12 @@
 """ICRMonitor: the Invariant Contamination Ratio of the EMA denoiser, every epoch (ICR paper Sec. 5).
 
-Protocol (REFERENCE §10, ICR paper App. B.6 / C), on every ``every_n_epochs``-th validation pass
+Protocol (ICR paper App. B.6 / C), on every ``every_n_epochs``-th validation pass
 (the first always; every n-th training epoch when the fit has no validation loop; ``_schedule.py``):
 
-1. a fixed, seeded subset of the *training* set (``num_images``, default 1024; the paper uses
-   4096), the same at every epoch, sharded across ranks by the code (no padding sampler);
+1. a fixed, seeded subset of the *training* set, the same at every epoch, sharded across ranks
+   by the code (no padding sampler): ``num_images`` images, default None = min(4096, N) -- the
+   paper's 4096 (App. C), or the whole training set when it is smaller; an explicit integer is
+   used exactly (refused when larger than N);
 2. for every image, ``views_per_image`` pairs of views: augmentation (level 1-5, App. B.6; default
    3 = crop + flip + colour jitter on RGB, brightness/contrast on other data) **then**
    independent Gaussian noise at sigma* (default 0.29, the paper's value for EDM). Every
@@ -12,7 +14,8 @@ Protocol (REFERENCE §10, ICR paper App. B.6 / C), on every ``every_n_epochs``-t
 3. features of the EMA denoiser (``pl_module.denoiser``) at the net's default tap (or ``tap``),
    fed ``denoiser.network_input(view, sigma*)``, mean-pooled over space, optionally through a
    fixed random projection to ``d_proj`` dimensions;
-4. ICR, Tr(Sigma_s), Tr(Sigma_xi) from :class:`InvariantContaminationRatio` (synced over ranks).
+4. ICR, Tr(Sigma_s), Tr(Sigma_xi) from :class:`InvariantContaminationRatio` (synced over ranks),
+   with its ridge ``tau`` ("auto" by default: 0 unless Sigma_xi is ill-conditioned).
 
 sigma for VP **[choice]**: the VP preconditioning in this project is written in sigma-space
 (x = y + sigma n), exactly like EDM, so sigma* = 0.29 means the same noise-to-signal
@@ -37,7 +40,8 @@ are finite); one warning line the first time.
 
 :meth:`ICRMonitor.check_setup` refuses, before training: a module without a sigma-space denoiser,
 an unknown ``tap`` (with the net's ``feature_taps`` and the closest name), a sigma outside the
-denoiser's range, ``num_images`` larger than the training set or smaller than the world size,
+denoiser's range, an explicit ``num_images`` larger than the training set, a subset smaller
+than the world size,
 an ``image_shape`` whose size differs from the samples', images smaller than 4x4, ``d_proj``
 larger than the tap's feature dimension, and another monitor logging the same keys.
 """
@@ -54,11 +58,14 @@ from ..diffusion.augment import AUG_LEVELS, noisy_view
 from ..diffusion.features import extract_features, random_projection
 from ..diffusion.noise import seeded_uniform
 from ..errors import ConfigError
-from ..metrics.icr import InvariantContaminationRatio
+from ..metrics.icr import DEFAULT_COND_MAX, InvariantContaminationRatio, check_tau
 from ._schedule import (SIGMA_SPACE_MODULES, ScheduledMonitor, callback_field, check_metric_prefix,
                         check_unique_metric_names, global_sum, require_train_data)
 
-__all__ = ["ICRMonitor", "sigma_key", "fixed_subset"]
+__all__ = ["ICRMonitor", "sigma_key", "fixed_subset", "DEFAULT_NUM_IMAGES", "resolve_num_images"]
+
+#: default ICR subset: the paper's 4096 training images (App. C), capped at the training set
+DEFAULT_NUM_IMAGES = 4096
 
 _SEED_STRIDE = 1_000_003  # seed of image i under base seed s: s * stride + i
 _LEAVES = ("icr", "trace_s", "trace_xi", "n", "d", "nonfinite")
@@ -73,6 +80,11 @@ def fixed_subset(n_available: int, num: int, seed: int) -> torch.Tensor:
     """``min(num, n_available)`` distinct indices from a seeded permutation (same every epoch)."""
     u = seeded_uniform([int(seed)], int(n_available), stream=11)[0]
     return u.argsort()[: min(int(num), int(n_available))]
+
+
+def resolve_num_images(num_images: Optional[int], n_available: int) -> int:
+    """``num_images``, or min(DEFAULT_NUM_IMAGES, n_available) when it is None."""
+    return min(DEFAULT_NUM_IMAGES, int(n_available)) if num_images is None else int(num_images)
 
 
 def _positive_int(name: str, value, minimum: int = 1, owner: Any = None) -> None:
@@ -104,8 +116,9 @@ class ICRMonitor(ScheduledMonitor):
     """Log ICR of the EMA denoiser on a fixed training subset (module docstring).
 
     Args:
-        num_images: distinct training images in the fixed subset (default 1024; at most the
-            training set's size, at least the world size).
+        num_images: distinct training images in the fixed subset; None (default) = min(4096, N),
+            the paper's 4096 capped at the training set's size N; an explicit integer must lie
+            in [world size, N].
         sigma: sigma* of the views (sigma-space; 0.29 for EDM and VP, see module docstring).
         sigmas: extra noise levels, each logged as ``<name>/sigma_<value>``.
         level: augmentation level 0-5 (None: 3; colour jitter on RGB, brightness/contrast otherwise).
@@ -115,7 +128,9 @@ class ICRMonitor(ScheduledMonitor):
         tap: feature tap name (None: ``net.default_tap``).
         d_proj: project features with a fixed seeded Gaussian matrix to this dimension.
         views_per_image: pairs of views per image (> 1 stabilises Sigma_xi when n ~ d).
-        tau, normalize: passed to :class:`InvariantContaminationRatio`.
+        tau, normalize, cond_max: passed to :class:`InvariantContaminationRatio` (tau "auto":
+            no ridge unless Sigma_xi is ill-conditioned; "relative": always
+            1e-3 Tr(Sigma_xi)/d, the former default; or an absolute number).
         seed: selects the subset and seeds every view.
         batch_size: images per forward pass.
         every_n_epochs: measure on every n-th validation pass (the first always), or every n-th
@@ -126,15 +141,17 @@ class ICRMonitor(ScheduledMonitor):
 
     _DEFAULT_NAME = "icr"
 
-    def __init__(self, num_images: int = 1024, sigma: float = 0.29,
+    def __init__(self, num_images: Optional[int] = None, sigma: float = 0.29,
                  sigmas: Optional[Sequence[float]] = None, level: Optional[int] = None,
                  vector_jitter: float = 0.0, image_shape: Optional[Sequence[int]] = None,
                  tap: Optional[str] = None,
                  d_proj: Optional[int] = None, views_per_image: int = 1,
-                 tau: Optional[float] = None, normalize: bool = False, seed: int = 0,
-                 batch_size: int = 256, every_n_epochs: int = 1, name: str = "icr"):
+                 tau: Any = "auto", normalize: bool = False, seed: int = 0,
+                 batch_size: int = 256, every_n_epochs: int = 1, name: str = "icr",
+                 cond_max: float = DEFAULT_COND_MAX):
         super().__init__()
-        _positive_int("num_images", num_images, 2, self)
+        if num_images is not None:
+            _positive_int("num_images", num_images, 2, self)
         _positive_int("views_per_image", views_per_image, 1, self)
         _positive_int("batch_size", batch_size, 1, self)
         _positive_int("every_n_epochs", every_n_epochs, 1, self)
@@ -149,8 +166,14 @@ class ICRMonitor(ScheduledMonitor):
             raise ConfigError(callback_field(self, "sigma, sigmas"), "noise levels must be > 0", value=sig)
         if not vector_jitter >= 0:
             raise ConfigError(callback_field(self, "vector_jitter"), "must be >= 0", value=vector_jitter)
-        if tau is not None and not tau >= 0:
-            raise ConfigError(callback_field(self, "tau"), "must be None or >= 0", value=tau)
+        try:
+            tau = check_tau(tau, cond_max=cond_max)
+        except ValueError as e:
+            field = "cond_max" if str(e).startswith("cond_max") else "tau"
+            raise ConfigError(callback_field(self, field), str(e).split(": ", 1)[-1],
+                              value=cond_max if field == "cond_max" else tau,
+                              accepted=None if field == "cond_max" else
+                              ["auto", "relative", "a number >= 0"]) from None
         if image_shape is not None and (len(image_shape) != 3 or min(image_shape) < 1):
             raise ConfigError(callback_field(self, "image_shape"), "must be None or (C, H, W)",
                               value=image_shape)
@@ -163,6 +186,7 @@ class ICRMonitor(ScheduledMonitor):
         self.level = 3 if level is None else level
         self.vector_jitter, self.tap, self.d_proj = float(vector_jitter), tap, d_proj
         self.views_per_image, self.tau, self.normalize = views_per_image, tau, normalize
+        self.cond_max = float(cond_max)
         self.seed, self.batch_size, self.every_n_epochs = seed, batch_size, every_n_epochs
         self.history: List[Dict[str, float]] = []
         self._warned = False
@@ -223,13 +247,14 @@ class ICRMonitor(ScheduledMonitor):
     def check_data(self, data: torch.Tensor, world_size: int = 1) -> None:
         """``num_images`` vs the training set and the world size; the view shape."""
         n = int(data.shape[0])
-        if self.num_images > n:
+        if self.num_images is not None and self.num_images > n:
             raise ConfigError(callback_field(self, "num_images"),
                               f"larger than the training set ({n} samples)", value=self.num_images,
                               accepted=f"an integer in [2, {n}]")
-        if self.num_images < world_size:
+        if resolve_num_images(self.num_images, n) < world_size:
             raise ConfigError(callback_field(self, "num_images"), f"every rank needs at least one image "
-                              f"(world size {world_size})", value=self.num_images,
+                              f"(world size {world_size}; the subset has "
+                              f"{resolve_num_images(self.num_images, n)})", value=self.num_images,
                               accepted=f"an integer >= {max(2, world_size)}")
         sample = tuple(data.shape[1:])
         if self.image_shape is not None and math.prod(sample) != math.prod(self.image_shape):
@@ -281,7 +306,10 @@ class ICRMonitor(ScheduledMonitor):
         for name, value in logs.items():
             pl_module.log(name, torch.as_tensor(float(value), dtype=torch.float32),
                           sync_dist=False)
-        self.history.append({"epoch": trainer.current_epoch, **{k: float(v) for k, v in logs.items()}})
+        extra = {self.key(k): float(main[k]) for k in ("tau", "cond_xi", "icr_tau_auto",
+                                                        "icr_tau_relative") if k in main}
+        self.history.append({"epoch": trainer.current_epoch, **{k: float(v) for k, v in logs.items()},
+                             **extra})
 
     # -- measurement -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -290,7 +318,10 @@ class ICRMonitor(ScheduledMonitor):
         """ICR dicts per sigma (synced across ranks: every rank must call this).
 
         Each dict has ``nonfinite``, the fraction of view pairs with a NaN/inf feature; when it is
-        > 0 the ICR values (icr, traces, tau) are NaN and ``eigenvalues`` is empty."""
+        > 0 the ICR values (icr, traces, tau) are NaN and ``eigenvalues`` is empty. Besides the
+        :class:`InvariantContaminationRatio` keys (``tau`` = the ridge used, ``cond_xi``) each dict
+        has ``icr_tau_auto`` and ``icr_tau_relative``: ICR of the same features under both ridge
+        rules (NaN when one of them cannot be computed), to measure what tau changes."""
         den = denoiser_of(pl_module)
         was_training = den.training
         den.eval()  # frozen features (the EMA shadow already is in eval mode)
@@ -300,7 +331,8 @@ class ICRMonitor(ScheduledMonitor):
             den.train(was_training)
 
     def _measure(self, den, device, train_data, rank, world_size):
-        subset = fixed_subset(train_data.shape[0], self.num_images, self.seed)
+        subset = fixed_subset(train_data.shape[0],
+                              resolve_num_images(self.num_images, train_data.shape[0]), self.seed)
         if subset.numel() < world_size:  # same decision on every rank: no rank hangs in a sync
             raise ConfigError(callback_field(self, "num_images"), f"every rank needs at least one image; "
                               f"got {subset.numel()} images for world size {world_size}",
@@ -326,6 +358,9 @@ class ICRMonitor(ScheduledMonitor):
         for s, m in metrics.items():
             n_bad = global_sum(bad[s], world_size, device)  # every rank: the same branch below
             out[s] = m.compute() if n_bad == 0 else self._nan_result(total, getattr(m, "_d", None), device)
+            if n_bad == 0:
+                out[s].update(icr_tau_auto=_icr_or_nan(m, "auto"),
+                              icr_tau_relative=_icr_or_nan(m, "relative"))
             out[s]["nonfinite"] = torch.tensor(n_bad / total, dtype=torch.float64)
         return out
 
@@ -333,7 +368,8 @@ class ICRMonitor(ScheduledMonitor):
     def _nan_result(n_pairs: int, d: Optional[int], device) -> Dict[str, torch.Tensor]:
         """The result dict of a measurement with non-finite features: NaN values, n and d kept."""
         nan = torch.tensor(math.nan, dtype=torch.float64, device=device)
-        out = {k: nan.clone() for k in ("icr", "trace_s", "trace_xi", "trace_s_raw", "trace_xi_raw", "tau")}
+        out = {k: nan.clone() for k in ("icr", "trace_s", "trace_xi", "trace_s_raw", "trace_xi_raw", "tau",
+                                        "cond_xi", "icr_tau_auto", "icr_tau_relative")}
         out["n"] = torch.tensor(float(n_pairs), dtype=torch.float64, device=device)
         out["d"] = torch.tensor(float(d or 0), dtype=torch.float64, device=device)
         out["eigenvalues"] = torch.empty(0, dtype=torch.float64, device=device)
@@ -362,7 +398,7 @@ class ICRMonitor(ScheduledMonitor):
 
     def _new_metric(self, d: int, device) -> InvariantContaminationRatio:
         return InvariantContaminationRatio(tau=self.tau, normalize=self.normalize,
-                                           num_features=d).to(device)
+                                           cond_max=self.cond_max, num_features=d).to(device)
 
     def _maybe_warn(self, n: int, d: int) -> None:
         if n < 4 * d and not self._warned:
@@ -380,6 +416,15 @@ class ICRMonitor(ScheduledMonitor):
         self.history = list(state_dict.get("history", []))
         self.load_schedule_state(state_dict)
         self._warned = bool(state_dict.get("warned", False))
+
+
+def _icr_or_nan(metric: InvariantContaminationRatio, tau) -> torch.Tensor:
+    """ICR of ``metric``'s state under another ridge rule; NaN when that rule fails (e.g. tau = 0
+    on a singular Sigma_xi)."""
+    try:
+        return metric.icr_at(tau)
+    except ValueError:
+        return torch.tensor(math.nan, dtype=torch.float64)
 
 
 def _device_of(module: torch.nn.Module) -> torch.device:

@@ -156,11 +156,12 @@ def linear_probe_accuracy(train_features: torch.Tensor, train_labels: torch.Tens
     return float(clf.score(test_features.numpy(), test_labels.numpy()))
 
 
-def sweep(module, dm, sigmas: Sequence[float], num_images: int = 1024, level: int = 3,
+def sweep(module, dm, sigmas: Sequence[float], num_images: Optional[int] = None, level: int = 3,
           tap: Optional[str] = None, d_proj: Optional[int] = None, views_per_image: int = 1,
           probe_train: Optional[int] = None, batch_size: int = 256,
           seed: int = 0) -> List[Dict[str, float]]:
-    """One row per sigma: sigma, icr, trace_s, trace_xi, n, d, probe_acc (NaN without labels)."""
+    """One row per sigma: sigma, icr, trace_s, trace_xi, n, d, tau, cond_xi, icr_tau_auto,
+    icr_tau_relative, probe_acc (NaN without labels). ``num_images`` None: min(4096, N)."""
     from .icr import ICRMonitor
 
     sigmas = [float(s) for s in sigmas]
@@ -184,7 +185,9 @@ def sweep(module, dm, sigmas: Sequence[float], num_images: int = 1024, level: in
             acc = linear_probe_accuracy(ftr, dm.train_labels[:n_probe], fte, dm.val_labels, seed=seed)
         rows.append({"sigma": s, "icr": float(r["icr"]), "trace_s": float(r["trace_s"]),
                      "trace_xi": float(r["trace_xi"]), "n": float(r["n"]) / views_per_image,
-                     "d": float(r["d"]), "probe_acc": acc})
+                     "d": float(r["d"]), "tau": float(r["tau"]), "cond_xi": float(r["cond_xi"]),
+                     "icr_tau_auto": float(r["icr_tau_auto"]),
+                     "icr_tau_relative": float(r["icr_tau_relative"]), "probe_acc": acc})
     return rows
 
 
@@ -238,7 +241,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="JSON/YAML {class_path, init_args} of the net, when the checkpoint lacks it")
     p.add_argument("--module-class", default="lightning_pfd.modules.DiffusionModule")
     p.add_argument("--sigmas", type=float, nargs="+", default=list(DEFAULT_SIGMAS))
-    p.add_argument("--num-images", type=int, default=1024)
+    p.add_argument("--num-images", type=int, default=None,
+                   help="ICR subset size (default: min(4096, N), the paper's 4096)")
     p.add_argument("--level", type=int, default=3)
     p.add_argument("--tap", default=None)
     p.add_argument("--d-proj", type=int, default=None)
@@ -260,7 +264,7 @@ def validate_args(args) -> None:
     if len(set(args.sigmas)) != len(args.sigmas):
         raise ConfigError("--sigmas", "noise levels repeat", value=args.sigmas)
     for name, lo in (("num_images", 2), ("views_per_image", 1), ("batch_size", 1), ("seed", 0)):
-        if getattr(args, name) < lo:
+        if getattr(args, name) is not None and getattr(args, name) < lo:
             raise ConfigError(f"--{name.replace('_', '-')}", f"must be >= {lo}", value=getattr(args, name))
     for name in ("d_proj", "probe_train"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -287,7 +291,8 @@ def _validate_data_arg(data: str) -> None:
                           accepted=sorted(SHORT_NAMES) + ["a config file (.yaml)", "a class path"])
 
 
-def check_loaded(module, dm, sigmas: Sequence[float], num_images: int, tap: Optional[str]) -> None:
+def check_loaded(module, dm, sigmas: Sequence[float], num_images: Optional[int],
+                 tap: Optional[str]) -> None:
     """The checks that need the loaded module and data: --tap, --num-images, --sigmas range."""
     from .icr import denoiser_of
 
@@ -297,7 +302,7 @@ def check_loaded(module, dm, sigmas: Sequence[float], num_images: int, tap: Opti
         raise ConfigError("--tap", f"unknown feature tap of {type(den.net).__name__}", value=tap,
                           accepted=sorted(taps))
     n = int(dm.train_data.shape[0])
-    if num_images > n:
+    if num_images is not None and num_images > n:
         raise ConfigError("--num-images", f"larger than the training set ({n} samples)",
                           value=num_images, accepted=f"an integer in [2, {n}]")
     lo, hi = float(getattr(den, "sigma_min", 0.0) or 0.0), float(getattr(den, "sigma_max", math.inf))

@@ -15,11 +15,23 @@ delta^T, count), so the metric syncs exactly across processes (dist_reduce_fx="s
 eigenproblem is solved by Cholesky whitening, L L^T = Sigma_xi + tau I, M = L^-1 Sigma_s L^-T
 (two triangular solves, never an explicit inverse), lambda = eigvalsh(M).
 
-tau **[choice]**: ``tau=None`` means tau = tau_rel * Tr(Sigma_xi)/d with tau_rel = 1e-3, i.e.
-one thousandth of the mean residual eigenvalue. It only matters for directions where the
-residual covariance is (near-)singular; scaling with Tr(Sigma_xi)/d keeps ICR invariant to a
-global rescaling of the features. ``tau`` given as a number is an absolute value (0 allowed
-when Sigma_xi is positive definite).
+tau (the ridge of eq. 4, the paper's footnote 2: "we assume Sigma_xi > 0; in practice we can add
+a small tau > 0 ... to ensure invertibility"):
+
+- ``tau="auto"`` (default; ``None`` means the same): tau = 0 -- the estimator of eq. 5 as written
+  -- unless Sigma_xi is ill-conditioned, i.e. not positive definite or with condition number
+  cond(Sigma_xi) = lambda_max / lambda_min > ``cond_max`` (default 1e8); only then the relative
+  ridge below is added. The condition number is reported (``cond_xi``) with the ``tau`` used.
+- ``tau="relative"`` (the behaviour before "auto"; always on): tau = tau_rel * Tr(Sigma_xi)/d
+  with tau_rel = 1e-3, one thousandth of the mean residual eigenvalue. Scaling with
+  Tr(Sigma_xi)/d keeps ICR invariant to a global rescaling of the features.
+- a number: an absolute tau (0 allowed when Sigma_xi is positive definite).
+
+Both "auto" and "relative" keep ICR exactly invariant to h -> c Q h + b (c != 0, Q orthogonal);
+"auto" (when it resolves to 0) and tau = 0 keep it invariant to any invertible linear map.
+cond_max = 1e8 **[choice]**: float64 Cholesky whitening loses about log10(cond) of its ~16
+digits, so below 1e8 the eigenvalues are accurate to ~1e-8 relative; above it (or for a
+rank-deficient estimate, n <= d) the ridge is what makes the problem solvable at all.
 
 Traces (Fig. 8): ``trace_s`` and ``trace_xi`` are Tr(Sigma_s), Tr(Sigma_xi) computed on
 l2-normalized features, so that they measure how the representation energy is split rather than
@@ -28,14 +40,16 @@ Raw-feature traces are reported as ``trace_s_raw`` / ``trace_xi_raw``.
 
 Failures: when Sigma_xi + tau I is not positive definite the error says why -- non-finite
 features (NaN/inf covariances; a diverged model), identical views (Sigma_xi = 0), too few view
-pairs (only when n <= d, where the estimate must be singular), or a singular Sigma_xi. Callers
+pairs (only when n <= d, where the estimate must be singular), or a singular Sigma_xi. With
+``tau="auto"`` the last two get the relative ridge instead of an error (only an explicit tau = 0,
+or a ridge of 0 because Sigma_xi = 0, can still fail there). Callers
 that may see non-finite features (``ICRMonitor``) filter and count them before ``update``.
 
 Pure torch; torchmetrics is the only extra dependency (no Lightning import).
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Union
 
 import torch
 from torchmetrics import Metric
@@ -48,9 +62,16 @@ __all__ = [
     "pool_features",
     "not_positive_definite_message",
     "DEFAULT_TAU_REL",
+    "DEFAULT_COND_MAX",
+    "TAU_MODES",
+    "resolve_tau",
+    "condition_number",
 ]
 
 DEFAULT_TAU_REL = 1e-3
+DEFAULT_COND_MAX = 1e8
+TAU_MODES = ("auto", "relative")
+TauSpec = Union[str, float, None]
 
 
 def pool_features(h: torch.Tensor) -> torch.Tensor:
@@ -70,11 +91,28 @@ def _check_views(h1: torch.Tensor, h2: torch.Tensor) -> None:
         raise ValueError(f"h1, h2: expected shape (B, d) or (B, C, H, W), got {tuple(h1.shape)}")
 
 
-def _check_tau(tau, tau_rel) -> None:
-    if tau is not None and not float(tau) >= 0:
-        raise ValueError(f"tau: must be None (relative default) or a number >= 0, got {tau}")
-    if not float(tau_rel) >= 0:
-        raise ValueError(f"tau_rel: must be >= 0, got {tau_rel}")
+def check_tau(tau: TauSpec, tau_rel: float = DEFAULT_TAU_REL,
+              cond_max: float = DEFAULT_COND_MAX) -> TauSpec:
+    """Validate and normalise the ridge spec: "auto" (also None), "relative" or a number >= 0."""
+    if tau is None:
+        tau = "auto"
+    if isinstance(tau, str):
+        if tau not in TAU_MODES:
+            raise ValueError(f"tau: must be 'auto' (default), 'relative' or a number >= 0, got {tau!r}")
+    elif isinstance(tau, bool) or not isinstance(tau, (int, float)) or not float(tau) >= 0 \
+            or float(tau) == float("inf"):
+        raise ValueError(f"tau: must be 'auto' (default), 'relative' or a finite number >= 0, "
+                         f"got {tau!r}")
+    else:
+        tau = float(tau)
+    if isinstance(tau_rel, bool) or not isinstance(tau_rel, (int, float)) or not float(tau_rel) >= 0:
+        raise ValueError(f"tau_rel: must be a number >= 0, got {tau_rel!r}")
+    if isinstance(cond_max, bool) or not isinstance(cond_max, (int, float)) or not float(cond_max) >= 1:
+        raise ValueError(f"cond_max: must be a number >= 1, got {cond_max!r}")
+    return tau
+
+
+_check_tau = check_tau  # old private name
 
 
 def _l2_normalize(h: torch.Tensor) -> torch.Tensor:
@@ -93,31 +131,55 @@ def _trace_from_sums(s1: torch.Tensor, sq: torch.Tensor, n: torch.Tensor) -> tor
     return (sq - n * m.dot(m)) / (n - 1)
 
 
-def resolve_tau(sigma_xi: torch.Tensor, tau: Optional[float] = None,
-                tau_rel: float = DEFAULT_TAU_REL) -> float:
-    """tau itself, or tau_rel * Tr(Sigma_xi)/d when ``tau`` is None (module docstring)."""
-    if tau is not None:
-        return float(tau)
+def condition_number(sigma_xi: torch.Tensor) -> float:
+    """lambda_max / lambda_min of the symmetrized Sigma_xi (inf when lambda_min <= 0 or non-finite)."""
+    x = sigma_xi.to(torch.float64)
+    if not bool(torch.isfinite(x).all()):
+        return float("inf")
+    lam = torch.linalg.eigvalsh(0.5 * (x + x.T))
+    lo, hi = float(lam[0]), float(lam[-1])
+    return hi / lo if lo > 0 and hi > 0 else float("inf")
+
+
+def relative_tau(sigma_xi: torch.Tensor, tau_rel: float = DEFAULT_TAU_REL) -> float:
+    """tau_rel * Tr(Sigma_xi)/d, one ``tau_rel``-th of the mean residual eigenvalue."""
     d = sigma_xi.shape[0]
     return float(tau_rel) * max(float(torch.diagonal(sigma_xi).sum()) / d, 0.0)
 
 
+def resolve_tau(sigma_xi: torch.Tensor, tau: TauSpec = "auto", tau_rel: float = DEFAULT_TAU_REL,
+                cond_max: float = DEFAULT_COND_MAX, cond: Optional[float] = None) -> float:
+    """The ridge actually added (module docstring): a number as is; "relative": the relative
+    ridge; "auto" / None: 0 unless cond(Sigma_xi) > cond_max (or Sigma_xi is not positive
+    definite), then the relative ridge. ``cond``: the condition number, if already known."""
+    tau = check_tau(tau, tau_rel, cond_max)
+    if not isinstance(tau, str):
+        return tau
+    if tau == "relative":
+        return relative_tau(sigma_xi, tau_rel)
+    if (condition_number(sigma_xi) if cond is None else float(cond)) <= float(cond_max):
+        return 0.0
+    return relative_tau(sigma_xi, tau_rel)
+
+
 def generalized_eigenvalues(sigma_s: torch.Tensor, sigma_xi: torch.Tensor,
-                            tau: Optional[float] = None,
+                            tau: TauSpec = "auto",
                             tau_rel: float = DEFAULT_TAU_REL,
-                            n: Optional[float] = None) -> torch.Tensor:
+                            n: Optional[float] = None,
+                            cond_max: float = DEFAULT_COND_MAX) -> torch.Tensor:
     """Eigenvalues of Sigma_s v = lambda (Sigma_xi + tau I) v (eq. 4), descending, float64.
 
+    ``tau``: "auto" (default, also None), "relative" or a number (module docstring).
     Cholesky whitening: L L^T = Sigma_xi + tau I, M = L^-1 Sigma_s L^-T, lambda = eig(M).
     Negative eigenvalues (finite-sample Sigma_s is not PSD) are kept. ``n`` (the number of view
     pairs behind the estimates, if known) only sharpens the error message.
     """
-    _check_tau(tau, tau_rel)
+    tau = check_tau(tau, tau_rel, cond_max)
     s = sigma_s.to(torch.float64)
     x = sigma_xi.to(torch.float64)
     d = x.shape[0]
-    _require_finite(s, x, tau, n)
-    t = resolve_tau(x, tau, tau_rel)
+    _require_finite(s, x, None if isinstance(tau, str) else tau, n)
+    t = resolve_tau(x, tau, tau_rel, cond_max)
     a = 0.5 * (x + x.T) + t * torch.eye(d, dtype=x.dtype, device=x.device)
     L, info = torch.linalg.cholesky_ex(a)
     if int(info) != 0:
@@ -156,18 +218,19 @@ def not_positive_definite_message(sigma_s: torch.Tensor, sigma_xi: torch.Tensor,
                 "augmentation and no noise?); use views that differ, or a tau > 0")
     if n is not None and float(n) <= d:
         return (f"{head}: too few samples -- n={int(n)} view pairs for d={d} feature dimensions, "
-                "so the estimated Sigma_xi has rank <= n - 1 < d; use tau=None (relative "
-                "default) or a larger tau, fewer feature dimensions (d_proj) or more view pairs")
+                "so the estimated Sigma_xi has rank <= n - 1 < d; use tau='auto' (default) or "
+                "'relative', a larger tau, fewer feature dimensions (d_proj) or more view pairs")
     return (f"{head}: Sigma_xi is singular (the residual features do not vary along some "
-            f"direction{'' if n is None else f'; n={int(n)} view pairs'}); use tau=None "
-            "(relative default) or a larger tau, or fewer feature dimensions (d_proj)")
+            f"direction{'' if n is None else f'; n={int(n)} view pairs'}); use tau='auto' "
+            "(default) or 'relative', a larger tau, or fewer feature dimensions (d_proj)")
 
 
 def icr_from_covariances(sigma_s: torch.Tensor, sigma_xi: torch.Tensor,
-                         tau: Optional[float] = None,
-                         tau_rel: float = DEFAULT_TAU_REL) -> torch.Tensor:
+                         tau: TauSpec = "auto",
+                         tau_rel: float = DEFAULT_TAU_REL,
+                         cond_max: float = DEFAULT_COND_MAX) -> torch.Tensor:
     """ICR = 1/(1 + mean_i lambda_i) (eq. 5) from population or estimated covariances."""
-    lam = generalized_eigenvalues(sigma_s, sigma_xi, tau, tau_rel)
+    lam = generalized_eigenvalues(sigma_s, sigma_xi, tau, tau_rel, cond_max=cond_max)
     return 1.0 / (1.0 + lam.mean())
 
 
@@ -175,34 +238,41 @@ class InvariantContaminationRatio(Metric):
     """ICR (eq. 5 of the ICR paper) from pairs of views, exact under DDP.
 
     Args:
-        tau: ridge added to Sigma_xi; None -> ``tau_rel * Tr(Sigma_xi)/d`` (module docstring).
+        tau: ridge added to Sigma_xi: ``"auto"`` (default, also None: 0 unless cond(Sigma_xi) >
+            ``cond_max`` or Sigma_xi is not positive definite, then the relative ridge),
+            ``"relative"`` (always ``tau_rel * Tr(Sigma_xi)/d``, the former default) or an
+            absolute number >= 0 (module docstring).
         normalize: l2-normalize every feature vector before estimating Sigma_s, Sigma_xi for ICR
             (the traces are always on l2-normalized features).
-        tau_rel: relative ridge used when ``tau`` is None.
+        tau_rel: factor of the relative ridge (``"relative"``, and ``"auto"`` when it applies).
+        cond_max: condition number of Sigma_xi above which ``"auto"`` adds the ridge.
         num_features: d, if known; creates the d-dependent states up front (otherwise on the
             first ``update``). Give it under DDP when a rank might see no data.
 
     ``update(h1, h2)``: the two views' features, (B, d) or (B, C, H, W) (mean-pooled over space);
     row i of h1 and h2 must come from the same image. ``compute()`` returns a dict with ``icr``,
     ``trace_s``, ``trace_xi`` (l2-normalized features, Fig. 8), ``trace_s_raw``, ``trace_xi_raw``,
-    ``n`` (number of view pairs), ``d``, ``tau`` and ``eigenvalues`` (descending, for plots).
+    ``n`` (number of view pairs), ``d``, ``tau`` (the ridge actually added), ``cond_xi`` (the
+    condition number of the estimated Sigma_xi, inf when it is singular) and ``eigenvalues``
+    (descending, for plots). :meth:`icr_at` gives ICR of the same state under another ``tau``.
     """
 
     is_differentiable = False
     higher_is_better = False
     full_state_update = False
 
-    def __init__(self, tau: Optional[float] = None, normalize: bool = False,
+    def __init__(self, tau: TauSpec = "auto", normalize: bool = False,
                  tau_rel: float = DEFAULT_TAU_REL, num_features: Optional[int] = None,
-                 **kwargs) -> None:
-        _check_tau(tau, tau_rel)
+                 cond_max: float = DEFAULT_COND_MAX, **kwargs) -> None:
+        tau = check_tau(tau, tau_rel, cond_max)
         if not isinstance(normalize, bool):
             raise ValueError(f"normalize: must be a bool, got {normalize!r}")
         if num_features is not None and (not isinstance(num_features, int) or num_features < 1):
             raise ValueError(f"num_features: must be None or an int >= 1, got {num_features!r}")
         super().__init__(**kwargs)
-        self.tau = None if tau is None else float(tau)
+        self.tau = tau
         self.tau_rel = float(tau_rel)
+        self.cond_max = float(cond_max)
         self.normalize = normalize
         self._d: Optional[int] = None
         self.add_state("n", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
@@ -256,8 +326,9 @@ class InvariantContaminationRatio(Metric):
         cov = self.covariances()
         sigma_s, sigma_xi = cov["sigma_s"], cov["sigma_xi"]
         n = self.n
-        _require_finite(sigma_s, sigma_xi, self.tau, float(n))
-        tau = resolve_tau(sigma_xi, self.tau, self.tau_rel)
+        _require_finite(sigma_s, sigma_xi, None if isinstance(self.tau, str) else self.tau, float(n))
+        cond = condition_number(sigma_xi)
+        tau = resolve_tau(sigma_xi, self.tau, self.tau_rel, self.cond_max, cond=cond)
         lam = generalized_eigenvalues(sigma_s, sigma_xi, tau=tau, n=float(n))
         tr_t = _trace_from_sums(self.sum_t_unit, self.sq_t_unit, n)
         tr_d = _trace_from_sums(self.sum_delta_unit, self.sq_delta_unit, n)
@@ -271,8 +342,20 @@ class InvariantContaminationRatio(Metric):
             "n": n.clone(),
             "d": torch.tensor(float(self._d), dtype=f64, device=dev),
             "tau": torch.tensor(tau, dtype=f64, device=dev),
+            "cond_xi": torch.tensor(cond, dtype=f64, device=dev),
             "eigenvalues": lam,
         }
+
+    def icr_at(self, tau: TauSpec) -> torch.Tensor:
+        """ICR of the current (synced) state with another ridge spec (e.g. to measure the effect
+        of tau on the same features: ``m.icr_at(0.0)``, ``m.icr_at("relative")``)."""
+        with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync,
+                               should_unsync=self._should_unsync):  # the same states as compute()
+            cov = self.covariances()
+            n = float(self.n)
+        lam = generalized_eigenvalues(cov["sigma_s"], cov["sigma_xi"], tau=tau, tau_rel=self.tau_rel,
+                                      n=n, cond_max=self.cond_max)
+        return 1.0 / (1.0 + lam.mean())
 
     def eigenvalues(self) -> torch.Tensor:
         """Generalized eigenvalues (descending) of the current (synced) state."""
@@ -283,11 +366,12 @@ class InvariantContaminationRatio(Metric):
         return self._plot(val, ax)
 
 
-def invariant_contamination_ratio(h1: torch.Tensor, h2: torch.Tensor, tau: Optional[float] = None,
+def invariant_contamination_ratio(h1: torch.Tensor, h2: torch.Tensor, tau: TauSpec = "auto",
                                   normalize: bool = False,
-                                  tau_rel: float = DEFAULT_TAU_REL) -> Dict[str, torch.Tensor]:
+                                  tau_rel: float = DEFAULT_TAU_REL,
+                                  cond_max: float = DEFAULT_COND_MAX) -> Dict[str, torch.Tensor]:
     """Functional twin of :class:`InvariantContaminationRatio` (same dict)."""
     metric = InvariantContaminationRatio(tau=tau, normalize=normalize, tau_rel=tau_rel,
-                                         sync_on_compute=False)
+                                         cond_max=cond_max, sync_on_compute=False)
     metric.update(h1, h2)
     return metric.compute()
