@@ -84,7 +84,9 @@ def _write_config(d: Path, epochs: int = 4, monitors: bool = False, wandb: bool 
 
 
 def _env(tmp_path: Path) -> dict:
-    env = dict(os.environ)
+    # WANDB_SERVICE (set by an in-process W&B run of another test) would make every subprocess
+    # share that service, where a SIGKILLed process's run id stays "in use": drop it, as in a shell
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO / "tests"), str(REPO)]),
                WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(tmp_path / "wandb"),
                LIGHTNING_PFD_CACHE=str(tmp_path / "cache"), XDG_CACHE_HOME=str(tmp_path / "xdg"))
