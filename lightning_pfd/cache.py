@@ -10,6 +10,8 @@ Root directory: ``$LIGHTNING_PFD_CACHE`` or ``~/.cache/lightning_pfd``.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import math
@@ -20,7 +22,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["cache_dir", "hash_key", "save_tensor_atomic", "load_tensor_verified", "tensor_checksum"]
+__all__ = ["cache_dir", "hash_key", "save_tensor_atomic", "load_tensor_verified", "tensor_checksum",
+           "deferred_writes", "write_deferred"]
 
 _FORMAT_VERSION = 1
 
@@ -120,6 +123,30 @@ def _check_tensor_dict(tensors: Any) -> None:
         raise ValueError("save_tensor_atomic: `tensors` must be a dict[str, torch.Tensor]")
 
 
+_DEFERRED: contextvars.ContextVar = contextvars.ContextVar("lightning_pfd_deferred_cache", default=None)
+
+
+@contextlib.contextmanager
+def deferred_writes():
+    """Keep the cache writes made inside in memory (reads see them) instead of writing them.
+
+    The command line validates a run inside this context: a run that fails validation leaves no
+    cache entry behind; one that passes writes them with :func:`write_deferred`."""
+    pending: dict = {}
+    token = _DEFERRED.set(pending)
+    try:
+        yield pending
+    finally:
+        _DEFERRED.reset(token)
+
+
+def write_deferred(pending: dict) -> None:
+    """Write the entries collected by :func:`deferred_writes` (atomically, one by one)."""
+    for path, (tensors, key) in list(pending.items()):
+        save_tensor_atomic(path, tensors, key)
+    pending.clear()
+
+
 def save_tensor_atomic(path: str | os.PathLike, tensors: dict[str, torch.Tensor], key: str) -> Path:
     """Write ``tensors`` with their ``key`` and checksum to ``path`` atomically.
 
@@ -131,6 +158,10 @@ def save_tensor_atomic(path: str | os.PathLike, tensors: dict[str, torch.Tensor]
     if not isinstance(key, str):
         raise ValueError("save_tensor_atomic: `key` must be a str (use hash_key(...))")
     path = Path(path)
+    pending = _DEFERRED.get()
+    if pending is not None:  # inside deferred_writes(): keep it for later
+        pending[path] = ({k: v.detach().to("cpu").clone() for k, v in tensors.items()}, key)
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "format": _FORMAT_VERSION,
@@ -161,6 +192,9 @@ def load_tensor_verified(path: str | os.PathLike, key: str) -> dict[str, torch.T
     key, or when its tensors fail the checksum (a corrupted file is never trusted).
     """
     path = Path(path)
+    pending = _DEFERRED.get()
+    if pending is not None and path in pending and pending[path][1] == key:
+        return {k: v.clone() for k, v in pending[path][0].items()}
     if not path.is_file():
         return None
     try:

@@ -10,10 +10,13 @@ It subclasses ``ValueError`` so Python callers that catch ``ValueError`` keep wo
 """
 from __future__ import annotations
 
+import argparse
 import difflib
+import re
+import sys
 from typing import Any, Iterable, Optional
 
-__all__ = ["ConfigError", "did_you_mean", "check_choice"]
+__all__ = ["ConfigError", "did_you_mean", "check_choice", "ShortErrorParser"]
 
 _UNSET = object()
 
@@ -81,3 +84,21 @@ def check_choice(field: str, value: Any, accepted: Iterable[Any]) -> None:
     accepted = list(accepted)
     if value not in accepted:
         raise ConfigError(field, "unknown value", value=value, accepted=accepted)
+
+
+class ShortErrorParser(argparse.ArgumentParser):
+    """``argparse`` parser for the extra commands: an error is one short block (no usage dump),
+    options are never abbreviated, and the exit status is 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        hint = ""
+        m = re.search(r"unrecognized arguments: (\S+)", message)
+        if m:
+            close = did_you_mean(m.group(1).split("=", 1)[0], self._option_string_actions.keys())
+            hint = f"  hint: did you mean {close}? (options are never abbreviated)\n" if close else ""
+        sys.stderr.write(f"{self.prog}: error: {message}\n{hint}  (options: {self.prog} --help)\n")
+        sys.exit(2)

@@ -17,6 +17,8 @@ under ``--out``.
 """
 from __future__ import annotations
 
+from .errors import ShortErrorParser
+
 import argparse
 import json
 import os
@@ -35,7 +37,7 @@ _TIME_GRIDS = ("uniform", "edm")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lightning_pfd pite", description=__doc__,
+    p = ShortErrorParser(prog="python -m lightning_pfd pite", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sbm-config", default="experiments/pite_sbm",
                    help="SBM config (path or embedded name)")
@@ -122,7 +124,19 @@ def _preconds(a) -> list:
     return out
 
 
+def _check_config_arg(flag: str, value: str) -> None:
+    from .cli import resolve_config_path
+    from .errors import ConfigError
+
+    try:
+        resolve_config_path(value)
+    except ConfigError as e:
+        raise ConfigError(flag, e.problem, value=value, accepted=e.accepted) from None
+
+
 def _validate(a) -> None:
+    _check_config_arg("--sbm-config", a.sbm_config)
+    _check_config_arg("--lim-config", a.lim_config)
     for name in ("num_samples", "max_steps", "lim_steps"):
         v = getattr(a, name)
         if v is not None and v < 1:

@@ -21,6 +21,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from .callbacks.checkpoint import continue_loggers, install_verified_io, run_artifacts
 from .callbacks.wandb_setup import LogConfigCallback
+from .cache import deferred_writes, write_deferred
 from .checkpoint import atomic_write_bytes, load_checkpoint
 from .errors import ConfigError, did_you_mean
 
@@ -63,11 +64,57 @@ class PFDArgumentParser(LightningArgumentParser):
     @staticmethod
     def _hint(parser, message: str) -> Optional[str]:
         m = re.search(r"unrecognized arguments: (\S+)", message)
-        if not m:
-            return None
-        opt = m.group(1).split("=", 1)[0]
-        close = did_you_mean(opt, getattr(parser, "_option_string_actions", {}).keys())
-        return f"did you mean {close}? (options are never abbreviated)" if close else None
+        if m:
+            opt = m.group(1).split("=", 1)[0]
+            close = did_you_mean(opt, getattr(parser, "_option_string_actions", {}).keys())
+            return f"did you mean {close}? (options are never abbreviated)" if close else None
+        m = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
+        if m:
+            return _attribute_hint(m.group(1), m.group(2))
+        m = re.search(r'Parser key "([\w.]+)"', message)
+        if m:
+            value = _argv_value(m.group(1))
+            return None if value is None else f"the value given for --{m.group(1)} was {value!r}"
+        if "Problems parsing config" in message or "Unexpected config" in message:
+            cfg = _argv_value("config") or _argv_value("c")
+            if cfg and "Unexpected config" in message and _is_yaml_list(cfg):
+                return (f"{cfg} is a list of callbacks, not a run config: append it with "
+                        f"--trainer.callbacks+={cfg}")
+            return f"in the config file {cfg!r}" if cfg else None
+        return None
+
+
+def _argv_value(key: str) -> Optional[str]:
+    """The value given for ``--key`` on this process's command line, if any."""
+    argv = sys.argv[1:]
+    for i, a in enumerate(argv):
+        if a == f"--{key}" or (len(key) == 1 and a == f"-{key}"):
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if a.startswith(f"--{key}="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _is_yaml_list(path: str) -> bool:
+    try:
+        import yaml
+
+        return isinstance(yaml.safe_load(Path(path).read_text()), list)
+    except Exception:
+        return False
+
+
+def _attribute_hint(module: str, name: str) -> Optional[str]:
+    """"did you mean" for a class_path whose last part is misspelt."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except Exception:
+        return None
+    names = getattr(mod, "__all__", None) or [n for n in dir(mod) if not n.startswith("_")]
+    close = did_you_mean(name, names)
+    return f"did you mean {module}.{close}?" if close else f"{module} provides: {sorted(names)[:12]}"
 
 
 class RunConfigCallback(LogConfigCallback):
@@ -121,6 +168,18 @@ class PFDLightningCLI(LightningCLI):
             field = f"{m.group(1).rsplit('.', 1)[-1]} ({m.group(1)})" if m else (self.subcommand or "config")
             raise ConfigError(field, condense_error(str(e)),
                               suggestion="fix the value in the config or on the command line") from e
+        except Exception as e:  # Lightning's own refusals while building the Trainer
+            if type(e).__name__ == "MisconfigurationException":
+                raise ConfigError("trainer", str(e).strip().splitlines()[0],
+                                  suggestion="fix the trainer value in the config or on the command line") from e
+            if isinstance(e, RuntimeError) and "more than one stateful callback" in str(e):
+                kind = re.search(r"type `(\w+)`", str(e))
+                raise ConfigError(f"trainer.callbacks[{kind.group(1) if kind else '?'}]",
+                                  "the same callback appears twice with the same settings (it would "
+                                  "log the same keys and share one checkpoint state)",
+                                  suggestion="remove the duplicate, or give the second one its own "
+                                             "`name` (monitors) / `dirpath` or `monitor` (checkpoints)") from e
+            raise
 
     def _parse_ckpt_path(self) -> None:
         """Lightning would silently replace the command line's model arguments by the
@@ -192,11 +251,22 @@ class PFDLightningCLI(LightningCLI):
                            "save_dir/dirpath), or pass --overwrite to replace it")
 
     def _check_data(self) -> None:
+        """Load the data now (the datamodule's checks: files, shapes, finite and in range); a
+        loader's own ValueError / unpickling error becomes one ConfigError naming the data."""
+        import pickle
+
         dm = self.datamodule
         if dm is None:
             return
-        dm.prepare_data()
-        dm.setup("fit" if self.subcommand == "fit" else self.subcommand)
+        try:
+            dm.prepare_data()
+            dm.setup("fit" if self.subcommand == "fit" else self.subcommand)
+        except ConfigError:
+            raise
+        except (ValueError, OSError, pickle.UnpicklingError, RuntimeError) as e:
+            first = " ".join(str(e).split())[:400] or type(e).__name__
+            raise ConfigError(f"data ({type(dm).__name__})", f"cannot be loaded: {first}",
+                              suggestion="check data.init_args (path, file format, keys, dtype)") from e
 
     def _check_hparams_merge(self) -> None:
         """Lightning refuses, after creating the loggers, keys that module and datamodule both
@@ -223,10 +293,12 @@ class PFDLightningCLI(LightningCLI):
         """Every check that needs no training, before any file is written (see module doc)."""
         self._check_shapes()
         self._check_resume()
-        self._check_data()
-        self._check_shapes()  # the data shape is known for sure after setup
-        self._check_hparams_merge()
-        self._check_callbacks()
+        with deferred_writes() as pending:  # a run that fails here leaves no cache entry behind
+            self._check_data()
+            self._check_shapes()  # the data shape is known for sure after setup
+            self._check_hparams_merge()
+            self._check_callbacks()
+        write_deferred(pending)
         install_verified_io(self.trainer)
         if self.resume_checkpoint is not None:
             for line in continue_loggers(self.trainer, self.resume_checkpoint):

@@ -124,3 +124,20 @@ def test_save_rejects_bad_input(tmp_path):
     with pytest.raises(ValueError, match="key"):
         save_tensor_atomic(tmp_path / "c.pt", {"x": torch.zeros(1)}, key=3)
     assert not (tmp_path / "c.pt").exists()
+
+
+def test_deferred_writes_are_readable_and_written_only_when_flushed(tmp_path):
+    from lightning_pfd.cache import deferred_writes, write_deferred
+
+    p, t = tmp_path / "c" / "e.pt", {"x": torch.arange(4.0)}
+    with deferred_writes() as pending:
+        save_tensor_atomic(p, t, "k")
+        assert not p.exists()  # nothing on disk while validating
+        assert torch.equal(load_tensor_verified(p, "k")["x"], t["x"])  # but reads see it
+        assert load_tensor_verified(p, "other") is None
+    assert not p.exists()
+    write_deferred(pending)
+    assert torch.equal(load_tensor_verified(p, "k")["x"], t["x"]) and not pending
+    with deferred_writes():  # a failed validation: the pending entry is simply dropped
+        save_tensor_atomic(tmp_path / "f.pt", t, "k")
+    assert not (tmp_path / "f.pt").exists()

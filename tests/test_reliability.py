@@ -286,9 +286,11 @@ def test_resume_applies_a_new_lr_and_refuses_a_new_architecture(tmp_path):
 def test_failed_runs_leave_the_earlier_run_byte_identical(tmp_path):
     d = tmp_path / "run"
     env = _env(tmp_path)
-    _write_config(d, epochs=1)
+    _write_config(d, epochs=1, monitors=True)
     assert _cli(d, env).returncode == 0
     before = _snapshot(d)
+    env["LIGHTNING_PFD_CACHE"] = str(tmp_path / "cache_of_failed_runs")  # must stay empty
+    stack = str(REPO / "lightning_pfd/callbacks_configs/representation.yaml")
     bad_inputs = [
         [],  # a fresh fit over an earlier run's checkpoints
         ["--model.init_args.net.init_args.dim", "32", "--overwrite"],  # net/data shape mismatch
@@ -298,6 +300,11 @@ def test_failed_runs_leave_the_earlier_run_byte_identical(tmp_path):
         ["--model.init_args.precond", "edn", "--overwrite"],
         ["--data.init_args.n_train", "0", "--overwrite"],
         ["--model.init_args.num_steps", "5", "--overwrite"],  # student/teacher grids differ
+        ["--model.init_args.betas", "[1.5, 0.999]", "--overwrite"],  # Adam would refuse it late
+        ["--trainer.limit_train_batches", "-1", "--overwrite"],  # Lightning's own refusal
+        [f"--trainer.callbacks+={stack}", f"--trainer.callbacks+={stack}", "--overwrite"],
+        ["--data.init_args.n_gen", "8", "--overwrite"],  # num_eval 16 > n_gen: after data setup
+        ["--trainer.callbacks.tap", "nope", "--overwrite"],  # unknown ICR tap
     ]
     for args in bad_inputs:
         r = _cli(d, env, *args)
@@ -307,6 +314,8 @@ def test_failed_runs_leave_the_earlier_run_byte_identical(tmp_path):
         first = next(i for i, ln in enumerate(lines) if "error:" in ln)
         assert len(lines) - first <= 6, (args, r.stderr)  # one short block after Lightning's banner
         assert _snapshot(d) == before, args
+        cache = tmp_path / "cache_of_failed_runs"
+        assert not cache.exists() or not [p for p in cache.rglob("*") if p.is_file()], args
 
 
 # -- divergence ----------------------------------------------------------------------------------------

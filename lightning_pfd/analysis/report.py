@@ -39,7 +39,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ShortErrorParser
 from .events import DEFAULT_KEYS, RunAnalysis, analyze_history
 from .history import History, load_history
 
@@ -414,7 +414,7 @@ def write_report(history: History | dict, out_dir, *, keys: Optional[dict] = Non
 
 # ----------------------------------------------------------------------------- command
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ShortErrorParser(
         prog="python -m lightning_pfd report",
         description="Figures (PFD paper Fig. 4, ICR paper Fig. 5) and a markdown summary of the "
                     "training-dynamics events of a run (W&B offline run or CSVLogger logs). "

@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ShortErrorParser
 
 __all__ = ["main", "sweep", "linear_probe_accuracy", "DEFAULT_SIGMAS", "validate_args"]
 
@@ -231,7 +231,7 @@ def plot(rows: List[Dict[str, float]], path: Path) -> None:
 
 # ----------------------------------------------------------------------------- CLI
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p = ShortErrorParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt", required=True, help="checkpoint of a DiffusionModule")
     p.add_argument("--data", required=True,
                    help="LightningCLI config file, short name (digits, fashion, cifar10, gmm) or "

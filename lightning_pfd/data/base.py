@@ -420,5 +420,6 @@ def _pad_to(x: torch.Tensor, size: int, value: float = -1.0) -> torch.Tensor:
 
 
 def _check_choice(name: str, value, allowed: Sequence) -> None:
+    """ConfigError (with a did-you-mean) unless ``value`` is one of ``allowed``."""
     if value not in allowed:
-        raise ValueError(f"{name}: must be one of {list(allowed)}, got {value!r}")
+        raise ConfigError(name, "unknown value", value=value, accepted=list(allowed))

@@ -42,10 +42,18 @@ def load_tensor_file(path: str | os.PathLike) -> dict[str, Optional[torch.Tensor
     if not path.is_file():
         raise FileNotFoundError(f"path: no such file {str(path)!r} (expected a .npz or .pt file)")
     if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            d = {k: z[k] for k in z.files}
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                d = {k: z[k] for k in z.files}
+        except (ValueError, OSError) as e:
+            raise ValueError(f"path: {str(path)!r} is not a readable .npz archive of arrays ({e})") from None
     elif path.suffix in (".pt", ".pth"):
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # not a torch file, or objects that weights-only loading refuses
+            raise ValueError(f"path: {str(path)!r} is not a torch file of tensors (torch.save of a "
+                             "tensor or a dict of tensors; only tensors, lists and dicts are "
+                             "loaded, never arbitrary objects)") from None
         d = {"x": obj} if isinstance(obj, torch.Tensor) else obj
         if not isinstance(d, dict):
             raise ValueError(f"path: {path} must hold a tensor or a dict of tensors, got {type(obj).__name__}")

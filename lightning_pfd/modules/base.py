@@ -36,7 +36,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from ..checkpoint import verified_stream
 from ..errors import ConfigError, check_choice
 
-__all__ = ["ResumableModule", "step_seed", "compare_hparams", "DIVERGENCE_ACTIONS"]
+__all__ = ["ResumableModule", "step_seed", "compare_hparams", "check_optimizer_args", "DIVERGENCE_ACTIONS"]
 
 DIVERGENCE_ACTIONS = ("stop", "continue")
 _MASK64 = (1 << 64) - 1
@@ -94,6 +94,21 @@ def compare_hparams(saved: dict, current: dict, architecture: Iterable[str]
         for d in _diff(saved[key], current[key], key):
             (refused if key in arch else applied).append(d)
     return refused, applied
+
+
+def check_optimizer_args(lr, betas, weight_decay, warmup_steps) -> None:
+    """Adam's arguments, checked at construction (Adam itself would refuse them only when the
+    optimizer is built, after the loggers started)."""
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+        raise ConfigError("model.init_args.lr", "must be a finite number > 0", value=lr)
+    b = list(betas) if isinstance(betas, (list, tuple)) else None
+    if b is None or len(b) != 2 or not all(isinstance(v, (int, float)) and 0.0 <= v < 1.0 for v in b):
+        raise ConfigError("model.init_args.betas", "must be two numbers in [0, 1)", value=betas,
+                          accepted="e.g. [0.9, 0.999]")
+    if not isinstance(weight_decay, (int, float)) or not math.isfinite(weight_decay) or weight_decay < 0:
+        raise ConfigError("model.init_args.weight_decay", "must be a finite number >= 0", value=weight_decay)
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ConfigError("model.init_args.warmup_steps", "must be an integer >= 0", value=warmup_steps)
 
 
 class ResumableModule(pl.LightningModule):

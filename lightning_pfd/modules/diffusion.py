@@ -12,7 +12,7 @@ from ..diffusion import (EDMLoss, EDMPrecond, VPLoss, VPPrecond, clamp_sigmas, k
                          sample_endpoints)
 from ..diffusion.sampling import SAMPLERS
 from ..errors import check_choice
-from .base import ResumableModule
+from .base import ResumableModule, check_optimizer_args
 from .ema import EMA, ema_step, sanitize_gradients
 from .optim import adam_with_warmup
 
@@ -101,10 +101,7 @@ class DiffusionModule(ResumableModule):
         super().__init__()
         _check_choice("precond", precond, PRECONDS)
         _check_choice("sampler", sampler, sorted(SAMPLERS))
-        if lr <= 0:
-            raise ValueError(f"lr: must be > 0, got {lr}")
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps: must be >= 0, got {warmup_steps}")
+        check_optimizer_args(lr, betas, weight_decay, warmup_steps)
         if not 0.0 <= ema_decay <= 1.0:
             raise ValueError(f"ema_decay: must lie in [0, 1], got {ema_decay}")
         if ema_halflife_kimg is not None and ema_halflife_kimg <= 0:

@@ -15,7 +15,7 @@ from ..diffusion.levy import (LEVY_SAMPLERS, LEVY_TIME_GRIDS, PARAMETERIZATIONS,
                               check_alpha, denoiser_dsm_loss, denoiser_to_score,
                               fractional_dsm_loss, levy_sample, sample_alpha_stable)
 from ..errors import ConfigError, check_choice
-from .base import ResumableModule
+from .base import ResumableModule, check_optimizer_args
 from .ema import EMA, ema_step, sanitize_gradients
 from .optim import adam_with_warmup
 
@@ -173,10 +173,7 @@ class LevyItoModule(ResumableModule):
             raise ValueError(f"huber_delta: must be > 0, got {huber_delta}")
         if gradient_clip_val is not None and gradient_clip_val < 0:
             raise ValueError(f"gradient_clip_val: must be >= 0 or None, got {gradient_clip_val}")
-        if not lr > 0:
-            raise ValueError(f"lr: must be > 0, got {lr}")
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps: must be >= 0, got {warmup_steps}")
+        check_optimizer_args(lr, betas, weight_decay, warmup_steps)
         if not 0.0 <= ema_decay <= 1.0:
             raise ValueError(f"ema_decay: must lie in [0, 1], got {ema_decay}")
         if int(num_steps) < 1:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError, did_you_mean
 from .layers import TappedNetwork, as_noise_labels, group_norm, init_xavier, make_noise_embedding
 
 __all__ = ["UNet", "UNetBlock", "UNET_PRESETS"]
@@ -129,6 +130,11 @@ class _StopForward(Exception):
     def __init__(self, value: torch.Tensor):
         super().__init__()
         self.value = value
+
+
+def _preset_hint(preset) -> str:
+    close = did_you_mean(preset, UNET_PRESETS) or did_you_mean(str(preset).replace("-", ""), UNET_PRESETS)
+    return (f"did you mean {close!r}? " if close else "") + "(or None for explicit widths)"
 
 
 class UNet(TappedNetwork):
@@ -281,7 +287,8 @@ def _resolve_config(preset, model_channels, channel_mult, num_blocks) -> dict:
     elif preset in UNET_PRESETS:
         cfg = dict(UNET_PRESETS[preset])
     else:
-        raise ValueError(f"preset: unknown name {preset!r}; accepted: {list(UNET_PRESETS)} or None")
+        raise ConfigError("preset", "unknown UNet preset", value=preset, accepted=list(UNET_PRESETS),
+                          suggestion=_preset_hint(preset))
     for key, val in (("model_channels", model_channels), ("channel_mult", channel_mult),
                      ("num_blocks", num_blocks)):
         if val is not None:
