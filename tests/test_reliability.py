@@ -406,7 +406,7 @@ def test_cli_errors_are_one_short_block_with_exit_2(tmp_path, monkeypatch, capsy
     assert "did you mean --trainer.max_epochs?" in err and "usage" not in err.lower()
     assert main(["fit", "--config", "c.yaml", "--model.init_args.lr", "-1e-3"]) == 2
     err = capsys.readouterr().err
-    assert "lr: must be > 0, got -0.001" in err and "Namespace(" not in err
+    assert "model.init_args.lr: must be a finite number > 0; got -0.001" in err and "Namespace(" not in err
     assert main(["fit", "--config", "quickstrt"]) == 2
     assert "did you mean 'quickstart'?" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
