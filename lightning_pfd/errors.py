@@ -16,7 +16,7 @@ import re
 import sys
 from typing import Any, Iterable, Optional
 
-__all__ = ["ConfigError", "did_you_mean", "check_choice", "ShortErrorParser"]
+__all__ = ["ConfigError", "MissingFileError", "did_you_mean", "check_choice", "ShortErrorParser"]
 
 _UNSET = object()
 
@@ -26,6 +26,13 @@ def did_you_mean(value: Any, choices: Iterable[Any]) -> Optional[str]:
     names = [str(c) for c in choices]
     close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
     return close[0] if close else None
+
+
+def suggest_option(typed: str, options: Iterable[str]) -> Optional[str]:
+    """The option a mistyped one most likely means: one it abbreviates, else the closest."""
+    options = sorted(str(o) for o in options)
+    prefixed = [o for o in options if o.startswith(typed) and o != typed]
+    return prefixed[0] if prefixed else did_you_mean(typed, options)
 
 
 class ConfigError(ValueError):
@@ -79,6 +86,14 @@ class ConfigError(ValueError):
         return "\n".join(lines)
 
 
+class MissingFileError(ConfigError, FileNotFoundError):
+    """A file the user named does not exist: a ConfigError that is also a FileNotFoundError."""
+
+    def __init__(self, field: str, path: Any, expected: str = "", suggestion: Optional[str] = None):
+        problem = "no such file" + (f" (expected {expected})" if expected else "")
+        ConfigError.__init__(self, field, problem, value=str(path), suggestion=suggestion)
+
+
 def check_choice(field: str, value: Any, accepted: Iterable[Any]) -> None:
     """Raise :class:`ConfigError` unless ``value`` is one of ``accepted``."""
     accepted = list(accepted)
@@ -98,7 +113,7 @@ class ShortErrorParser(argparse.ArgumentParser):
         hint = ""
         m = re.search(r"unrecognized arguments: (\S+)", message)
         if m:
-            close = did_you_mean(m.group(1).split("=", 1)[0], self._option_string_actions.keys())
+            close = suggest_option(m.group(1).split("=", 1)[0], self._option_string_actions.keys())
             hint = f"  hint: did you mean {close}? (options are never abbreviated)\n" if close else ""
         sys.stderr.write(f"{self.prog}: error: {message}\n{hint}  (options: {self.prog} --help)\n")
         sys.exit(2)

@@ -23,11 +23,13 @@ from .callbacks.checkpoint import continue_loggers, install_verified_io, run_art
 from .callbacks.wandb_setup import LogConfigCallback
 from .cache import deferred_writes, write_deferred
 from .checkpoint import atomic_write_bytes, load_checkpoint
-from .errors import ConfigError, did_you_mean
+from .errors import ConfigError, did_you_mean, suggest_option
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 _NOISE = ("Expected a <class 'NoneType'>", "Given value", "Subtypes:", "Errors:",
-          "Does not validate against any of the Union subtypes")
+          "Does not validate against any of the Union subtypes", "Not a valid subclass",
+          "Subclass types expect", "a class path (str)", "a dict with class_path",
+          "a dict without class_path", "a class name")
 
 
 def condense_error(message: str) -> str:
@@ -66,7 +68,7 @@ class PFDArgumentParser(LightningArgumentParser):
         m = re.search(r"unrecognized arguments: (\S+)", message)
         if m:
             opt = m.group(1).split("=", 1)[0]
-            close = did_you_mean(opt, getattr(parser, "_option_string_actions", {}).keys())
+            close = suggest_option(opt, getattr(parser, "_option_string_actions", {}).keys())
             return f"did you mean {close}? (options are never abbreviated)" if close else None
         m = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
         if m:
@@ -170,8 +172,10 @@ class PFDLightningCLI(LightningCLI):
                               suggestion="fix the value in the config or on the command line") from e
         except Exception as e:  # Lightning's own refusals while building the Trainer
             if type(e).__name__ == "MisconfigurationException":
-                raise ConfigError("trainer", str(e).strip().splitlines()[0],
-                                  suggestion="fix the trainer value in the config or on the command line") from e
+                given = [a.split("=", 1)[0][2:] for a in sys.argv[1:] if a.startswith("--trainer.")]
+                hint = ("check " + ", ".join(given) + " (given on the command line)") if given \
+                    else "fix the trainer value in the config"
+                raise ConfigError("trainer", str(e).strip().splitlines()[0], suggestion=hint) from e
             if isinstance(e, RuntimeError) and "more than one stateful callback" in str(e):
                 kind = re.search(r"type `(\w+)`", str(e))
                 raise ConfigError(f"trainer.callbacks[{kind.group(1) if kind else '?'}]",

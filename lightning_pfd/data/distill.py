@@ -22,6 +22,7 @@ from torch import nn
 from ..cache import cache_dir, hash_key, load_tensor_verified, save_tensor_atomic
 from ..diffusion import GaussianDenoiser, GaussianMixtureDenoiser, clamp_sigmas, karras_sigmas
 from ..diffusion.sampling import SAMPLERS, sample_endpoints
+from ..errors import MissingFileError
 from .base import TensorDataModule, _check_choice
 from .gmm import check_disjoint_ranges
 
@@ -155,7 +156,7 @@ class TeacherDistillationDataModule(TensorDataModule):
             raise ValueError("teacher_load_kwargs: only used with teacher_ckpt")
         if teacher_ckpt is not None:
             if not Path(teacher_ckpt).is_file():
-                raise FileNotFoundError(f"teacher_ckpt: no such checkpoint file {str(teacher_ckpt)!r}")
+                raise MissingFileError("teacher_ckpt", teacher_ckpt, "a checkpoint file")
         elif teacher is None:
             teacher = "gmm_digits"
         if isinstance(teacher, str):

@@ -17,6 +17,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..errors import MissingFileError
 from .base import DEFAULT_VALUE_RANGE, TensorDataModule, _scale_uint8, seeded_split
 
 __all__ = ["TensorFileDataModule", "load_tensor_file"]
@@ -40,7 +41,7 @@ def load_tensor_file(path: str | os.PathLike) -> dict[str, Optional[torch.Tensor
     """Read ``path`` into {train_data, train_labels, val_data, val_labels} (missing -> None)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"path: no such file {str(path)!r} (expected a .npz or .pt file)")
+        raise MissingFileError("path", path, "a .npz or .pt file")
     if path.suffix == ".npz":
         try:
             with np.load(path, allow_pickle=False) as z:
@@ -86,7 +87,7 @@ class TensorFileDataModule(TensorDataModule):
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction: must be in [0, 1), got {val_fraction}")
         if not Path(path).is_file():
-            raise FileNotFoundError(f"path: no such file {str(path)!r} (expected a .npz or .pt file)")
+            raise MissingFileError("path", path, "a .npz or .pt file")
         super().__init__(batch_size=batch_size, val_batch_size=val_batch_size, num_workers=num_workers,
                          samples_per_epoch=samples_per_epoch, n_train=n_train,
                          subset_seed=subset_seed, seed=seed, value_range=value_range)
