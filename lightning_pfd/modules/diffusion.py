@@ -54,7 +54,7 @@ class DiffusionModule(ResumableModule):
 
     Args:
         net: the raw network ``net(c_in * x, c_noise)`` (e.g. ``UNet``, ``MLPNet``).
-        precond: ``"edm"`` (Karras et al. 2022) or ``"vp"`` (Song et al. 2021), REFERENCE §2-3.
+        precond: ``"edm"`` (Karras et al. 2022) or ``"vp"`` (Song et al. 2021): EDM paper Table 1.
         lr, betas, weight_decay: Adam(W) settings; ``warmup_steps`` linear LR warm-up.
         ema_decay: per-step EMA decay; ``ema_halflife_kimg`` (EDM's convention) overrides it.
         ema_rampup: ramp the EMA up at the start of training (``modules.ema.ema_beta``).
@@ -142,7 +142,7 @@ class DiffusionModule(ResumableModule):
     def generate(self, seeds, sigmas: Optional[torch.Tensor] = None, sampler: Optional[str] = None,
                  batch_size: int = 256, denoiser: Optional[nn.Module] = None,
                  num_steps: Optional[int] = None) -> torch.Tensor:
-        """PF-ODE samples (float64, on this module's device), one per seed (REFERENCE §4).
+        """PF-ODE samples (float64, on this module's device), one per seed (PFD paper eq. 2; EDM Alg. 1).
 
         ``sigmas`` gives the grid; else ``num_steps`` rebuilds the module's Karras grid with that
         many steps; else the module's grid (Heun-18 by default)."""

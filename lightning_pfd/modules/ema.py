@@ -1,4 +1,4 @@
-"""Exponential moving average of a module's weights (EDM's EMA; REFERENCE §2).
+"""Exponential moving average of a module's weights (EDM's EMA, Karras et al. 2022, App. F).
 
 Pure torch. The EMA copy is a frozen deep copy of the model; ``update`` blends the live
 parameters in with decay beta. ``beta_from_halflife`` converts EDM's half-life in images to
@@ -88,7 +88,7 @@ class EMA(nn.Module):
 
 
 def sanitize_gradients(params) -> list:
-    """EDM's guard (REFERENCE §2): NaN gradients -> 0, +-inf -> +-1e5, in place. Returns the
+    """EDM's guard (the EDM training code): NaN gradients -> 0, +-inf -> +-1e5, in place. Returns the
     parameters that have gradients."""
     params = [p for p in params if p.grad is not None]
     for p in params:

@@ -1,4 +1,4 @@
-"""LevyItoModule: the Lévy–Itō model (Yoon et al. 2023) as a LightningModule (REFERENCE §12).
+"""LevyItoModule: the Lévy–Itō model (Yoon et al. 2023) as a LightningModule (derivations in docs/levy.md).
 
 Lightning glue over :mod:`lightning_pfd.diffusion.levy` (noise, schedule, loss, samplers).
 """
@@ -123,7 +123,7 @@ class LevyItoModule(ResumableModule):
         isotropic: sub-Gaussian isotropic noise (one A per example) or per-coordinate A.
         gradient_clip_val: global grad-norm clip applied in ``on_before_optimizer_step``
             (None/0 = off; Lightning's ``trainer.gradient_clip_val`` works as well).
-        schedule_s, T, t_min: the cosine schedule (REFERENCE §12).
+        schedule_s, T, t_min: the cosine schedule (docs/levy.md).
         sigma_data, M: input scaling and noise conditioning of the network (``LevyScoreNet``).
         lr, betas, weight_decay, warmup_steps: Adam settings and linear LR warm-up.
         ema_decay / ema_halflife_kimg: EMA of the weights (the half-life overrides the decay).
