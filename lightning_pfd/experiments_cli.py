@@ -166,37 +166,39 @@ def _cli_args(a, config: str, name: str, extra: Sequence[str] = ()) -> list[str]
             "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", "--trainer.accelerator=cpu",
             f"--trainer.default_root_dir={os.path.join(a.out, name)}"]
-    if a.max_steps:
-        args.append(f"--trainer.max_steps={a.max_steps}")
-    if a.crop_size:
-        args += [f"--data.init_args.crop_size={a.crop_size}",
-                 f"--model.init_args.net.init_args.img_resolution={a.crop_size}"]
-    if a.model_channels:
-        args.append(f"--model.init_args.net.init_args.model_channels={a.model_channels}")
-    if a.num_blocks:
-        args.append(f"--model.init_args.net.init_args.num_blocks={a.num_blocks}")
-    if a.lr:
-        args.append(f"--model.init_args.lr={a.lr}")
+    args += _overrides(a, _SHARED_OVERRIDES)
     if a.ema_decay >= 0:
         args.append(f"--model.init_args.ema_decay={a.ema_decay}")
-    if a.n_train:
-        args.append(f"--data.init_args.n_train={a.n_train}")
-    if a.batch_size:
-        args.append(f"--data.init_args.batch_size={a.batch_size}")
     return args + list(a.override) + list(extra)
+
+
+# command-line argument -> the config keys it overrides (0 / None / empty = keep the config's)
+_SHARED_OVERRIDES = (
+    ("max_steps", ("trainer.max_steps",)),
+    ("crop_size", ("data.init_args.crop_size", "model.init_args.net.init_args.img_resolution")),
+    ("model_channels", ("model.init_args.net.init_args.model_channels",)),
+    ("num_blocks", ("model.init_args.net.init_args.num_blocks",)),
+    ("lr", ("model.init_args.lr",)),
+    ("n_train", ("data.init_args.n_train",)),
+    ("batch_size", ("data.init_args.batch_size",)),
+)
+_LIM_OVERRIDES = (
+    ("lim_steps", ("model.init_args.num_steps",)),
+    ("lim_sampler", ("model.init_args.sampler",)),
+    ("lim_time_grid", ("model.init_args.time_grid",)),
+)
+
+
+def _overrides(a, table) -> list:
+    """``--key=value`` for every argument of ``table`` that was set."""
+    return [f"--{key}={getattr(a, name)}" for name, keys in table if getattr(a, name) for key in keys]
 
 
 def _rows(a) -> list:
     """(row name, config, extra overrides) of every model: one SBM per preconditioning, the LIM."""
     rows = [(f"sbm_{q}", a.sbm_config, [f"--model.init_args.precond={q}", *a.sbm_override])
             for q in _preconds(a)]
-    lim = list(a.lim_override)
-    if a.lim_steps:
-        lim.append(f"--model.init_args.num_steps={a.lim_steps}")
-    if a.lim_sampler:
-        lim.append(f"--model.init_args.sampler={a.lim_sampler}")
-    if a.lim_time_grid:
-        lim.append(f"--model.init_args.time_grid={a.lim_time_grid}")
+    lim = list(a.lim_override) + _overrides(a, _LIM_OVERRIDES)
     return rows + [("lim", a.lim_config, lim)]
 
 
