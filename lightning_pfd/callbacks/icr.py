@@ -57,6 +57,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from ..diffusion.augment import AUG_LEVELS, noisy_view
 from ..diffusion.features import extract_features, random_projection
 from ..diffusion.noise import seeded_uniform
+from ..diffusion.streams import stream
 from ..errors import ConfigError
 from ..metrics.icr import DEFAULT_COND_MAX, InvariantContaminationRatio, check_tau
 from ._schedule import (SIGMA_SPACE_MODULES, ScheduledMonitor, callback_field, check_metric_prefix,
@@ -78,7 +79,7 @@ def sigma_key(sigma: float, prefix: str = "icr") -> str:
 
 def fixed_subset(n_available: int, num: int, seed: int) -> torch.Tensor:
     """``min(num, n_available)`` distinct indices from a seeded permutation (same every epoch)."""
-    u = seeded_uniform([int(seed)], int(n_available), stream=11)[0]
+    u = seeded_uniform([int(seed)], int(n_available), stream=stream("icr.subset"))[0]
     return u.argsort()[: min(int(num), int(n_available))]
 
 

@@ -132,12 +132,13 @@ def _probe_features(module, x: torch.Tensor, sigma: float, seed: int, tap, d_pro
                     batch_size: int) -> torch.Tensor:
     from ..diffusion.features import extract_features
     from ..diffusion.noise import seeded_noise
+    from ..diffusion.streams import stream
 
     out = []
     for i in range(0, x.shape[0], batch_size):
         xb = x[i:i + batch_size].to(module.device, torch.float32)
         seeds = torch.arange(i, i + xb.shape[0]) + seed
-        n = seeded_noise(seeds, xb.shape[1:], device=module.device, stream=8_000).to(xb.dtype)
+        n = seeded_noise(seeds, xb.shape[1:], device=module.device, stream=stream("icr_sweep.noise")).to(xb.dtype)
         h = extract_features(module.denoiser, xb + sigma * n, sigma, tap=tap, batch_size=batch_size)
         out.append(h if d_proj_matrix is None else h @ d_proj_matrix.to(h.device))
     return torch.cat(out).cpu()

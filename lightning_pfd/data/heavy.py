@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from ..diffusion.noise import seeded_noise
+from ..diffusion.streams import stream
 from .base import TensorDataModule
 from .gmm import check_disjoint_ranges
 
@@ -42,7 +43,7 @@ def gaussian_random_field(seeds, size: int = 32, slope: float = 3.0, k0: float =
     H = _filter(size, slope, k0, device)
     out = []
     for s in seeds.split(chunk):  # bounded memory
-        w = seeded_noise(s, (size, size), device=device, stream=11)
+        w = seeded_noise(s, (size, size), device=device, stream=stream("data.heavy_tailed"))
         out.append(torch.fft.ifft2(torch.fft.fft2(w) * H).real)
     return torch.cat(out) if out else torch.zeros(0, size, size, dtype=torch.float64)
 

@@ -32,12 +32,13 @@ import torch
 import torch.nn.functional as F
 
 from .noise import seeded_noise, seeded_uniform
+from .streams import stream
 
 __all__ = ["augment", "noisy_view", "AUG_LEVELS", "crop_padding"]
 
 AUG_LEVELS = (0, 1, 2, 3, 4, 5)
-_AUG_STREAM = 7_000  # offsets keep augmentation streams apart from training / sampling streams
-_NOISE_STREAM = _AUG_STREAM + 1_000_000  # view v uses streams AUG+v and NOISE+v: disjoint for v < 10^6
+_AUG_STREAM = stream("augment.params")  # view v uses AUG + v and NOISE + v (registered ranges)
+_NOISE_STREAM = stream("augment.noise")
 _NUM_PARAMS = 8
 _JITTER = 0.4
 _HUE = 0.1

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .noise import seeded_noise, seeded_uniform
+from .streams import stream
 
 __all__ = ["GaussianDenoiser", "GaussianMixtureDenoiser"]
 
@@ -100,7 +101,7 @@ class GaussianDenoiser(nn.Module):
 
     def sample(self, seeds) -> torch.Tensor:
         """Exact samples mu + Sigma^{1/2} z, one per seed (z = seeded_noise)."""
-        z = seeded_noise(seeds, (self.dim,), device=self.mean.device, stream=7)
+        z = seeded_noise(seeds, (self.dim,), device=self.mean.device, stream=stream("gmm.noise"))
         return (self.mean + z @ self.sqrt_cov()).reshape(-1, *self.shape)
 
 
@@ -184,9 +185,9 @@ class GaussianMixtureDenoiser(nn.Module):
     def sample(self, seeds) -> torch.Tensor:
         """Exact samples: component by inverse CDF of a seeded uniform, then mu_k + Sigma_k^{1/2} z."""
         dev = self.means.device
-        u = seeded_uniform(seeds, 1, device=dev, stream=8)[:, 0]
+        u = seeded_uniform(seeds, 1, device=dev, stream=stream("gmm.component"))[:, 0]
         k = torch.searchsorted(self.weights.cumsum(0), u).clamp(max=self.num_components - 1)
-        z = seeded_noise(seeds, (self.dim,), device=dev, stream=7)
+        z = seeded_noise(seeds, (self.dim,), device=dev, stream=stream("gmm.noise"))
         root = self.U * self.lam.sqrt()[:, None, :]  # (K, d, d): U diag(sqrt lam)
         x = self.means[k] + torch.einsum("bij,bj->bi", root[k], z)
         return x.reshape(-1, *self.shape)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .noise import seeded_noise
+from .streams import stream
 
 __all__ = ["extract_features", "tap_features", "random_projection", "resolve_tap"]
 
@@ -94,5 +95,5 @@ def random_projection(d: int, d_proj: int, seed: int = 0, device=None) -> torch.
     """Fixed Gaussian projection matrix (d, d_proj), entries N(0, 1/d_proj), float64, seeded."""
     if not isinstance(d_proj, int) or d_proj < 1:
         raise ValueError(f"d_proj: must be an int >= 1, got {d_proj!r}")
-    z = seeded_noise([int(seed)], (d, d_proj), dtype=torch.float64, device=device, stream=9_000)
+    z = seeded_noise([int(seed)], (d, d_proj), dtype=torch.float64, device=device, stream=stream("icr.projection"))
     return z[0] / d_proj ** 0.5

@@ -41,6 +41,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..errors import ConfigError, check_choice
+from .streams import stream as _stream
 from .noise import seeded_noise, seeded_uniform
 
 __all__ = [
@@ -239,8 +240,11 @@ class CosineSchedule:
     def beta(self, t) -> torch.Tensor:
         return self.alpha * math.pi / (2 * (1 + self.s)) * torch.tan(self._phase(t))
 
-    def sample_t(self, n: int, device=None, seeds=None, stream: int = 1_000_001) -> torch.Tensor:
-        """t ~ U(t_min, T), float64 (seeded per example when ``seeds`` is given)."""
+    def sample_t(self, n: int, device=None, seeds=None, stream: int | None = None) -> torch.Tensor:
+        """t ~ U(t_min, T), float64 (seeded per example when ``seeds`` is given; ``stream``
+        defaults to the registered ``levy.loss_t``)."""
+        if stream is None:
+            stream = _stream("levy.loss_t")
         if seeds is None:
             u = torch.rand(n, dtype=torch.float64, device=device)
         else:

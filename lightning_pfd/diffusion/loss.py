@@ -13,10 +13,11 @@ import math
 import torch
 
 from .noise import seeded_noise, seeded_uniform
+from .streams import stream
 
 __all__ = ["EDMLoss", "VPLoss"]
 
-_NOISE_STREAM, _SIGMA_STREAM = 1, 2
+_NOISE_STREAM, _SIGMA_STREAM = stream("loss.noise"), stream("loss.sigma")
 
 
 def _weighted_sq_error(denoiser, y, sigma, n, weight):

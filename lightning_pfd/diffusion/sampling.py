@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import torch
 
 from .noise import seeded_noise
+from .streams import stream
 
 __all__ = ["karras_sigmas", "heun_sample", "euler_sample", "sample_endpoints", "clamp_sigmas",
            "SAMPLERS"]
@@ -120,7 +121,7 @@ def sample_endpoints(denoiser: Callable, seeds: Sequence[int] | torch.Tensor, sh
         device = module_device(denoiser, torch.device("cpu"))
     out = []
     for chunk in seeds.split(batch_size):
-        x_T = seeded_noise(chunk, shape, device=device) * sigmas[0]
+        x_T = seeded_noise(chunk, shape, device=device, stream=stream("pf_ode.x_T")) * sigmas[0]
         out.append(sampler(denoiser, x_T, sigmas).to(out_device))
     if not out:
         return torch.empty(0, *shape, dtype=torch.float64, device=out_device)

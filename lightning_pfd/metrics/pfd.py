@@ -15,6 +15,7 @@ from torch import nn
 from torchmetrics import Metric
 
 from ..diffusion.noise import seeded_noise
+from ..diffusion.streams import stream
 from ..diffusion.sampling import module_device, clamp_sigmas, heun_sample, karras_sigmas, resolve_sampler
 from .descriptors import build_descriptor
 
@@ -124,7 +125,7 @@ def probability_flow_distance(denoiser_p: Callable, denoiser_q: Callable,
         batches = x_T.split(int(batch_size))
     else:
         seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
-        batches = (seeded_noise(c, shape) * grid_p[0] for c in seeds.split(int(batch_size)))
+        batches = (seeded_noise(c, shape, stream=stream("pf_ode.x_T")) * grid_p[0] for c in seeds.split(int(batch_size)))
     device = None
     for xb in batches:
         if device is None:

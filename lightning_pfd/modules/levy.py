@@ -14,6 +14,7 @@ from torch import nn
 from ..diffusion.levy import (LEVY_SAMPLERS, LEVY_TIME_GRIDS, PARAMETERIZATIONS, CosineSchedule,
                               check_alpha, denoiser_dsm_loss, denoiser_to_score,
                               fractional_dsm_loss, levy_sample, sample_alpha_stable)
+from ..diffusion.streams import alpha_stable_stream, stream
 from ..errors import ConfigError, check_choice
 from .base import ResumableModule, check_optimizer_args
 from .ema import EMA, ema_step, sanitize_gradients
@@ -21,9 +22,8 @@ from .optim import adam_with_warmup
 
 __all__ = ["LevyItoModule", "LevyScoreNet", "trimmed_mean"]
 
-# seeded streams of the frozen-noise validation loss; sample_alpha_stable(stream=k) uses the
-# seeded streams 2k and 2k+1 and generate() uses k = 0..num_steps, so these never collide.
-_T_STREAM, _EPS_STREAM = 1_000_001, 1_000_002
+# seeded streams of the frozen-noise validation loss (registered in diffusion/streams.py)
+_T_STREAM, _EPS_STREAM = stream("levy.loss_t"), alpha_stable_stream("levy.loss_eps")
 
 
 def trimmed_mean(x: torch.Tensor, fraction: float = 0.1) -> torch.Tensor:
@@ -251,8 +251,8 @@ class LevyItoModule(ResumableModule):
                  rho: Optional[float] = None) -> torch.Tensor:
         """Samples (float64, on this module's device), one per seed, reproducible per seed.
 
-        x_T = sigma(T) eps with eps from ``sample_alpha_stable(seeds=...)`` (stream 0), SDE
-        noise of step i from stream 1 + i. ``sigmas`` is accepted for interface compatibility
+        x_T = sigma(T) eps with eps from ``sample_alpha_stable(seeds=...)`` (registered stream "levy.sampler", index 0), SDE
+        noise of step i from index 1 + i. ``sigmas`` is accepted for interface compatibility
         with ``DiffusionModule.generate`` and must be None. ``sampler``, ``num_steps``,
         ``time_grid``, ``rho``: None = the module's defaults.
         """
@@ -272,9 +272,10 @@ class LevyItoModule(ResumableModule):
         out = []
         for chunk in seeds.split(int(batch_size)):
             x_T = self.schedule.sigma(self.schedule.T) * sample_alpha_stable(
-                a, self.data_shape, iso, device=self.device, seeds=chunk, stream=0, clamp_A=cA)
+                a, self.data_shape, iso, device=self.device, seeds=chunk, stream=alpha_stable_stream("levy.sampler", 0), clamp_A=cA)
             noise_fn = (lambda i, c=chunk: sample_alpha_stable(
-                a, self.data_shape, iso, device=self.device, seeds=c, stream=1 + i, clamp_A=cA))
+                a, self.data_shape, iso, device=self.device, seeds=c, stream=alpha_stable_stream("levy.sampler", 1 + i),
+                clamp_A=cA))
             out.append(levy_sample(model.fractional_score, x_T, self.schedule, num_steps, sampler,
                                    noise_fn, drift_factor=self.hparams.sde_drift_factor,
                                    time_grid=time_grid, rho=rho))
