@@ -1,4 +1,4 @@
-"""Per-sample seeded Gaussian noise (REFERENCE §4).
+"""Per-sample seeded Gaussian noise (the shared x_T of the PFD estimator, eq. 4 of the PFD paper).
 
 PFD compares two flows on the *same* x_T for every seed, so row i of the noise must depend
 only on ``seeds[i]`` -- never on the batch it is drawn in, the device or the number of
