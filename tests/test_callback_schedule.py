@@ -1,10 +1,13 @@
-"""When the measurement callbacks measure (lightning_pfd/callbacks/_schedule.py).
+"""When the measurement callbacks measure (lightning_pfd/callbacks/base.py).
 
 Every n-th *validation pass* (the first always), not ``epoch % n == 0`` -- Lightning validates at
 epochs with ``(epoch + 1) % check_val_every_n_epoch == 0``; every n-th training epoch when the fit
-has no validation loop; the count survives a resume. Plus: GeneralizationMonitor refuses
-num_eval < world size, and a reused monitor re-derives its references for a second fit.
+has no validation loop; the count survives a resume. The schedules of issue 13: "log" (dense
+early, sparse late; oracle: exact integer rounding of √2^k), an explicit list of passes, bad
+values refused naming the field. Plus: GeneralizationMonitor refuses num_eval < world size, and a
+reused monitor re-derives its references for a second fit.
 """
+import math
 import warnings
 from types import SimpleNamespace
 
@@ -14,9 +17,12 @@ import torch
 
 from lightning_pfd.callbacks import (GeneralizationMonitor, ICREarlyStopping, ICRMonitor,
                                      MemorizationMonitor, TailMonitor)
+from lightning_pfd.callbacks.base import MeasurementCallback, is_log_pass, log_schedule
 from lightning_pfd.data import TensorDataModule
+from lightning_pfd.errors import ConfigError
 from lightning_pfd.modules import DiffusionModule
 from lightning_pfd.nets import MLPNet
+from test_callback_base import Tiny  # a linear LightningModule: passes without a diffusion model
 
 D = 3
 
@@ -149,24 +155,30 @@ def test_generalization_monitor_refuses_fewer_seeds_than_ranks():
     assert "num_eval" not in str(err.value)
 
 
+def _empirical_endpoints(mon):
+    """The empirical-flow endpoints of a GeneralizationMonitor's FlowEvaluation (public API)."""
+    return mon.evaluation.references["empirical"].endpoints
+
+
 def test_a_reused_monitor_rederives_its_references_for_a_new_fit(tmp_path):
     reused = {"gen": GeneralizationMonitor(num_eval=4, num_loss_samples=4, image_every_n_epochs=0,
                                            use_cache=False),
               "tail": TailMonitor(num_samples=8, eta=0.5, num_splits=2, plot=False)}
     _fit(_trainer(tmp_path, list(reused.values()), max_epochs=1), dm=_dm(seed=0))
-    first_ref = reused["gen"]._ref["empirical"]["endpoints"].clone()
-    first_tail_ref = reused["tail"]._ref.clone()
+    first_ref = _empirical_endpoints(reused["gen"]).clone()
+    first_tail_ref = reused["tail"].evaluation.reference_observable.clone()
     _fit(_trainer(tmp_path, list(reused.values()), max_epochs=1), dm=_dm(seed=7))
     fresh = {"gen": GeneralizationMonitor(num_eval=4, num_loss_samples=4, image_every_n_epochs=0,
                                           use_cache=False),
              "tail": TailMonitor(num_samples=8, eta=0.5, num_splits=2, plot=False)}
     _fit(_trainer(tmp_path, list(fresh.values()), max_epochs=1), dm=_dm(seed=7))
     # the references follow the second training set (the stale ones differ)
-    ref2 = reused["gen"]._ref["empirical"]["endpoints"]
+    ref2 = _empirical_endpoints(reused["gen"])
     assert not torch.allclose(ref2, first_ref)
-    assert torch.equal(ref2, fresh["gen"]._ref["empirical"]["endpoints"])
-    assert not torch.equal(reused["tail"]._ref, first_tail_ref)
-    assert torch.equal(reused["tail"]._ref, fresh["tail"]._ref)
+    assert torch.equal(ref2, _empirical_endpoints(fresh["gen"]))
+    tail_ref = reused["tail"].evaluation.reference_observable
+    assert not torch.equal(tail_ref, first_tail_ref)
+    assert torch.equal(tail_ref, fresh["tail"].evaluation.reference_observable)
     assert reused["tail"].floors == fresh["tail"].floors
     # same student (same seed, same data) -> the same logged values as a fresh callback
     last, want = reused["gen"].history[-1], fresh["gen"].history[-1]
@@ -174,3 +186,97 @@ def test_a_reused_monitor_rederives_its_references_for_a_new_fit(tmp_path):
     assert reused["tail"].history[-1]["rmsqe"] == pytest.approx(fresh["tail"].history[-1]["rmsqe"],
                                                                 rel=1e-10)
     assert len(reused["gen"].history) == 2 and reused["gen"].schedule.passes == 1
+
+
+# ----------------------------------------------------------------------------- issue-13 schedules
+class _Counter(MeasurementCallback):
+    def _measure_and_log(self, trainer, pl_module):
+        self.log_metrics(trainer, pl_module, {"count/epoch": float(trainer.current_epoch)})
+
+
+def _fit_tiny(trainer, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Tiny(), **kw)
+
+
+def _log_oracle(limit):
+    """{0} ∪ {round(√2^k)}, round half up, in exact integer arithmetic: for N = 2^k,
+    r = isqrt(N) and √N >= r + 1/2  <=>  N > r² + r (N, r integers)."""
+    out = {0}
+    k = 0
+    while True:
+        n = 2 ** k
+        r = math.isqrt(n)
+        v = r + 1 if n > r * r + r else r
+        if v >= limit:
+            return sorted(out)
+        out.add(v)
+        k += 1
+
+
+def test_log_schedule_sequence():
+    documented = [0, 1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64, 91, 128, 181, 256, 362, 512]
+    assert log_schedule(600) == documented == _log_oracle(600)
+    assert log_schedule(100_000) == _log_oracle(100_000)
+    due = [i for i in range(3000) if is_log_pass(i)]
+    assert due == _log_oracle(3000)
+    assert len(log_schedule(500)) == 18  # a 500-epoch run measures 18 times
+
+
+@pytest.mark.parametrize("limit_val_batches", [1, 0])  # validation passes / train-epoch fallback
+def test_log_schedule_in_a_fit(tmp_path, limit_val_batches):
+    mon = _Counter(schedule="log")
+    _fit_tiny(_trainer(tmp_path, [mon], max_epochs=13, limit_val_batches=limit_val_batches))
+    assert _epochs(mon) == [0, 1, 2, 3, 4, 6, 8, 11]
+    assert mon.schedule.passes == 13 and mon.schedule.kind == "log"
+
+
+def test_log_schedule_resumed_in_the_middle_keeps_the_sequence(tmp_path):
+    first = _Counter(schedule="log")
+    t7 = _trainer(tmp_path, [first], max_epochs=7)
+    _fit_tiny(t7)  # passes 0..6 -> measured at 0, 1, 2, 3, 4, 6; the next due pass is 8
+    assert _epochs(first) == [0, 1, 2, 3, 4, 6]
+    ckpt = str(tmp_path / "e6.ckpt")
+    t7.save_checkpoint(ckpt)
+    resumed = _Counter(schedule="log")
+    _fit_tiny(_trainer(tmp_path, [resumed], max_epochs=17), ckpt_path=ckpt)
+    assert _epochs(resumed) == [0, 1, 2, 3, 4, 6, 8, 11, 16]  # history restored + continued
+    assert resumed.schedule.passes == 17
+    uninterrupted = _Counter(schedule="log")
+    _fit_tiny(_trainer(tmp_path, [uninterrupted], max_epochs=17))
+    assert _epochs(uninterrupted) == _epochs(resumed)
+    # a count restarted at 0 would have measured at 7, 8, 9, 10, 11, 13, 15 instead
+
+
+def test_explicit_schedule(tmp_path):
+    mon = _Counter(schedule=[5, 0, 2])
+    _fit_tiny(_trainer(tmp_path, [mon], max_epochs=7))
+    assert _epochs(mon) == [0, 2, 5] and mon.schedule.kind == (0, 2, 5)
+    late = _Counter(schedule=[3])  # the first pass is not forced
+    _fit_tiny(_trainer(tmp_path, [late], max_epochs=5))
+    assert _epochs(late) == [3]
+
+
+def test_every_n_epochs_schedule_is_the_default(tmp_path):
+    mon = _Counter(every_n_epochs=3)
+    _fit_tiny(_trainer(tmp_path, [mon], max_epochs=7))
+    assert _epochs(mon) == [0, 3, 6] and mon.schedule.kind == "every_n_epochs"
+
+
+@pytest.mark.parametrize("kwargs, field, match", [
+    (dict(schedule="logg"), "schedule", "did you mean 'log'"),
+    (dict(schedule="every_epoch"), "schedule", "unknown schedule"),
+    (dict(schedule=[]), "schedule", "at least one"),
+    (dict(schedule=[0, -1]), "schedule", r"integers >= 0, got \[-1\]"),
+    (dict(schedule=[0, 1.5]), "schedule", "integers >= 0"),
+    (dict(schedule=[True]), "schedule", "integers >= 0"),
+    (dict(schedule=[2, 4, 2]), "schedule", r"listed twice: \[2\]"),
+    (dict(schedule=3), "schedule", "schedule name or a list"),
+    (dict(every_n_epochs=0), "every_n_epochs", "integer >= 1"),
+    (dict(every_n_epochs=2.0), "every_n_epochs", "integer >= 1"),
+])
+def test_bad_schedules_are_rejected_naming_the_field(kwargs, field, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        _Counter(**kwargs)
+    assert err.value.field == f"trainer.callbacks[_Counter].{field}"

@@ -1,4 +1,4 @@
-"""Training-dynamics events from per-epoch metric histories (pure numpy; REFERENCE §14).
+"""Training-dynamics events from per-epoch metric histories (pure numpy).
 
 Phenomena (PFD paper §4.2 / App. C.6, ICR paper §5.2):
 
@@ -11,6 +11,12 @@ Phenomena (PFD paper §4.2 / App. C.6, ICR paper §5.2):
   its minimum) is the early warning and ``lead = onset − ICR minimum`` epochs
   (:func:`detect_memorization_onset`, :func:`detect_icr_minimum`);
 - **regime** of a finished run from the final E_gen and E_mem (:func:`classify_regime`).
+
+Which metric is which curve comes from the key registry (:mod:`lightning_pfd.keys`): the key
+holding each role (``e_gen``, ``e_mem``, ``icr``...) forms :data:`DEFAULT_KEYS`, and a registered
+key without a role that lists single-curve detectors (``early_learning``, ``double_descent``,
+``minimum``) is analysed on its own by :func:`analyze_history` (events named
+``<key slug>_<detector>``, e.g. ``sw_e_gen_early_learning``).
 
 Robustness (the same three devices in every detector):
 
@@ -37,6 +43,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from .. import keys as keys_registry
 from .smoothing import as_curve, estimate_noise, smooth, smoothed_noise
 
 __all__ = [
@@ -52,18 +59,11 @@ __all__ = [
     "detect_memorization_onset",
     "classify_regime",
     "analyze_history",
+    "detect_registered",
 ]
 
-#: Metric names logged by the measurement callbacks (team brief) → role in the analysis.
-DEFAULT_KEYS = {
-    "e_gen": "pfd/e_gen",
-    "e_mem": "pfd/e_mem",
-    "loss_train": "loss/train_fixed",
-    "loss_test": "loss/test_fixed",
-    "gap": "loss/gap",
-    "icr": "icr/icr",
-    "mem_ratio": "mem/ratio",
-}
+#: Role in the analysis → metric name, from the key registry (:func:`lightning_pfd.keys.roles`).
+DEFAULT_KEYS = keys_registry.roles()
 
 REGIMES = ("generalization", "transition", "memorization")
 
@@ -91,6 +91,15 @@ class Event:
     def describe(self) -> str:
         """One human-readable line (console, markdown)."""
         d = self.detail
+        if "detector" in d:  # an event on a registered user key
+            what = d.get("display", d.get("key", "?"))
+            if d["detector"] == "double_descent":
+                return (f"double descent of {what}: minimum at epoch {_fmt(d['first_min_epoch'])}, "
+                        f"peak at {_fmt(self.epoch)}, descends again to epoch "
+                        f"{_fmt(d['second_min_epoch'])} ({self.significance:.1f}σ weakest leg)")
+            kind = "early learning of" if d["detector"] == "early_learning" else "minimum of"
+            return (f"{kind} {what}: minimum {d['min_value']:.4g} at epoch {_fmt(self.epoch)}, "
+                    f"then rises by {d['rise']:.3g} ({self.significance:.1f}σ)")
         if self.name == "early_learning":
             return (f"early learning: E_gen minimum {d['min_value']:.4g} at epoch {_fmt(self.epoch)}, "
                     f"then rises by {d['rise']:.3g} ({self.significance:.1f}σ)")
@@ -429,7 +438,7 @@ def detect_memorization_onset(epochs, mem_ratio=None, e_mem=None, icr=None, *,
                               min_sigma: float = 4.0, min_rel: float = 0.02, confirm: int = 3,
                               min_ratio_rise: float = 0.02,
                               icr_epochs=None, e_mem_epochs=None) -> Optional[Event]:
-    """Memorization onset (REFERENCE §14; ICR paper §5.2, Fig. 5).
+    """Memorization onset (ICR paper §5.2, Fig. 5; PFD paper §4.2).
 
     - From the memorization ratio (preferred when given): the first epoch where the smoothed
       ratio exceeds its running minimum by θ = max(min_sigma·√2σ_s, ``min_ratio_rise``) for
@@ -484,7 +493,7 @@ def classify_regime(epochs, e_gen, e_mem, *, mem_ratio=None, gap=None,
                     ratio_memorized: float = 0.5, ratio_clean: float = 0.05,
                     window: int = 5, confirm: int = 3,
                     mem_ratio_epochs=None, gap_epochs=None) -> Optional[Regime]:
-    """Regime of a finished run (PFD paper §4.1–4.2; REFERENCE §14) [choice of rules]:
+    """Regime of a finished run (PFD paper §4.1–4.2) [choice of rules]:
 
     score = log(Ē_gen / Ē_mem) with Ē the mean of the last ``confirm`` smoothed values
     (E_mem → 0 when the student reproduces the empirical flow, E_gen → 0 when it reproduces
@@ -602,5 +611,39 @@ def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, 
                 mem_ratio_epochs=None if get["mem_ratio"] is None else get["mem_ratio"][0],
                 gap=None if gap is None else gap[1], gap_epochs=None if gap is None else gap[0],
                 early_learning=el, window=window, confirm=confirm)
+    events += detect_registered(series, exclude=set(k.values()),
+                                require_descent=require_descent, **p)
     events.sort(key=lambda e: (float(e.epoch), e.name))
     return RunAnalysis(events=events, regime=regime)
+
+
+def detect_registered(series: Mapping[str, tuple], *, exclude=(), window: int = 5,
+                      min_sigma: float = 4.0, min_rel: float = 0.02, confirm: int = 3,
+                      require_descent: bool = True) -> list:
+    """Events on the registered keys without a role (user metrics, :mod:`lightning_pfd.keys`)
+    present in ``series`` (names in ``exclude`` skipped): each of their single-curve
+    ``detectors`` — ``early_learning`` (:func:`detect_early_learning`), ``double_descent``
+    (:func:`detect_double_descent`), ``minimum`` / ``icr_minimum`` (the U-shaped minimum,
+    :func:`detect_icr_minimum`) — runs on the curve alone. Events are named
+    ``<key slug>_<detector>``; ``detail`` holds ``key``, ``display`` and ``detector``."""
+    p = dict(window=window, min_sigma=min_sigma, min_rel=min_rel, confirm=confirm)
+    out = []
+    for mk in keys_registry.all_keys():
+        if mk.role is not None or mk.key in exclude or mk.key not in series:
+            continue
+        x, y = series[mk.key]
+        for det in dict.fromkeys(mk.detectors):
+            if det == "early_learning":
+                ev = detect_early_learning(x, y, require_descent=require_descent, **p)
+            elif det == "double_descent":
+                ev = detect_double_descent(x, y, **p)
+            elif det in ("minimum", "icr_minimum"):
+                det = "minimum"
+                ev = detect_icr_minimum(x, y, **p)
+            else:  # memorization_onset / regime combine role curves: not for a lone key
+                continue
+            if ev is not None:
+                out.append(Event(f"{keys_registry.slug(mk.key)}_{det}", ev.epoch, ev.significance,
+                                 ev.detected_epoch, dict(ev.detail, key=mk.key, display=mk.display,
+                                                         detector=det)))
+    return out

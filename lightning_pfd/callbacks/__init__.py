@@ -1,4 +1,5 @@
 """Lightning glue: when to measure, caching, logging, events, early stopping."""
+from .base import MeasurementCallback
 from .checkpoint import EpochCheckpoint
 from .early_stopping import ICREarlyStopping
 from .generalization import GeneralizationMonitor
@@ -11,7 +12,7 @@ from .wandb_setup import (AutoWandbLogger, LogConfigCallback, WandbMetricsSetup,
                           logger_offline_if_no_credentials, setup_wandb_metrics)
 
 __all__ = [
-    "EpochCheckpoint",
+    "MeasurementCallback", "EpochCheckpoint",
     "GeneralizationMonitor", "ICRMonitor", "MemorizationMonitor", "ICREarlyStopping", "TailMonitor",
     "RegimeMonitor", "PFDProgressBar", "AutoWandbLogger", "LogConfigCallback", "WandbMetricsSetup",
     "default_wandb_logger", "logger_offline_if_no_credentials", "setup_wandb_metrics",

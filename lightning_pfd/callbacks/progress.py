@@ -1,9 +1,11 @@
 """Rich progress bar that shows the generalization/memorization metrics of the last evaluation.
 
-:class:`PFDProgressBar` appends ``E_gen``, ``E_mem``, ``ICR`` and ``mem`` (memorization ratio)
-to the metrics line of Lightning's ``RichProgressBar``, read from ``trainer.callback_metrics``
-(so the measurement callbacks need not log with ``prog_bar=True``). Metrics not logged yet are
-left out. :func:`format_pfd_metrics` is the formatting on its own (e.g. for a TQDM bar).
+:class:`PFDProgressBar` appends the metrics registered with ``progress_bar=True`` in
+:mod:`lightning_pfd.keys` (built in: ``E_gen``, ``E_mem``, ``ICR`` and ``mem``, the memorization
+ratio; a user metric registered there appears too) to the metrics line of Lightning's
+``RichProgressBar``, read from ``trainer.callback_metrics`` (so the measurement callbacks need not
+log with ``prog_bar=True``). Metrics not logged yet are left out. :func:`format_pfd_metrics` is
+the formatting on its own (e.g. for a TQDM bar).
 """
 from __future__ import annotations
 
@@ -12,18 +14,22 @@ from typing import Mapping, Optional
 
 from lightning.pytorch.callbacks import RichProgressBar
 
+from .. import keys
+
 __all__ = ["PFDProgressBar", "format_pfd_metrics", "DEFAULT_SHOW"]
 
-#: label shown → logged metric name.
-DEFAULT_SHOW = {"E_gen": "pfd/e_gen", "E_mem": "pfd/e_mem", "ICR": "icr/icr", "mem": "mem/ratio"}
+#: label shown → logged metric name, of the built-in keys (the registry at import time; the bar
+#: and :func:`format_pfd_metrics` read the registry when they format, so later keys show too).
+DEFAULT_SHOW = keys.progress_bar_keys()
 
 
 def format_pfd_metrics(metrics: Mapping, show: Optional[Mapping[str, str]] = None,
                        digits: int = 4) -> dict:
-    """{label: formatted value} for the entries of ``show`` present (and finite or NaN) in
+    """{label: formatted value} for the entries of ``show`` (default: the registered progress-bar
+    keys, :func:`lightning_pfd.keys.progress_bar_keys`) present (and finite or NaN) in
     ``metrics`` (tensors or numbers), ``digits`` significant digits."""
     out = {}
-    for label, key in (DEFAULT_SHOW if show is None else show).items():
+    for label, key in (keys.progress_bar_keys() if show is None else show).items():
         v = metrics.get(key)
         if v is None:
             continue
@@ -36,10 +42,11 @@ def format_pfd_metrics(metrics: Mapping, show: Optional[Mapping[str, str]] = Non
 
 
 class PFDProgressBar(RichProgressBar):
-    """``RichProgressBar`` + E_gen, E_mem, ICR, memorization ratio.
+    """``RichProgressBar`` + the registered progress-bar metrics (E_gen, E_mem, ICR,
+    memorization ratio and any user key registered with ``progress_bar=True``).
 
     Args:
-        show: label → metric name (default :data:`DEFAULT_SHOW`).
+        show: label → metric name (default: the registry, read at every refresh).
         digits: significant digits.
         **kwargs: ``RichProgressBar`` arguments (refresh_rate, leave, theme, console_kwargs).
     """
@@ -51,8 +58,13 @@ class PFDProgressBar(RichProgressBar):
                                         for k, v in show.items()):
             raise ValueError("show must map labels (str) to logged metric names (str)")
         super().__init__(**kwargs)
-        self.show = dict(DEFAULT_SHOW if show is None else show)
+        self._show = None if show is None else dict(show)
         self.digits = digits
+
+    @property
+    def show(self) -> dict:
+        """label → metric name shown (the registry's progress-bar keys unless given)."""
+        return keys.progress_bar_keys() if self._show is None else dict(self._show)
 
     def get_metrics(self, trainer, pl_module) -> dict:
         items = super().get_metrics(trainer, pl_module)

@@ -18,7 +18,12 @@ history (kept in ``state_dict`` for resume), runs
 ``events`` when a ``WandbLogger`` is attached, and a console line. At the end of fit it classifies
 the regime (``events/regime_code``: 0 generalization, 1 transition, 2 memorization; W&B summary
 ``events/regime``), writes the report (PNG figures + markdown, as ``python -m lightning_pfd
-report``) and logs the figures to W&B as ``plots/dynamics`` and ``plots/icr_memorization``.
+report``) and logs the figures (W&B, TensorBoard: :func:`~lightning_pfd.callbacks.base.log_figure`)
+as ``plots/dynamics`` and ``plots/icr_memorization``.
+
+The curves it reads are those of the roles (``keys``) plus every key registered in
+:mod:`lightning_pfd.keys` without a role that lists event detectors (a user metric): their events
+are named ``<key slug>_<detector>`` (:func:`lightning_pfd.analysis.events.detect_registered`).
 
 Online events use the history so far: an E_gen rise that a later second descent turns into double
 descent is first announced as early learning. The report at the end re-analyzes the whole run.
@@ -44,10 +49,12 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import WandbLogger
 
+from .. import keys as keys_registry
 from ..analysis.events import DEFAULT_KEYS, Event, RunAnalysis, analyze_history
 from ..analysis.history import History
 from ..analysis.report import check_settings, save_detector_settings
 from ..errors import ConfigError
+from .base import log_figure, log_to_loggers
 
 __all__ = ["RegimeMonitor"]
 
@@ -181,23 +188,30 @@ class RegimeMonitor(Callback):
         return out
 
     # ------------------------------------------------------------------ reading
+    def watched(self) -> list:
+        """The metric names recorded: the curve of every role, plus every registered key
+        without a role that lists event detectors (:mod:`lightning_pfd.keys`; read at every
+        validation, so a user metric registered after this monitor was built is included)."""
+        user = [k.key for k in keys_registry.all_keys() if k.role is None and k.detectors]
+        return list(dict.fromkeys(list(self.keys.values()) + user))
+
     def series(self) -> dict:
         """{metric name: (epochs, values)} of the recorded history."""
-        return History(rows=self.history).series_dict(self.keys.values())
+        return History(rows=self.history).series_dict(self.watched())
 
     def analyze(self, final: bool = False) -> RunAnalysis:
         return analyze_history(self.series(), keys=self.keys, final=final,
                                require_descent=self.require_descent, **self.params)
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        self._snapshot = {k: trainer.callback_metrics.get(k) for k in self.keys.values()}
+        self._snapshot = {k: trainer.callback_metrics.get(k) for k in self.watched()}
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
             return
         cm = trainer.callback_metrics
         row = {"epoch": float(trainer.current_epoch), "step": float(trainer.global_step)}
-        for name in self.keys.values():
+        for name in self.watched():
             v = cm.get(name)
             if v is None or v is self._snapshot.get(name):
                 continue  # not measured in this validation (absent or stale)
@@ -223,7 +237,7 @@ class RegimeMonitor(Callback):
         for e in events:
             metrics[f"events/{e.name}_epoch"] = float(e.epoch)
             metrics[f"events/{e.name}_significance"] = float(min(e.significance, 1e30))
-        self._log_metrics(trainer, metrics)
+        log_to_loggers(trainer, metrics)
         if trainer.is_global_zero:
             self._log_table(trainer)
             if self.verbose:
@@ -238,20 +252,11 @@ class RegimeMonitor(Callback):
             return
         lead = float(on["epoch"]) - float(icr["epoch"])
         self.emitted["memorization_lead"] = {"lead_epochs": lead}
-        self._log_metrics(trainer, {"events/memorization_lead_epochs": lead})
+        log_to_loggers(trainer, {"events/memorization_lead_epochs": lead})
         if trainer.is_global_zero and self.verbose:
             self._print(trainer, f"[bold magenta]event[/] ICR minimum (epoch {icr['epoch']}) "
                                  f"{'anticipates' if lead >= 0 else 'follows'} memorization onset "
                                  f"(epoch {on['epoch']}) by {abs(lead):g} epochs")
-
-    def _log_metrics(self, trainer, metrics: dict) -> None:
-        for k, v in metrics.items():
-            trainer.callback_metrics[k] = torch.tensor(v, dtype=torch.float64)
-        if not trainer.is_global_zero:
-            return
-        payload = dict(metrics, epoch=float(trainer.current_epoch))
-        for lg in trainer.loggers:
-            lg.log_metrics(payload, step=trainer.global_step)
 
     def _table_rows(self) -> list:
         rows = []
@@ -307,20 +312,17 @@ class RegimeMonitor(Callback):
         self._log_images(trainer, figs)
         return list(figs.values())
 
-    def _log_images(self, trainer, figs: dict) -> None:
-        for lg in trainer.loggers:
-            if isinstance(lg, WandbLogger) and figs:
-                import wandb
-
-                lg.experiment.log({k: wandb.Image(p) for k, p in figs.items()}
-                                  | {"epoch": trainer.current_epoch,
-                                     "trainer/global_step": trainer.global_step})
+    @staticmethod
+    def _log_images(trainer, figs: dict) -> None:
+        """The written PNGs to the image loggers (W&B, TensorBoard); they stay on disk."""
+        for key, path in figs.items():
+            log_figure(trainer, key, path)
 
     def on_fit_end(self, trainer, pl_module) -> None:
         analysis = self.analyze(final=True)
         if analysis.regime is not None:
             self.regime = analysis.regime.to_dict()
-            self._log_metrics(trainer, {"events/regime_code": float(analysis.regime.code)})
+            log_to_loggers(trainer, {"events/regime_code": float(analysis.regime.code)})
         if not trainer.is_global_zero:
             return
         for lg in trainer.loggers:

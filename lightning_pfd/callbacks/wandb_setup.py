@@ -7,10 +7,11 @@
 - :class:`AutoWandbLogger` — ``WandbLogger`` whose ``offline`` defaults to that decision and which
   calls :func:`setup_wandb_metrics` when its run starts (usable from YAML:
   ``class_path: lightning_pfd.callbacks.AutoWandbLogger``). :func:`default_wandb_logger` builds one.
-- :func:`setup_wandb_metrics` — ``define_metric`` with ``epoch`` as x-axis for the per-epoch
-  metrics of the project and summaries min of ``pfd/e_gen``, ``pfd/e_mem``, ``icr/icr``, max of
-  ``mem/ratio`` (each also keeps ``last``). Lightning logs ``epoch`` with every call, so the axis
-  exists in every history row.
+- :func:`setup_wandb_metrics` — ``define_metric`` with ``epoch`` as x-axis for every metric
+  registered in :mod:`lightning_pfd.keys` (and the glob ``<group>/*`` of each family), with the
+  registry's summaries (e.g. min of ``pfd/e_gen``, ``pfd/e_mem``, ``icr/icr``, max of
+  ``mem/ratio``, each also keeping ``last``); a user metric registered there gets its axis and
+  summary too. Lightning logs ``epoch`` with every call, so the axis exists in every history row.
 - :class:`WandbMetricsSetup` — callback doing the same for a stock ``WandbLogger``.
 - :class:`LogConfigCallback` — LightningCLI ``SaveConfigCallback`` that also logs the full parsed
   CLI config to every logger (W&B run config under ``cli``); pass it as
@@ -21,13 +22,15 @@ from __future__ import annotations
 import netrc
 import os
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Sequence, Union
 from urllib.parse import urlparse
 
 from lightning.pytorch import Callback
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
+
+from .. import keys
 
 __all__ = [
     "has_wandb_credentials",
@@ -41,21 +44,13 @@ __all__ = [
     "SUMMARIES",
 ]
 
-#: Per-epoch metrics (exact names from the team brief) plotted against ``epoch``.
-EPOCH_METRICS = (
-    "pfd/e_gen", "pfd/e_mem", "loss/train_fixed", "loss/test_fixed", "loss/gap", "icr/icr",
-    "icr/trace_s", "icr/trace_xi", "icr/n", "icr/d", "icr/best_epoch", "mem/ratio", "tail/rmsqe",
-    "tail/loader", "tail/loader_floor", "val/loss",
-)
-#: Prefixes of per-epoch metric families (glob definitions for names not listed above).
-EPOCH_GLOBS = ("pfd/*", "loss/*", "icr/*", "mem/*", "tail/*", "events/*", "bv/*", "val/*")
+#: Per-epoch metrics plotted against ``epoch``: the built-in keys of :mod:`lightning_pfd.keys`
+#: (a snapshot at import; :func:`setup_wandb_metrics` reads the registry when it runs).
+EPOCH_METRICS = tuple(k.key for k in keys.all_keys())
+#: Globs of the per-epoch metric families (``<group>/*``, for names not registered one by one).
+EPOCH_GLOBS = tuple(f"{g}/*" for g in keys.groups())
 #: W&B summaries (comma-separated, as accepted by ``define_metric(summary=...)``).
-SUMMARIES = {
-    "pfd/e_gen": "min,last",
-    "pfd/e_mem": "min,last",
-    "icr/icr": "min,last",
-    "mem/ratio": "max,last",
-}
+SUMMARIES = keys.summaries()
 
 _OFFLINE_MODES = ("offline", "dryrun", "disabled")
 
@@ -90,11 +85,18 @@ def logger_offline_if_no_credentials(env: Optional[dict] = None) -> bool:
 
 
 def setup_wandb_metrics(run, *, step_metric: str = "epoch", summaries: Optional[dict] = None,
-                        metrics=EPOCH_METRICS, globs=EPOCH_GLOBS) -> None:
-    """``define_metric`` for the project's per-epoch metrics on a W&B ``run``: x-axis
-    ``step_metric`` and the summaries of :data:`SUMMARIES` (``summaries`` overrides/extends).
-    Explicit names override Lightning's ``"*" → trainer/global_step`` glob."""
-    summ = dict(SUMMARIES, **(summaries or {}))
+                        metrics: Optional[Sequence[str]] = None,
+                        globs: Optional[Sequence[str]] = None) -> None:
+    """``define_metric`` for the per-epoch metrics on a W&B ``run``: x-axis ``step_metric`` and
+    the registry's summaries (``summaries`` overrides/extends). ``metrics`` / ``globs`` default
+    to the registered keys and ``<group>/*`` of their families (:mod:`lightning_pfd.keys`, read
+    now, so keys registered by user code before the run starts are included). Explicit names
+    override Lightning's ``"*" → trainer/global_step`` glob."""
+    if metrics is None:
+        metrics = [k.key for k in keys.all_keys()]
+    if globs is None:
+        globs = [f"{g}/*" for g in keys.groups()]
+    summ = dict(keys.summaries(), **(summaries or {}))
     run.define_metric(step_metric)
     for g in globs:
         run.define_metric(g, step_metric=step_metric)

@@ -1,0 +1,289 @@
+"""One registry of the logged metric names: what each means and who reads it.
+
+A :class:`MetricKey` says, once, everything the rest of the project needs to know about a logged
+name: its display name (progress bar, report), whether lower is better (the W&B summary defaults
+to ``min,last`` or ``max,last`` from it), its family (``group``: the W&B glob ``<group>/*`` on the
+epoch axis), its role in the event analysis (``role``: which curve of
+:func:`lightning_pfd.analysis.events.analyze_history` it is), the event detectors that read it
+(``detectors``) and whether the progress bar shows it. The consumers read this registry:
+
+- :func:`lightning_pfd.callbacks.wandb_setup.setup_wandb_metrics` (``define_metric``: epoch axis,
+  summaries),
+- :class:`lightning_pfd.callbacks.progress.PFDProgressBar` (the keys with ``progress_bar=True``),
+- :mod:`lightning_pfd.analysis.events` (the role → key map, and the detectors run on user keys),
+- :mod:`lightning_pfd.analysis.report` (display names, direction).
+
+A user metric declares its key once, next to the code that logs it::
+
+    from lightning_pfd import keys
+    keys.register(keys.MetricKey("sw/e_gen", "SW_gen", lower_is_better=True,
+                                 detectors=("early_learning",), progress_bar=True))
+
+Registering an identical definition again is a no-op (a module imported twice); a different
+definition of a registered name is an error (:class:`~lightning_pfd.errors.ConfigError`), so two
+metrics cannot silently share a curve. Pure Python (no torch, no Lightning).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from .errors import ConfigError
+
+__all__ = ["MetricKey", "register", "unregister", "registered", "get", "find", "all_keys",
+           "groups", "roles", "summaries", "progress_bar_keys", "display", "slug",
+           "ROLES", "DETECTORS", "CURVE_DETECTORS", "SUMMARY_OPS", "KINDS"]
+
+#: curves of the event analysis (:func:`lightning_pfd.analysis.events.analyze_history`)
+ROLES = ("e_gen", "e_mem", "loss_train", "loss_test", "gap", "icr", "mem_ratio")
+#: event detectors (:mod:`lightning_pfd.analysis.events`); on a user key (one without a role) the
+#: single-curve ones run on that curve alone: early_learning, double_descent, minimum
+DETECTORS = ("early_learning", "double_descent", "icr_minimum", "memorization_onset", "regime",
+             "minimum")
+#: single-curve detectors that run on a user key
+CURVE_DETECTORS = ("early_learning", "double_descent", "minimum")
+#: what ``define_metric(summary=...)`` accepts (comma-separated)
+SUMMARY_OPS = ("min", "max", "mean", "last", "best", "first", "none")
+#: what is logged under the key: a number per evaluation, or an image
+KINDS = ("scalar", "image")
+
+_KEY_RE = re.compile(r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*$")
+
+
+@dataclass(frozen=True)
+class MetricKey:
+    """One logged metric name and what it means.
+
+    Args:
+        key: the logged name, ``<group>/<leaf>`` (e.g. ``pfd/e_gen``).
+        display: short label (progress bar, report tables), e.g. ``E_gen``.
+        lower_is_better: True / False, or None when the direction is not a quality (counts,
+            diagnostics, E_mem whose meaning depends on the regime).
+        group: the metric family; default: the part of ``key`` before the first ``/``.
+        detectors: the event detectors that read this curve (names in :data:`DETECTORS`).
+        role: its curve in the event analysis (one of :data:`ROLES`; at most one key per role).
+        summary: W&B summary (``"min,last"``...); default from ``lower_is_better``
+            (``min,last`` / ``max,last``; none when the direction is None).
+        progress_bar: show it in :class:`~lightning_pfd.callbacks.progress.PFDProgressBar`.
+        kind: ``"scalar"`` (default) or ``"image"`` (a figure logged under this key).
+        description: one line for the report and the docs.
+    """
+
+    key: str
+    display: str = ""
+    lower_is_better: Optional[bool] = None
+    group: str = ""
+    detectors: Tuple[str, ...] = ()
+    role: Optional[str] = None
+    summary: Optional[str] = None
+    progress_bar: bool = False
+    kind: str = "scalar"
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        field = f"keys[{self.key!r}]"
+        if not isinstance(self.key, str) or not _KEY_RE.match(self.key):
+            raise ConfigError("keys.key", "a metric name is one or more '/'-separated parts of "
+                              "letters, digits, '_', '.', '-'", value=self.key,
+                              accepted="e.g. 'pfd/e_gen' or 'sw/e_gen'")
+        if not isinstance(self.display, str):
+            raise ConfigError(f"{field}.display", "must be a string", value=self.display)
+        if self.lower_is_better is not None and not isinstance(self.lower_is_better, bool):
+            raise ConfigError(f"{field}.lower_is_better", "must be True, False or None",
+                              value=self.lower_is_better)
+        detectors = (self.detectors,) if isinstance(self.detectors, str) else tuple(self.detectors)
+        for d in detectors:
+            if d not in DETECTORS:
+                raise ConfigError(f"{field}.detectors", "unknown event detector", value=d,
+                                  accepted=list(DETECTORS))
+        if self.role is not None and self.role not in ROLES:
+            raise ConfigError(f"{field}.role", "unknown role in the event analysis",
+                              value=self.role, accepted=list(ROLES))
+        if self.summary is not None:
+            ops = [s.strip() for s in str(self.summary).split(",")]
+            bad = [s for s in ops if s not in SUMMARY_OPS]
+            if not isinstance(self.summary, str) or bad or not ops:
+                raise ConfigError(f"{field}.summary", "must be comma-separated W&B summaries",
+                                  value=self.summary, accepted=list(SUMMARY_OPS))
+        if self.kind not in KINDS:
+            raise ConfigError(f"{field}.kind", "unknown kind", value=self.kind, accepted=list(KINDS))
+        object.__setattr__(self, "detectors", detectors)
+        object.__setattr__(self, "display", self.display or self.key)
+        object.__setattr__(self, "group", self.group or self.key.split("/", 1)[0])
+        object.__setattr__(self, "progress_bar", bool(self.progress_bar))
+
+    @property
+    def wandb_summary(self) -> Optional[str]:
+        """The W&B summary: ``summary`` if given, else from ``lower_is_better``."""
+        if self.summary is not None:
+            return None if self.summary == "none" else self.summary
+        if self.lower_is_better is None or self.kind != "scalar":
+            return None
+        return "min,last" if self.lower_is_better else "max,last"
+
+    def renamed(self, key: str, display: Optional[str] = None) -> "MetricKey":
+        """The same definition under another name (a monitor with its own namespace), without
+        the role (a role belongs to one key) and with the group of the new name."""
+        return dataclasses.replace(self, key=key, display=display or key, group="", role=None)
+
+
+_REGISTRY: Dict[str, MetricKey] = {}
+
+
+def register(*keys: MetricKey) -> MetricKey:
+    """Add ``keys`` to the registry; returns the last one. Identical re-registration is a no-op;
+    a different definition of a registered name, or a second key with a registered role, raises
+    :class:`~lightning_pfd.errors.ConfigError` (nothing is registered then)."""
+    pending: Dict[str, MetricKey] = {}
+    for k in keys:
+        if not isinstance(k, MetricKey):
+            raise ConfigError("keys", "register() takes MetricKey objects", value=k)
+        old = pending.get(k.key, _REGISTRY.get(k.key))
+        if old is not None and old != k:
+            raise ConfigError(f"keys[{k.key!r}]", "is already registered with a different "
+                              f"definition ({_diff(old, k)})", value=k.key,
+                              suggestion="use another metric name, or the existing definition "
+                              "(keys.get(name))")
+        if k.role is not None:
+            owner = next((o for o in list(_REGISTRY.values()) + list(pending.values())
+                          if o.role == k.role and o.key != k.key), None)
+            if owner is not None:
+                raise ConfigError(f"keys[{k.key!r}].role", f"role {k.role!r} already belongs to "
+                                  f"{owner.key!r} (one key per role)", value=k.role,
+                                  suggestion="leave role unset and list the detectors instead")
+        pending[k.key] = k
+    _REGISTRY.update(pending)
+    return keys[-1] if keys else None
+
+
+def _diff(a: MetricKey, b: MetricKey) -> str:
+    fields = [f.name for f in dataclasses.fields(MetricKey) if getattr(a, f.name) != getattr(b, f.name)]
+    return ", ".join(f"{f}: {getattr(a, f)!r} vs {getattr(b, f)!r}" for f in fields[:3])
+
+
+def unregister(key: str) -> None:
+    """Remove ``key`` (no error when absent)."""
+    _REGISTRY.pop(key, None)
+
+
+@contextlib.contextmanager
+def registered(*keys: MetricKey) -> Iterator[None]:
+    """Context manager: ``keys`` registered inside the block only (tests, notebooks)."""
+    new = [k.key for k in keys if k.key not in _REGISTRY]
+    register(*keys)
+    try:
+        yield
+    finally:
+        for name in new:
+            unregister(name)
+
+
+def get(key: str) -> MetricKey:
+    """The definition of ``key``; :class:`ConfigError` (with a close name) when unknown."""
+    k = _REGISTRY.get(key)
+    if k is None:
+        raise ConfigError("keys", "unknown metric name", value=key, accepted=sorted(_REGISTRY))
+    return k
+
+
+def find(key: str) -> Optional[MetricKey]:
+    """The definition of ``key``, or None."""
+    return _REGISTRY.get(key)
+
+
+def all_keys(group: Optional[str] = None, kind: Optional[str] = "scalar") -> List[MetricKey]:
+    """Registered keys in registration order (of ``group`` / ``kind`` when given; ``kind=None``:
+    every kind)."""
+    return [k for k in _REGISTRY.values()
+            if (group is None or k.group == group) and (kind is None or k.kind == kind)]
+
+
+def groups() -> List[str]:
+    """The metric families of the registered scalar keys (order of first registration)."""
+    return list(dict.fromkeys(k.group for k in all_keys()))
+
+
+def roles() -> Dict[str, str]:
+    """{role: key} of the keys that hold a role in the event analysis."""
+    return {k.role: k.key for k in all_keys() if k.role is not None}
+
+
+def summaries() -> Dict[str, str]:
+    """{key: W&B summary} of the keys that have one."""
+    return {k.key: k.wandb_summary for k in all_keys() if k.wandb_summary is not None}
+
+
+def progress_bar_keys() -> Dict[str, str]:
+    """{display label: key} of the keys shown in the progress bar."""
+    return {k.display: k.key for k in all_keys() if k.progress_bar}
+
+
+def display(key: str) -> str:
+    """The display name of ``key`` (the key itself when unregistered)."""
+    k = _REGISTRY.get(key)
+    return key if k is None else k.display
+
+
+def slug(key: str) -> str:
+    """``key`` as one identifier (``sw/e_gen`` -> ``sw_e_gen``), e.g. in event names."""
+    return re.sub(r"[^A-Za-z0-9_]+", "_", key).strip("_")
+
+
+# ----------------------------------------------------------------------------- built-in keys
+def _builtin() -> None:
+    M = MetricKey
+    register(
+        # generalization / memorization errors (PFD paper Def. 2, eq. 8)
+        M("pfd/e_gen", "E_gen", True, detectors=("early_learning", "double_descent", "regime"),
+          role="e_gen", progress_bar=True,
+          description="PFD between student and teacher (data-distribution) flows"),
+        M("pfd/e_mem", "E_mem", None, detectors=("memorization_onset", "regime"), role="e_mem",
+          summary="min,last", progress_bar=True,
+          description="PFD between student and empirical (training-set) flows"),
+        M("pfd/nonfinite", "PFD non-finite", None, description="fraction of non-finite endpoints"),
+        M("pfd/samples", "samples", kind="image", description="student / teacher / empirical rows"),
+        # frozen-noise losses (PFD paper App. C.6)
+        M("loss/train_fixed", "ℓ_train", True, detectors=("regime",), role="loss_train",
+          description="denoising loss on the training set, frozen noise"),
+        M("loss/test_fixed", "ℓ_test", True, detectors=("regime",), role="loss_test",
+          description="denoising loss on held-out data, frozen noise"),
+        M("loss/gap", "ℓ_test − ℓ_train", None, detectors=("regime",), role="gap",
+          description="generalization gap of the frozen-noise losses"),
+        M("val/loss", "val loss", True, description="validation denoising loss"),
+        M("val/loss_median", "val loss median", True, description="median validation loss (Lévy)"),
+        # invariant contamination ratio (ICR paper eq. 3-5, two-view estimator App. B.6)
+        M("icr/icr", "ICR", True, detectors=("icr_minimum", "memorization_onset"), role="icr",
+          progress_bar=True, description="invariant contamination ratio Tr Σ_ξ / Tr Σ_s"),
+        M("icr/trace_s", "Tr Σ_s", None, description="trace of the semantic covariance"),
+        M("icr/trace_xi", "Tr Σ_ξ", None, description="trace of the nuisance covariance"),
+        M("icr/n", "ICR images", None, description="images in the ICR subset"),
+        M("icr/d", "ICR dim", None, description="feature dimension after projection"),
+        M("icr/nonfinite", "ICR non-finite", None, description="fraction of non-finite features"),
+        M("icr/best_epoch", "ICR best epoch", None, description="epoch of the smoothed ICR minimum"),
+        # memorization ratio (ICR paper footnote 4)
+        M("mem/ratio", "mem", True, detectors=("memorization_onset", "regime"), role="mem_ratio",
+          summary="max,last", progress_bar=True,
+          description="fraction of samples that copy a training example"),
+        M("mem/nonfinite", "mem non-finite", None, description="fraction of non-finite samples"),
+        # tails of a physical observable (heavy-tailed diffusion blog post: RMSQE, LOADER)
+        M("tail/rmsqe", "RMSQE", True, description="root mean squared quantile error"),
+        M("tail/loader", "LOADER", True, description="log absolute density ratio"),
+        M("tail/rmsqe_floor", "RMSQE floor", None, description="RMSQE between data splits"),
+        M("tail/loader_floor", "LOADER floor", None, description="LOADER between data splits"),
+        M("tail/nonfinite", "tail non-finite", None, description="fraction of non-finite samples"),
+        M("tail/density", "tail density", kind="image", description="KDE of the observable"),
+        # events (RegimeMonitor)
+        M("events/regime_code", "regime", None,
+          description="0 generalization, 1 transition, 2 memorization"),
+        M("events/memorization_lead_epochs", "ICR lead", None,
+          description="memorization onset minus ICR minimum, in epochs"),
+    )
+    for ev in ("early_learning", "double_descent", "icr_minimum", "memorization_onset"):
+        register(M(f"events/{ev}_epoch", f"{ev} epoch", None),
+                 M(f"events/{ev}_significance", f"{ev} significance", None))
+
+
+_builtin()

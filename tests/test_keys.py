@@ -1,0 +1,198 @@
+"""The metric-key registry (lightning_pfd/keys.py) and its consumers.
+
+A key declared once reaches the W&B setup (define_metric: epoch axis, summary), the progress bar,
+the event analysis (its detectors run on its curve; oracle: the detector called directly) and the
+report's metric table (oracle: numpy min/max of the curve).
+"""
+import json
+
+import numpy as np
+import pytest
+
+from lightning_pfd import keys
+from lightning_pfd.analysis import events
+from lightning_pfd.errors import ConfigError
+
+T = np.arange(20, dtype=np.float64)
+#: early learning: an interior minimum near epoch 5, then a sustained rise
+U_CURVE = 2.0 + 2.0 * np.exp(-T / 2.0) + 1.0 * (1.0 - np.exp(-T / 12.0))
+PARAMS = dict(window=3, min_sigma=4.0, min_rel=0.02, confirm=2)
+
+
+def _user(**kw):
+    args = dict(display="SW_gen", lower_is_better=True, detectors=("early_learning",),
+                progress_bar=True)
+    args.update(kw)
+    return keys.MetricKey("sw/e_gen", **args)
+
+
+# ----------------------------------------------------------------------------- registry
+def test_builtin_roles_are_the_event_keys():
+    assert events.DEFAULT_KEYS == keys.roles()
+    assert set(keys.roles()) == set(keys.ROLES)  # every role has its key
+    assert keys.get("pfd/e_gen").display == "E_gen"
+    assert keys.get("mem/ratio").wandb_summary == "max,last"
+    assert keys.get("pfd/e_gen").wandb_summary == "min,last"  # from lower_is_better
+    assert keys.get("icr/n").wandb_summary is None  # no direction: W&B default
+    assert keys.progress_bar_keys() == {"E_gen": "pfd/e_gen", "E_mem": "pfd/e_mem",
+                                        "ICR": "icr/icr", "mem": "mem/ratio"}
+    assert "pfd/samples" not in [k.key for k in keys.all_keys()]  # an image, not a curve
+    assert keys.find("pfd/samples").kind == "image"
+
+
+def test_identical_registration_is_a_no_op_and_conflicts_are_errors():
+    with keys.registered(_user()):
+        keys.register(_user())  # the same definition again: fine (a module imported twice)
+        assert keys.get("sw/e_gen") == _user()
+        with pytest.raises(ConfigError, match="different definition") as err:
+            keys.register(_user(display="other"))
+        assert "sw/e_gen" in err.value.field and "display" in str(err.value)
+        assert keys.get("sw/e_gen").display == "SW_gen"  # unchanged
+    assert keys.find("sw/e_gen") is None
+
+
+def test_a_role_belongs_to_one_key_and_failed_batches_register_nothing():
+    with pytest.raises(ConfigError, match="already belongs to 'pfd/e_gen'"):
+        keys.register(keys.MetricKey("other/e_gen", role="e_gen"))
+    with pytest.raises(ConfigError, match="different definition"):
+        keys.register(keys.MetricKey("new/a"), keys.MetricKey("pfd/e_gen"))
+    assert keys.find("new/a") is None
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(key="bad key"), "keys.key"),
+    (dict(key=""), "keys.key"),
+    (dict(key="a//b"), "keys.key"),
+    (dict(key="x/y", detectors=("early_lerning",)), "detectors"),
+    (dict(key="x/y", role="egen"), "role"),
+    (dict(key="x/y", summary="minimum"), "summary"),
+    (dict(key="x/y", lower_is_better="yes"), "lower_is_better"),
+    (dict(key="x/y", kind="movie"), "kind"),
+])
+def test_bad_definitions_are_rejected(kwargs, field):
+    with pytest.raises(ConfigError) as err:
+        keys.MetricKey(**kwargs)
+    assert field in err.value.field
+
+
+def test_unknown_key_suggests_a_close_name():
+    with pytest.raises(ConfigError, match="did you mean 'pfd/e_gen'"):
+        keys.get("pfd/egen")
+
+
+def test_renamed_keeps_meaning_not_role():
+    k = keys.get("pfd/e_gen").renamed("pfd_teacher2/e_gen")
+    assert k.role is None and k.group == "pfd_teacher2" and k.lower_is_better is True
+    assert k.detectors == keys.get("pfd/e_gen").detectors
+
+
+# ----------------------------------------------------------------------------- consumers
+class _Run:
+    """Records define_metric calls (the W&B run API used by setup_wandb_metrics)."""
+
+    def __init__(self):
+        self.calls = {}
+
+    def define_metric(self, name, step_metric=None, summary=None):
+        self.calls[name] = (step_metric, summary)
+
+
+def test_wandb_setup_reads_the_registry():
+    from lightning_pfd.callbacks.wandb_setup import setup_wandb_metrics
+
+    with keys.registered(_user()):
+        run = _Run()
+        setup_wandb_metrics(run)
+        assert run.calls["sw/e_gen"] == ("epoch", "min,last")
+        assert run.calls["sw/*"] == ("epoch", None)  # its family on the epoch axis
+    assert run.calls["pfd/e_gen"] == ("epoch", "min,last")
+    assert run.calls["mem/ratio"] == ("epoch", "max,last")
+    assert run.calls["icr/icr"] == ("epoch", "min,last")
+    after = _Run()
+    setup_wandb_metrics(after)
+    assert "sw/e_gen" not in after.calls
+
+
+def test_progress_bar_shows_a_registered_user_key():
+    from lightning_pfd.callbacks.progress import PFDProgressBar, format_pfd_metrics
+
+    bar = PFDProgressBar()  # built before the key is registered: reads the registry at refresh
+    m = {"pfd/e_gen": 2.5, "sw/e_gen": 0.123456}
+    with keys.registered(_user()):
+        assert format_pfd_metrics(m) == {"E_gen": "2.5", "SW_gen": "0.1235"}
+        assert bar.show["SW_gen"] == "sw/e_gen"
+    assert format_pfd_metrics(m) == {"E_gen": "2.5"}
+    assert PFDProgressBar(show={"x": "pfd/e_gen"}).show == {"x": "pfd/e_gen"}
+
+
+def test_events_run_a_user_keys_detectors():
+    oracle = events.detect_early_learning(T, U_CURVE, **PARAMS)
+    assert oracle is not None
+    series = {"sw/e_gen": (T, U_CURVE)}
+    assert events.analyze_history(series, **PARAMS).events == []  # not registered: not read
+    with keys.registered(_user()):
+        got = events.analyze_history(series, **PARAMS).events
+    assert [e.name for e in got] == ["sw_e_gen_early_learning"]
+    ev = got[0]
+    assert (ev.epoch, ev.significance, ev.detected_epoch) == (
+        oracle.epoch, oracle.significance, oracle.detected_epoch)
+    assert ev.detail["key"] == "sw/e_gen" and ev.detail["detector"] == "early_learning"
+    assert ev.describe().startswith("early learning of SW_gen: minimum")
+
+
+def test_events_minimum_and_double_descent_detectors_on_a_user_key():
+    dd = np.interp(T, [0, 5, 11, 19], [3.0, 2.0, 2.8, 1.5])  # down, up, down again
+    oracle_dd = events.detect_double_descent(T, dd, **PARAMS)
+    oracle_min = events.detect_icr_minimum(T, U_CURVE, **PARAMS)
+    assert oracle_dd is not None and oracle_min is not None
+    with keys.registered(keys.MetricKey("u/dd", detectors=("double_descent",)),
+                         keys.MetricKey("u/min", detectors=("minimum",))):
+        got = {e.name: e for e in events.analyze_history(
+            {"u/dd": (T, dd), "u/min": (T, U_CURVE)}, **PARAMS).events}
+    assert got["u_dd_double_descent"].epoch == oracle_dd.epoch
+    assert got["u_min_minimum"].epoch == oracle_min.epoch
+    assert "double descent of u/dd" in got["u_dd_double_descent"].describe()
+
+
+def test_report_tabulates_a_registered_user_metric(tmp_path):
+    pytest.importorskip("matplotlib")
+    from lightning_pfd.analysis.report import write_report
+
+    series = {"pfd/e_gen": (T, U_CURVE), "sw/e_gen": (T, 2 * U_CURVE + 1)}
+    with keys.registered(_user()):
+        res = write_report(series, tmp_path, **PARAMS)
+    md = (tmp_path / "report.md").read_text()
+    row = next(line for line in md.splitlines() if "`sw/e_gen`" in line)
+    y = 2 * U_CURVE + 1
+    i, j = int(np.argmin(y)), int(np.argmax(y))
+    assert row.startswith("| SW_gen |")
+    assert f"{y[i]:.4g} (epoch {i})" in row and f"{y[j]:.4g} (epoch {j})" in row
+    names = {e["name"] for e in json.loads((tmp_path / "events.json").read_text())["events"]}
+    assert "sw_e_gen_early_learning" in names and "early_learning" in names
+    assert res["analysis"].event("sw_e_gen_early_learning") is not None
+
+
+def test_regime_monitor_emits_events_of_a_user_key(tmp_path):
+    import lightning.pytorch as pl
+
+    from lightning_pfd.callbacks.regime import RegimeMonitor
+    from test_callback_base import Tiny  # a linear LightningModule
+
+    class Scripted(Tiny):
+        def on_validation_epoch_end(self):
+            self.log("sw/e_gen", float(U_CURVE[self.current_epoch]))
+
+    oracle = events.detect_early_learning(T, U_CURVE, **PARAMS)
+    with keys.registered(_user()):
+        mon = RegimeMonitor(**PARAMS, write_report=False, verbose=False)
+        trainer = pl.Trainer(max_epochs=len(T), logger=False, callbacks=[mon], accelerator="cpu",
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, num_sanity_val_steps=0,
+                             default_root_dir=str(tmp_path))
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Scripted())
+    assert mon.emitted["sw_e_gen_early_learning"]["epoch"] == oracle.epoch
+    assert float(trainer.callback_metrics["events/sw_e_gen_early_learning_epoch"]) == oracle.epoch
