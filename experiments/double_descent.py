@@ -167,7 +167,7 @@ def analyse(cfg: dict) -> dict:
 def checkpoint_eval(cfg: dict, fresh: int, analysis: dict) -> dict:
     """E_gen of every kept checkpoint on the monitor's M seeds (a check against the log) and on
     ``fresh`` new seeds, with per-seed squared distances kept for paired differences."""
-    from lightning_pfd.callbacks.generalization import DEFAULT_GEN_SEED_OFFSET
+    from lightning_pfd.evaluation.flow import DEFAULT_GEN_SEED_OFFSET
     from lightning_pfd.data import TeacherDistillationDataModule
     from lightning_pfd.diffusion import clamp_sigmas, sample_endpoints
     from lightning_pfd.metrics.pfd import paired_sq_distances

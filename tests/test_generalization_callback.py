@@ -10,7 +10,7 @@ from torch import nn
 
 from lightning_pfd.cache import cache_dir
 from lightning_pfd.callbacks import GeneralizationMonitor
-from lightning_pfd.callbacks import generalization as gen_mod
+from lightning_pfd.evaluation import flow as gen_mod
 from lightning_pfd.data import TensorDataModule
 from lightning_pfd.diffusion import EDMLoss, EmpiricalDenoiser, GaussianDenoiser
 from lightning_pfd.metrics import probability_flow_distance
@@ -212,7 +212,7 @@ def test_minimal_module_without_teacher_or_val_data_writes_png_grid(tmp_path):
                                       EmpiricalDenoiser(dm.train_data), seeds=range(2_000_000, 2_000_005),
                                       shape=(1, 4, 4))
     assert got["pfd/e_mem"] == pytest.approx(float(e_mem), rel=1e-9)
-    (png,) = glob.glob(os.path.join(trainer.logger.log_dir, "pfd_samples", "*.png"))
+    (png,) = glob.glob(os.path.join(trainer.logger.log_dir, "figures", "pfd_samples-epoch*.png"))
     import matplotlib.pyplot as plt
     img = plt.imread(png)
     assert img.shape[:2] == (2 * 5 + 1, 4 * 5 + 1)  # rows: student, empirical; 4 columns of 4x4 + 1px pad

@@ -5,9 +5,10 @@ defines p_data. Three disjoint seed ranges give three noise sets x_T = sigma_max
 - x_train,T: seeds [train_seed_offset, + n_train)  ->  training set  Phi_teacher(x_train,T)  (N)
 - x_test,T : seeds [test_seed_offset,  + n_test)   ->  test set      Phi_teacher(x_test,T)   (M)
 - x_gen,T  : seeds [gen_seed_offset,   + n_gen)    ->  reserved for evaluation (E_gen, E_mem)
-All three use the same sampler (Heun on EDM's grid, 18 steps by default). Endpoints are cached on
-disk (``lightning_pfd.cache``) under a key hashing the teacher's fingerprint, the seed range,
-the sampler and the sigma grid, so a second run makes no teacher call.
+All three use the same solver, one :class:`~lightning_pfd.diffusion.sampling.SamplerSettings`
+(Heun on EDM's grid, 18 steps by default; ``sampler_settings``). Endpoints are cached on disk
+(``lightning_pfd.cache``) under a key hashing the teacher's fingerprint, the seed range, the
+sampler and the sigma grid, so a second run makes no teacher call.
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ import torch
 from torch import nn
 
 from ..cache import cache_dir, hash_key, load_tensor_verified, save_tensor_atomic
-from ..diffusion import GaussianDenoiser, GaussianMixtureDenoiser, clamp_sigmas, karras_sigmas
-from ..diffusion.sampling import SAMPLERS, sample_endpoints
+from ..diffusion import GaussianDenoiser, GaussianMixtureDenoiser, clamp_sigmas
+from ..diffusion.sampling import SamplerSettings
 from ..errors import MissingFileError
 from .base import TensorDataModule, _check_choice
 from .gmm import check_disjoint_ranges
@@ -72,25 +73,25 @@ def fit_digits_gmm(n_components: int = 10, seed: int = 0, reg_covar: float = 1e-
 
 
 def cached_endpoints(denoiser, fingerprint: str, seed_offset: int, n: int, shape: Sequence[int],
-                     sigmas: torch.Tensor, sampler: str = "heun", batch_size: int = 256,
-                     device=None, use_cache: bool = True, tag: str = "endpoints") -> torch.Tensor:
+                     settings: SamplerSettings, batch_size: int = 256, device=None,
+                     use_cache: bool = True, tag: str = "endpoints") -> torch.Tensor:
     """Phi_denoiser(x_T) for seeds [seed_offset, seed_offset + n), float64 on CPU, cached on disk.
 
     The key hashes ``fingerprint`` (it must identify the denoiser), the seed range, the data
-    shape, the sampler and the (clamped) sigma grid. A missing or corrupted cache file is
-    recomputed and rewritten atomically.
+    shape, the sampler, the (clamped) sigma grid and -- when not fp32 -- the precision of
+    ``settings``. A missing or corrupted cache file is recomputed and rewritten atomically.
     """
-    sigmas = clamp_sigmas(torch.as_tensor(sigmas, dtype=torch.float64), denoiser)
+    sigmas = settings.sigmas(denoiser)
+    precision = [] if settings.precision == "fp32" else [settings.precision]  # fp32 keys as before
     key = hash_key(tag, _ENDPOINT_VERSION, fingerprint, int(seed_offset), int(n),
-                   [int(s) for s in shape], str(sampler), sigmas)
+                   [int(s) for s in shape], str(settings.sampler), sigmas, *precision)
     path = cache_dir() / "endpoints" / f"{tag}_{key[:32]}.pt"
     if use_cache:
         hit = load_tensor_verified(path, key)
         if hit is not None and tuple(hit["x"].shape) == (n, *shape):
             return hit["x"]
     seeds = torch.arange(int(seed_offset), int(seed_offset) + int(n))
-    x = sample_endpoints(denoiser, seeds, shape, sigmas=sigmas, sampler=sampler,
-                         batch_size=batch_size, device=device, out_device="cpu")
+    x = settings.sample(denoiser, seeds, shape, batch_size=batch_size, device=device, out_device="cpu")
     if use_cache:
         save_tensor_atomic(path, {"x": x}, key)
     return x
@@ -119,7 +120,8 @@ class TeacherDistillationDataModule(TensorDataModule):
         n_train, n_test, n_gen: sizes N, M of the training and test sets, and of the evaluation
             range reserved for x_gen,T (not generated here; see ``gen_seeds``).
         train_seed_offset, test_seed_offset, gen_seed_offset: starts of the three disjoint ranges.
-        num_steps, sigma_min, sigma_max, rho, sampler: the teacher's PF-ODE solver (Heun-18).
+        num_steps, sigma_min, sigma_max, rho, sampler: the teacher's PF-ODE solver (Heun-18),
+            kept as ``sampler_settings``.
         gen_batch_size, device: batching and device of the endpoint generation ("auto": CUDA
             if available).
         data_shape: sample shape, needed only for a denoiser object without ``shape``.
@@ -146,10 +148,10 @@ class TeacherDistillationDataModule(TensorDataModule):
         check_disjoint_ranges(("train_seed_offset", train_seed_offset, "n_train", n_train),
                               ("test_seed_offset", test_seed_offset, "n_test", n_test),
                               ("gen_seed_offset", gen_seed_offset, "n_gen", n_gen))
-        _check_choice("sampler", sampler, sorted(SAMPLERS))
+        settings = SamplerSettings.checked("data.init_args.", sampler=sampler, num_steps=num_steps,
+                                           sigma_min=sigma_min, sigma_max=sigma_max, rho=rho)
         if isinstance(gen_batch_size, bool) or not isinstance(gen_batch_size, int) or gen_batch_size < 1:
             raise ValueError(f"gen_batch_size: must be an integer >= 1, got {gen_batch_size!r}")
-        grid = karras_sigmas(num_steps, sigma_min, sigma_max, rho)  # validates the grid
         if teacher is not None and teacher_ckpt is not None:
             raise ValueError("teacher, teacher_ckpt: give one of them, not both")
         if teacher_load_kwargs is not None and teacher_ckpt is None:
@@ -188,8 +190,9 @@ class TeacherDistillationDataModule(TensorDataModule):
         self.n_test, self.n_gen = n_test, n_gen
         self.train_seed_offset, self.test_seed_offset = train_seed_offset, test_seed_offset
         self.gen_seed_offset = gen_seed_offset
+        self.sampler_settings = settings
         self.num_steps, self.sampler = num_steps, sampler
-        self.teacher_sigmas = grid  # clamped to the teacher's range once it is built
+        self.teacher_sigmas = settings.sigmas()  # clamped to the teacher's range once it is built
         self.gen_batch_size, self.device, self.use_cache = gen_batch_size, device, use_cache
         self._data_shape_arg = None if data_shape is None else tuple(int(d) for d in data_shape)
         self.teacher = None
@@ -267,7 +270,7 @@ class TeacherDistillationDataModule(TensorDataModule):
             teacher.to(device)
         try:
             return cached_endpoints(teacher, self._teacher_fp, seed_offset, n, self.data_shape,
-                                    self.teacher_sigmas, self.sampler, self.gen_batch_size,
+                                    self.sampler_settings, self.gen_batch_size,
                                     device=device, use_cache=self.use_cache, tag=tag)
         finally:
             if isinstance(teacher, nn.Module):

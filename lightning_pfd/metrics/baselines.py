@@ -1,4 +1,5 @@
-"""Baselines PFD is compared against (PFD paper Sec. 2.4, App. B-C.1; REFERENCE §6).
+"""Baselines PFD is compared against ("Understanding Generalization in Diffusion Distillation via
+Probability Flow Distance", the PFD paper: Sec. 2.4, App. B-C.1).
 
 - Closed forms for Gaussians: PFD (eq. 39) and the 2-Wasserstein distance (eq. 41).
 - ``sample_w2``: exact W2 between two equal-weight point clouds by optimal transport (POT's

@@ -1,5 +1,5 @@
-"""Bias-variance decomposition of the generalization error (PFD paper Def. 3, eq. 9, 45;
-REFERENCE §8).
+"""Bias-variance decomposition of the generalization error ("Understanding Generalization in
+Diffusion Distillation via Probability Flow Distance", Def. 3, eq. 9, 45).
 
 With K students trained on independent data sets and the mean map
 m(x_T) = (1/K) sum_k Psi(Phi_{theta_k}(x_T)) (eq. 45 uses K = 2):
@@ -7,10 +7,13 @@ m(x_T) = (1/K) sum_k Psi(Phi_{theta_k}(x_T)) (eq. 45 uses K = 2):
     E_bias = ( E_x ||Psi(Phi_data(x_T)) - m(x_T)||^2 )^{1/2}
     E_var  = (1/K) sum_k E_x ||Psi(Phi_{theta_k}(x_T)) - m(x_T)||^2
     (1/K) sum_k E_gen(theta_k)^2 = E_bias^2 + E_var        (eq. 9, exact on the sample)
+
+The class and its functional twin share :func:`_bias_variance_update` (float64 sums of one batch
+of features) and :func:`_bias_variance_compute` (the decomposition from the summed states).
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Tuple
 
 import torch
 from torchmetrics import Metric
@@ -18,6 +21,39 @@ from torchmetrics import Metric
 from .descriptors import build_descriptor
 
 __all__ = ["BiasVarianceDecomposition", "bias_variance_decomposition"]
+
+
+def _check_shapes(reference: torch.Tensor, students: torch.Tensor, num_students: int) -> None:
+    if students.shape != (num_students, *reference.shape):
+        raise ValueError(f"student_endpoints: expected shape {(num_students, *reference.shape)} "
+                         f"(K={num_students} students x reference shape), got {tuple(students.shape)}")
+
+
+def _bias_variance_update(reference_features: torch.Tensor, student_features: torch.Tensor
+                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Sums of one batch: (sum ||ref - m||^2, (1/K) sum_k ||stu_k - m||^2, per-student
+    sum ||stu_k - ref||^2 (K,), B) from features ``(B, F)`` and ``(K, B, F)`` (eq. 45)."""
+    ref = reference_features.to(torch.float64)
+    stu = student_features.to(device=ref.device, dtype=torch.float64)
+    mean = stu.mean(0)  # m(x_T), eq. 45
+    return ((ref - mean).square().sum(), (stu - mean).square().sum() / stu.shape[0],
+            (stu - ref).square().sum((1, 2)), int(ref.shape[0]))
+
+
+def _bias_variance_compute(bias_sq_sum: torch.Tensor, var_sum: torch.Tensor, gen_sq_sum: torch.Tensor,
+                           count) -> Dict[str, torch.Tensor]:
+    """``{"e_bias", "e_var", "e_gen_sq_mean", "e_gen"}`` from the summed states (Def. 3)."""
+    gen_sq = gen_sq_sum / count
+    return {"e_bias": (bias_sq_sum / count).sqrt(), "e_var": var_sum / count,
+            "e_gen_sq_mean": gen_sq.mean(), "e_gen": gen_sq.sqrt()}
+
+
+def _features(descriptor, reference_endpoints: torch.Tensor, student_endpoints: torch.Tensor):
+    """Psi of the reference (B, F) and of the K students (K, B, F)."""
+    K, B = student_endpoints.shape[0], reference_endpoints.shape[0]
+    ref = descriptor(reference_endpoints).reshape(B, -1)
+    stu = descriptor(student_endpoints.reshape(K * B, *reference_endpoints.shape[1:])).reshape(K, B, -1)
+    return ref, stu
 
 
 class BiasVarianceDecomposition(Metric):
@@ -46,30 +82,28 @@ class BiasVarianceDecomposition(Metric):
         self.add_state("count", z(), dist_reduce_fx="sum")
 
     def update(self, reference_endpoints: torch.Tensor, student_endpoints: torch.Tensor) -> None:
-        K, B = self.num_students, reference_endpoints.shape[0]
-        if student_endpoints.shape != (K, *reference_endpoints.shape):
-            raise ValueError(f"student_endpoints: expected shape {(K, *reference_endpoints.shape)} "
-                             f"(K={K} students x reference shape), got {tuple(student_endpoints.shape)}")
-        ref = self.descriptor(reference_endpoints).reshape(B, -1).to(torch.float64)
-        stu = self.descriptor(student_endpoints.reshape(K * B, *reference_endpoints.shape[1:]))
-        stu = stu.reshape(K, B, -1).to(device=ref.device, dtype=torch.float64)
-        mean = stu.mean(0)  # m(x_T), eq. 45
-        self.bias_sq_sum += (ref - mean).square().sum()
-        self.var_sum += (stu - mean).square().sum() / K
-        self.gen_sq_sum += (stu - ref).square().sum((1, 2))
-        self.count += B
+        _check_shapes(reference_endpoints, student_endpoints, self.num_students)
+        bias_sq, var, gen_sq, count = _bias_variance_update(
+            *_features(self.descriptor, reference_endpoints, student_endpoints))
+        self.bias_sq_sum += bias_sq.to(self.bias_sq_sum.device)
+        self.var_sum += var.to(self.var_sum.device)
+        self.gen_sq_sum += gen_sq.to(self.gen_sq_sum.device)
+        self.count += count
 
     def compute(self) -> Dict[str, torch.Tensor]:
         if float(self.count) == 0:
             raise RuntimeError("BiasVarianceDecomposition: compute() called before any update()")
-        gen_sq = self.gen_sq_sum / self.count
-        return {"e_bias": (self.bias_sq_sum / self.count).sqrt(), "e_var": self.var_sum / self.count,
-                "e_gen_sq_mean": gen_sq.mean(), "e_gen": gen_sq.sqrt()}
+        return _bias_variance_compute(self.bias_sq_sum, self.var_sum, self.gen_sq_sum, self.count)
 
 
+@torch.no_grad()
 def bias_variance_decomposition(reference_endpoints: torch.Tensor, student_endpoints: torch.Tensor,
                                 descriptor=None) -> Dict[str, torch.Tensor]:
     """Functional twin of :class:`BiasVarianceDecomposition` (one batch)."""
-    m = BiasVarianceDecomposition(student_endpoints.shape[0], descriptor=descriptor, sync_on_compute=False)
-    m.update(reference_endpoints, student_endpoints)
-    return m.compute()
+    if student_endpoints.ndim < 2 or int(student_endpoints.shape[0]) < 1:
+        raise ValueError(f"student_endpoints: expected shape (K, B, ...) with K >= 1, got "
+                         f"{tuple(student_endpoints.shape)}")
+    _check_shapes(reference_endpoints, student_endpoints, int(student_endpoints.shape[0]))
+    bias_sq, var, gen_sq, count = _bias_variance_update(
+        *_features(build_descriptor(descriptor), reference_endpoints, student_endpoints))
+    return _bias_variance_compute(bias_sq, var, gen_sq, torch.tensor(float(count), dtype=torch.float64))

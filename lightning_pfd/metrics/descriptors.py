@@ -1,4 +1,5 @@
-"""Image descriptors Psi for PFD (PFD paper eq. 3; REFERENCE §6) and the FID/KID baselines.
+"""Image descriptors Psi for PFD (eq. 3 of "Understanding Generalization in Diffusion Distillation
+via Probability Flow Distance", the PFD paper) and the FID/KID baselines.
 
 A descriptor maps a batch of samples (B, *data_shape) to features (B, F). Available:
 

@@ -1,22 +1,28 @@
-"""Probability flow distance (PFD paper Def. 1, eq. 3-4; REFERENCE §6).
+"""Probability flow distance ("Understanding Generalization in Diffusion Distillation via
+Probability Flow Distance", Def. 1, eq. 3-4).
 
     PFD(p, q) = ( E_{x_T} || Psi(Phi_p(x_T)) - Psi(Phi_q(x_T)) ||_2^2 )^{1/2}
 
 estimated on M shared noise draws x_T^(i) (eq. 4) as the root of the mean squared distance of
-paired endpoints. No division by the dimension (REFERENCE §6 [choice]); the per-dimension
-(RMS) variant is the named option ``per_dimension=True``.
+paired endpoints. No division by the dimension, as in eq. 3 (our choice for the default); the
+per-dimension (RMS) variant is the named option ``per_dimension=True``.
+
+As in torchmetrics, the class and its functional twin share two primitives:
+:func:`_pfd_update` (the float64 sums of one batch of paired features) and :func:`_pfd_compute`
+(the estimate from the summed states).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+import contextlib
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
-from torch import nn
 from torchmetrics import Metric
 
 from ..diffusion.noise import seeded_noise
+from ..diffusion.sampling import (SamplerSettings, clamp_sigmas, heun_sample, karras_sigmas, module_device,
+                                  resolve_sampler)
 from ..diffusion.streams import stream
-from ..diffusion.sampling import module_device, clamp_sigmas, heun_sample, karras_sigmas, resolve_sampler
 from .descriptors import build_descriptor
 
 __all__ = ["ProbabilityFlowDistance", "probability_flow_distance", "paired_sq_distances"]
@@ -31,6 +37,27 @@ def paired_sq_distances(features_p: torch.Tensor, features_q: torch.Tensor) -> t
         raise ValueError(f"endpoints: expected a non-empty batch (B, ...), got shape {tuple(features_p.shape)}")
     d = features_p.to(torch.float64) - features_q.to(device=features_p.device, dtype=torch.float64)
     return d.reshape(d.shape[0], -1).square().sum(1)
+
+
+def _pfd_update(features_p: torch.Tensor, features_q: torch.Tensor
+                ) -> Tuple[torch.Tensor, int, torch.Tensor, int]:
+    """The sufficient statistics of eq. 4 for one batch of paired features:
+    (sum of squared distances, pairs, pairs with a non-finite distance, features per sample)."""
+    sq = paired_sq_distances(features_p, features_q)
+    return sq.sum(), int(sq.shape[0]), (~torch.isfinite(sq)).sum(), int(features_p[0].numel())
+
+
+def _pfd_compute(sum_sq: torch.Tensor, count, num_features, num_nonfinite,
+                 per_dimension: bool = False) -> torch.Tensor:
+    """eq. 4 from the summed states: sqrt(sum / M) (or sqrt(sum / (M F)) per dimension); NaN when
+    any pair was non-finite (never inf, never a number over part of the pairs)."""
+    sum_sq = torch.as_tensor(sum_sq, dtype=torch.float64)
+    if float(num_nonfinite) > 0:
+        return torch.full_like(sum_sq, float("nan"))
+    denom = torch.as_tensor(count, dtype=torch.float64, device=sum_sq.device)
+    if per_dimension:
+        denom = denom * float(num_features)
+    return (sum_sq / denom).sqrt()
 
 
 class ProbabilityFlowDistance(Metric):
@@ -67,20 +94,17 @@ class ProbabilityFlowDistance(Metric):
         if endpoints_p.shape != endpoints_q.shape:
             raise ValueError(f"endpoints: paired batches must have equal shapes, got {tuple(endpoints_p.shape)} "
                              f"and {tuple(endpoints_q.shape)}")
-        fp, fq = self.descriptor(endpoints_p), self.descriptor(endpoints_q)
-        sq = paired_sq_distances(fp, fq)
-        self.sum_sq += sq.sum().to(self.sum_sq.device)
-        self.count += sq.shape[0]
-        self.num_nonfinite += (~torch.isfinite(sq)).sum().to(self.num_nonfinite.device)
-        self.num_features.fill_(max(float(self.num_features), float(fp[0].numel())))
+        sum_sq, count, nonfinite, num_features = _pfd_update(self.descriptor(endpoints_p),
+                                                             self.descriptor(endpoints_q))
+        self.sum_sq += sum_sq.to(self.sum_sq.device)
+        self.count += count
+        self.num_nonfinite += nonfinite.to(self.num_nonfinite.device)
+        self.num_features.fill_(max(float(self.num_features), float(num_features)))
 
     def compute(self) -> torch.Tensor:
         if float(self.count) == 0:
             raise RuntimeError("ProbabilityFlowDistance: compute() called before any update()")
-        if float(self.num_nonfinite) > 0:
-            return torch.full_like(self.sum_sq, float("nan"))
-        denom = self.count * (self.num_features if self.per_dimension else 1.0)
-        return (self.sum_sq / denom).sqrt()
+        return _pfd_compute(self.sum_sq, self.count, self.num_features, self.num_nonfinite, self.per_dimension)
 
     def nonfinite_fraction(self) -> torch.Tensor:
         """Fraction of the paired endpoints with a non-finite distance (float64; this process's
@@ -98,14 +122,17 @@ def probability_flow_distance(denoiser_p: Callable, denoiser_q: Callable,
                               shape: Optional[Sequence[int]] = None,
                               sigmas: Optional[torch.Tensor] = None,
                               sampler=heun_sample, descriptor=None, batch_size: int = 256,
-                              per_dimension: bool = False) -> torch.Tensor:
+                              per_dimension: bool = False,
+                              settings: Optional[SamplerSettings] = None) -> torch.Tensor:
     """PFD between the flows of two denoisers on shared noise (eq. 3-4), float64 scalar.
 
     Give either ``x_T`` (the initial states, already scaled by the first sigma, i.e. drawn from
     N(0, T^2 I)) or ``seeds`` (+ ``shape``): then x_T^(i) = sigmas[0] * seeded_noise(seeds[i]).
     Both flows integrate the PF-ODE with ``sampler`` on ``sigmas`` (default Heun on EDM's
     18-step grid), each grid clamped to its denoiser's supported sigma range, in batches of
-    ``batch_size`` (memory bounded by the batch).
+    ``batch_size`` (memory bounded by the batch). ``settings`` (a
+    :class:`~lightning_pfd.diffusion.sampling.SamplerSettings`) gives sampler, grid and
+    precision at once instead of ``sampler`` / ``sigmas``.
     """
     if (x_T is None) == (seeds is None):
         raise ValueError("x_T/seeds: give exactly one of x_T (initial states) or seeds (+ shape)")
@@ -113,28 +140,32 @@ def probability_flow_distance(denoiser_p: Callable, denoiser_q: Callable,
         raise ValueError("shape: required with seeds (the shape of one sample)")
     if int(batch_size) < 1:
         raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+    if settings is not None:
+        sampler, grid = settings.sampler, settings.sigmas()
+    else:
+        grid = karras_sigmas() if sigmas is None else torch.as_tensor(sigmas, dtype=torch.float64)
     sampler = resolve_sampler(sampler)
-    grid = karras_sigmas() if sigmas is None else torch.as_tensor(sigmas, dtype=torch.float64)
     grid_p, grid_q = clamp_sigmas(grid, denoiser_p), clamp_sigmas(grid, denoiser_q)
     if float(grid_p[0]) != float(grid_q[0]):
         raise ValueError(f"sigmas: the two denoisers support different maximal sigma ({float(grid_p[0]):g} vs "
                          f"{float(grid_q[0]):g}); both flows must start from the same x_T ~ N(0, T^2 I): "
                          "pass a grid whose first sigma both support")
-    metric = ProbabilityFlowDistance(descriptor=descriptor, per_dimension=per_dimension, sync_on_compute=False)
+    psi = build_descriptor(descriptor)
     if x_T is not None:
         batches = x_T.split(int(batch_size))
     else:
         seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
         batches = (seeded_noise(c, shape, stream=stream("pf_ode.x_T")) * grid_p[0] for c in seeds.split(int(batch_size)))
-    device = None
+    sum_sq, count, nonfinite, num_features, device = 0.0, 0, 0, 0, None
     for xb in batches:
         if device is None:
-            device = _device_of(denoiser_p, xb.device)
-            metric = metric.to(device)
+            device = module_device(denoiser_p, xb.device)
+            psi = psi.to(device)
         xb = xb.to(device)
-        metric.update(sampler(denoiser_p, xb, grid_p), sampler(denoiser_q, xb, grid_q))
-    return metric.compute()
-
-
-def _device_of(denoiser, default: torch.device) -> torch.device:
-    return module_device(denoiser, default)
+        with settings.autocast(device) if settings is not None else contextlib.nullcontext():
+            ep, eq = sampler(denoiser_p, xb, grid_p), sampler(denoiser_q, xb, grid_q)
+        s, c, nb, nf = _pfd_update(psi(ep), psi(eq))
+        sum_sq, count, nonfinite, num_features = sum_sq + s, count + c, nonfinite + int(nb), max(num_features, nf)
+    if count == 0:
+        raise ValueError("x_T/seeds: no initial states given")
+    return _pfd_compute(sum_sq, count, num_features, nonfinite, per_dimension)

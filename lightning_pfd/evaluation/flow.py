@@ -1,0 +1,684 @@
+"""FlowEvaluation: E_gen, E_mem, the frozen-noise losses and any metric between a student's PF-ODE
+endpoints and a fixed reference flow ("Understanding Generalization in Diffusion Distillation via
+Probability Flow Distance", the PFD paper: Def. 2, eq. 8, 10; App. C.3, C.6). Pure torch.
+
+One evaluation fixes
+
+- the evaluation seeds x_gen,T (``seed_offset + arange(num_eval)``, disjoint from the training and
+  test seeds of a distillation data set),
+- ONE PF-ODE solver, a :class:`~lightning_pfd.diffusion.sampling.SamplerSettings` (sampler, sigma
+  grid, precision), used for every flow: the student's, the teacher's and the empirical one
+  (each clamps the grid to its denoiser's sigma range). A bf16 / fp16 precision therefore applies
+  to the references as well, and the references are cached per precision;
+- the reference flows (``"teacher"`` when a teacher is given, ``"empirical"``: the closed-form
+  denoiser of the training set, eq. 46) with their endpoints and descriptors Psi, computed once on
+  all seeds -- sharded over the processes and gathered -- and cached on disk under a hash of
+  everything they depend on;
+- the metrics fed by student and reference features, each registered against one reference:
+  ``e_gen`` = PFD(student, teacher) and ``e_mem`` = PFD(student, empirical) by default (eq. 8), and
+  any user metric (``add_metric("sw/teacher", SlicedWasserstein, reference="teacher")``).
+
+:meth:`FlowEvaluation.measure` then samples only the student (on this process's shard of the
+seeds), and returns a :class:`FlowResult` with the metrics (already reduced over processes), the
+fraction of non-finite student endpoints, and the endpoints / features of student and references
+(gathered on every process with ``gather=True``)::
+
+    ev = FlowEvaluation.from_datamodule(dm, model, num_eval=1024)
+    result = ev.measure(model.denoiser, loss_fn=model.loss_fn)
+    result.metrics["e_gen"], result.features()["student"], result.features()["teacher"]
+
+Metric contract: a metric is made by a factory (a class such as a torchmetrics ``Metric``
+subclass, or a ``functools.partial``) called with the keyword arguments ``dist_sync_fn`` and
+``distributed_available_fn``; the result has ``update(student_features, reference_features)``
+(rows of both come from the same seeds, float64, shape (B, F)) and ``compute()``. Each process
+updates it with its own shard; ``compute`` synchronises the states through the evaluation's
+:class:`Collective` (torch.distributed by default), so a torchmetrics metric whose states are sums
+or concatenations gives the same value for every number of processes. A student with any
+non-finite endpoint or feature gives NaN for every metric -- never a value over part of the seeds.
+
+Frozen-noise losses (PFD paper App. C.6): ``train_fixed`` / ``test_fixed`` are the mean per-sample
+loss ``loss_fn(denoiser, y, seeds=offset + i)`` over the first ``num_loss_samples`` training /
+held-out samples (noise and sigma frozen per sample), ``gap = test_fixed - train_fixed``.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from ..cache import cache_dir, hash_key, load_tensor_verified, save_tensor_atomic
+from ..diffusion import EmpiricalDenoiser
+from ..diffusion.sampling import (PRECISIONS, SAMPLERS, SamplerSettings, _hparams, describe_grid, module_device,
+                                  same_grid)
+from ..errors import ConfigError
+from ..metrics.descriptors import build_descriptor, descriptor_fingerprint
+from ..metrics.pfd import ProbabilityFlowDistance
+from . import sharding
+
+__all__ = ["FlowEvaluation", "FlowResult", "Reference", "Collective", "TorchDistributed",
+           "StrategyCollective", "image_grid", "metric_factory", "check_flow_args", "check_sigma_space_model",
+           "check_one_solver", "DEFAULT_GEN_SEED_OFFSET", "LOSS_TRAIN_SEED_OFFSET",
+           "LOSS_TEST_SEED_OFFSET"]
+
+DEFAULT_GEN_SEED_OFFSET = 2_000_000
+LOSS_TRAIN_SEED_OFFSET = 20_000_000  # frozen (noise, sigma) of the i-th training sample
+LOSS_TEST_SEED_OFFSET = 30_000_000  # ... of the i-th held-out sample
+_CACHE_VERSION = 2  # 2: the precision is part of the key
+#: the metrics registered by default: key -> reference (eq. 8)
+DEFAULT_METRICS = {"e_gen": "teacher", "e_mem": "empirical"}
+
+
+# ----------------------------------------------------------------------------- processes
+class Collective:
+    """The processes an evaluation is split over. Subclasses give ``rank``, ``world`` and
+    :meth:`all_gather_equal`; the rest is derived. Every process must call the collectives in the
+    same order (they are the identity on one process)."""
+
+    rank: int = 0
+    world: int = 1
+
+    def all_gather_equal(self, t: torch.Tensor) -> List[torch.Tensor]:
+        """``t`` of every process (equal shapes), in rank order."""
+        raise NotImplementedError
+
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def gather_rows(self, rows: torch.Tensor, n: int) -> torch.Tensor:
+        """All ``n`` rows in global order from this process's strided shard ``rows``."""
+        if self.world == 1:
+            return rows
+        padded = sharding.pad_rows(rows.contiguous(), sharding.shard_size(n, 0, self.world))
+        return sharding.gather_shards(self.all_gather_equal(padded), n, self.world)
+
+    def gather_all(self, t: torch.Tensor, group: Any = None) -> List[torch.Tensor]:
+        """``t`` of every process, shapes may differ (torchmetrics' ``dist_sync_fn`` contract)."""
+        if self.world == 1:
+            return [t]
+        shape = torch.tensor(t.shape, dtype=torch.long, device=t.device)
+        shapes = [tuple(int(v) for v in s) for s in self.all_gather_equal(shape)]
+        top = [max(s[d] for s in shapes) for d in range(t.ndim)]
+        padded = t.new_zeros(top)
+        padded[tuple(slice(0, k) for k in t.shape)] = t
+        parts = self.all_gather_equal(padded)
+        return [p[tuple(slice(0, k) for k in s)] for p, s in zip(parts, shapes)]
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Elementwise sum over processes (float64)."""
+        t = t.to(torch.float64)
+        return t if self.world == 1 else torch.stack(self.all_gather_equal(t)).sum(0)
+
+
+class TorchDistributed(Collective):
+    """``torch.distributed`` (the default; one process when it is not initialised)."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        self.world = sharding.distributed_world()
+        self.rank = dist.get_rank() if self.world > 1 else 0
+
+    def all_gather_equal(self, t: torch.Tensor) -> List[torch.Tensor]:
+        if self.world == 1:
+            return [t]
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(t) for _ in range(self.world)]
+        dist.all_gather(parts, t.contiguous())
+        return parts
+
+
+class StrategyCollective(Collective):
+    """Any object with ``all_gather(tensor) -> (world, ...)`` (a Lightning / Fabric strategy)."""
+
+    def __init__(self, strategy_fn: Callable[[], Any], rank: int, world: int):
+        self._strategy_fn, self.rank, self.world = strategy_fn, int(rank), max(1, int(world))
+
+    def all_gather_equal(self, t: torch.Tensor) -> List[torch.Tensor]:
+        if self.world == 1:
+            return [t]
+        return list(self._strategy_fn().all_gather(t.contiguous()))
+
+
+# ----------------------------------------------------------------------------- results
+@dataclass
+class Reference:
+    """A fixed flow on all M evaluation seeds: endpoints (M, *shape) and Psi features (M, F),
+    float64 on CPU, with the cache key they were stored under."""
+
+    name: str
+    endpoints: torch.Tensor
+    features: torch.Tensor
+    cache_key: str
+
+
+@dataclass
+class FlowResult:
+    """What one :meth:`FlowEvaluation.measure` gives.
+
+    Attributes:
+        metrics: key -> float64 scalar, the same on every process: the registered metrics
+            (``e_gen``, ``e_mem``, user keys), ``nonfinite`` and, with a loss, ``train_fixed``,
+            ``test_fixed``, ``gap``.
+        nonfinite: fraction of the M student endpoints (or their features) that are NaN/inf.
+        seeds: the M evaluation seeds; ``shard``: the positions this process sampled.
+        student, student_features: endpoints and features of the student, on this process's
+            shard or, when ``gathered``, on all M seeds (global order).
+        references: name -> :class:`Reference` (all M seeds).
+    """
+
+    metrics: Dict[str, torch.Tensor]
+    nonfinite: float
+    seeds: torch.Tensor
+    shard: torch.Tensor
+    student: torch.Tensor
+    student_features: torch.Tensor
+    references: Dict[str, Reference]
+    gathered: bool = False
+
+    def features(self) -> Dict[str, torch.Tensor]:
+        """Psi features on all M seeds: ``{"student": ..., "teacher": ..., "empirical": ...}``
+        (needs ``measure(..., gather=True)`` on several processes)."""
+        if not self.gathered and len(self.shard) != len(self.seeds):
+            raise ValueError("features: the student was measured on a shard; use measure(..., gather=True)")
+        return {"student": self.student_features, **{k: r.features for k, r in self.references.items()}}
+
+    def endpoints(self) -> Dict[str, torch.Tensor]:
+        """PF-ODE endpoints on all M seeds, as :meth:`features`."""
+        if not self.gathered and len(self.shard) != len(self.seeds):
+            raise ValueError("endpoints: the student was measured on a shard; use measure(..., gather=True)")
+        return {"student": self.student, **{k: r.endpoints for k, r in self.references.items()}}
+
+    def sample_grid(self, num_images: int):
+        """The PFD paper's Fig. 1 layout as a uint8 image (H, W) or (H, W, 3): rows student and
+        each reference, columns this process's first ``num_images`` seeds. Returns (image, names)."""
+        pos = self.shard if not self.gathered else torch.arange(len(self.seeds))
+        n = min(int(num_images), len(pos))
+        local = self.student[:n] if not self.gathered else self.student[pos[:n]]
+        rows = [local.cpu()] + [r.endpoints[pos[:n]] for r in self.references.values()]
+        img = (image_grid(torch.stack(rows)) * 255).round().to(torch.uint8).numpy()
+        return (img[..., 0] if img.shape[-1] == 1 else img), ["student", *self.references]
+
+
+def image_grid(rows: torch.Tensor, pad: int = 1) -> torch.Tensor:
+    """(R, n, C, H, W) in [-1, 1] -> one (R*(H+pad)+pad, n*(W+pad)+pad, C) image in [0, 1]."""
+    R, n, C, H, W = rows.shape
+    x = (rows.to(torch.float32).nan_to_num(0.0).clamp(-1, 1) + 1) / 2
+    canvas = torch.ones(C, R * (H + pad) + pad, n * (W + pad) + pad)
+    for r in range(R):
+        for c in range(n):
+            top, left = pad + r * (H + pad), pad + c * (W + pad)
+            canvas[:, top: top + H, left: left + W] = x[r, c]
+    return canvas.permute(1, 2, 0)
+
+
+@dataclass
+class _Source:
+    """A reference flow before it is computed: how to build its denoiser, and its fingerprint."""
+
+    build: Callable[[Any], Any]
+    fingerprint: str
+    release: Callable[[], None] = field(default=lambda: None)
+
+
+# ----------------------------------------------------------------------------- the evaluation
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class FlowEvaluation:
+    """The per-epoch flow measurement as a plain object (module docstring).
+
+    Args:
+        train_data: the N training samples (N, *shape); the empirical reference and ``train_fixed``.
+        test_data: held-out samples for ``test_fixed`` (None: no test loss).
+        teacher: the teacher denoiser D(x, sigma) (the ``"teacher"`` reference); None: no E_gen.
+        teacher_fingerprint: a string identifying the teacher (its cache key); default
+            ``teacher.fingerprint()``.
+        train_fingerprint: identifies the training set; default a hash of ``train_data``.
+        num_eval: M, the number of evaluation seeds; ``seed_offset``: the first one. ``seeds``:
+            explicit seeds instead (overrides both).
+        settings: the one PF-ODE solver of every flow (default Heun-18 in fp32).
+        descriptor: Psi (None / "identity", "efficientnet_lite0", a TorchScript path, a module).
+        batch_size: samples per sampler batch; ``chunk_size``: training-set chunk of the empirical
+            denoiser (memory knobs).
+        num_loss_samples: leading training / held-out samples of the frozen-noise losses (None: all).
+        use_cache: read / write the reference cache (``$LIGHTNING_PFD_CACHE/pfd``).
+        comm: the :class:`Collective` to shard over (default :class:`TorchDistributed`).
+        default_metrics: register ``e_gen`` (teacher) and ``e_mem`` (empirical) PFDs.
+        field: maps an argument name to the config field named in errors (a monitor passes
+            ``trainer.callbacks[GeneralizationMonitor].<arg>``).
+
+    Bad values raise :class:`~lightning_pfd.errors.ConfigError` here, before any sampling; the
+    descriptor is tried on two training samples.
+    """
+
+    def __init__(self, train_data: torch.Tensor, *, test_data: Optional[torch.Tensor] = None,
+                 teacher: Any = None, teacher_fingerprint: Optional[str] = None,
+                 train_fingerprint: Optional[str] = None, num_eval: int = 1024,
+                 seed_offset: int = DEFAULT_GEN_SEED_OFFSET, seeds: Optional[Sequence[int]] = None,
+                 settings: Optional[SamplerSettings] = None, descriptor: Any = None,
+                 batch_size: int = 256, chunk_size: int = 4096, num_loss_samples: Optional[int] = 1024,
+                 use_cache: bool = True, comm: Optional[Collective] = None, default_metrics: bool = True,
+                 field: Optional[Callable[[str], str]] = None):
+        self._field = field or (lambda arg: arg)
+        self.comm = comm if comm is not None else TorchDistributed()
+        check_flow_args(self._field, batch_size=batch_size, chunk_size=chunk_size, num_loss_samples=num_loss_samples)
+        self.seeds = self._check_seeds(num_eval, seed_offset, seeds)
+        self.num_eval = len(self.seeds)
+        if settings is not None and not isinstance(settings, SamplerSettings):
+            raise ConfigError(self._field("settings"), "must be a SamplerSettings", value=type(settings).__name__)
+        if train_data is None or len(train_data) == 0:
+            raise ConfigError("data", "FlowEvaluation needs a non-empty training set (train_data)",
+                              value=None if train_data is None else tuple(train_data.shape))
+        self.settings = settings or SamplerSettings()
+        self.train_data, self.test_data = train_data, test_data
+        self.shape = tuple(int(d) for d in train_data.shape[1:])
+        self.batch_size, self.chunk_size, self.num_loss_samples = batch_size, chunk_size, num_loss_samples
+        self.use_cache = bool(use_cache)
+        self.descriptor_spec = descriptor
+        self.descriptor = build_descriptor(descriptor)  # fails now if unavailable
+        self._check_descriptor(train_data)
+        self._sources: Dict[str, _Source] = {}
+        self._metrics: Dict[str, tuple] = {}  # key -> (factory, reference)
+        self._references: Dict[str, Reference] = {}
+        if teacher is not None:
+            self.add_reference("teacher", teacher, self._teacher_fingerprint(teacher, teacher_fingerprint))
+        self._sources["empirical"] = _Source(
+            lambda device: EmpiricalDenoiser(self.train_data, chunk_size=self.chunk_size).to(device),
+            str(train_fingerprint or hash_key(train_data)))
+        if default_metrics:
+            for key, ref in DEFAULT_METRICS.items():
+                if ref in self._sources:
+                    self.add_metric(key, ProbabilityFlowDistance, reference=ref)
+
+    # ------------------------------------------------------------------ construction helpers
+    @classmethod
+    def from_datamodule(cls, datamodule: Any, model: Any = None, *, sampler: Optional[str] = None,
+                        sigmas: Optional[Sequence[float]] = None, precision: Optional[str] = None,
+                        settings: Optional[SamplerSettings] = None, **kwargs) -> "FlowEvaluation":
+        """An evaluation of ``model`` (a sigma-space model: ``denoiser``, ``loss_fn``) on the data
+        of ``datamodule`` (after ``setup``): its ``train_data``, ``val_data``, ``teacher``,
+        ``teacher_fingerprint``, ``fingerprint()`` and evaluation range (``gen_seed_offset``,
+        ``n_gen``). The solver is ``settings``, else the model's
+        (:meth:`SamplerSettings.from_module` with the ``sampler`` / ``sigmas`` / ``precision``
+        overrides); a teacher datamodule whose own solver (``teacher_sigmas``, ``sampler``)
+        differs is refused (E_gen would compare two solvers)."""
+        f = kwargs.get("field") or (lambda arg: arg)
+        comm = kwargs.setdefault("comm", TorchDistributed())
+        if kwargs.get("seeds") is None:
+            _check_world(kwargs.get("num_eval", 1024), comm.world, f)
+        data = getattr(datamodule, "train_data", None) if datamodule is not None else None
+        if data is None or len(data) == 0:
+            raise ConfigError("data", "FlowEvaluation needs a datamodule exposing a non-empty `train_data` "
+                              "after setup()", suggestion="pass datamodule=... to trainer.fit (every "
+                              "lightning_pfd datamodule exposes train_data)")
+        if model is not None:
+            check_sigma_space_model(model)
+        if settings is None:
+            settings = SamplerSettings.from_module(model, sampler=sampler, sigmas=sigmas, precision=precision)
+        kwargs.setdefault("seed_offset", int(getattr(datamodule, "gen_seed_offset", DEFAULT_GEN_SEED_OFFSET)))
+        _check_n_gen(datamodule, kwargs.get("num_eval", 1024), f)
+        teacher = getattr(datamodule, "teacher", None)
+        if teacher is not None:
+            fp = getattr(datamodule, "teacher_fingerprint", None) or getattr(teacher, "fingerprint", None)
+            if not callable(fp):
+                raise ConfigError("data.teacher", "needs a fingerprint() method (it keys the endpoint cache)",
+                                  value=type(teacher).__name__)
+            kwargs.setdefault("teacher_fingerprint", str(fp()))
+            check_one_solver(settings, datamodule, teacher, field=f,
+                             overridden={a for a, v in (("sampler", sampler), ("sigmas", sigmas)) if v is not None})
+        train_fp = datamodule.fingerprint() if callable(getattr(datamodule, "fingerprint", None)) else None
+        return cls(data, test_data=getattr(datamodule, "val_data", None), teacher=teacher,
+                   train_fingerprint=train_fp, settings=settings, **kwargs)
+
+    def _check_seeds(self, num_eval, seed_offset, seeds) -> torch.Tensor:
+        if seeds is not None:
+            seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
+            if len(seeds) == 0:
+                raise ConfigError(self._field("seeds"), "needs at least one seed", value=[])
+        else:
+            if not _is_int(num_eval) or num_eval < 1:
+                raise ConfigError(self._field("num_eval"), "must be an integer >= 1", value=num_eval)
+            if not _is_int(seed_offset) or seed_offset < 0:
+                raise ConfigError("data.init_args.gen_seed_offset", "must be an integer >= 0", value=seed_offset)
+            seeds = torch.arange(seed_offset, seed_offset + num_eval)
+        _check_world(len(seeds), self.comm.world, self._field)
+        return seeds
+
+    def _teacher_fingerprint(self, teacher, fingerprint) -> str:
+        if fingerprint is None:
+            fp = getattr(teacher, "fingerprint", None)
+            if not callable(fp):
+                raise ConfigError("data.teacher", "needs a fingerprint() method (it keys the endpoint cache)",
+                                  value=type(teacher).__name__)
+            fingerprint = fp()
+        return str(fingerprint)
+
+    @torch.no_grad()
+    def _check_descriptor(self, data: torch.Tensor) -> None:
+        """Psi must map two samples shaped like the data (endpoints have the data's shape) to (2, F)."""
+        try:
+            feats = self.features(data[:2].to(torch.float64))
+        except Exception as e:  # a descriptor built for other data (e.g. an image net on vectors)
+            raise ConfigError(self._field("descriptor"), f"fails on samples of shape {self.shape}: "
+                              f"{type(e).__name__}: {e}", value=self.descriptor_spec) from e
+        if feats.ndim != 2 or feats.shape[0] != min(2, len(data)):
+            raise ConfigError(self._field("descriptor"), "must map a batch (B, ...) to features (B, F); "
+                              f"got shape {tuple(feats.shape)}", value=self.descriptor_spec)
+
+    # ------------------------------------------------------------------ registration
+    def add_reference(self, name: str, denoiser: Any, fingerprint: str) -> None:
+        """A fixed flow to compare against: ``denoiser(x, sigma)`` on the evaluation's solver.
+        ``fingerprint`` must identify it (it keys the cache). Moved to the sampling device while
+        its endpoints are computed, then back to the CPU (an ``nn.Module``)."""
+        if not isinstance(name, str) or not name or name in self._sources:
+            raise ConfigError("reference", "needs a new, non-empty name", value=name,
+                              accepted=f"a name other than {sorted(self._sources)}")
+        is_module = isinstance(denoiser, torch.nn.Module)
+        self._sources[name] = _Source(lambda device: denoiser.to(device) if is_module else denoiser, str(fingerprint),
+                                      (lambda: denoiser.to("cpu")) if is_module else (lambda: None))
+        self._references.pop(name, None)
+
+    def add_metric(self, key: str, metric: Callable[..., Any], reference: str = "teacher") -> None:
+        """Compute ``metric`` between student and ``reference`` features at every :meth:`measure`
+        under ``key`` (module docstring: the metric contract). ``metric`` is a factory, e.g. a
+        torchmetrics ``Metric`` subclass or ``functools.partial(MyMetric, num_projections=64)``."""
+        if not isinstance(key, str) or not key or key != key.strip():
+            raise ConfigError("metrics", "a metric key must be a non-empty string", value=key)
+        if key in self._metrics or key in ("nonfinite", "train_fixed", "test_fixed", "gap"):
+            raise ConfigError(f"metrics.{key}", "this key is already measured", value=key)
+        if reference not in self._sources:
+            raise ConfigError(f"metrics.{key}.reference", "no such reference flow in this evaluation "
+                              "(\"teacher\" needs a datamodule with a teacher)", value=reference,
+                              accepted=sorted(self._sources))
+        if not callable(metric):
+            raise ConfigError(f"metrics.{key}", "must be a metric factory (a class or a callable)",
+                              value=type(metric).__name__)
+        probe = metric()
+        if not (callable(getattr(probe, "update", None)) and callable(getattr(probe, "compute", None))):
+            raise ConfigError(f"metrics.{key}", "the factory must make an object with update(student, "
+                              "reference) and compute()", value=type(probe).__name__)
+        self._metrics[key] = (metric, reference)
+
+    def metric_keys(self) -> List[str]:
+        """Every key :meth:`measure` can return (losses only with ``loss_fn`` and data)."""
+        return [*self._metrics, "nonfinite", "train_fixed", "test_fixed", "gap"]
+
+    def flow_metric_keys(self) -> List[str]:
+        """The registered metrics between student and a reference (NaN for a non-finite student)."""
+        return list(self._metrics)
+
+    def metric_reference(self, key: str) -> str:
+        return self._metrics[key][1]
+
+    # ------------------------------------------------------------------ references
+    @property
+    def references(self) -> Dict[str, Reference]:
+        """The computed references (empty before :meth:`prepare` / :meth:`measure`)."""
+        return dict(self._references)
+
+    def cache_key(self, name: str) -> str:
+        """The hash of everything reference ``name`` depends on (seeds, shape, solver incl.
+        precision, denoiser fingerprint, descriptor)."""
+        s = self.settings
+        return hash_key("pfd-reference", _CACHE_VERSION, name, self._sources[name].fingerprint, self.seeds,
+                        list(self.shape), s.sampler, s.sigmas(), s.precision,
+                        descriptor_fingerprint(self.descriptor))
+
+    @torch.no_grad()
+    def prepare(self, device: Any = None) -> Dict[str, Reference]:
+        """Compute (or load) every reference not computed yet; every process must call it."""
+        device = torch.device("cpu") if device is None else torch.device(device)
+        for name in self._sources:
+            if name not in self._references:
+                self._references[name] = self._reference(name, device)
+        return self.references
+
+    def _reference(self, name: str, device: torch.device) -> Reference:
+        key = self.cache_key(name)
+        path = cache_dir() / "pfd" / f"{name}_{key[:32]}.pt"
+        hit = load_tensor_verified(path, key) if self.use_cache else None
+        ok = hit is not None and hit["endpoints"].shape[0] == self.num_eval
+        if self._all_true(ok, device):  # every process: the same branch (collectives below)
+            return Reference(name, hit["endpoints"], hit["features"], key)
+        src, shard = self._sources[name], self._shard()
+        try:
+            ends = self.settings.sample(src.build(device), self.seeds[shard], self.shape,
+                                        batch_size=self.batch_size, device=device, out_device=device)
+        finally:
+            src.release()
+        feats = self.features(ends)
+        ends = self.comm.gather_rows(ends, self.num_eval).cpu()
+        feats = self.comm.gather_rows(feats, self.num_eval).cpu()
+        if self.use_cache and self.comm.rank == 0:
+            save_tensor_atomic(path, {"endpoints": ends, "features": feats}, key)
+        return Reference(name, ends, feats, key)
+
+    # ------------------------------------------------------------------ measurement
+    @torch.no_grad()
+    def features(self, endpoints: torch.Tensor) -> torch.Tensor:
+        """Psi of endpoints (B, *shape) -> (B, F) float64, in batches of ``batch_size``."""
+        psi = self.descriptor.to(endpoints.device)
+        feats = [psi(b).reshape(b.shape[0], -1).to(torch.float64) for b in endpoints.split(self.batch_size)]
+        if not feats:
+            return torch.empty(0, 0, dtype=torch.float64, device=endpoints.device)
+        return torch.cat(feats)
+
+    @torch.no_grad()
+    def sample_student(self, denoiser: Any, device: Any = None) -> torch.Tensor:
+        """The student's endpoints on this process's shard, with the evaluation's solver."""
+        device = module_device(denoiser, torch.device("cpu")) if device is None else torch.device(device)
+        return self.settings.sample(denoiser, self.seeds[self._shard()], self.shape,
+                                    batch_size=self.batch_size, device=device, out_device=device)
+
+    @torch.no_grad()
+    def measure(self, denoiser: Any, *, loss_fn: Optional[Callable] = None,
+                generate: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+                device: Any = None, gather: bool = False) -> FlowResult:
+        """Sample the student on this process's seeds and compute every metric (module docstring).
+
+        Args:
+            denoiser: the student's sigma-space denoiser D(x, sigma).
+            loss_fn: ``loss_fn(denoiser, y, seeds=...) -> per-sample loss``; with it the
+                frozen-noise ``train_fixed``, ``test_fixed`` and ``gap`` are measured.
+            generate: ``generate(seeds) -> endpoints`` replacing the evaluation's own sampling of
+                the student (a model's ``generate``; it must use the same solver).
+            device: where to sample (default: the denoiser's).
+            gather: gather the student's endpoints and features on every process (sweeps).
+        """
+        device = module_device(denoiser, torch.device("cpu")) if device is None else torch.device(device)
+        refs = self.prepare(device)
+        shard = self._shard()
+        student = (generate(self.seeds[shard]) if generate is not None else self.sample_student(denoiser, device))
+        student = student.to(device=device, dtype=torch.float64)
+        bad = ~torch.isfinite(student.reshape(student.shape[0], -1)).all(1)
+        feats = self.features(torch.nan_to_num(student))  # NaN rows are counted, not used
+        bad |= ~torch.isfinite(feats.reshape(feats.shape[0], -1)).all(1).to(bad.device)
+        n_bad = float(self.comm.all_sum(bad.sum().reshape(1).to(device))[0])
+        metrics = self._metric_values(feats, shard, n_bad > 0, device)
+        metrics["nonfinite"] = torch.tensor(n_bad / self.num_eval, dtype=torch.float64, device=device)
+        if loss_fn is not None:
+            metrics.update(self._losses(denoiser, loss_fn, device))
+        if gather:
+            student = self.comm.gather_rows(student, self.num_eval)
+            feats = self.comm.gather_rows(feats, self.num_eval)
+        return FlowResult(metrics, n_bad / self.num_eval, self.seeds, shard, student, feats, refs,
+                          gathered=gather or self.comm.world == 1)
+
+    def _metric_values(self, feats: torch.Tensor, shard: torch.Tensor, nonfinite: bool,
+                       device: torch.device) -> Dict[str, torch.Tensor]:
+        """Each registered metric on (student, reference) features; all NaN for a non-finite
+        student (the decision is global, so every process calls the same collectives)."""
+        out: Dict[str, torch.Tensor] = {}
+        for key, (factory, ref) in self._metrics.items():
+            if nonfinite:
+                out[key] = torch.tensor(math.nan, dtype=torch.float64, device=device)
+                continue
+            m = factory(dist_sync_fn=self.comm.gather_all, distributed_available_fn=self.comm.distributed)
+            m = m.to(device) if hasattr(m, "to") else m
+            m.update(feats, self._references[ref].features[shard].to(device))
+            value = m.compute()
+            if isinstance(value, dict):
+                out.update({f"{key}/{k}": torch.as_tensor(v, dtype=torch.float64) for k, v in value.items()})
+            else:
+                out[key] = torch.as_tensor(value, dtype=torch.float64)
+        return out
+
+    def _losses(self, denoiser, loss_fn, device) -> Dict[str, torch.Tensor]:
+        out: Dict[str, torch.Tensor] = {}
+        l_train = self.frozen_loss(denoiser, loss_fn, self.train_data, LOSS_TRAIN_SEED_OFFSET, device)
+        l_test = self.frozen_loss(denoiser, loss_fn, self.test_data, LOSS_TEST_SEED_OFFSET, device)
+        if l_train is not None:
+            out["train_fixed"] = l_train
+        if l_test is not None:
+            out["test_fixed"] = l_test
+            if l_train is not None:
+                out["gap"] = l_test - l_train
+        return out
+
+    @torch.no_grad()
+    def frozen_loss(self, denoiser, loss_fn: Callable, data: Optional[torch.Tensor], seed_offset: int,
+                    device: Any = None) -> Optional[torch.Tensor]:
+        """Mean per-sample loss with (noise, sigma) frozen per sample (PFD paper App. C.6): sample
+        i uses seed ``seed_offset + i``; sharded over processes, float64 sums reduced exactly."""
+        if data is None or len(data) == 0:
+            return None
+        n = len(data) if self.num_loss_samples is None else min(len(data), self.num_loss_samples)
+        idx = sharding.shard_indices(n, self.comm.rank, self.comm.world)
+        acc = torch.zeros(2, dtype=torch.float64, device=device)  # (sum, count)
+        for b in idx.split(self.batch_size):
+            per = loss_fn(denoiser, data[b].to(device), seeds=seed_offset + b)
+            acc += torch.stack([per.detach().to(acc).sum(), acc.new_tensor(float(per.numel()))])
+        total, count = self.comm.all_sum(acc)
+        return total / count if float(count) > 0 else torch.tensor(math.nan, dtype=torch.float64, device=device)
+
+    # ------------------------------------------------------------------ processes
+    def _shard(self) -> torch.Tensor:
+        return sharding.shard_indices(self.num_eval, self.comm.rank, self.comm.world)
+
+    def _all_true(self, flag: bool, device) -> bool:
+        failures = torch.tensor([0.0 if flag else 1.0], dtype=torch.float64, device=device)
+        return float(self.comm.all_sum(failures)[0]) == 0.0
+
+
+def metric_factory(spec: Any, field: str = "metrics") -> tuple:
+    """``(factory, reference)`` from a config entry ``{"class_path": "pkg.mod.Class" (or the class
+    itself), "init_args": {...}, "reference": "teacher"}`` (``reference`` defaults to
+    ``"teacher"``): the form a YAML config gives a user metric. The class is imported now, so a
+    wrong path fails before any work."""
+    if callable(spec) and not isinstance(spec, dict):
+        return spec, "teacher"
+    if not isinstance(spec, dict) or "class_path" not in spec:
+        raise ConfigError(field, "a metric needs {class_path, init_args, reference}", value=spec,
+                          accepted="{class_path: pkg.module.Class, init_args: {...}, reference: teacher}")
+    extra = set(spec) - {"class_path", "init_args", "reference"}
+    if extra:
+        raise ConfigError(field, f"unknown entries {sorted(extra)}", value=sorted(spec),
+                          accepted=["class_path", "init_args", "reference"])
+    cls = spec["class_path"]
+    if isinstance(cls, str):
+        module, _, name = cls.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ConfigError(f"{field}.class_path", f"cannot import it ({type(e).__name__}: {e})",
+                              value=spec["class_path"], accepted="an importable pkg.module.Class") from None
+    init_args = dict(spec.get("init_args") or {})
+    return functools.partial(cls, **init_args), str(spec.get("reference", "teacher"))
+
+
+# ----------------------------------------------------------------------------- setup checks
+def check_sigma_space_model(model: Any) -> None:
+    """A sigma-space model exposes ``denoiser`` and ``loss_fn`` (PFD compares PF-ODE maps)."""
+    if not hasattr(model, "denoiser") or not hasattr(model, "loss_fn"):
+        raise ConfigError("model", f"FlowEvaluation needs a sigma-space denoiser: {type(model).__name__} "
+                          "has no `denoiser` / `loss_fn` (PFD compares PF-ODE maps of sigma-space denoisers)",
+                          value=type(model).__name__,
+                          accepted="lightning_pfd.modules.DiffusionModule (precond 'edm' or 'vp'), or any "
+                                   "LightningModule exposing a sigma-space EMA denoiser `denoiser` and `loss_fn`",
+                          suggestion="for LevyItoModule use TailMonitor and MemorizationMonitor")
+
+
+_MINIMUM = {"image_every_n_epochs": 0}  # 0: no sample grid
+
+
+def check_flow_args(field: Callable[[str], str] = lambda a: a, **args: Any) -> None:
+    """ConfigError (named through ``field``) unless the given ``num_eval``, ``batch_size``,
+    ``chunk_size``, ``num_images`` are integers >= 1, ``image_every_n_epochs`` >= 0,
+    ``num_loss_samples`` None or >= 1, ``sampler`` None or a known sampler, ``precision`` None or a
+    known precision."""
+    for arg, v in args.items():
+        if arg in ("sampler", "precision"):
+            accepted = sorted(SAMPLERS) if arg == "sampler" else list(PRECISIONS)
+            if v is not None and v not in accepted:
+                raise ConfigError(field(arg), f"unknown {arg}", value=v, accepted=accepted)
+        elif not (v is None and arg == "num_loss_samples") and (not _is_int(v) or v < _MINIMUM.get(arg, 1)):
+            raise ConfigError(field(arg), f"must be an integer >= {_MINIMUM.get(arg, 1)}"
+                              + (" or None" if arg == "num_loss_samples" else ""), value=v)
+
+
+def _check_world(num_eval: Any, world: int, f: Callable[[str], str]) -> None:
+    if _is_int(num_eval) and num_eval < world:  # an empty shard would hang the gathers
+        raise ConfigError(f("num_eval"), f"{num_eval} evaluation seeds for world size {world}: every "
+                          "rank needs at least one", value=num_eval,
+                          accepted=f"an integer >= the world size ({world})")
+
+
+def _check_n_gen(datamodule: Any, num_eval: Any, f: Callable[[str], str]) -> None:
+    n_gen = getattr(datamodule, "n_gen", None)
+    if n_gen is not None and _is_int(num_eval) and num_eval > int(n_gen):
+        raise ConfigError(f("num_eval"), f"exceeds the datamodule's reserved evaluation range n_gen = {n_gen} "
+                          "(the evaluation seeds must stay disjoint from the training / test seeds)",
+                          value=num_eval, accepted=f"an integer in [1, {n_gen}]",
+                          suggestion="lower num_eval or raise data.init_args.n_gen")
+
+
+_GRID_ARGS = ("num_steps", "sigma_min", "sigma_max", "rho")
+
+
+def check_one_solver(settings: SamplerSettings, datamodule: Any, teacher: Any,
+                     field: Callable[[str], str] = lambda a: a, overridden=frozenset()) -> None:
+    """Refuse a teacher datamodule whose solver (``teacher_sigmas``, ``sampler``: the one that
+    generated the training set) differs from ``settings``: E_gen would compare endpoints of two
+    solvers. ``overridden``: the arguments (``sampler``, ``sigmas``) the caller set itself, named
+    through ``field`` in the error; the others are the model's (``model.init_args.*``)."""
+    t_grid = getattr(datamodule, "teacher_sigmas", None)
+    if t_grid is None:  # e.g. an exact GMM law: its flow is computed on the student's grid
+        return
+    t_grid = SamplerSettings(grid=tuple(torch.as_tensor(t_grid, dtype=torch.float64).tolist())).sigmas(teacher)
+    student = settings.sigmas(teacher)
+    t_sampler = getattr(datamodule, "sampler", None)
+    t_sampler = t_sampler if isinstance(t_sampler, str) else settings.sampler
+    same = same_grid(student, t_grid)
+    if same and settings.sampler == t_sampler:
+        return
+    theirs_settings = SamplerSettings.from_hparams(datamodule, grid=t_grid, sampler=t_sampler)
+    ours, theirs = _describe(settings), _describe(theirs_settings)
+    if ours == theirs:  # same settings, different effective grids (clamped to other ranges)
+        ours = f"({settings.sampler}, {describe_grid(student)})"
+        theirs = f"({t_sampler}, {describe_grid(t_grid)})"
+    problem = (f"student and teacher flows need one PF-ODE grid and sampler, but the student's is {ours} "
+               f"and the teacher data's is {theirs} (E_gen would compare endpoints of two different solvers)")
+    if same:  # only the sampler differs
+        name = field("sampler") if "sampler" in overridden else "model.init_args.sampler"
+        raise ConfigError(name, problem, value=settings.sampler, accepted=[t_sampler],
+                          suggestion="use the same sampler in the model (or the monitor) and in data.init_args.sampler")
+    if "sigmas" in overridden:
+        raise ConfigError(field("sigmas"), problem, suggestion="drop the monitor's sigmas or give the teacher's grid")
+    hp = _hparams(datamodule)
+    arg = next((a for a in _GRID_ARGS if settings.grid is None and a in hp
+                and float(getattr(settings, a)) != float(hp[a])), None)
+    name = arg or "num_steps"
+    raise ConfigError(f"model.init_args.{name}", problem,
+                      value=getattr(settings, name) if settings.grid is None else None,
+                      suggestion=f"set model.init_args.{name} and data.init_args.{name} to the same value")
+
+
+def _describe(settings: SamplerSettings) -> str:
+    """The solver without its precision (the teacher data are data, whatever the precision)."""
+    return replace(settings, precision="fp32").describe()
