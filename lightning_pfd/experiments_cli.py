@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-__all__ = ["main", "build_parser", "format_table", "matched_kwargs", "NUM_SPLITS",
+__all__ = ["main", "build_parser", "format_table", "tail_evaluations", "NUM_SPLITS",
            "parse_observable", "SBM_PRECONDS"]
 
 SBM_PRECONDS = ("edm", "vp")
@@ -105,6 +105,11 @@ def parse_observable(spec: str):
             kw[k] = float(v)
         except ValueError:
             kw[k] = v
+    from .evaluation.tail import renamed_fields
+    from .metrics.observables import get_observable
+
+    with renamed_fields(lambda f: "--observable"):
+        get_observable(name, **kw)  # keyword arguments the observable does not take
     return str(spec), name, kw
 
 
@@ -207,8 +212,7 @@ def build_one(a, config: str, name: str, extra: Sequence[str] = ()):
     framework's validation phase (shapes, data, callbacks); nothing is trained or written yet.
     The config's checkpoints are redirected to ``--out/<name>/checkpoints``; its measurement
     callbacks (e.g. the configs' TailMonitor) are dropped: pite measures once, at the end."""
-    from .callbacks._schedule import ScheduledMonitor
-
+    from .callbacks.base import MeasurementCallback
     from .lightning_cli import PFDLightningCLI
 
     from unittest import mock
@@ -218,7 +222,8 @@ def build_one(a, config: str, name: str, extra: Sequence[str] = ()):
                               save_config_kwargs={"overwrite": True})
     for cb in cli.trainer.checkpoint_callbacks:
         cb.dirpath = os.path.join(a.out, name, "checkpoints")
-    cli.trainer.callbacks = [cb for cb in cli.trainer.callbacks if not isinstance(cb, ScheduledMonitor)]
+    cli.trainer.callbacks = [cb for cb in cli.trainer.callbacks
+                          if not isinstance(cb, MeasurementCallback)]
     cli.validate_run()
     return cli
 
@@ -230,14 +235,40 @@ def train_one(cli):
     return cli.model, cli.datamodule, time.time() - t0
 
 
-def _check_reference(a, dm) -> None:
-    from .errors import ConfigError
+def _inverse(dm, policy: str):
+    """``dm.inverse_transform`` with the ``--out-of-range`` policy (None: the data are physical)."""
+    inv = getattr(dm, "inverse_transform", None)
+    if inv is None:
+        return None
 
-    n_ref = int(dm.train_data.shape[0])
-    if not a.num_samples < n_ref:
-        raise ConfigError("--num-samples", f"must be < the number of training crops ({n_ref}) for "
-                          "the same-law floor (n_gen = num_samples)", value=a.num_samples,
-                          suggestion=f"use --num-samples {n_ref // 2} or raise --n-train")
+    def f(x):
+        try:
+            return inv(x, out_of_range=policy)
+        except TypeError:  # a datamodule without the policy argument
+            return inv(x)
+    return f
+
+
+NUM_SPLITS = 8  # reference splits for the same-law floor and the matched model scores
+
+
+def tail_evaluations(a, dm, specs) -> dict:
+    """One :class:`~lightning_pfd.evaluation.tail.TailEvaluation` per observable (label ->
+    evaluation) against the training crops: seeds 0..num_samples-1, ``NUM_SPLITS`` reference
+    splits, RMSQE over [eta, 1], LOADER over the real line with ``--floor`` x the reference
+    KDE's peak; non-finite sample observables dropped (and counted). Checks
+    ``--num-samples`` < the number of training crops (the same-law floor's n_gen)."""
+    from .evaluation.tail import TailEvaluation, renamed_fields
+
+    with renamed_fields({"num_samples": "--num-samples", "eta": "--eta", "floor": "--floor"}):
+        evs = {label: TailEvaluation(dm.train_data, observable=name, observable_kwargs=kw,
+                                     num_samples=a.num_samples, eta=a.eta, floor=a.floor,
+                                     num_splits=NUM_SPLITS, seed_offset=0, batch_size=256,
+                                     nonfinite="drop", inverse_transform=_inverse(dm, a.out_of_range))
+               for label, name, kw in specs}
+        for ev in evs.values():
+            ev.check_sizes()
+    return evs
 
 
 def _check_out(a) -> None:
@@ -247,40 +278,6 @@ def _check_out(a) -> None:
     if done and not a.force:
         raise ConfigError("--out", f"holds the results of an earlier run ({', '.join(done)})",
                           value=a.out, suggestion="choose another --out, or pass --force to replace them")
-
-
-def _generate(model, seeds, a):
-    """Samples with each module's configured sampler (the LIM overrides are applied through
-    the config in ``_rows``)."""
-    import torch
-
-    kw = {"batch_size": 256}
-    model.eval()
-    with torch.no_grad():
-        return model.generate(seeds, **kw)
-
-
-NUM_SPLITS = 8  # reference splits for the same-law floor and the matched model scores
-
-
-def matched_kwargs(ref, n_gen: int, eta: float, floor: float, window=None) -> dict:
-    """Explicit metric settings shared by the model scores and the same-law floors.
-
-    **[choice]** A perfect model must score the floor in expectation (docs/levy.md): the
-    floor is metric(ref[S_k], ref[R_k]) averaged over ``NUM_SPLITS`` seeded splits
-    (|S_k| = n_gen = ``--num-samples``, without replacement; R_k the other n_ref - n_gen
-    points), and each model is scored by ``matched_score``: metric(gen, ref[R_k]) averaged over
-    the *same* R_k. So both compare n_gen samples with the same n_ref - n_gen reference points
-    (scoring against the full reference would compare with n_ref points, a small mismatch).
-    RMSQE: the blog's integral over [eta, 1] (sample maxima included). LOADER: bandwidth
-    (Silverman) and absolute density floor (``floor`` x reference KDE peak) frozen on the full
-    reference; window None = the whole real line (each comparison's support of both samples
-    plus the kernels' reach), so generated mass beyond the data maximum counts.
-    """
-    from .metrics.tails import loader_settings
-
-    return {"rmsqe": dict(eta=eta),
-            "loader": loader_settings(ref, window=window, floor=floor)}
 
 
 ROW_LABELS = {"sbm_edm": "SBM (EDM)", "sbm_vp": "SBM (VP)", "lim": "LIM"}
@@ -328,36 +325,14 @@ def format_table(res: dict) -> str:
     return "\n".join(out)
 
 
-def _density_plot(path: Path, obs: dict, title: str) -> None:
-    """One panel per observable: KDEs (data's Silverman bandwidth, log scale) of data and rows."""
-    import matplotlib
+def _density_plot(path: Path, evs: dict, curves: dict, title: str) -> None:
+    """One panel per observable: log-density KDEs of the data and of every row (LOADER's
+    bandwidth, from each observable's evaluation)."""
+    from .evaluation.tail import density_figure
 
-    matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    from .metrics.tails import _bandwidth, kde_density
-
-    fig, axes = plt.subplots(1, len(obs), figsize=(4.2 * len(obs), 3.4), squeeze=False)
-    for ax, (label, curves) in zip(axes[0], obs.items()):
-        d = curves["data"]
-        lo = float(d.min())
-        gmax = max([float(v.max()) for v in curves.values() if v.numel()] + [float(d.max())])
-        hi = max(1.5 * float(d.max()), min(gmax, 3.0 * float(d.max())))  # tail, outliers cut
-        xs = np.linspace(lo, hi, 500)
-        bw = _bandwidth(d.numpy(), "silverman")  # one bandwidth for all curves, as in LOADER
-        for (k, v), c in zip(curves.items(), ("k", "C1", "C3", "C2")):
-            if v.numel() < 2:
-                continue
-            ax.plot(xs, kde_density(v, xs, bw), label=k, color=c, lw=1.2)
-        ax.set_yscale("log")
-        peak = float(kde_density(d, xs, bw).max())
-        ax.set_ylim(peak * 1e-5, peak * 3)
-        ax.set_xlabel(label)
-        ax.set_ylabel("density (KDE, log)")
-        ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig = density_figure({o: evs[o].density_data(curves[o]) for o in evs}, title)
     fig.savefig(path, dpi=80)
     plt.close(fig)
 
@@ -382,41 +357,25 @@ def _pct(oor: Optional[dict], key: str) -> str:
 def run(a) -> dict:
     import torch
 
-    from .metrics.observables import get_observable
-    from .metrics.tails import matched_score, same_law_floor
-
     if a.threads:
         torch.set_num_threads(a.threads)
     t_start = time.time()
     specs = [parse_observable(s) for s in (a.observable or DEFAULT_OBSERVABLES)]
-    obs_fns = {label: get_observable(name, **kw) for label, name, kw in specs}
     _check_out(a)
     rows = _rows(a)
     clis = {name: build_one(a, cfg, name, extra) for name, cfg, extra in rows}
-    _check_reference(a, clis[rows[0][0]].datamodule)
+    evs = tail_evaluations(a, clis[rows[0][0]].datamodule, specs)
     os.makedirs(a.out, exist_ok=True)
-    seeds = torch.arange(a.num_samples)
-    res: dict = {"eta": a.eta, "observables": list(obs_fns), "rows": [r[0] for r in rows],
-                 "out_of_range": a.out_of_range, "args": vars(a), "models": {}}
-    gen_obs = {o: {} for o in obs_fns}
-    ref = {}
+    sampler = next(iter(evs.values()))  # every evaluation draws the same seeds
+    res: dict = {"eta": a.eta, "observables": list(evs), "rows": [r[0] for r in rows],
+                 "out_of_range": a.out_of_range, "args": vars(a), "models": {},
+                 "n_ref": sampler.n_ref, "metrics": {o: {} for o in evs}}
+    gen_obs = {o: {} for o in evs}
     for name, _, _ in rows:
         model, dm, t_fit = train_one(clis[name])
-
-        def inv(x, dm=dm):
-            if not hasattr(dm, "inverse_transform"):
-                return x.double()
-            try:
-                return dm.inverse_transform(x, out_of_range=a.out_of_range)
-            except TypeError:  # a datamodule without the policy argument
-                return dm.inverse_transform(x)
-
-        if not ref:
-            phys = inv(dm.train_data)
-            ref = {o: f(phys).cpu() for o, f in obs_fns.items()}
-            res["n_ref"] = int(dm.train_data.shape[0])
         t0 = time.time()
-        x = _generate(model, seeds, a)
+        model.eval()
+        x = sampler.sample(model)
         t_sample = time.time() - t0
         hp = model.hparams
         info = {"fit_s": round(t_fit, 1), "sample_s": round(t_sample, 1),
@@ -428,36 +387,28 @@ def run(a) -> dict:
                                f"{hp.get('parameterization', 'eps')}")
         else:
             info["sampler"] = f"{hp.sampler}, {hp.num_steps} steps, precond {hp.precond}"
-        phys = inv(x)
-        for o, f in obs_fns.items():
-            v = f(phys).cpu()
+        for o, ev in evs.items():
+            v = ev.observe(x, inverse_transform=_inverse(dm, a.out_of_range)).cpu()
+            vals = ev.scores(v)
             gen_obs[o][name] = v[torch.isfinite(v)]
-            info["nonfinite"][o] = float((~torch.isfinite(v)).double().mean())
+            info["nonfinite"][o] = vals["nonfinite"]
+            res["metrics"][o][name] = {k: vals[k] for k in ("rmsqe", "loader")}
+            if vals["nonfinite"] == 1.0:
+                print(f"[pite] {name} / {o}: rmsqe and loader undefined (every sample non-finite)",
+                      flush=True)
         res["models"][name] = info
         print(f"[pite] {name}: trained {model.global_step} steps in {t_fit:.0f} s, sampled "
               f"{a.num_samples} in {t_sample:.0f} s ({info['sampler']}); pixels above the "
               f"training range: {_pct(info['out_of_range'], 'pixels_above')}", flush=True)
-    res["metrics"], res["quantiles"] = {}, {}
+    res["quantiles"] = {}
     qs = torch.tensor([0.5, 0.9, 0.975, 0.99], dtype=torch.float64)
-    for o in obs_fns:
-        kws = matched_kwargs(ref[o], a.num_samples, a.eta, a.floor, None)
-        m = {}
-        for name in res["rows"]:
-            m[name] = {}
-            for key in ("rmsqe", "loader"):
-                try:
-                    m[name][key] = float(matched_score(gen_obs[o][name], ref[o], key, NUM_SPLITS,
-                                                       0, a.num_samples, **kws[key]))
-                except ValueError as e:  # e.g. every sample non-finite
-                    print(f"[pite] {name} / {o}: {key} undefined ({e})", flush=True)
-                    m[name][key] = float("nan")
-        m["floor"] = {k: float(same_law_floor(ref[o], k, NUM_SPLITS, 0, a.num_samples, **kws[k]))
-                      for k in ("rmsqe", "loader")}
-        res["metrics"][o] = m
+    for o, ev in evs.items():
+        fl = ev.floors()
+        res["metrics"][o]["floor"] = {k: fl[f"{k}_floor"] for k in ("rmsqe", "loader")}
         res["quantiles"][o] = {
             k: (torch.quantile(v.double(), qs).tolist() + [float(v.max())]) if v.numel()
             else [float("nan")] * 5
-            for k, v in [("data", ref[o])] + [(r, gen_obs[o][r]) for r in res["rows"]]}
+            for k, v in [("data", ev.reference_observable)] + [(r, gen_obs[o][r]) for r in res["rows"]]}
     res["floor_method"] = (f"same_law_floor: {NUM_SPLITS} splits, n_gen = {a.num_samples} vs the "
                            f"other {res['n_ref'] - a.num_samples} reference points; models scored "
                            f"against the same {NUM_SPLITS} reference subsets (matched_score); "
@@ -468,11 +419,11 @@ def run(a) -> dict:
     out = Path(a.out)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
-    torch.save({o: {"data": ref[o], **gen_obs[o]} for o in obs_fns}, out / "observables.pt")
-    labels = {"data": "data", **{r: _label(res, r) for r in res["rows"]}}
-    _density_plot(out / "density.png",
-                  {o: {labels[k]: v for k, v in [("data", ref[o])] + list(gen_obs[o].items())}
-                   for o in obs_fns},
+    torch.save({o: {"data": evs[o].reference_observable, **gen_obs[o]} for o in evs},
+               out / "observables.pt")
+    labels = {r: _label(res, r) for r in res["rows"]}
+    _density_plot(out / "density.png", evs,
+                  {o: {labels[k]: v for k, v in gen_obs[o].items()} for o in evs},
                   f"PITE (StageIV crops, {a.num_samples} samples per model)")
     print(table)
     print(f"[pite] wrote {out / 'table.md'}, {out / 'results.json'}, {out / 'density.png'} "

@@ -20,7 +20,7 @@ def test_shipped_file_and_licence():
     assert (STAGEIV_PATH.parent / "COPYRIGHT-stageiv_florence.txt").read_text().count("Apache-2.0")
     frames = load_stageiv()
     assert frames.shape == (23, 118, 87)
-    # independent read of the raw file: the documented facts (DATA.md)
+    # independent read of the raw file: the facts documented in lightning_pfd.data.precip
     with netcdf_file(str(STAGEIV_PATH), "r", mmap=False) as f:
         raw = np.array(f.variables[STAGEIV_VARIABLE].data, dtype=np.float64)
     assert abs(raw.max() - 163.75) < 1e-3
@@ -262,3 +262,38 @@ def test_pite_cli_rejects_bad_args(argv, capsys):
 
     assert main(["pite", *argv]) == 2
     assert argv[0] in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_pite_table_is_the_functional_metrics_of_its_observables(tmp_path):
+    """A tiny end-to-end pite run: every number of its table is recomputed from the saved
+    observables with the functional metrics (same-law floors on 8 seeded reference splits with
+    n_gen = --num-samples, models scored against the same splits' rest; non-finite dropped)."""
+    import json
+
+    from lightning_pfd.cli import main
+    from lightning_pfd.experiments_cli import format_table
+    from lightning_pfd.metrics.tails import loader_settings, matched_score, same_law_floor
+
+    out = tmp_path / "pite"
+    argv = ["pite", "--crop-size", "8", "--n-train", "40", "--num-samples", "16", "--max-steps", "2",
+            "--model-channels", "8", "--num-blocks", "1", "--lim-steps", "3", "--floor", "2e-3",
+            "--override=--model.init_args.num_steps=3", "--out", str(out)]
+    assert main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    obs = torch.load(out / "observables.pt")
+    assert res["rows"] == ["sbm_edm", "lim"] and res["n_ref"] == 40
+    for o in res["observables"]:
+        ref = obs[o]["data"]
+        assert ref.shape == (40,)
+        kw = {"rmsqe": dict(eta=0.975), "loader": loader_settings(ref, floor=2e-3)}
+        for k in ("rmsqe", "loader"):
+            assert res["metrics"][o]["floor"][k] == pytest.approx(
+                float(same_law_floor(ref, k, 8, 0, 16, **kw[k])), rel=1e-12)
+            for r in res["rows"]:
+                g = obs[o][r]
+                want = float(matched_score(g, ref, k, 8, 0, 16, **kw[k])) if g.numel() else math.nan
+                assert res["metrics"][o][r][k] == pytest.approx(want, rel=1e-12, nan_ok=True)
+                assert res["models"][r]["nonfinite"][o] == 1 - g.numel() / 16
+    assert (out / "table.md").read_text() == format_table(res) + "\n"
+    assert (out / "density.png").stat().st_size > 0

@@ -447,24 +447,26 @@ def test_tail_monitor_logs_metrics_equal_to_recomputation(tmp_path):
     ref = data.double().amax(1)
     gen = model.generate(torch.arange(7, 7 + 96)).amax(1)
     # model and floors: same reference splits (n_gen = 96 vs the other 160), and the settings the
-    # monitor says it uses (window / u_max choices belong to the callback)
-    st = mon._metric_settings(ref)
+    # monitor's evaluation says it uses (bandwidth / floor frozen on the full reference)
+    st = mon.evaluation.metric_settings()
     ls, rq = st["loader"], st["rmsqe"]
+    assert rq == dict(eta=0.9, u_max=None, num_levels=200, definition="blog")  # blog: up to u = 1
     rest = [r for _, r in reference_splits(256, 96, 2, 0)]
     assert float(m["tail/rmsqe"]) == pytest.approx(
-        np.mean([float(rmsqe(gen, ref[r], **rq)) for r in rest]), rel=1e-5)
+        np.mean([float(rmsqe(gen, ref[r], eta=0.9)) for r in rest]), rel=1e-5)
     assert float(m["tail/loader"]) == pytest.approx(
         np.mean([float(loader(gen, ref[r], **ls)) for r in rest]), rel=1e-5)
     assert float(m["tail/loader_floor"]) == pytest.approx(
         float(same_law_floor(ref, "loader", 2, n_gen=96, **ls)), rel=1e-5)
     assert float(m["tail/rmsqe_floor"]) == pytest.approx(
-        float(same_law_floor(ref, "rmsqe", 2, n_gen=96, **rq)), rel=1e-5)
-    assert (tmp_path / "tail_density" / "epoch_0000.png").exists()
-    # resume state
+        float(same_law_floor(ref, "rmsqe", 2, n_gen=96, eta=0.9)), rel=1e-5)
+    assert (tmp_path / "figures" / "tail_density-epoch0000.png").exists()  # base's log_figure
+    # resume state: the history and the pass count; the floors are re-derived from the data
     state = mon.state_dict()
     mon2 = TailMonitor()
     mon2.load_state_dict(state)
-    assert mon2.history == mon.history and mon2.floors == mon.floors
+    assert mon2.history == mon.history and mon2.schedule.passes == mon.schedule.passes == 1
+    assert mon.history[-1]["tail/loader_floor"] == mon.floors["loader_floor"]
 
 
 def test_tail_monitor_bad_config():
@@ -480,7 +482,7 @@ def test_tail_monitor_bad_config():
         TailMonitor(window=(3.0, 1.0))
 
 
-# --------------------------------------------------- same-law floor = perfect model (§13)
+# --------------------------------------------------- same-law floor = perfect model
 def test_floor_is_the_score_of_a_perfect_model_with_n_gen_samples():
     """A model that samples the reference law exactly (n_gen draws) scores the floor on average.
 
@@ -544,14 +546,14 @@ def test_same_law_floor_bad_n_gen(n_gen):
 
 
 def test_floor_needs_fewer_generated_than_reference_samples(capsys):
-    from lightning_pfd.callbacks import TailMonitor
     from lightning_pfd.cli import main
+    from lightning_pfd.evaluation.tail import TailEvaluation
 
-    mon = TailMonitor(num_samples=64)
-    with pytest.raises(ValueError, match="num_samples"):
-        mon._metric_settings(torch.arange(64, dtype=torch.float64))
-    st = mon._metric_settings(torch.arange(65, dtype=torch.float64))
-    assert st["rmsqe"] == {"eta": mon.eta} and st["loader"]["relative_floor"] is False  # blog: up to u = 1
+    data = torch.arange(65, dtype=torch.float64).reshape(65, 1)
+    with pytest.raises(ConfigError, match="num_samples"):
+        TailEvaluation(data[:64], num_samples=64).metric_settings()
+    st = TailEvaluation(data, num_samples=64).metric_settings()
+    assert st["rmsqe"]["u_max"] is None and st["loader"]["relative_floor"] is False  # blog: up to u = 1
     assert main(["pite", "--num-samples", "100", "--n-train", "64"]) == 2
     assert "--num-samples" in capsys.readouterr().err
 

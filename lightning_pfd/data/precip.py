@@ -1,4 +1,4 @@
-"""StageIV hourly precipitation (Hurricane Florence 2018): heavy-tailed real fields (DATA.md).
+"""StageIV hourly precipitation (Hurricane Florence 2018): heavy-tailed real fields.
 
 The package ships a copy of ``test_stageiv_xyt.nc`` from Debian's r-cran-stars (Apache-2.0; see
 ``assets/COPYRIGHT-stageiv_florence.txt``): 23 hourly frames of 118 x 87 pixels in mm/h, 43 %

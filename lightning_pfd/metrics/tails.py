@@ -67,6 +67,13 @@ replacement) and the remaining n_ref - n_gen points, with the same explicit sett
 model score. ``matched_score`` scores a model against the same remaining subsets, so model and
 floor are compared on identical terms.
 
+Like torchmetrics, each metric is a pair of primitives that the functional form and the class
+both call: ``_tail_update`` (the observables as a flat float64 tensor: what ``update`` appends
+to the state) and ``_rmsqe_compute`` / ``_loader_compute`` / ``_matched_compute`` (the value
+from the gathered samples; they check that the samples are non-empty and finite). So
+``rmsqe(gen, ref)`` and ``RootMeanSquaredQuantileError().update(gen, ref); .compute()`` run
+the same code on the same numbers.
+
 The torchmetrics classes keep "cat" states of the per-sample *scalar* observables (a few
 thousand floats): quantiles and KDEs need the whole sample, and gathering the scalars makes
 the synced value exactly the single-process value under DDP (the only reduction is a
@@ -87,6 +94,7 @@ from ..errors import ConfigError
 
 __all__ = [
     "rmsqe", "loader", "same_law_floor", "matched_score", "reference_splits", "loader_settings",
+    "rmsqe_options", "loader_options",
     "kde_density", "integrate_abs_log_ratio", "bandwidth_rule", "quantile_step_integral",
     "RootMeanSquaredQuantileError", "LogAbsoluteDensityRatio", "QUANTILE_METHOD",
     "RMSQE_DEFINITIONS", "BANDWIDTH_RULES", "QUANTILE_CONVENTION",
@@ -100,19 +108,29 @@ _SQRT_2PI = math.sqrt(2.0 * math.pi)
 _KDE_TRUNCATION = 9.0  # kernels are cut at >= 9 bandwidths (exp(-40.5) = 2.6e-18 of their peak)
 
 
-def _as_1d(x, name: str) -> torch.Tensor:
+def _tail_update(x, name: str) -> torch.Tensor:
+    """The *update* primitive shared by the functional metrics and the classes: the scalar
+    observables ``x`` as a flat float64 tensor (tensors keep their device; lists and arrays
+    become CPU tensors). Raises ConfigError naming ``name`` for what is not numbers."""
     if torch.is_tensor(x):
-        t = x.detach().to(torch.float64).reshape(-1).cpu()
-    else:  # lists / arrays straight to float64 (torch.as_tensor would make a list float32)
-        try:
-            t = torch.from_numpy(np.array(x, dtype=np.float64).reshape(-1))
-        except (TypeError, ValueError):
-            raise ConfigError(name, "must be a 1-D array of numbers", value=type(x).__name__) from None
+        return x.detach().to(torch.float64).reshape(-1)
+    try:  # lists / arrays straight to float64 (torch.as_tensor would make a list float32)
+        return torch.from_numpy(np.array(x, dtype=np.float64).reshape(-1))
+    except (TypeError, ValueError):
+        raise ConfigError(name, "must be a 1-D array of numbers", value=type(x).__name__) from None
+
+
+def _check_sample(t: torch.Tensor, name: str) -> torch.Tensor:
+    """What every *compute* primitive needs: a non-empty, finite sample, on the CPU."""
     if t.numel() == 0:
         raise ConfigError(name, "must contain at least one sample, got an empty array")
     if not bool(torch.isfinite(t).all()):
         raise ConfigError(name, "must be finite (found NaN or inf); drop non-finite samples first")
-    return t
+    return t.cpu()
+
+
+def _as_1d(x, name: str) -> torch.Tensor:
+    return _check_sample(_tail_update(x, name), name)
 
 
 def _check_eta(eta: float) -> float:
@@ -177,9 +195,18 @@ def rmsqe(gen, ref, eta: float = 0.975, u_max: float | None = None, num_levels: 
     ``u_max`` defaults to 1 - 1/n_min (n_min = the smaller sample size) and must exceed eta, so
     n_min > 1/(1 - eta) samples are needed (41 for eta = 0.975).
     """
+    return _rmsqe_compute(_tail_update(gen, "gen"), _tail_update(ref, "ref"), eta, u_max,
+                          num_levels, definition)
+
+
+def _rmsqe_compute(gen: torch.Tensor, ref: torch.Tensor, eta: float = 0.975,
+                   u_max: float | None = None, num_levels: int = 200,
+                   definition: str = "blog") -> torch.Tensor:
+    """The *compute* primitive of :func:`rmsqe` and :class:`RootMeanSquaredQuantileError`, on
+    the flat float64 samples of :func:`_tail_update` (checked here: non-empty, finite)."""
     eta = _check_eta(eta)
     definition = _check_definition(definition)
-    g, r = _as_1d(gen, "gen"), _as_1d(ref, "ref")
+    g, r = _check_sample(gen, "gen"), _check_sample(ref, "ref")
     if isinstance(num_levels, bool) or int(num_levels) < 1:
         raise ConfigError("num_levels", "must be an integer >= 1", value=num_levels)
     n_min = min(g.numel(), r.numel())
@@ -532,13 +559,26 @@ def loader(gen, ref, window: Sequence[float] | str | None = None, floor: float =
     Returns:
         a float64 scalar tensor, or (tensor, details) with ``return_details=True``.
     """
-    g, r = _as_1d(gen, "gen"), _as_1d(ref, "ref")
+    return _loader_compute(_tail_update(gen, "gen"), _tail_update(ref, "ref"), window, floor,
+                           relative_floor, bandwidth, panels, nodes, return_details)
+
+
+def _loader_compute(gen: torch.Tensor, ref: torch.Tensor,
+                    window: Sequence[float] | str | None = None, floor: float = 1e-3,
+                    relative_floor: bool = True, bandwidth="silverman", panels: int = 2,
+                    nodes: int = 8, return_details: bool = False):
+    """The *compute* primitive of :func:`loader` and :class:`LogAbsoluteDensityRatio`, on the
+    flat float64 samples of :func:`_tail_update` (checked here: non-empty, finite)."""
+    g, r = _check_sample(gen, "gen"), _check_sample(ref, "ref")
     panels, nodes = _check_quadrature(panels, nodes)
-    settings = loader_settings(r, window, floor, relative_floor, bandwidth, grid_size)
+    settings = loader_settings(r, window, floor, relative_floor, bandwidth)
     det = _loader_details(np.sort(g.numpy()), np.sort(r.numpy()), settings["bandwidth"],
                           settings["floor"], settings["window"], panels, nodes)
     val = torch.tensor(det["value"], dtype=torch.float64)
     return (val, det) if return_details else val
+
+
+_COMPUTE = {"rmsqe": _rmsqe_compute, "loader": _loader_compute}
 
 
 def _check_n_gen(n_ref: int, n_gen) -> int:
@@ -573,19 +613,19 @@ def reference_splits(n_ref: int, n_gen: int, num_splits: int = 8, seed: int = 0)
 
 
 def _metric_fn(metric: str, n_gen: int, kwargs: dict, ref: torch.Tensor):
-    if metric not in ("loader", "rmsqe"):
-        raise ConfigError("metric", "unknown tail metric", value=metric, accepted=["loader", "rmsqe"])
+    """The compute primitive of ``metric`` and its explicit settings for n_gen samples."""
+    if metric not in _COMPUTE:
+        raise ConfigError("metric", "unknown tail metric", value=metric, accepted=sorted(_COMPUTE))
     kwargs = dict(kwargs)
     if metric == "rmsqe":
         if _check_definition(kwargs.get("definition", "blog")) == "root_mean_levels" \
                 and kwargs.get("u_max") is None:
             # the model score rmsqe(gen, ref) uses 1 - 1/min(n_gen, n_ref) = 1 - 1/n_gen
             kwargs["u_max"] = 1.0 - 1.0 / n_gen
-        return rmsqe, kwargs
-    if isinstance(kwargs.get("window"), str) and kwargs["window"] == "reference":
+    elif isinstance(kwargs.get("window"), str) and kwargs["window"] == "reference":
         # one window for every split: the range of the *full* reference
         kwargs["window"] = _reference_window(ref.numpy())
-    return loader, kwargs
+    return _COMPUTE[metric], kwargs
 
 
 def same_law_floor(ref, metric: str = "loader", num_splits: int = 8, seed: int = 0,
@@ -629,11 +669,47 @@ def matched_score(gen, ref, metric: str = "loader", num_splits: int = 8, seed: i
     defaults to ``len(gen)``; pass the number of samples generated (before dropping non-finite
     ones) to reuse a cached floor.
     """
-    g, r = _as_1d(gen, "gen"), _as_1d(ref, "ref")
+    return _matched_compute(_tail_update(gen, "gen"), _tail_update(ref, "ref"), metric,
+                            num_splits, seed, n_gen, **kwargs)
+
+
+def _matched_compute(gen: torch.Tensor, ref: torch.Tensor, metric: str, num_splits: int = 8,
+                     seed: int = 0, n_gen: int | None = None, **kwargs) -> torch.Tensor:
+    """The compute primitive of :func:`matched_score` and of the classes with ``num_splits``."""
+    g, r = _check_sample(gen, "gen"), _check_sample(ref, "ref")
     n_gen = _check_n_gen(r.numel(), g.numel() if n_gen is None else n_gen)
     fn, kwargs = _metric_fn(metric, n_gen, kwargs, r)
     vals = [fn(g, r[b], **kwargs) for _, b in reference_splits(r.numel(), n_gen, num_splits, seed)]
     return torch.stack(vals).mean()
+
+
+def rmsqe_options(eta: float = 0.975, u_max: float | None = None, num_levels: int = 200,
+                  definition: str = "blog") -> dict:
+    """The RMSQE keyword arguments of :func:`rmsqe`, checked (ConfigError naming the bad one)
+    and normalised, before any sample is seen."""
+    eta, definition = _check_eta(eta), _check_definition(definition)
+    if u_max is not None:
+        try:
+            ok = eta < float(u_max) <= 1.0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ConfigError("u_max", f"must be None or lie in (eta, 1] = ({eta}, 1]", value=u_max)
+        u_max = float(u_max)
+    if isinstance(num_levels, bool) or not float(num_levels).is_integer() or int(num_levels) < 1:
+        raise ConfigError("num_levels", "must be an integer >= 1", value=num_levels)
+    return dict(eta=eta, u_max=u_max, num_levels=int(num_levels), definition=definition)
+
+
+def loader_options(window: Sequence[float] | str | None = None, floor: float = 1e-3,
+                   relative_floor: bool = True, bandwidth="silverman") -> dict:
+    """The LOADER keyword arguments of :func:`loader_settings`, checked (ConfigError naming the
+    bad one) and normalised, before any sample is seen."""
+    window = _window_arg(window)
+    floor = _check_floor(floor)
+    _check_bandwidth(bandwidth)
+    return dict(window=window, floor=floor, relative_floor=bool(relative_floor),
+                bandwidth=float(bandwidth) if not isinstance(bandwidth, str) else bandwidth)
 
 
 def loader_settings(ref, window: Sequence[float] | str | None = None, floor: float = 1e-3,
@@ -686,18 +762,17 @@ class _TailMetric(Metric):
         self.split_seed = int(split_seed)
 
     def _score(self, metric: str, p: torch.Tensor, t: torch.Tensor, **kw) -> torch.Tensor:
-        """Against the whole reference, or (num_splits set) :func:`matched_score`."""
+        """Against the whole reference, or (num_splits set) the matched score: the same
+        compute primitives as the functional :func:`rmsqe`, :func:`loader`, :func:`matched_score`."""
         if self.num_splits is None:
-            return (loader if metric == "loader" else rmsqe)(p, t, **kw)
-        return matched_score(p, t, metric, self.num_splits, self.split_seed, self.n_gen, **kw)
+            return _COMPUTE[metric](p, t, **kw)
+        return _matched_compute(p, t, metric, self.num_splits, self.split_seed, self.n_gen, **kw)
 
     def update(self, preds: torch.Tensor, target: torch.Tensor | None = None) -> None:
         """Add generated observables ``preds`` and (optionally) reference observables."""
-        p = torch.as_tensor(preds, dtype=torch.float64, device=self.device).reshape(-1)
-        self.preds.append(p)
+        self.preds.append(_tail_update(preds, "preds").to(self.device))
         if target is not None:
-            t = torch.as_tensor(target, dtype=torch.float64, device=self.device).reshape(-1)
-            self.target.append(t)
+            self.target.append(_tail_update(target, "target").to(self.device))
 
     def _gathered(self):
         p = dim_zero_cat(self.preds) if len(self.preds) else torch.zeros(0, dtype=torch.float64)
@@ -721,15 +796,10 @@ class RootMeanSquaredQuantileError(_TailMetric):
 
     def __init__(self, eta: float = 0.975, u_max: float | None = None, num_levels: int = 200,
                  reference=None, definition: str = "blog", **kwargs):
-        _check_eta(eta)
-        _check_definition(definition)
-        if u_max is not None and not _check_eta(eta) < float(u_max) <= 1.0:
-            raise ConfigError("u_max", "must lie in (eta, 1]", value=u_max)
-        if isinstance(num_levels, bool) or int(num_levels) < 1:
-            raise ConfigError("num_levels", "must be an integer >= 1", value=num_levels)
+        opts = rmsqe_options(eta, u_max, num_levels, definition)
         super().__init__(reference=reference, **kwargs)
-        self.eta, self.u_max, self.num_levels = float(eta), u_max, int(num_levels)
-        self.definition = definition
+        self.eta, self.u_max, self.num_levels = opts["eta"], opts["u_max"], opts["num_levels"]
+        self.definition = opts["definition"]
 
     def compute(self) -> torch.Tensor:
         p, t = self._gathered()
@@ -748,14 +818,12 @@ class LogAbsoluteDensityRatio(_TailMetric):
     def __init__(self, window: Sequence[float] | str | None = None, floor: float = 1e-3,
                  relative_floor: bool = True, bandwidth="silverman", panels: int = 2,
                  nodes: int = 8, reference=None, **kwargs):
-        window = _window_arg(window)
-        _check_floor(floor)
-        _check_bandwidth(bandwidth)
-        _check_quadrature(panels, nodes)
+        opts = loader_options(window, floor, relative_floor, bandwidth)
+        panels, nodes = _check_quadrature(panels, nodes)
         super().__init__(reference=reference, **kwargs)
-        self.window = window
-        self.floor, self.relative_floor, self.bandwidth = float(floor), bool(relative_floor), bandwidth
-        self.panels, self.nodes = int(panels), int(nodes)
+        self.panels, self.nodes = panels, nodes
+        self.window, self.floor = opts["window"], opts["floor"]
+        self.relative_floor, self.bandwidth = opts["relative_floor"], opts["bandwidth"]
         self.last_details: dict | None = None
 
     def compute(self) -> torch.Tensor:
@@ -763,6 +831,6 @@ class LogAbsoluteDensityRatio(_TailMetric):
         kw = dict(window=self.window, floor=self.floor, relative_floor=self.relative_floor,
                   bandwidth=self.bandwidth, panels=self.panels, nodes=self.nodes)
         if self.num_splits is None:
-            val, self.last_details = loader(p, t, return_details=True, **kw)
+            val, self.last_details = _loader_compute(p, t, return_details=True, **kw)
             return val
         return self._score("loader", p, t, **kw)
