@@ -7,7 +7,9 @@ merged by epoch (:mod:`lightning_pfd.analysis.history`). Writes to ``--out`` (de
 
 - ``dynamics.png`` — PFD paper Fig. 4: E_gen, E_mem, ℓ_train, ℓ_test and ℓ_test − ℓ_train vs epoch;
 - ``icr_memorization.png`` — ICR paper Fig. 5: ICR and memorization ratio vs epoch;
-- ``report.md`` — input read, regime, detected events (epoch, significance), per-metric summary,
+- ``report.md`` — input read, regime, detected events (epoch, significance), per-metric summary
+  (the curve of every role plus every other registered metric with a direction or detectors,
+  :mod:`lightning_pfd.keys`: a user metric registered there appears without touching this file),
   detector settings with where each came from;
 - ``events.json`` — the same, machine-readable.
 
@@ -26,6 +28,10 @@ Exit status: 0 report written; 1 report written from incomplete input (a truncat
 file, marked in report.md); 2 nothing written (no run, no readable metric, bad option).
 
 Library use: :func:`write_report` (the RegimeMonitor callback calls it at the end of fit).
+
+**Sweeps.** ``report SWEEP_DIR`` on a directory holding ``sweep_results.json`` (written by the
+``sweep`` command) writes the sweep report instead (PFD paper Fig. 2, Fig. 7, Def. 3; options:
+``report SWEEP_DIR --help``): see :mod:`lightning_pfd.analysis.sweep_report`.
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from .. import keys as keys_registry
 from ..errors import ConfigError, ShortErrorParser
 from .events import DEFAULT_KEYS, RunAnalysis, analyze_history
 from .history import History, load_history
@@ -56,16 +63,6 @@ DEFAULT_SETTINGS = {"keys": dict(DEFAULT_KEYS), "window": 5, "min_sigma": 4.0, "
 REPORT_FILES = ("report.md", "events.json", "dynamics.png", "icr_memorization.png")
 _FIGURES = ("dynamics.png", "icr_memorization.png")
 _FORMAT = 1
-
-_LABELS = {
-    "e_gen": "E_gen (PFD to teacher)",
-    "e_mem": "E_mem (PFD to empirical)",
-    "loss_train": "ℓ_train (fixed noise)",
-    "loss_test": "ℓ_test (fixed noise)",
-    "gap": "ℓ_test − ℓ_train",
-    "icr": "ICR",
-    "mem_ratio": "memorization ratio",
-}
 
 _EXPLAIN = {
     "early_learning": "E_gen reaches an interior minimum, then rises until the end (PFD paper §4.2)",
@@ -238,15 +235,27 @@ def _fmt(v, digits=4) -> str:
     return str(int(v)) if v.is_integer() and abs(v) < 1e9 else f"{v:.{digits}g}"
 
 
+def _report_names(series: dict, keys: dict) -> list:
+    """``[(label, name)]`` of the metrics the report tabulates: the curve of every role, then
+    every other registered metric (:mod:`lightning_pfd.keys`) that has a direction or event
+    detectors (quality metrics, user metrics; not the diagnostics), in registration order."""
+    out = [(keys_registry.display(name) if keys_registry.find(name) else role, name)
+           for role, name in keys.items() if name in series]
+    taken = {n for _, n in out}
+    for mk in keys_registry.all_keys():
+        if mk.key in series and mk.key not in taken and mk.group != "events" \
+                and (mk.lower_is_better is not None or mk.detectors):
+            out.append((mk.display, mk.key))
+    return out
+
+
 def _metric_rows(series: dict, keys: dict) -> list:
     rows = []
-    for role, name in keys.items():
-        if name not in series:
-            continue
+    for label, name in _report_names(series, keys):
         x, y = series[name]
         i = int(np.argmin(y))
         j = int(np.argmax(y))
-        rows.append(f"| {_LABELS.get(role, role)} | `{name}` | {len(x)} | {_fmt(y[0])} | "
+        rows.append(f"| {label} | `{name}` | {len(x)} | {_fmt(y[0])} | "
                     f"{_fmt(y[i])} (epoch {_fmt(x[i])}) | {_fmt(y[j])} (epoch {_fmt(x[j])}) | "
                     f"{_fmt(y[-1])} |")
     return rows
@@ -511,12 +520,24 @@ def _run(args) -> int:
     return 0
 
 
+def _names_sweep(argv: Sequence[str]) -> bool:
+    """True when a positional argument is a sweep directory (it holds ``sweep_results.json``)
+    or that file: ``report`` then writes the sweep report (:mod:`.sweep_report`)."""
+    from .sweep_report import is_sweep_dir
+
+    return any(not a.startswith("-") and is_sweep_dir(a) for a in argv)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``python -m lightning_pfd report``; returns the exit status (0 written,
     1 written from incomplete input, 2 error: one short block on stderr, no traceback)."""
     argv = list(argv) if argv is not None else None
     if argv and argv[0] == "report" and len(argv) > 1:
         argv = argv[1:]
+    if _names_sweep(sys.argv[1:] if argv is None else argv):  # a sweep: its own report
+        from .sweep_report import main as sweep_main
+
+        return sweep_main(argv)
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
