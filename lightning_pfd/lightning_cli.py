@@ -23,6 +23,7 @@ from .callbacks.checkpoint import continue_loggers, install_verified_io, run_art
 from .callbacks.wandb_setup import LogConfigCallback
 from .cache import deferred_writes, write_deferred
 from .checkpoint import atomic_write_bytes, load_checkpoint
+from .contracts import check_data_shape
 from .errors import ConfigError, did_you_mean, suggest_option
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -192,16 +193,7 @@ class PFDLightningCLI(LightningCLI):
 
     # -- the validation phase ------------------------------------------------------------------
     def _check_shapes(self) -> None:
-        model, dm = self.model, self.datamodule
-        m_shape = getattr(model, "data_shape", None)
-        d_shape = getattr(dm, "data_shape", None) if dm is not None else None
-        if m_shape is None or d_shape is None:
-            return
-        if tuple(m_shape) != tuple(d_shape):
-            raise ConfigError(
-                "model.init_args.net", f"the net expects samples of shape {tuple(m_shape)} but the "
-                f"data ({type(dm).__name__}) yields shape {tuple(d_shape)}",
-                suggestion="set the net's img_resolution / in_channels (or dim) to match the data")
+        check_data_shape(self.model, self.datamodule)
 
     def _ckpt_arg(self) -> Optional[str]:
         cfg = self.config.get(self.subcommand) if self.subcommand else None

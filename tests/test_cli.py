@@ -96,7 +96,7 @@ def _assert_fails_before_training(tmp_path, cfg, field, capsys):
     ({"data.init_args.n_train": 0}, "n_train"),
     ({"data.init_args.n_train": 100000}, "n_train"),
     ({"model.init_args.sigma_min": 100.0}, "sigma_min"),
-    ({"model.init_args.precond": "ve"}, "precond"),
+    ({"model.init_args.precond": "edn"}, "precond"),
     ({"data": {"class_path": "lightning_pfd.data.CIFAR10DataModule",
                "init_args": {"root": "/nonexistent/cifar"}}}, "cifar"),
     ({"model.init_args.net": {"class_path": "lightning_pfd.nets.UNet",
@@ -112,3 +112,23 @@ def test_bad_configuration_fails_before_training(tmp_path, override, field, caps
 def test_unknown_config_name_lists_embedded_configs(capsys):
     assert _run(["fit", "--config", "no_such_config"]) == 2
     assert "quickstart" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override", [{"model.init_args.precond": "ve"},
+                                      {"model.init_args.family": "ve",
+                                       "model.init_args.family_args": {"sigma_max": 50.0}}])
+def test_fit_a_family_named_in_the_yaml(tmp_path, override):
+    import csv
+    import math
+
+    from lightning_pfd.checkpoint import load_checkpoint
+
+    cfg = _tiny_config(tmp_path, **override)
+    assert _run(["fit", "--config", str(cfg)]) == 0
+    ckpt = load_checkpoint(sorted((tmp_path / "run").rglob("*.ckpt"))[0])
+    hp = ckpt["hyper_parameters"]
+    assert hp["precond"] == "ve"
+    assert hp.get("family_args") == override.get("model.init_args.family_args")
+    rows = list(csv.DictReader((next((tmp_path / "run").rglob("metrics.csv"))).open()))
+    val = [float(r["val/loss"]) for r in rows if r.get("val/loss")]
+    assert len(val) == 2 and all(math.isfinite(v) for v in val)

@@ -1,5 +1,4 @@
 """Oracle tests for the diffusion core: noise, grids, preconditioning, losses, samplers, exact denoisers."""
-import math
 
 import numpy as np
 import pytest
@@ -63,7 +62,7 @@ def test_karras_sigmas_against_formula_and_edm_values():
     i = np.arange(18)
     ref = (80 ** (1 / 7) + i / 17 * (0.002 ** (1 / 7) - 80 ** (1 / 7))) ** 7
     np.testing.assert_allclose(s[:-1].numpy(), ref, rtol=1e-14)
-    # values quoted in REFERENCE §4 (EDM's grid)
+    # EDM's 18-step grid (EDM paper eq. 5): first and last values
     np.testing.assert_allclose(s[[0, 1, 2, -4, -3, -2]].numpy(),
                                [80, 57.59, 40.79, 0.02294, 0.007528, 0.002], rtol=5e-4)
 

@@ -114,7 +114,7 @@ def test_generate_is_per_seed_and_uses_the_ema_weights():
 
 
 @pytest.mark.parametrize("kwargs,field", [
-    ({"precond": "ve"}, "precond"), ({"sampler": "rk4"}, "sampler"), ({"lr": 0}, "lr"),
+    ({"precond": "edn"}, "precond"), ({"sampler": "rk4"}, "sampler"), ({"lr": 0}, "lr"),
     ({"sigma_min": 5.0, "sigma_max": 1.0}, "sigma_min"), ({"ema_decay": 1.5}, "ema_decay"),
     ({"warmup_steps": -1}, "warmup_steps"), ({"num_steps": 0}, "num_steps")])
 def test_bad_configuration_is_rejected_at_construction(kwargs, field):

@@ -55,7 +55,7 @@ def test_preset_param_counts_match_table2(preset):
 
 
 def test_table2_reference_values_and_exact_edm_count():
-    # Independent oracle: EDM's CIFAR-10 ddpm++ has 55.73M params, unet1 0.881M (REFERENCE §9).
+    # Independent oracle: EDM's CIFAR-10 ddpm++ has 55.73M params, unet1 0.881M (PFD paper Table 2).
     with torch.device("meta"):
         assert round(count_parameters(UNet("unet10")) / 1e4) == 5573
         assert round(count_parameters(UNet("unet1")) / 1e3) == 881

@@ -1,4 +1,4 @@
-"""Exact (analytic) denoisers: Gaussian and Gaussian mixture (REFERENCE §5; PFD paper eq. 27-41).
+"""Exact (analytic) denoisers: Gaussian and Gaussian mixture (PFD paper eq. 27-41).
 
 Both follow the project interface ``D(x, sigma) -> x0_hat`` in sigma-space and work in
 float64. They serve as analytic teachers (exact scores, no training) and as oracles for the
@@ -106,7 +106,7 @@ class GaussianDenoiser(nn.Module):
 
 
 class GaussianMixtureDenoiser(nn.Module):
-    """Exact denoiser of sum_k w_k N(mu_k, Sigma_k) (REFERENCE §5).
+    """Exact denoiser of sum_k w_k N(mu_k, Sigma_k) (per component: PFD paper eq. 30).
 
     D(x; s) = sum_k r_k(x, s) [mu_k + Sigma_k (Sigma_k + s^2 I)^{-1} (x - mu_k)] with
     responsibilities r_k proportional to w_k N(x; mu_k, Sigma_k + s^2 I), computed in the log

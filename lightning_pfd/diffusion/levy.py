@@ -1,4 +1,4 @@
-"""Lévy–Itō model math (Yoon et al. 2023; REFERENCE §12), pure torch.
+"""Lévy–Itō model math (Yoon et al. 2023, "Score-based Generative Models with Lévy Processes"; derivations in docs/levy.md), pure torch.
 
 Conventions
 -----------
@@ -23,7 +23,7 @@ Conventions
   ODE x <- a x + alpha (a - 1) S (exponential integrator of dx/dt = -beta/alpha x - beta S);
   SDE x <- a x + 2 h S + h^(1/alpha) eps'. The drift 2 h S keeps the marginal scale
   (sigma_t^alpha = sigma_s^alpha - h gamma_s^alpha to first order); the reference code's
-  alpha h S inflates it for alpha < 2 (REFERENCE §12, tested). The last step is noiseless
+  alpha h S inflates it for alpha < 2 (docs/levy.md, "Samplers"; tested). The last step is noiseless
   (an ODE step).
 * Noise-to-signal coordinates (docs/levy.md, "Samplers"): with r = sigma/gamma and
   y = x/gamma the probability-flow ODE is exactly dy/dr = eps_hat(x, t), where
@@ -74,7 +74,7 @@ def check_alpha(alpha) -> float:
 
 
 def subgaussian_constant(alpha: float) -> float:
-    """c_alpha = 2 cos(pi alpha / 4)^(2/alpha) (REFERENCE §12); 0 at alpha = 2 (limit)."""
+    """c_alpha = 2 cos(pi alpha / 4)^(2/alpha) (Samorodnitsky & Taqqu 1994, Prop. 1.3.1); 0 at alpha = 2 (limit)."""
     a = check_alpha(alpha)
     if a == 2.0:
         return 0.0
@@ -141,8 +141,8 @@ def sample_alpha_stable(alpha: float, shape: Sequence[int], isotropic: bool = Tr
     are reproducible whatever the batch, device or world size. ``stream`` k uses the seeded
     streams 2k (uniforms of A) and 2k + 1 (Gaussian factor): avoid them for other draws.
 
-    ``clamp_A``: optional upper clamp of the heavy-tailed factor A (training trick, REFERENCE
-    §12; the result is then no longer exactly alpha-stable).
+    ``clamp_A``: optional upper clamp of the heavy-tailed factor A (a training trick of the
+    Lévy–Itō model's reference code; the result is then no longer exactly alpha-stable).
     """
     a = check_alpha(alpha)
     shape = tuple(int(s) for s in shape)
@@ -175,7 +175,7 @@ def sample_alpha_stable(alpha: float, shape: Sequence[int], isotropic: bool = Tr
 
 
 class CosineSchedule:
-    """VP-cosine schedule of the Lévy–Itō model (REFERENCE §12), float64 throughout.
+    """VP-cosine schedule of the Lévy–Itō model (Yoon et al. 2023; docs/levy.md), float64 throughout.
 
     gamma(t) = cos(pi/2 (t+s)/(1+s)) / cos(pi/2 s/(1+s)), sigma(t) = (1 - gamma^alpha)^(1/alpha),
     beta(t) = -alpha d ln gamma/dt = alpha pi / (2 (1+s)) tan(pi/2 (t+s)/(1+s)).
@@ -334,7 +334,7 @@ def levy_sde_step(x: torch.Tensor, S: torch.Tensor, a: float, h: float, alpha: f
                   noise: torch.Tensor, drift_factor: float = 2.0) -> torch.Tensor:
     """Reverse SDE step: x <- a x + drift_factor h S + h^(1/alpha) eps'.
 
-    ``drift_factor = 2`` keeps the marginal scale (REFERENCE §12); ``drift_factor = alpha``
+    ``drift_factor = 2`` keeps the marginal scale (docs/levy.md, "Samplers"); ``drift_factor = alpha``
     is the reference implementation's step (biased for alpha < 2; kept for comparison).
     """
     return a * x + drift_factor * h * S + h ** (1.0 / alpha) * noise

@@ -1,6 +1,9 @@
 """What every lightning_pfd LightningModule needs to survive a long run (Lightning glue).
 
-:class:`ResumableModule` is the base of ``DiffusionModule`` and ``LevyItoModule``:
+:class:`EMAModule` is the base of ``DiffusionModule`` and ``LevyItoModule``: one trained network
+with an EMA copy used for every evaluation, Adam with a linear warm-up, EDM's gradient guard, the
+model <-> data shape check and the training / frozen-noise validation steps. It extends
+:class:`ResumableModule`:
 
 * **Training randomness is a pure function of (seed, batch counter, rank).** Before every
   training batch the global torch RNG is re-seeded with SplitMix64(seed, total batch index, rank),
@@ -32,11 +35,16 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
 
 from ..checkpoint import verified_stream
+from ..contracts import check_data_shape
 from ..errors import ConfigError, check_choice
+from .ema import EMA, ema_step, sanitize_gradients
+from .optim import adam_with_warmup
 
-__all__ = ["ResumableModule", "step_seed", "compare_hparams", "check_optimizer_args", "DIVERGENCE_ACTIONS"]
+__all__ = ["ResumableModule", "EMAModule", "step_seed", "compare_hparams", "check_optimizer_args",
+           "check_training_args", "limit_cpu_threads", "DIVERGENCE_ACTIONS"]
 
 DIVERGENCE_ACTIONS = ("stop", "continue")
 _MASK64 = (1 << 64) - 1
@@ -94,6 +102,10 @@ def compare_hparams(saved: dict, current: dict, architecture: Iterable[str]
         for d in _diff(saved[key], current[key], key):
             (refused if key in arch else applied).append(d)
     return refused, applied
+
+
+def _is_number(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def check_optimizer_args(lr, betas, weight_decay, warmup_steps) -> None:
@@ -321,3 +333,128 @@ class ResumableModule(pl.LightningModule):
         for sched in checkpoint.get("lr_schedulers") or []:
             if "base_lrs" in sched:  # the scheduler's next step recomputes lr from base_lrs
                 sched["base_lrs"] = [new["lr"] for _ in sched["base_lrs"]]
+
+
+def check_training_args(net, lr, betas, weight_decay, warmup_steps, ema_decay, ema_halflife_kimg,
+                        gradient_clip_val=None) -> None:
+    """The arguments every :class:`EMAModule` shares, checked before anything is built: the
+    net (it must expose ``data_shape``), Adam's (:func:`check_optimizer_args`), the EMA's and an
+    optional gradient-norm clip."""
+    if not hasattr(net, "data_shape"):
+        raise ConfigError("model.init_args.net", "must expose `data_shape` (the shape of one sample)",
+                          value=type(net).__name__, accepted="lightning_pfd.nets.UNet, MLPNet, ...")
+    check_optimizer_args(lr, betas, weight_decay, warmup_steps)
+    if not _is_number(ema_decay) or not 0.0 <= ema_decay <= 1.0:
+        raise ConfigError("model.init_args.ema_decay", "must lie in [0, 1]", value=ema_decay)
+    if ema_halflife_kimg is not None and (not _is_number(ema_halflife_kimg) or ema_halflife_kimg <= 0):
+        raise ConfigError("model.init_args.ema_halflife_kimg", "must be a number > 0 or null",
+                          value=ema_halflife_kimg)
+    if gradient_clip_val is not None and (not _is_number(gradient_clip_val) or gradient_clip_val < 0):
+        raise ConfigError("model.init_args.gradient_clip_val", "must be a number >= 0 or null (0/null: off)",
+                          value=gradient_clip_val)
+
+
+def limit_cpu_threads(trainer) -> None:
+    """torch.set_num_threads(max(1, cores // local processes)) for multi-process CPU runs (two
+    2-thread ranks on 2 cores run ~20x slower than two 1-thread ranks)."""
+    if trainer is None or trainer.world_size <= 1:
+        return
+    if getattr(trainer.strategy.root_device, "type", "cpu") != "cpu":
+        return
+    local = max(1, getattr(trainer, "num_devices", trainer.world_size))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+
+
+class EMAModule(ResumableModule):
+    """A trained network with an EMA copy for evaluation: the part ``DiffusionModule`` and
+    ``LevyItoModule`` share.
+
+    Subclasses set ``TRAINED`` (the attribute holding the ``nn.Module`` whose parameters Adam
+    optimizes: ``"precond"``, ``"score_net"``), keep the raw network in ``self.net``, define
+    ``loss_fn(model, y, seeds=None) -> (B,)`` and, in ``__init__``:
+
+    1. call :func:`check_training_args` (and their own checks) before building anything;
+    2. ``save_hyperparameters``, build the trained module;
+    3. call :meth:`_init_ema` (the EMA copy, then :meth:`ResumableModule._init_resumable`).
+
+    Provided: ``data_shape``, ``setup`` (thread cap for CPU DDP, :func:`check_data_shape`),
+    ``training_step`` (mean of the per-sample loss of the live weights, logged through
+    :meth:`_train_metrics`), ``validation_step`` (frozen-noise loss of the EMA weights, seeded by
+    the sample's global index, extras through :meth:`_accumulate_val_extra`), the gradient guard
+    (divergence count, NaN -> 0 / +-inf -> +-1e5, optional ``hparams.gradient_clip_val``), one EMA
+    update per optimizer step and Adam with warm-up.
+    """
+
+    TRAINED: str = ""
+
+    def _init_ema(self, seed: Optional[int], divergence_patience: int, on_divergence: str) -> None:
+        self.ema = EMA(self.trained_module)
+        self._init_resumable(seed, divergence_patience, on_divergence)
+
+    # -- what the subclasses and callbacks see --------------------------------------------------
+    @property
+    def trained_module(self) -> nn.Module:
+        """The module whose parameters are optimized (live weights)."""
+        return getattr(self, self.TRAINED)
+
+    @property
+    def eval_model(self) -> nn.Module:
+        """The EMA copy of :attr:`trained_module` (eval mode): use it for every evaluation."""
+        return self.ema.shadow
+
+    @property
+    def data_shape(self) -> tuple:
+        return tuple(self.net.data_shape)
+
+    @staticmethod
+    def _images(batch) -> torch.Tensor:
+        return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+    def setup(self, stage: str) -> None:
+        """Fail before any training if the data's sample shape does not fit the net; cap the
+        intra-op threads of CPU DDP ranks."""
+        limit_cpu_threads(self._trainer)
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        check_data_shape(self, dm)
+
+    # -- steps ---------------------------------------------------------------------------------
+    def _train_metrics(self, loss: torch.Tensor, per_sample: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """What a training step logs (``train/loss`` is the optimized mean)."""
+        return {"train/loss": loss}
+
+    def _accumulate_val_extra(self, per_sample: torch.Tensor, keep: torch.Tensor) -> None:
+        """Validation values besides ``val/loss`` (none by default)."""
+
+    def training_step(self, batch, batch_idx):
+        y = self._images(batch)
+        per = self.loss_fn(self.trained_module, y)
+        loss = per.mean()
+        self._last_loss = loss.detach()
+        self._log_train(self._train_metrics(loss, per.detach()), y.shape[0])
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        """Frozen-noise loss of the EMA weights; seeds by the sample's index in the validation
+        set, so ``val/loss`` is the same for any number of processes."""
+        y = self._images(batch)
+        seeds, keep = self._val_seeds(batch_idx, y.shape[0], y.device)
+        per = self.loss_fn(self.eval_model, y, seeds=seeds)
+        self._accumulate_val("val/loss", per, keep)
+        self._accumulate_val_extra(per, keep)
+        return per.mean()
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Count non-finite steps (divergence), then EDM's guard (NaN gradients -> 0, +-inf ->
+        +-1e5) and the optional global grad-norm clip ``hparams.gradient_clip_val``."""
+        self._check_gradients(self.trained_module.parameters())
+        params = sanitize_gradients(self.trained_module.parameters())
+        clip = self.hparams.get("gradient_clip_val")
+        if clip:
+            torch.nn.utils.clip_grad_norm_(params, float(clip))
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        world = self.trainer.world_size if self._trainer is not None else 1
+        ema_step(self.ema, self.trained_module, self.hparams, self._images(batch).shape[0], world)
+
+    def configure_optimizers(self):
+        return adam_with_warmup(self.trained_module.parameters(), self.hparams, self.device)

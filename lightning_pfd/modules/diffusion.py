@@ -1,43 +1,24 @@
-"""DiffusionModule: EDM / VP training with EMA weights (Lightning glue over lightning_pfd.diffusion)."""
+"""DiffusionModule: a sigma-space denoiser of any diffusion family trained with EMA weights
+(Lightning glue over :mod:`lightning_pfd.diffusion`)."""
 from __future__ import annotations
 
-import os
 import warnings
-from typing import Optional, Sequence
+from dataclasses import replace
+from typing import Any, Dict, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
-from ..diffusion import (EDMLoss, EDMPrecond, VPLoss, VPPrecond, clamp_sigmas, karras_sigmas,
-                         sample_endpoints)
-from ..diffusion.sampling import SAMPLERS
-from ..errors import check_choice
-from .base import ResumableModule, check_optimizer_args
-from .ema import EMA, ema_step, sanitize_gradients
-from .optim import adam_with_warmup
+from ..diffusion.families import DiffusionFamily, build_family, family_names, get_family
+from ..diffusion.sampling import SamplerSettings
+from ..errors import ConfigError
+from .base import EMAModule, check_training_args
 
-__all__ = ["DiffusionModule"]
-
-PRECONDS = ("edm", "vp")
-
-
-def _check_choice(name: str, value, allowed) -> None:
-    check_choice(name, value, allowed)
-
+__all__ = ["DiffusionModule", "resolve_family"]
 
 # The EMA copy is deliberately kept in eval mode; Lightning's generic warning about modules in
 # eval mode at the start of training refers to it.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
-
-
-def limit_cpu_threads(trainer) -> None:
-    """torch.set_num_threads(max(1, cores // local processes)) for multi-process CPU runs."""
-    if trainer is None or trainer.world_size <= 1:
-        return
-    if getattr(trainer.strategy.root_device, "type", "cpu") != "cpu":
-        return
-    local = max(1, getattr(trainer, "num_devices", trainer.world_size))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
 
 
 def _built_by_cli() -> bool:
@@ -49,17 +30,59 @@ def _built_by_cli() -> bool:
     return _given_hyperparameters.get() is not None
 
 
-class DiffusionModule(ResumableModule):
-    """Train a denoiser D(x; sigma) with the EDM or VP loss; keep EMA weights for evaluation.
+def resolve_family(precond: str, family: Union[str, DiffusionFamily, None],
+                   module_args: Dict[str, Any], family_args: Optional[dict]) -> DiffusionFamily:
+    """The family a DiffusionModule trains: ``family`` (a name or an object) if given, else the
+    one named by ``precond``. A name is built from the module's arguments (``build_family``)."""
+    if family is None:
+        return build_family(precond, module_args, family_args)
+    if not isinstance(family, (str, DiffusionFamily)):
+        raise ConfigError("model.init_args.family", "must be a family name or a DiffusionFamily",
+                          value=family, accepted=list(family_names()))
+    name = family.name if isinstance(family, DiffusionFamily) else family
+    if isinstance(family, str):
+        get_family(family, "model.init_args.family")
+    if precond not in ("edm", name):  # "edm" is precond's default: an unset precond
+        raise ConfigError("model.init_args.family", f"names another family than precond={precond!r}",
+                          value=name, suggestion="give only one of precond / family")
+    if isinstance(family, str):
+        return build_family(family, module_args, family_args)
+    if family_args and dict(family_args) != _extra_args(family):  # (the recorded ones are fine)
+        raise ConfigError("model.init_args.family_args", "only used with a family name; the "
+                          f"family object already holds its parameters: {family!r}", value=family_args)
+    return family
+
+
+def _extra_args(family: DiffusionFamily) -> Dict[str, Any]:
+    """A family's parameters that are not DiffusionModule arguments (its ``family_args``)."""
+    fed = set(type(family).MODULE_ARGS.values())
+    return {k: v for k, v in family.init_args().items() if k not in fed}
+
+
+class DiffusionModule(EMAModule):
+    """Train a denoiser D(x; sigma) of a diffusion family; keep EMA weights for evaluation.
 
     Args:
         net: the raw network ``net(c_in * x, c_noise)`` (e.g. ``UNet``, ``MLPNet``).
-        precond: ``"edm"`` (Karras et al. 2022) or ``"vp"`` (Song et al. 2021): EDM paper Table 1.
+        precond: the diffusion family by name: ``"edm"`` (Karras et al. 2022), ``"vp"`` (Song et
+            al. 2021), ``"ve"`` (Song et al. 2021) -- the columns of the EDM paper's Table 1 -- or
+            any family registered with ``lightning_pfd.diffusion.families.register_family``.
+        family: the same as ``precond`` (the name used by new configs), or, from Python, a
+            :class:`~lightning_pfd.diffusion.families.DiffusionFamily` object; overrides
+            ``precond``. The module's ``hparams.precond`` records the family's name.
+        family_args: parameters of the family other than the module arguments below, e.g.
+            ``{"sigma_min": 0.02, "sigma_max": 100}`` for "ve" (errors name
+            ``model.init_args.family_args.<name>``).
+        sigma_data, P_mean, P_std: EDM's data scale and training sigma distribution.
+        vp_beta_d, vp_beta_min, vp_epsilon_t, vp_M: the VP schedule.
         lr, betas, weight_decay: Adam(W) settings; ``warmup_steps`` linear LR warm-up.
         ema_decay: per-step EMA decay; ``ema_halflife_kimg`` (EDM's convention) overrides it.
         ema_rampup: ramp the EMA up at the start of training (``modules.ema.ema_beta``).
-        num_steps, sigma_min, sigma_max, rho, sampler: the PF-ODE sampler used by ``generate``
-            and every evaluation callback (Heun-18 on EDM's grid by default).
+        num_steps, sigma_min, sigma_max, rho, sampler: the PF-ODE solver (a
+            :class:`~lightning_pfd.diffusion.sampling.SamplerSettings`, ``sampler_settings``)
+            used by ``generate`` and every evaluation callback: Heun-18 on EDM's grid by default,
+            clamped to the family's supported sigma range (``family.default_grid`` gives the
+            family's own grid, e.g. the geometric VE grid on [0.02, 100]).
         sample_autocast: run the network in bf16 autocast while sampling on CUDA.
         train_seed: training seed (None: ``seed_everything``'s, else 0); batch k's noise and dropout
             come from SplitMix64(seed, k, rank), so a resumed run is bit-identical.
@@ -67,8 +90,9 @@ class DiffusionModule(ResumableModule):
             ``diverged`` event (0 = off); ``on_divergence``: ``"stop"`` or ``"continue"``.
     """
 
-    ARCHITECTURE_KEYS = frozenset({"net", "precond", "sigma_data", "vp_beta_d", "vp_beta_min",
-                                   "vp_M", "vp_epsilon_t"})
+    ARCHITECTURE_KEYS = frozenset({"net", "precond", "family", "family_args", "sigma_data", "vp_beta_d",
+                                   "vp_beta_min", "vp_M", "vp_epsilon_t"})
+    TRAINED = "precond"
 
     def __init__(
         self,
@@ -97,38 +121,44 @@ class DiffusionModule(ResumableModule):
         train_seed: Optional[int] = None,
         divergence_patience: int = 10,
         on_divergence: str = "stop",
+        family: Optional[Union[str, DiffusionFamily]] = None,
+        family_args: Optional[Dict[str, Any]] = None,
     ):
         super().__init__()
-        _check_choice("precond", precond, PRECONDS)
-        _check_choice("sampler", sampler, sorted(SAMPLERS))
-        check_optimizer_args(lr, betas, weight_decay, warmup_steps)
-        if not 0.0 <= ema_decay <= 1.0:
-            raise ValueError(f"ema_decay: must lie in [0, 1], got {ema_decay}")
-        if ema_halflife_kimg is not None and ema_halflife_kimg <= 0:
-            raise ValueError(f"ema_halflife_kimg: must be > 0, got {ema_halflife_kimg}")
-        self.sigmas = karras_sigmas(num_steps, sigma_min, sigma_max, rho)  # validates the grid
-        if not hasattr(net, "data_shape"):
-            raise ValueError("net: must expose `data_shape` (the shape of one sample)")
+        args = dict(sigma_data=sigma_data, P_mean=P_mean, P_std=P_std, vp_beta_d=vp_beta_d,
+                    vp_beta_min=vp_beta_min, vp_epsilon_t=vp_epsilon_t, vp_M=vp_M)
+        fam = resolve_family(precond, family, args, family_args)
+        settings = SamplerSettings.checked("model.init_args.", sampler=sampler, num_steps=num_steps,
+                                           sigma_min=sigma_min, sigma_max=sigma_max, rho=rho)
+        check_training_args(net, lr, betas, weight_decay, warmup_steps, ema_decay, ema_halflife_kimg)
         # Under LightningCLI the net arrives as its class_path config, which is saved so
         # load_from_checkpoint(path) rebuilds it; a net built in Python is not picklable into
-        # hparams safely: pass it again, load_from_checkpoint(path, net=...).
-        self.save_hyperparameters(ignore=[] if _built_by_cli() else ["net"])
+        # hparams safely: pass it again, load_from_checkpoint(path, net=...). A family object is
+        # saved as its name and parameters.
+        ignore = ([] if _built_by_cli() else ["net"]) + (["family"] if isinstance(family, DiffusionFamily) else [])
+        self.save_hyperparameters(ignore=ignore)
+        self._record_family(fam, family)
         self.net = net
-        if precond == "edm":
-            self.precond = EDMPrecond(net, sigma_data=sigma_data)
-            self.loss_fn = EDMLoss(P_mean, P_std, sigma_data)
-        else:
-            self.precond = VPPrecond(net, vp_beta_d, vp_beta_min, vp_M, vp_epsilon_t)
-            self.loss_fn = VPLoss(vp_beta_d, vp_beta_min, vp_epsilon_t)
-        self.sigmas = clamp_sigmas(self.sigmas, self.precond)
-        self.ema = EMA(self.precond)
-        self._init_resumable(train_seed, divergence_patience, on_divergence)
+        self.family = fam
+        self.precond = fam.precondition(net)
+        self.loss_fn = fam.loss()
+        self.sampler_settings = settings
+        self.sigmas = settings.sigmas(self.precond)
+        self._init_ema(train_seed, divergence_patience, on_divergence)
 
-    # -- public interface used by the callbacks -------------------------------------------
-    @property
-    def data_shape(self) -> tuple:
-        return tuple(self.net.data_shape)
+    def _record_family(self, fam: DiffusionFamily, given) -> None:
+        """hparams.precond = the family's name; a family object is recorded as the module
+        arguments and ``family_args`` that rebuild it (so ``load_from_checkpoint`` does)."""
+        self.hparams["precond"] = fam.name
+        if not isinstance(given, DiffusionFamily):
+            return
+        params = fam.init_args()
+        for module_arg, field in type(fam).MODULE_ARGS.items():
+            self.hparams[module_arg] = params[field]
+        self.hparams["family"] = fam.name
+        self.hparams["family_args"] = _extra_args(fam) or None
 
+    # -- public interface used by the callbacks (lightning_pfd.contracts.SigmaSpaceModel) ------
     @property
     def sigma_data(self) -> float:
         return float(self.hparams.sigma_data)
@@ -138,6 +168,10 @@ class DiffusionModule(ResumableModule):
         """The EMA denoiser D(x; sigma) in eval mode: use it for every evaluation."""
         return self.ema.shadow
 
+    def network_input(self, x: torch.Tensor, sigma):
+        """(c_in x, c_noise): what the EMA denoiser's raw network sees at ``sigma``."""
+        return self.denoiser.network_input(x, sigma)
+
     @torch.no_grad()
     def generate(self, seeds, sigmas: Optional[torch.Tensor] = None, sampler: Optional[str] = None,
                  batch_size: int = 256, denoiser: Optional[nn.Module] = None,
@@ -145,59 +179,17 @@ class DiffusionModule(ResumableModule):
         """PF-ODE samples (float64, on this module's device), one per seed (PFD paper eq. 2; EDM Alg. 1).
 
         ``sigmas`` gives the grid; else ``num_steps`` rebuilds the module's Karras grid with that
-        many steps; else the module's grid (Heun-18 by default)."""
+        many steps; else the module's grid (Heun-18 by default). The grid is clamped to the
+        denoiser's sigma range; bf16 autocast with ``sample_autocast`` on CUDA."""
         den = self.denoiser if denoiser is None else denoiser
-        if sigmas is None and num_steps is not None:
-            hp = self.hparams
-            sigmas = karras_sigmas(num_steps, hp.sigma_min, hp.sigma_max, hp.rho)
-        grid = self.sigmas if sigmas is None else clamp_sigmas(sigmas, den)
+        settings = self.sampler_settings
+        if sampler is not None:
+            settings = replace(settings, sampler=sampler)
+        if sigmas is not None:
+            settings = replace(settings, grid=tuple(torch.as_tensor(sigmas, dtype=torch.float64).reshape(-1).tolist()))
+        elif num_steps is not None:
+            settings = replace(settings, num_steps=num_steps)
         use_amp = bool(self.hparams.sample_autocast) and self.device.type == "cuda"
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_amp):
-            return sample_endpoints(den, seeds, self.data_shape, grid,
-                                    sampler or self.hparams.sampler, batch_size,
-                                    device=self.device, out_device=self.device)
-
-    def setup(self, stage: str) -> None:
-        """Fail before any training if the data's sample shape does not fit the net; cap the
-        intra-op threads of CPU DDP ranks (two 2-thread ranks on 2 cores run ~20x slower)."""
-        limit_cpu_threads(self._trainer)
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        d_shape = getattr(dm, "data_shape", None)
-        if d_shape is not None and tuple(d_shape) != self.data_shape:
-            raise ValueError(
-                f"model.init_args.net: the net expects samples of shape {self.data_shape} but the "
-                f"data ({type(dm).__name__}) has shape {tuple(d_shape)}; set the net's "
-                "img_resolution / in_channels (or dim) to match")
-
-    # -- training ----------------------------------------------------------------------------
-    @staticmethod
-    def _images(batch) -> torch.Tensor:
-        return batch[0] if isinstance(batch, (tuple, list)) else batch
-
-    def training_step(self, batch, batch_idx):
-        y = self._images(batch)
-        loss = self.loss_fn(self.precond, y).mean()
-        self._last_loss = loss.detach()
-        self._log_train({"train/loss": loss}, y.shape[0])
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        """Frozen-noise loss of the EMA weights; seeds by the sample's index in the validation
-        set, so ``val/loss`` is the same for any number of processes."""
-        y = self._images(batch)
-        seeds, keep = self._val_seeds(batch_idx, y.shape[0], y.device)
-        per = self.loss_fn(self.denoiser, y, seeds=seeds)
-        self._accumulate_val("val/loss", per, keep)
-        return per.mean()
-
-    def on_before_optimizer_step(self, optimizer) -> None:
-        # EDM's guard: NaN gradients -> 0, +-inf -> +-1e5 (after counting them for divergence)
-        self._check_gradients(self.precond.parameters())
-        sanitize_gradients(self.precond.parameters())
-
-    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        world = self.trainer.world_size if self._trainer is not None else 1
-        ema_step(self.ema, self.precond, self.hparams, self._images(batch).shape[0], world)
-
-    def configure_optimizers(self):
-        return adam_with_warmup(self.precond.parameters(), self.hparams, self.device)
+        settings = replace(settings, precision="bf16" if use_amp else "fp32")
+        return settings.sample(den, seeds, self.data_shape, batch_size=batch_size,
+                               device=self.device, out_device=self.device)

@@ -16,9 +16,7 @@ from ..diffusion.levy import (LEVY_SAMPLERS, LEVY_TIME_GRIDS, PARAMETERIZATIONS,
                               fractional_dsm_loss, levy_sample, sample_alpha_stable)
 from ..diffusion.streams import alpha_stable_stream, stream
 from ..errors import ConfigError, check_choice
-from .base import ResumableModule, check_optimizer_args
-from .ema import EMA, ema_step, sanitize_gradients
-from .optim import adam_with_warmup
+from .base import EMAModule, check_training_args
 
 __all__ = ["LevyItoModule", "LevyScoreNet", "trimmed_mean"]
 
@@ -101,17 +99,13 @@ class LevyScoreNet(nn.Module):
         return (x.to(torch.float64) + s * self.schedule.alpha * out) / g
 
 
-def _check_choice(name: str, value, allowed) -> None:
-    check_choice(name, value, allowed)
-
-
 def _check_rho(rho) -> float:
     if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not rho > 0:
         raise ConfigError("rho", "must be a number > 0 (EDM's time-grid exponent)", value=rho)
     return float(rho)
 
 
-class LevyItoModule(ResumableModule):
+class LevyItoModule(EMAModule):
     """Train a Lévy–Itō model with fractional denoising score matching; keep EMA weights.
 
     Args:
@@ -144,6 +138,7 @@ class LevyItoModule(ResumableModule):
 
     ARCHITECTURE_KEYS = frozenset({"net", "alpha", "isotropic", "schedule_s", "T", "t_min",
                                    "sigma_data", "M", "parameterization"})
+    TRAINED = "score_net"
 
     def __init__(self, net: nn.Module, alpha: float = 1.7, loss: str = "squared",
                  huber_delta: float = 1.0, clamp_A: Optional[float] = None,
@@ -160,47 +155,38 @@ class LevyItoModule(ResumableModule):
                  parameterization: str = "eps", time_grid: str = "uniform", rho: float = 7.0):
         super().__init__()
         check_alpha(alpha)
-        _check_choice("loss", loss, ("squared", "huber", "l2"))
-        _check_choice("sampler", sampler, LEVY_SAMPLERS)
-        _check_choice("parameterization", parameterization, PARAMETERIZATIONS)
-        _check_choice("time_grid", time_grid, LEVY_TIME_GRIDS)
+        check_choice("loss", loss, ("squared", "huber", "l2"))
+        check_choice("sampler", sampler, LEVY_SAMPLERS)
+        check_choice("parameterization", parameterization, PARAMETERIZATIONS)
+        check_choice("time_grid", time_grid, LEVY_TIME_GRIDS)
         _check_rho(rho)
         for name, v in (("clamp_A", clamp_A), ("clamp_eps", clamp_eps),
-                    ("generate_clamp_A", generate_clamp_A)):
+                        ("generate_clamp_A", generate_clamp_A)):
             if v is not None and not v > 0:
-                raise ValueError(f"{name}: must be > 0 or None, got {v}")
+                raise ConfigError(f"model.init_args.{name}", "must be > 0 or null (off)", value=v)
         if not huber_delta > 0:
-            raise ValueError(f"huber_delta: must be > 0, got {huber_delta}")
-        if gradient_clip_val is not None and gradient_clip_val < 0:
-            raise ValueError(f"gradient_clip_val: must be >= 0 or None, got {gradient_clip_val}")
-        check_optimizer_args(lr, betas, weight_decay, warmup_steps)
-        if not 0.0 <= ema_decay <= 1.0:
-            raise ValueError(f"ema_decay: must lie in [0, 1], got {ema_decay}")
-        if int(num_steps) < 1:
-            raise ValueError(f"num_steps: must be >= 1, got {num_steps}")
+            raise ConfigError("model.init_args.huber_delta", "must be > 0", value=huber_delta)
+        check_training_args(net, lr, betas, weight_decay, warmup_steps, ema_decay, ema_halflife_kimg,
+                            gradient_clip_val)
+        if isinstance(num_steps, bool) or not isinstance(num_steps, (int, float)) \
+                or not float(num_steps).is_integer() or num_steps < 1:
+            raise ConfigError("model.init_args.num_steps", "must be an integer >= 1", value=num_steps)
         if not 0.0 <= trim_fraction < 0.5:
-            raise ValueError(f"trim_fraction: must lie in [0, 0.5), got {trim_fraction}")
+            raise ConfigError("model.init_args.trim_fraction", "must lie in [0, 0.5)", value=trim_fraction)
         if not sigma_data > 0:
-            raise ValueError(f"sigma_data: must be > 0, got {sigma_data}")
-        if not hasattr(net, "data_shape"):
-            raise ValueError("net: must expose `data_shape` (the shape of one sample)")
+            raise ConfigError("model.init_args.sigma_data", "must be > 0", value=sigma_data)
         self.schedule = CosineSchedule(alpha, schedule_s, T, t_min)  # validates s, T, t_min
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`.*")
             self.save_hyperparameters()
         self.net = net
         self.score_net = LevyScoreNet(net, self.schedule, sigma_data, M, parameterization)
-        self.ema = EMA(self.score_net)
-        self._init_resumable(train_seed, divergence_patience, on_divergence)
+        self._init_ema(train_seed, divergence_patience, on_divergence)
 
     # -- public interface ----------------------------------------------------------------------
     @property
     def alpha(self) -> float:
         return self.schedule.alpha
-
-    @property
-    def data_shape(self) -> tuple:
-        return tuple(self.net.data_shape)
 
     @property
     def score_model(self) -> LevyScoreNet:
@@ -259,9 +245,9 @@ class LevyItoModule(ResumableModule):
         if sigmas is not None:
             raise ValueError("sigmas: LevyItoModule integrates in t; use num_steps instead")
         sampler = sampler or self.hparams.sampler
-        _check_choice("sampler", sampler, LEVY_SAMPLERS)
+        check_choice("sampler", sampler, LEVY_SAMPLERS)
         time_grid = time_grid or self.hparams.get("time_grid", "uniform")
-        _check_choice("time_grid", time_grid, LEVY_TIME_GRIDS)
+        check_choice("time_grid", time_grid, LEVY_TIME_GRIDS)
         rho = _check_rho(self.hparams.get("rho", 7.0) if rho is None else rho)
         num_steps = int(num_steps or self.hparams.num_steps)
         if batch_size < 1:
@@ -283,49 +269,13 @@ class LevyItoModule(ResumableModule):
             return torch.zeros(0, *self.data_shape, dtype=torch.float64, device=self.device)
         return torch.cat(out)
 
-    def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        d_shape = getattr(dm, "data_shape", None)
-        if d_shape is not None and tuple(d_shape) != self.data_shape:
-            raise ValueError(
-                f"model.init_args.net: the net expects samples of shape {self.data_shape} but the "
-                f"data ({type(dm).__name__}) has shape {tuple(d_shape)}")
+    # -- training (the steps, gradient guard, EMA and optimizer: EMAModule) ---------------------
+    def _train_metrics(self, loss, per_sample):
+        """``train/loss`` (the optimized mean) with its median and trimmed mean: the squared loss
+        has infinite-variance targets for alpha < 2, the robust summaries show the trend."""
+        return {"train/loss": loss, "train/loss_median": per_sample.median(),
+                "train/loss_trimmed": trimmed_mean(per_sample, self.hparams.trim_fraction)}
 
-    # -- training ------------------------------------------------------------------------------
-    @staticmethod
-    def _images(batch) -> torch.Tensor:
-        return batch[0] if isinstance(batch, (tuple, list)) else batch
-
-    def training_step(self, batch, batch_idx):
-        y = self._images(batch)
-        per = self.loss_fn(self.score_net, y)
-        loss = per.mean()
-        self._last_loss = loss.detach()
-        self._log_train({"train/loss": loss, "train/loss_median": per.detach().median(),
-                         "train/loss_trimmed": trimmed_mean(per.detach(), self.hparams.trim_fraction)},
-                        y.shape[0])
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        """Frozen-noise loss of the EMA score model, seeded by the sample's global index.
-        ``val/loss_median`` is the mean over validation batches of the batch medians."""
-        y = self._images(batch)
-        seeds, keep = self._val_seeds(batch_idx, y.shape[0], y.device)
-        per = self.loss_fn(self.score_model, y, seeds=seeds)
-        self._accumulate_val("val/loss", per, keep)
-        self._accumulate_val("val/loss_median", per.median().expand(1), keep.any().expand(1))
-        return per.mean()
-
-    def on_before_optimizer_step(self, optimizer) -> None:
-        self._check_gradients(self.score_net.parameters())
-        params = sanitize_gradients(self.score_net.parameters())
-        clip = self.hparams.gradient_clip_val
-        if clip:
-            torch.nn.utils.clip_grad_norm_(params, float(clip))
-
-    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        world = self.trainer.world_size if self._trainer is not None else 1
-        ema_step(self.ema, self.score_net, self.hparams, self._images(batch).shape[0], world)
-
-    def configure_optimizers(self):
-        return adam_with_warmup(self.score_net.parameters(), self.hparams, self.device)
+    def _accumulate_val_extra(self, per_sample, keep) -> None:
+        """``val/loss_median``: the mean over validation batches of the batch medians."""
+        self._accumulate_val("val/loss_median", per_sample.median().expand(1), keep.any().expand(1))

@@ -1,7 +1,7 @@
 """Building blocks shared by the U-Net and the MLP denoiser (pure torch).
 
 Noise embeddings of c_noise (the scalar the preconditioning hands to the raw network,
-REFERENCE §2-3), group-norm with an automatic group count, and the EDM-style weight
+EDM paper Table 1), group-norm with an automatic group count, and the EDM-style weight
 initialisation (xavier-uniform, biases 0, "almost zero" output layers).
 """
 from __future__ import annotations

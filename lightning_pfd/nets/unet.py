@@ -1,4 +1,4 @@
-"""U-Net family of the PFD paper (Table 2, REFERENCE §9): EDM's SongUNet "ddpm++" layout.
+"""U-Net family of the PFD paper (Table 2): EDM's SongUNet "ddpm++" layout.
 
 Own implementation of the architecture described by Song et al. (2021) as configured by
 Karras et al. (2022) for CIFAR-10 ("ddpm++"):
@@ -16,7 +16,8 @@ Karras et al. (2022) for CIFAR-10 ("ddpm++"):
   resolutions and in every encoder block of them; output GroupNorm -> SiLU -> conv3x3.
 
 Module names follow EDM ("enc.32x32_block0", "dec.16x16_block1", "dec.8x8_in0", ...), so the
-ICR tap of the paper (REFERENCE §9-10, ``dec.16x16_block1``) is addressed by the same string.
+ICR tap of "Evaluating the Representation Space of Diffusion Models via Self-Supervised
+Principles" (``dec.16x16_block1``) is addressed by the same string.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from .layers import TappedNetwork, as_noise_labels, group_norm, init_xavier, mak
 
 __all__ = ["UNet", "UNetBlock", "UNET_PRESETS"]
 
-# PFD paper Table 2 (REFERENCE §9): width per level = model_channels * channel_mult.
+# PFD paper Table 2: width per level = model_channels * channel_mult.
 UNET_PRESETS: Dict[str, dict] = {
     "unet1": dict(model_channels=16, channel_mult=(2, 2, 2), num_blocks=4),    # 0.9M
     "unet2": dict(model_channels=32, channel_mult=(2, 2, 2), num_blocks=4),    # 3.5M
@@ -48,7 +49,7 @@ UNET_PRESETS: Dict[str, dict] = {
     "unet10": dict(model_channels=128, channel_mult=(2, 2, 2), num_blocks=4),  # 55.7M
 }
 
-# Reference parameter counts at 32x32x3 (PFD paper Table 2 / REFERENCE §9).
+# Reference parameter counts at 32x32x3 (PFD paper Table 2).
 UNET_PRESET_PARAMS: Dict[str, float] = {
     "unet1": 0.881e6, "unet2": 3.5e6, "unet3": 7.9e6, "unet4": 14.0e6, "unet5": 17.1e6,
     "unet6": 17.8e6, "unet7": 21.8e6, "unet8": 31.3e6, "unet9": 42.7e6, "unet10": 55.73e6,
@@ -141,7 +142,7 @@ class UNet(TappedNetwork):
     """EDM SongUNet "ddpm++" U-Net, ``net(x_in, c_noise) -> F`` with F of the shape of x_in.
 
     Args:
-        preset: ``"unet1"``..``"unet10"`` (PFD paper Table 2, REFERENCE §9) or None. Explicit
+        preset: ``"unet1"``..``"unet10"`` (PFD paper Table 2) or None. Explicit
             keyword arguments override the preset's values.
         img_resolution: side length H = W; must be divisible by 2**(len(channel_mult)-1)
             (28 works natively with 3 levels: 28 -> 14 -> 7; no padding is done).
