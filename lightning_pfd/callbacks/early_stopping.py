@@ -1,4 +1,5 @@
-"""ICREarlyStopping: stop (after ``patience``) at the ICR minimum (ICR paper Sec. 5.2).
+"""ICREarlyStopping: stop (after ``patience``) at the ICR minimum (Sec. 5.2 of
+*Evaluating the Representation Space of Diffusion Models via Self-Supervised Principles*, the ICR paper).
 
 In data-limited training ICR is U-shaped and its minimum precedes the rise of the memorization
 ratio, so the minimum is a label-free, sampling-free early-stopping point. This is Lightning's
@@ -15,8 +16,10 @@ ratio, so the minimum is a label-free, sampling-free early-stopping point. This 
   stale value as "no improvement". ``every_n_epochs=None`` with an ``ICRMonitor`` among the
   trainer's callbacks (and an ``icr/*`` monitor): exactly the passes where that monitor measured.
   Otherwise (an explicit ``every_n_epochs``, or no ICRMonitor: 1): every n-th validation pass, the
-  first included -- the ICRMonitor schedule (``_schedule.py``), so it also holds with
-  ``check_val_every_n_epoch > 1``. ``patience`` counts checks, not epochs;
+  first included -- the monitors' pass counting (:mod:`lightning_pfd.callbacks.base`), so it also
+  holds with ``check_val_every_n_epoch > 1``; following an ICRMonitor also follows its ``"log"`` or
+  explicit schedule (the check reads the monitor's public ``schedule.fresh``). ``patience`` counts
+  checks, not epochs;
 - state (wait count, best score, best epoch, EMA state) in ``state_dict`` for resume, under
   ``state_key`` = (monitor, mode) as for Lightning's EarlyStopping, so one stopper per ICR
   namespace (``ICRMonitor(name=...)``) can coexist;
@@ -49,7 +52,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping
 
 from ..errors import ConfigError
-from ._schedule import MeasurementSchedule, callback_field
+from .base import MeasurementSchedule, callback_field
 
 __all__ = ["ICREarlyStopping"]
 
@@ -79,7 +82,8 @@ class ICREarlyStopping(EarlyStopping):
             raise ConfigError(field("patience"), "must be an integer >= 1", value=patience)
         if every_n_epochs is not None and (isinstance(every_n_epochs, bool) or
                                            not isinstance(every_n_epochs, int) or every_n_epochs < 1):
-            raise ConfigError(field("every_n_epochs"), "must be None or an integer >= 1", value=every_n_epochs)
+            raise ConfigError(field("every_n_epochs"), "must be None or an integer >= 1",
+                              value=every_n_epochs)
         if not float(min_delta) >= 0:
             raise ConfigError(field("min_delta"), "must be >= 0", value=min_delta)
         if mode not in ("min", "max"):

@@ -1,12 +1,16 @@
-"""``python -m lightning_pfd icr-sweep``: ICR(sigma) and a linear probe over a noise grid (Fig. 3).
+"""``python -m lightning_pfd icr-sweep``: ICR(sigma) and a linear probe over a noise grid (Fig. 3 of
+*Evaluating the Representation Space of Diffusion Models via Self-Supervised Principles*, the ICR paper).
 
 For every sigma of the grid:
 
-- ICR, Tr(Sigma_s), Tr(Sigma_xi) exactly as :class:`~lightning_pfd.callbacks.ICRMonitor` measures
-  them (fixed seeded training subset, two augmented + noised views, EMA denoiser, tap features);
-- linear-probe accuracy: features of the training images noised at sigma (seeded noise, no
-  augmentation) train a scikit-learn ``LogisticRegression`` (standardized features); it is
-  scored on the held-out images noised the same way (ICR paper App. C, Fig. 3).
+- ICR, Tr(Sigma_s), Tr(Sigma_xi) from
+  :class:`~lightning_pfd.evaluation.representation.RepresentationEvaluation`, the protocol of
+  ``ICRMonitor`` (fixed seeded training subset, two augmented + noised views, EMA denoiser, tap
+  features, optional fixed projection);
+- linear-probe accuracy: the same evaluation's features (same tap and projection) of the training
+  images noised at sigma (seeded noise, no augmentation) train a scikit-learn
+  ``LogisticRegression`` (standardized features); it is scored on the held-out images noised the
+  same way (ICR paper App. C, Fig. 3).
 
 The semantic window is where ICR is lowest and the probe most accurate. Prints a table, writes
 ``icr_sweep.csv``, ``icr_sweep.json`` and ``icr_sweep.png`` into ``--out``.
@@ -15,7 +19,8 @@ Examples::
 
     python -m lightning_pfd icr-sweep --ckpt runs/x/checkpoints/last.ckpt --data runs/x/config.yaml
     python -m lightning_pfd icr-sweep --ckpt last.ckpt --data digits --data-args '{"image_size": 8}' \
-        --net '{"class_path": "lightning_pfd.nets.UNet", "init_args": {"img_resolution": 8, "in_channels": 1}}'
+        --net '{"class_path": "lightning_pfd.nets.UNet",
+               "init_args": {"img_resolution": 8, "in_channels": 1}}'
 
 ``--data`` is a LightningCLI config file (its ``data`` entry is used, and its ``model.init_args.net``
 when the checkpoint does not record the network), a short name (digits, fashion, cifar10, gmm) or
@@ -28,7 +33,7 @@ noise levels, ``--num-images`` < 2, ``--level`` outside 0..5, ``--d-proj`` / ``-
 malformed class path in ``--data`` / ``--module-class``, ``--out`` naming a file, malformed
 ``--data-args`` / ``--net``. After loading: an unknown ``--tap`` (with the net's taps and the
 closest name), ``--num-images`` larger than the training set, noise levels outside the
-denoiser's range.
+denoiser's range, ``--d-proj`` larger than the tap's feature dimension.
 """
 from __future__ import annotations
 
@@ -128,9 +133,10 @@ def load_module(ckpt: str, net_spec: Optional[dict], module_class: str):
 
 
 @torch.no_grad()
-def _probe_features(module, x: torch.Tensor, sigma: float, seed: int, tap, d_proj_matrix,
+def _probe_features(evaluation, module, x: torch.Tensor, sigma: float, seed: int,
                     batch_size: int) -> torch.Tensor:
-    from ..diffusion.features import extract_features
+    """The evaluation's (projected) features of ``x`` noised at sigma with seeded noise, no
+    augmentation (row i seeded by ``seed + i``)."""
     from ..diffusion.noise import seeded_noise
     from ..diffusion.streams import stream
 
@@ -138,9 +144,9 @@ def _probe_features(module, x: torch.Tensor, sigma: float, seed: int, tap, d_pro
     for i in range(0, x.shape[0], batch_size):
         xb = x[i:i + batch_size].to(module.device, torch.float32)
         seeds = torch.arange(i, i + xb.shape[0]) + seed
-        n = seeded_noise(seeds, xb.shape[1:], device=module.device, stream=stream("icr_sweep.noise")).to(xb.dtype)
-        h = extract_features(module.denoiser, xb + sigma * n, sigma, tap=tap, batch_size=batch_size)
-        out.append(h if d_proj_matrix is None else h @ d_proj_matrix.to(h.device))
+        n = seeded_noise(seeds, xb.shape[1:], device=module.device, stream=stream("icr_sweep.noise"))
+        n = n.to(xb.dtype)
+        out.append(evaluation.features(module, xb + sigma * n, sigma))
     return torch.cat(out).cpu()
 
 
@@ -163,14 +169,10 @@ def sweep(module, dm, sigmas: Sequence[float], num_images: Optional[int] = None,
           seed: int = 0) -> List[Dict[str, float]]:
     """One row per sigma: sigma, icr, trace_s, trace_xi, n, d, tau, cond_xi, icr_tau_auto,
     icr_tau_relative, probe_acc (NaN without labels). ``num_images`` None: min(4096, N)."""
-    from .icr import ICRMonitor
-
     sigmas = [float(s) for s in sigmas]
-    mon = ICRMonitor(num_images=num_images, sigma=sigmas[0], sigmas=sigmas[1:], level=level,
-                     tap=tap, d_proj=d_proj, views_per_image=views_per_image, seed=seed,
-                     batch_size=batch_size)
-    check_loaded(module, dm, sigmas, num_images, tap)
-    icr = mon.measure(module, dm.train_data)
+    ev = check_loaded(module, dm, sigmas, num_images, tap, level=level, d_proj=d_proj,
+                      views_per_image=views_per_image, batch_size=batch_size, seed=seed)
+    icr = ev.measure(module)
     has_labels = getattr(dm, "train_labels", None) is not None and \
         getattr(dm, "val_labels", None) is not None and getattr(dm, "val_data", None) is not None
     n_probe = dm.train_data.shape[0] if probe_train is None else min(probe_train, dm.train_data.shape[0])
@@ -179,10 +181,8 @@ def sweep(module, dm, sigmas: Sequence[float], num_images: Optional[int] = None,
         r = icr[s]
         acc = float("nan")
         if has_labels:
-            ftr = _probe_features(module, dm.train_data[:n_probe], s, seed, tap, mon._projection,
-                                  batch_size)
-            fte = _probe_features(module, dm.val_data, s, seed + 10_000_000, tap, mon._projection,
-                                  batch_size)
+            ftr = _probe_features(ev, module, dm.train_data[:n_probe], s, seed, batch_size)
+            fte = _probe_features(ev, module, dm.val_data, s, seed + 10_000_000, batch_size)
             acc = linear_probe_accuracy(ftr, dm.train_labels[:n_probe], fte, dm.val_labels, seed=seed)
         rows.append({"sigma": s, "icr": float(r["icr"]), "trace_s": float(r["trace_s"]),
                      "trace_xi": float(r["trace_xi"]), "n": float(r["n"]) / views_per_image,
@@ -292,25 +292,26 @@ def _validate_data_arg(data: str) -> None:
                           accepted=sorted(SHORT_NAMES) + ["a config file (.yaml)", "a class path"])
 
 
-def check_loaded(module, dm, sigmas: Sequence[float], num_images: Optional[int],
-                 tap: Optional[str]) -> None:
-    """The checks that need the loaded module and data: --tap, --num-images, --sigmas range."""
-    from .icr import denoiser_of
+def _flag(arg: str) -> str:
+    """The command-line flag of an evaluation argument (``sigma`` and ``sigmas`` are ``--sigmas``)."""
+    return "--sigmas" if arg.startswith("sigma") else "--" + arg.replace("_", "-")
 
-    den = denoiser_of(module)
-    taps = getattr(den.net, "feature_taps", None)
-    if tap is not None and taps is not None and tap not in taps:
-        raise ConfigError("--tap", f"unknown feature tap of {type(den.net).__name__}", value=tap,
-                          accepted=sorted(taps))
-    n = int(dm.train_data.shape[0])
-    if num_images is not None and num_images > n:
-        raise ConfigError("--num-images", f"larger than the training set ({n} samples)",
-                          value=num_images, accepted=f"an integer in [2, {n}]")
-    lo, hi = float(getattr(den, "sigma_min", 0.0) or 0.0), float(getattr(den, "sigma_max", math.inf))
-    outside = [s for s in sigmas if not lo <= s <= hi]
-    if outside:
-        raise ConfigError("--sigmas", f"outside the denoiser's noise range [{lo:g}, {hi:g}]",
-                          value=outside)
+
+def check_loaded(module, dm, sigmas: Sequence[float], num_images: Optional[int],
+                 tap: Optional[str], **settings: Any):
+    """The checks that need the loaded module and data (--tap, --num-images, --sigmas range,
+    --d-proj); returns the :class:`RepresentationEvaluation` of the sweep (``settings``: its
+    other arguments)."""
+    from ..evaluation.representation import RepresentationEvaluation, with_field_prefix
+
+    sigmas = [float(s) for s in sigmas]
+    names = ("num_images", "sigma", "sigmas", "tap", "d_proj", "level", "views_per_image", "batch_size",
+             "seed")
+    with with_field_prefix(_flag, names):
+        ev = RepresentationEvaluation(dm.train_data, num_images=num_images, sigma=sigmas[0],
+                                      sigmas=sigmas[1:], tap=tap, **settings)
+        ev.check_model(module)
+    return ev
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -321,7 +322,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         net_spec_cli = _parse_mapping(args.net, "--net")
         dm, net_spec_cfg = build_datamodule(args.data, data_args)
         module = load_module(args.ckpt, net_spec_cli or net_spec_cfg, args.module_class)
-        check_loaded(module, dm, args.sigmas, args.num_images, args.tap)
+        check_loaded(module, dm, args.sigmas, args.num_images, args.tap, d_proj=args.d_proj)
     except ValueError as e:  # ConfigError, or a datamodule's / module's own ValueError
         text = e.block() if isinstance(e, ConfigError) else f"error: {e}"
         print(f"{PROG}: {text}", file=sys.stderr)

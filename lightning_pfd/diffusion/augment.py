@@ -1,4 +1,5 @@
-"""Seeded, batched view augmentations for ICR (ICR paper App. B.6, "Aug.1".."Aug.5").
+"""Seeded, batched view augmentations for ICR (App. B.6, "Aug.1".."Aug.5", of
+*Evaluating the Representation Space of Diffusion Models via Self-Supervised Principles*, the ICR paper).
 
 Levels (cumulative, as in the paper):
 

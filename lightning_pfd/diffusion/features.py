@@ -1,4 +1,5 @@
-"""Representation features of a preconditioned denoiser at a named tap (ICR paper Sec. 2, App. C).
+"""Representation features of a preconditioned denoiser at a named tap (Sec. 2 and App. C of
+*Evaluating the Representation Space of Diffusion Models via Self-Supervised Principles*, the ICR paper).
 
 The network is fed what it sees inside the denoiser, ``(c_in x, c_noise) =
 precond.network_input(x, sigma)``, and the output of the module ``net.feature_taps[tap]`` is
@@ -8,8 +9,10 @@ otherwise a forward hook captures the tap output and aborts the rest of the forw
 internal exception, so the decoder after the tap is never computed either way.
 
 A fixed Gaussian random projection (Johnson-Lindenstrauss) reduces d when the number of images is
-not several times the feature dimension (REFERENCE §10); it is seeded, so the same projection is
-used at every epoch. Pure torch (no Lightning import).
+not several times the feature dimension (a project choice: the ICR paper estimates ICR from
+N = 4096 training images, App. C, many times the channel count of its tap; small runs cannot); it
+is seeded, so the same projection is used at every epoch and in every process. Pure torch (no
+Lightning import).
 """
 from __future__ import annotations
 
@@ -95,5 +98,6 @@ def random_projection(d: int, d_proj: int, seed: int = 0, device=None) -> torch.
     """Fixed Gaussian projection matrix (d, d_proj), entries N(0, 1/d_proj), float64, seeded."""
     if not isinstance(d_proj, int) or d_proj < 1:
         raise ValueError(f"d_proj: must be an int >= 1, got {d_proj!r}")
-    z = seeded_noise([int(seed)], (d, d_proj), dtype=torch.float64, device=device, stream=stream("icr.projection"))
+    z = seeded_noise([int(seed)], (d, d_proj), dtype=torch.float64, device=device,
+                     stream=stream("icr.projection"))
     return z[0] / d_proj ** 0.5

@@ -1,4 +1,5 @@
-"""Invariant Contamination Ratio (ICR), eq. 3-5 and App. B.6 of the ICR paper (seed 001).
+"""Invariant Contamination Ratio (ICR), eq. 3-5 and App. B.6 of *Evaluating the Representation
+Space of Diffusion Models via Self-Supervised Principles* (the ICR paper).
 
 Two perturbed views h1 = s + xi1, h2 = s + xi2 of every image give (App. B.6)
 
@@ -43,7 +44,8 @@ features (NaN/inf covariances; a diverged model), identical views (Sigma_xi = 0)
 pairs (only when n <= d, where the estimate must be singular), or a singular Sigma_xi. With
 ``tau="auto"`` the last two get the relative ridge instead of an error (only an explicit tau = 0,
 or a ridge of 0 because Sigma_xi = 0, can still fail there). Callers
-that may see non-finite features (``ICRMonitor``) filter and count them before ``update``.
+that may see non-finite features (``RepresentationEvaluation``) filter and count them before
+``update``.
 
 Pure torch; torchmetrics is the only extra dependency (no Lightning import).
 """
@@ -66,6 +68,8 @@ __all__ = [
     "TAU_MODES",
     "resolve_tau",
     "condition_number",
+    "check_tau",
+    "ICR_STATES",
 ]
 
 DEFAULT_TAU_REL = 1e-3
@@ -110,9 +114,6 @@ def check_tau(tau: TauSpec, tau_rel: float = DEFAULT_TAU_REL,
     if isinstance(cond_max, bool) or not isinstance(cond_max, (int, float)) or not float(cond_max) >= 1:
         raise ValueError(f"cond_max: must be a number >= 1, got {cond_max!r}")
     return tau
-
-
-_check_tau = check_tau  # old private name
 
 
 def _l2_normalize(h: torch.Tensor) -> torch.Tensor:
@@ -234,6 +235,90 @@ def icr_from_covariances(sigma_s: torch.Tensor, sigma_xi: torch.Tensor,
     return 1.0 / (1.0 + lam.mean())
 
 
+# ----------------------------------------------------------------------------- update / compute
+#: the sufficient statistics of ICR: float64 sums over view pairs (shapes: d-vectors, d x d, scalars)
+ICR_STATES = ("n", "sum_t", "sum_delta", "sum_tt", "sum_dd", "sum_t_unit", "sum_delta_unit",
+              "sq_t_unit", "sq_delta_unit")
+
+
+def _icr_zero_states(d: int, device=None) -> Dict[str, torch.Tensor]:
+    """The sums of no view pair, for d feature dimensions."""
+    z = lambda *shape: torch.zeros(shape, dtype=torch.float64, device=device)  # noqa: E731
+    return {"n": z(), "sum_t": z(d), "sum_delta": z(d), "sum_tt": z(d, d), "sum_dd": z(d, d),
+            "sum_t_unit": z(d), "sum_delta_unit": z(d), "sq_t_unit": z(), "sq_delta_unit": z()}
+
+
+def _icr_update(h1: torch.Tensor, h2: torch.Tensor, normalize: bool = False) -> Dict[str, torch.Tensor]:
+    """The sums (:data:`ICR_STATES`) of one batch of view pairs, float64.
+
+    With t = (h1 + h2)/2 and delta = h1 - h2 (App. B.6): sum t, sum delta, sum t t^T,
+    sum delta delta^T (on l2-normalized features when ``normalize``) and, for the traces of Fig. 8,
+    the same first moments and squared norms on l2-normalized features. Adding the sums of two
+    batches (or of two ranks) gives the sums of their union, exactly.
+    """
+    _check_views(h1, h2)
+    h1 = pool_features(h1).to(torch.float64)
+    h2 = pool_features(h2).to(torch.float64)
+    u1, u2 = _l2_normalize(h1), _l2_normalize(h2)
+    a1, a2 = (u1, u2) if normalize else (h1, h2)
+    t, delta = 0.5 * (a1 + a2), a1 - a2
+    tu, du = 0.5 * (u1 + u2), u1 - u2
+    return {"n": torch.tensor(float(h1.shape[0]), dtype=torch.float64, device=h1.device),
+            "sum_t": t.sum(0), "sum_delta": delta.sum(0), "sum_tt": t.T @ t, "sum_dd": delta.T @ delta,
+            "sum_t_unit": tu.sum(0), "sum_delta_unit": du.sum(0),
+            "sq_t_unit": (tu * tu).sum(), "sq_delta_unit": (du * du).sum()}
+
+
+def _icr_feature_dim(states: Dict[str, torch.Tensor]) -> int:
+    return int(states["sum_t"].shape[0])
+
+
+def _icr_covariances(states: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Sigma_s = Cov(t) - Cov(delta)/4 and Sigma_xi = Cov(delta)/2 (App. B.6) from the sums."""
+    if float(states["n"]) < 2:
+        raise ValueError("InvariantContaminationRatio: needs at least 2 view pairs before compute()")
+    cov_t = _cov_from_sums(states["sum_t"], states["sum_tt"], states["n"])
+    cov_d = _cov_from_sums(states["sum_delta"], states["sum_dd"], states["n"])
+    return {"sigma_s": cov_t - 0.25 * cov_d, "sigma_xi": 0.5 * cov_d}
+
+
+def _icr_compute(states: Dict[str, torch.Tensor], tau: TauSpec = "auto",
+                 tau_rel: float = DEFAULT_TAU_REL,
+                 cond_max: float = DEFAULT_COND_MAX) -> Dict[str, torch.Tensor]:
+    """ICR (eq. 5), traces, ridge, condition number and spectrum from the sums (class docstring)."""
+    tau = check_tau(tau, tau_rel, cond_max)
+    cov = _icr_covariances(states)
+    sigma_s, sigma_xi, n = cov["sigma_s"], cov["sigma_xi"], states["n"]
+    _require_finite(sigma_s, sigma_xi, None if isinstance(tau, str) else tau, float(n))
+    cond = condition_number(sigma_xi)
+    ridge = resolve_tau(sigma_xi, tau, tau_rel, cond_max, cond=cond)
+    lam = generalized_eigenvalues(sigma_s, sigma_xi, tau=ridge, n=float(n))
+    tr_t = _trace_from_sums(states["sum_t_unit"], states["sq_t_unit"], n)
+    tr_d = _trace_from_sums(states["sum_delta_unit"], states["sq_delta_unit"], n)
+    dev, f64 = lam.device, torch.float64
+    return {
+        "icr": 1.0 / (1.0 + lam.mean()),
+        "trace_s": tr_t - 0.25 * tr_d,
+        "trace_xi": 0.5 * tr_d,
+        "trace_s_raw": torch.diagonal(sigma_s).sum(),
+        "trace_xi_raw": torch.diagonal(sigma_xi).sum(),
+        "n": n.clone(),
+        "d": torch.tensor(float(_icr_feature_dim(states)), dtype=f64, device=dev),
+        "tau": torch.tensor(ridge, dtype=f64, device=dev),
+        "cond_xi": torch.tensor(cond, dtype=f64, device=dev),
+        "eigenvalues": lam,
+    }
+
+
+def _icr_at(states: Dict[str, torch.Tensor], tau: TauSpec, tau_rel: float = DEFAULT_TAU_REL,
+            cond_max: float = DEFAULT_COND_MAX) -> torch.Tensor:
+    """ICR of the same sums under another ridge rule ``tau`` (eq. 4-5)."""
+    cov = _icr_covariances(states)
+    lam = generalized_eigenvalues(cov["sigma_s"], cov["sigma_xi"], tau=tau, tau_rel=tau_rel,
+                                  n=float(states["n"]), cond_max=cond_max)
+    return 1.0 / (1.0 + lam.mean())
+
+
 class InvariantContaminationRatio(Metric):
     """ICR (eq. 5 of the ICR paper) from pairs of views, exact under DDP.
 
@@ -255,6 +340,7 @@ class InvariantContaminationRatio(Metric):
     ``n`` (number of view pairs), ``d``, ``tau`` (the ridge actually added), ``cond_xi`` (the
     condition number of the estimated Sigma_xi, inf when it is singular) and ``eigenvalues``
     (descending, for plots). :meth:`icr_at` gives ICR of the same state under another ``tau``.
+    The class and :func:`invariant_contamination_ratio` share ``_icr_update`` / ``_icr_compute``.
     """
 
     is_differentiable = False
@@ -279,83 +365,47 @@ class InvariantContaminationRatio(Metric):
         if num_features is not None:
             self._init_states(num_features, None)
 
+    @property
+    def num_features(self) -> Optional[int]:
+        """d, once known (``num_features`` or the first ``update``)."""
+        return self._d
+
     def _init_states(self, d: int, device) -> None:
         """Sum states are d-dependent, so they are created on the first update."""
-        z = lambda *shape: torch.zeros(shape, dtype=torch.float64, device=device)  # noqa: E731
-        for name, shape in (("sum_t", (d,)), ("sum_delta", (d,)), ("sum_tt", (d, d)),
-                            ("sum_dd", (d, d)), ("sum_t_unit", (d,)), ("sum_delta_unit", (d,)),
-                            ("sq_t_unit", ()), ("sq_delta_unit", ())):
-            self.add_state(name, z(*shape), dist_reduce_fx="sum")
+        for name, zero in _icr_zero_states(d, device).items():
+            if name != "n":
+                self.add_state(name, zero, dist_reduce_fx="sum")
         self._d = d
 
-    def update(self, h1: torch.Tensor, h2: torch.Tensor) -> None:
-        _check_views(h1, h2)
-        h1 = pool_features(h1).to(torch.float64)
-        h2 = pool_features(h2).to(torch.float64)
-        d = h1.shape[1]
+    def _states(self) -> Dict[str, torch.Tensor]:
         if self._d is None:
-            self._init_states(d, h1.device)
+            raise ValueError("InvariantContaminationRatio: needs at least 2 view pairs before compute()")
+        return {name: getattr(self, name) for name in ICR_STATES}
+
+    def update(self, h1: torch.Tensor, h2: torch.Tensor) -> None:
+        batch = _icr_update(h1, h2, self.normalize)
+        d = _icr_feature_dim(batch)
+        if self._d is None:
+            self._init_states(d, batch["n"].device)
         elif d != self._d:
             raise ValueError(f"h1, h2: feature dimension changed from {self._d} to {d}")
-        u1, u2 = _l2_normalize(h1), _l2_normalize(h2)
-        a1, a2 = (u1, u2) if self.normalize else (h1, h2)
-        t, delta = 0.5 * (a1 + a2), a1 - a2
-        self.sum_t += t.sum(0)
-        self.sum_delta += delta.sum(0)
-        self.sum_tt += t.T @ t
-        self.sum_dd += delta.T @ delta
-        tu, du = 0.5 * (u1 + u2), u1 - u2
-        self.sum_t_unit += tu.sum(0)
-        self.sum_delta_unit += du.sum(0)
-        self.sq_t_unit += (tu * tu).sum()
-        self.sq_delta_unit += (du * du).sum()
-        self.n += h1.shape[0]
+        for name, value in batch.items():
+            setattr(self, name, getattr(self, name) + value)
 
     def covariances(self) -> Dict[str, torch.Tensor]:
         """Sigma_s and Sigma_xi (App. B.6) from the (synced) sums."""
-        self._require_data()
-        cov_t = _cov_from_sums(self.sum_t, self.sum_tt, self.n)
-        cov_d = _cov_from_sums(self.sum_delta, self.sum_dd, self.n)
-        return {"sigma_s": cov_t - 0.25 * cov_d, "sigma_xi": 0.5 * cov_d}
-
-    def _require_data(self) -> None:
-        if self._d is None or float(self.n) < 2:
-            raise ValueError("InvariantContaminationRatio: needs at least 2 view pairs before compute()")
+        return _icr_covariances(self._states())
 
     def compute(self) -> Dict[str, torch.Tensor]:
-        cov = self.covariances()
-        sigma_s, sigma_xi = cov["sigma_s"], cov["sigma_xi"]
-        n = self.n
-        _require_finite(sigma_s, sigma_xi, None if isinstance(self.tau, str) else self.tau, float(n))
-        cond = condition_number(sigma_xi)
-        tau = resolve_tau(sigma_xi, self.tau, self.tau_rel, self.cond_max, cond=cond)
-        lam = generalized_eigenvalues(sigma_s, sigma_xi, tau=tau, n=float(n))
-        tr_t = _trace_from_sums(self.sum_t_unit, self.sq_t_unit, n)
-        tr_d = _trace_from_sums(self.sum_delta_unit, self.sq_delta_unit, n)
-        dev, f64 = lam.device, torch.float64
-        return {
-            "icr": 1.0 / (1.0 + lam.mean()),
-            "trace_s": tr_t - 0.25 * tr_d,
-            "trace_xi": 0.5 * tr_d,
-            "trace_s_raw": torch.diagonal(sigma_s).sum(),
-            "trace_xi_raw": torch.diagonal(sigma_xi).sum(),
-            "n": n.clone(),
-            "d": torch.tensor(float(self._d), dtype=f64, device=dev),
-            "tau": torch.tensor(tau, dtype=f64, device=dev),
-            "cond_xi": torch.tensor(cond, dtype=f64, device=dev),
-            "eigenvalues": lam,
-        }
+        return _icr_compute(self._states(), self.tau, self.tau_rel, self.cond_max)
 
     def icr_at(self, tau: TauSpec) -> torch.Tensor:
         """ICR of the current (synced) state with another ridge spec (e.g. to measure the effect
         of tau on the same features: ``m.icr_at(0.0)``, ``m.icr_at("relative")``)."""
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync,
                                should_unsync=self._should_unsync):  # the same states as compute()
-            cov = self.covariances()
-            n = float(self.n)
-        lam = generalized_eigenvalues(cov["sigma_s"], cov["sigma_xi"], tau=tau, tau_rel=self.tau_rel,
-                                      n=n, cond_max=self.cond_max)
-        return 1.0 / (1.0 + lam.mean())
+            states = {k: v.clone() for k, v in self._states().items()}
+        return _icr_at(states, tau, self.tau_rel, self.cond_max)
 
     def eigenvalues(self) -> torch.Tensor:
         """Generalized eigenvalues (descending) of the current (synced) state."""
@@ -371,7 +421,7 @@ def invariant_contamination_ratio(h1: torch.Tensor, h2: torch.Tensor, tau: TauSp
                                   tau_rel: float = DEFAULT_TAU_REL,
                                   cond_max: float = DEFAULT_COND_MAX) -> Dict[str, torch.Tensor]:
     """Functional twin of :class:`InvariantContaminationRatio` (same dict)."""
-    metric = InvariantContaminationRatio(tau=tau, normalize=normalize, tau_rel=tau_rel,
-                                         cond_max=cond_max, sync_on_compute=False)
-    metric.update(h1, h2)
-    return metric.compute()
+    if not isinstance(normalize, bool):
+        raise ValueError(f"normalize: must be a bool, got {normalize!r}")
+    check_tau(tau, tau_rel, cond_max)
+    return _icr_compute(_icr_update(h1, h2, normalize), tau, tau_rel, cond_max)

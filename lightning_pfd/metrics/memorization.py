@@ -29,21 +29,23 @@ Pure torch + torchmetrics (no Lightning import).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 from torchmetrics import Metric
 
 from ..errors import ConfigError
 
-__all__ = ["MemorizationRatio", "memorization_ratio", "memorization_scores", "CRITERIA",
+__all__ = ["MemorizationRatio", "memorization_ratio", "memorization_scores", "embed",
+           "reference_features", "check_criterion", "check_chunk_size", "CRITERIA",
            "DEFAULT_THRESHOLDS"]
 
 CRITERIA = ("cosine", "nn_ratio")
 DEFAULT_THRESHOLDS = {"cosine": 0.6, "nn_ratio": 1.0 / 3.0}
 
 
-def _check_criterion(criterion: str, threshold) -> float:
+def check_criterion(criterion: str, threshold=None) -> float:
+    """The threshold for ``criterion`` (its default when None), validated."""
     if criterion not in CRITERIA:
         raise ConfigError("criterion", "unknown memorization criterion", value=criterion,
                           accepted=list(CRITERIA))
@@ -57,9 +59,15 @@ def _check_criterion(criterion: str, threshold) -> float:
     return threshold
 
 
-def _check_chunk(chunk_size) -> None:
-    if not isinstance(chunk_size, int) or chunk_size < 1:
+def check_chunk_size(chunk_size) -> None:
+    """Raise :class:`ConfigError` unless ``chunk_size`` is an integer >= 1."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ConfigError("chunk_size", "must be an int >= 1", value=chunk_size)
+
+
+def _check_descriptor(descriptor) -> None:
+    if descriptor is not None and not callable(descriptor):
+        raise ValueError("descriptor: must be None (pixel space) or a callable batch -> features")
 
 
 def embed(x: torch.Tensor, descriptor: Optional[Callable] = None,
@@ -158,8 +166,8 @@ def memorization_scores(generated_features: torch.Tensor, reference_features: to
     whose distances are recomputed exactly (a margin for near ties; rows where the true two
     nearest may lie outside them are recomputed against the whole reference).
     """
-    _check_criterion(criterion, None)
-    _check_chunk(chunk_size)
+    check_criterion(criterion, None)
+    check_chunk_size(chunk_size)
     if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 2:
         raise ConfigError("candidates", "must be an int >= 2", value=candidates)
     g = generated_features.reshape(generated_features.shape[0], -1).to(torch.float64)
@@ -182,12 +190,31 @@ def _is_memorized(scores: torch.Tensor, criterion: str, threshold: float) -> tor
     return scores > threshold if criterion == "cosine" else scores < threshold
 
 
+def _memorization_update(generated_features: torch.Tensor, reference_features: torch.Tensor,
+                         criterion: str, threshold: float,
+                         chunk_size: int = 4096) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(memorized, total) float64 counts of one batch of generated samples, in Psi space.
+
+    Both sides are descriptors already (:func:`embed`); sums of counts over batches or ranks give
+    the counts of the union, so the ratio syncs exactly.
+    """
+    scores = memorization_scores(generated_features, reference_features, criterion, chunk_size)
+    memorized = _is_memorized(scores, criterion, threshold).sum().to(torch.float64)
+    return memorized, torch.tensor(float(scores.numel()), dtype=torch.float64, device=scores.device)
+
+
+def _memorization_compute(memorized: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """(#memorized)/(#generated); 0 for no sample."""
+    return memorized / total.clamp_min(1.0)
+
+
 class MemorizationRatio(Metric):
     """Fraction of generated samples that copy a training sample (module docstring).
 
     Usage: ``m = MemorizationRatio(criterion="nn_ratio"); m.set_reference(train_data);
     m.update(samples); m.compute()``. ``set_reference`` embeds the training set once; the
-    reference survives ``reset()`` (it is not a metric state).
+    reference survives ``reset()`` (it is not a metric state). The class and
+    :func:`memorization_ratio` share ``_memorization_update`` / ``_memorization_compute``.
     """
 
     is_differentiable = False
@@ -197,10 +224,9 @@ class MemorizationRatio(Metric):
     def __init__(self, threshold: Optional[float] = None, criterion: str = "cosine",
                  descriptor: Optional[Callable] = None, chunk_size: int = 4096,
                  **kwargs) -> None:
-        self.threshold = _check_criterion(criterion, threshold)
-        _check_chunk(chunk_size)
-        if descriptor is not None and not callable(descriptor):
-            raise ValueError("descriptor: must be None (pixel space) or a callable batch -> features")
+        self.threshold = check_criterion(criterion, threshold)
+        check_chunk_size(chunk_size)
+        _check_descriptor(descriptor)
         super().__init__(**kwargs)
         self.criterion = criterion
         self.descriptor = descriptor
@@ -211,11 +237,7 @@ class MemorizationRatio(Metric):
 
     def set_reference(self, train: torch.Tensor, features: bool = False) -> None:
         """Embed the training set once (``features=True``: ``train`` already holds Psi(y))."""
-        if not torch.is_tensor(train) or train.ndim < 2 or train.shape[0] < 1:
-            raise ValueError("train: expected a non-empty tensor (N, ...)")
-        ref = train.reshape(train.shape[0], -1).to(torch.float64) if features \
-            else embed(train, self.descriptor)
-        self.reference = ref.to(self.device)
+        self.reference = reference_features(train, None if features else self.descriptor).to(self.device)
 
     def update(self, generated: torch.Tensor) -> None:
         if self.reference is None:
@@ -223,15 +245,23 @@ class MemorizationRatio(Metric):
         g = embed(generated, self.descriptor)
         if self.reference.device != g.device:  # follow the samples' device (metric.to(...))
             self.reference = self.reference.to(g.device)
-        scores = memorization_scores(g, self.reference, self.criterion, self.chunk_size)
-        self.memorized += _is_memorized(scores, self.criterion, self.threshold).sum()
-        self.total += scores.numel()
+        memorized, total = _memorization_update(g, self.reference, self.criterion, self.threshold,
+                                                self.chunk_size)
+        self.memorized += memorized
+        self.total += total
 
     def compute(self) -> torch.Tensor:
-        return self.memorized / self.total.clamp_min(1.0)
+        return _memorization_compute(self.memorized, self.total)
 
     def plot(self, val=None, ax=None):  # torchmetrics convention
         return self._plot(val, ax)
+
+
+def reference_features(train: torch.Tensor, descriptor: Optional[Callable] = None) -> torch.Tensor:
+    """Psi of the training set, float64 (N, D), validated (``descriptor=None``: flattened)."""
+    if not torch.is_tensor(train) or train.ndim < 2 or train.shape[0] < 1:
+        raise ValueError("train: expected a non-empty tensor (N, ...)")
+    return embed(train, descriptor)
 
 
 def memorization_ratio(generated: torch.Tensor, train: torch.Tensor,
@@ -239,7 +269,9 @@ def memorization_ratio(generated: torch.Tensor, train: torch.Tensor,
                        descriptor: Optional[Callable] = None,
                        chunk_size: int = 4096) -> torch.Tensor:
     """Functional twin of :class:`MemorizationRatio`."""
-    m = MemorizationRatio(threshold, criterion, descriptor, chunk_size, sync_on_compute=False)
-    m.set_reference(train)
-    m.update(generated)
-    return m.compute()
+    threshold = check_criterion(criterion, threshold)
+    check_chunk_size(chunk_size)
+    _check_descriptor(descriptor)
+    ref = reference_features(train, descriptor)
+    g = embed(generated, descriptor).to(ref.device)
+    return _memorization_compute(*_memorization_update(g, ref, criterion, threshold, chunk_size))

@@ -1,0 +1,226 @@
+"""MemorizationEvaluation: the memorization ratio of a model's seeded samples (pure torch).
+
+The fraction of generated samples that copy a training sample in a descriptor space Psi
+(:mod:`lightning_pfd.metrics.memorization`): ``criterion="nn_ratio"`` (default, Gu et al.:
+d_1/d_2 < 1/3 with exact nearest-neighbour distances, pixel space when ``descriptor`` is None) or
+``"cosine"`` (max cosine similarity > 0.6, footnote 4 of *Evaluating the Representation Space of
+Diffusion Models via Self-Supervised Principles*, calibrated for SSCD features)::
+
+    ev = MemorizationEvaluation(train_data, num_samples=256)
+    ev.measure(model)                  # {"ratio": ..., "nonfinite": ...}
+
+- samples: ``model.generate(seeds, batch_size=...)`` for the fixed seeds ``seed .. seed +
+  num_samples - 1`` (any module with ``generate``: DiffusionModule, LevyItoModule), or a plain
+  callable ``seeds -> samples``; the seeds are split over processes (``[rank::world]``);
+- reference: Psi of the whole training set, embedded once per evaluation object and, with a
+  descriptor ``nn.Module`` and a data ``fingerprint``, cached on disk (key: fingerprint + descriptor
+  fingerprint; atomic write by rank 0, verified load);
+- statistics: float64 counts (memorized, total, non-finite) summed over processes, so a sharded
+  measurement equals the single-process one;
+- non-finite samples (a diverged model): their fraction is ``nonfinite`` and ``ratio`` is NaN -- not
+  a ratio over the finite part, which would look plausible (a NaN sample neither copies nor avoids
+  the training set).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from ..metrics.memorization import (CRITERIA, _memorization_compute, _memorization_update,
+                                    check_chunk_size, check_criterion, embed, reference_features)
+from .representation import distributed_sum, process_of
+from .sharding import shard_indices
+
+__all__ = ["MemorizationEvaluation", "check_memorization_settings", "resolve_descriptor",
+           "GENERATING_MODELS"]
+
+#: what the sampling measurements accept as a model, for error messages
+GENERATING_MODELS = ("a module with generate(seeds, batch_size=...): "
+                     "lightning_pfd.modules.DiffusionModule or LevyItoModule")
+
+
+def resolve_descriptor(descriptor: Union[str, Callable, None]) -> Optional[Callable]:
+    """A descriptor spec as a callable: None / "identity" -> None (pixel space); another name or a
+    path -> :func:`~lightning_pfd.metrics.descriptors.build_descriptor`; a callable as is."""
+    if isinstance(descriptor, str):
+        if descriptor == "identity":
+            return None
+        from ..metrics.descriptors import build_descriptor
+
+        return build_descriptor(descriptor)
+    if descriptor is not None and not callable(descriptor):
+        raise ConfigError("descriptor", "must be None (pixel space), a descriptor name / file, or a "
+                          "callable batch -> features", value=type(descriptor).__name__)
+    return descriptor
+
+
+def check_memorization_settings(num_samples: int = 256, criterion: str = "nn_ratio",
+                                threshold: Optional[float] = None, chunk_size: int = 4096,
+                                seed: int = 20_000_000, batch_size: int = 256) -> float:
+    """Validate the settings (ConfigError naming the argument); returns the resolved threshold."""
+    for name, value, lo in (("num_samples", num_samples, 1), ("batch_size", batch_size, 1),
+                            ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise ConfigError(name, f"must be an integer >= {lo}", value=value)
+    if criterion not in CRITERIA:
+        raise ConfigError("criterion", "unknown memorization criterion", value=criterion,
+                          accepted=list(CRITERIA))
+    check_chunk_size(chunk_size)
+    return check_criterion(criterion, threshold)
+
+
+class MemorizationEvaluation:
+    """Memorization ratio of seeded samples against a training set (module docstring).
+
+    Args:
+        train_data: the training set (N, ...).
+        num_samples: generated samples per measurement (seeds ``seed .. seed + num_samples - 1``).
+        criterion, threshold: ``"nn_ratio"`` (threshold None: 1/3) or ``"cosine"`` (None: 0.6).
+        descriptor: Psi: None (pixel space), a name / path for ``build_descriptor``, or a callable.
+        chunk_size: reference rows per distance block (memory O(samples x chunk)).
+        seed: first sample seed.
+        batch_size: sampler batch size.
+        cache: cache the training-set embedding on disk (needs ``fingerprint`` and an nn.Module
+            descriptor).
+        fingerprint: identifies the training set: a string, or a callable returning one (e.g.
+            ``datamodule.fingerprint``, called only when the cache is used).
+    """
+
+    def __init__(self, train_data: torch.Tensor, num_samples: int = 256, criterion: str = "nn_ratio",
+                 threshold: Optional[float] = None, descriptor: Union[str, Callable, None] = None,
+                 chunk_size: int = 4096, seed: int = 20_000_000, batch_size: int = 256,
+                 cache: bool = True, fingerprint: Union[str, Callable[[], str], None] = None):
+        self.threshold = check_memorization_settings(num_samples, criterion, threshold, chunk_size, seed,
+                                                     batch_size)
+        self.num_samples, self.criterion, self.chunk_size = num_samples, criterion, chunk_size
+        self.seed, self.batch_size = seed, batch_size
+        self.descriptor = resolve_descriptor(descriptor)
+        self.cache, self.fingerprint = bool(cache), fingerprint
+        if not torch.is_tensor(train_data) or train_data.ndim < 2 or train_data.shape[0] == 0:
+            raise ConfigError("train_data", "expected a non-empty tensor (N, ...)",
+                              value=tuple(train_data.shape) if torch.is_tensor(train_data)
+                              else type(train_data).__name__)
+        need = 2 if criterion == "nn_ratio" else 1
+        if len(train_data) < need:
+            raise ConfigError("criterion", f"{criterion} needs at least {need} training samples; the "
+                              f"training set has {len(train_data)}", value=criterion,
+                              accepted=["cosine"] if need == 2 else None)
+        self.train_data = train_data
+        self._reference: Optional[torch.Tensor] = None
+
+    @property
+    def seeds(self) -> torch.Tensor:
+        """The fixed sample seeds (all processes)."""
+        return torch.arange(self.seed, self.seed + self.num_samples)
+
+    # ------------------------------------------------------------------ checks
+    def check_world(self, world: int) -> None:
+        """Every process needs at least one sample."""
+        if self.num_samples < world:
+            raise ConfigError("num_samples", f"every rank needs at least one sample (world size {world})",
+                              value=self.num_samples, accepted=f"an integer >= {world}")
+
+    @staticmethod
+    def check_model(model: Any) -> None:
+        """A module needs ``generate(seeds, batch_size=...)``; any other callable is a sampler."""
+        if isinstance(model, nn.Module) and not callable(getattr(model, "generate", None)):
+            raise ConfigError("model", f"memorization samples with generate(seeds); "
+                              f"{type(model).__name__} has no generate method",
+                              value=type(model).__name__, accepted=GENERATING_MODELS)
+        if not callable(model):
+            raise ConfigError("model", "expected a module with generate(seeds) or a callable seeds -> "
+                              "samples", value=type(model).__name__, accepted=GENERATING_MODELS)
+
+    def check_descriptor(self) -> None:
+        """The descriptor maps two training samples to features (2, D)."""
+        if self.descriptor is None:
+            return
+        try:
+            f = embed(self.train_data[:2], self.descriptor)
+        except Exception as e:  # e.g. an image network given vector data
+            raise ConfigError("descriptor", f"fails on training samples of shape "
+                              f"{tuple(self.train_data.shape[1:])}: {type(e).__name__}: {e}",
+                              value=type(self.descriptor).__name__) from e
+        if f.shape[0] != min(2, len(self.train_data)) or f.shape[1] < 1:
+            raise ConfigError("descriptor", "must map a batch (B, ...) to features (B, D); got shape "
+                              f"{tuple(f.shape)}", value=type(self.descriptor).__name__)
+
+    # ------------------------------------------------------------------ reference
+    def _cache_path_key(self):
+        """(path, key) of the on-disk embedding, or None when it is not worth / not possible."""
+        if not self.cache or self.fingerprint is None or not isinstance(self.descriptor, nn.Module):
+            return None  # pixel space: the "embedding" is the data itself; a function: no fingerprint
+        from ..cache import cache_dir, hash_key
+        from ..metrics.descriptors import descriptor_fingerprint
+
+        data = self.fingerprint() if callable(self.fingerprint) else self.fingerprint
+        key = hash_key("memorization-reference", data, descriptor_fingerprint(self.descriptor))
+        return cache_dir() / "memorization" / f"{key}.pt", key
+
+    def reference(self, device: Any = None, write_cache: bool = True) -> torch.Tensor:
+        """Psi of the training set, float64 (N, D): embedded once (or read from the cache)."""
+        if self._reference is None:
+            from ..cache import load_tensor_verified, save_tensor_atomic
+
+            where = self._cache_path_key()
+            hit = load_tensor_verified(*where) if where is not None else None
+            if hit is not None:
+                self._reference = hit["reference"]
+            else:
+                self._reference = reference_features(self.train_data.to(device), self.descriptor)
+                if where is not None and write_cache:
+                    where[0].parent.mkdir(parents=True, exist_ok=True)
+                    save_tensor_atomic(where[0], {"reference": self._reference.cpu()}, where[1])
+        self._reference = self._reference.to(device)
+        return self._reference
+
+    # ------------------------------------------------------------------ measuring
+    def _generate(self, model: Any, seeds: torch.Tensor) -> torch.Tensor:
+        if callable(getattr(model, "generate", None)):
+            return model.generate(seeds, batch_size=self.batch_size)
+        return model(seeds)
+
+    def sample_statistics(self, samples: torch.Tensor, write_cache: bool = True) -> torch.Tensor:
+        """float64 [memorized, total, non-finite] of ``samples`` (rows) against the reference."""
+        ok = torch.isfinite(samples.reshape(samples.shape[0], -1)).all(1)
+        stats = torch.zeros(3, dtype=torch.float64, device=samples.device)
+        stats[2] = (~ok).sum()
+        if bool(ok.any()):
+            ref = self.reference(samples.device, write_cache)
+            g = embed(samples[ok], self.descriptor).to(ref.device)
+            memorized, total = _memorization_update(g, ref, self.criterion, self.threshold, self.chunk_size)
+            stats[0], stats[1] = memorized, total
+        return stats
+
+    @torch.no_grad()
+    def shard_statistics(self, model: Any, rank: int = 0, world: int = 1) -> torch.Tensor:
+        """This process's [memorized, total, non-finite] for seeds ``seeds[rank::world]`` (not yet
+        summed over processes). The cache is written by rank 0 only."""
+        self.check_model(model)
+        self.check_world(world)
+        seeds = self.seeds[shard_indices(self.num_samples, rank, world)]
+        return self.sample_statistics(self._generate(model, seeds), write_cache=rank == 0)
+
+    def results(self, stats: torch.Tensor) -> Dict[str, float]:
+        """``ratio`` (NaN when any sample is non-finite) and ``nonfinite`` from the counts of all
+        processes."""
+        memorized, total, bad = stats.to(torch.float64)
+        ratio = math.nan if float(bad) > 0 else float(_memorization_compute(memorized, total))
+        return {"ratio": ratio, "nonfinite": float(bad) / self.num_samples}
+
+    def measure(self, model: Any, rank: Optional[int] = None, world: Optional[int] = None,
+                reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> Dict[str, float]:
+        """``{"ratio", "nonfinite"}`` of ``model``'s samples. Under torch.distributed every process
+        must call this; ``reduce`` sums a float64 vector over processes (default: all_reduce)."""
+        rank, world = process_of(rank, world, reduce)
+        stats = self.shard_statistics(model, rank, world)
+        return self.results((reduce or distributed_sum)(stats) if world > 1 else stats)
+
+    @staticmethod
+    def merge(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The counts of the union of the shards (what an all-reduce computes)."""
+        return torch.stack([p.to(torch.float64).cpu() for p in parts]).sum(0)

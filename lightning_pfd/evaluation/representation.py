@@ -1,0 +1,501 @@
+"""RepresentationEvaluation: ICR, Tr(Sigma_s), Tr(Sigma_xi) and the spectrum of a model's features.
+
+The protocol of *Evaluating the Representation Space of Diffusion Models via Self-Supervised
+Principles* (the ICR paper; Sec. 5, App. B.6 and C), as a plain object (pure torch, no Lightning)::
+
+    ev = RepresentationEvaluation(train_data, sigma=0.29, d_proj=64)
+    out = ev.measure(model)          # {sigma: {"icr", "trace_s", "trace_xi", "eigenvalues", ...}}
+
+1. **Fixed subset.** ``num_images`` distinct training images drawn by a seeded permutation (stream
+   ``icr.subset``), the same at every call; None (default) = min(4096, N), the paper's 4096 (App. C)
+   or the whole training set when it is smaller. An explicit number is used exactly.
+2. **Views.** For image i (its index in the training set) and pair k = 0 .. ``views_per_image`` - 1,
+   views 2k and 2k + 1 are: augmentation at ``level`` (App. B.6, :mod:`lightning_pfd.diffusion.augment`)
+   **then** independent Gaussian noise at sigma. Every parameter of view v of image i is a pure
+   function of (``seed`` * 1_000_003 + i, v), so the views do not depend on the batch, the device or
+   the number of processes. ``image_shape`` reshapes flattened images for the augmentation.
+3. **Features.** ``measure(model)`` with a sigma-space denoiser (``.net`` + ``.network_input(x,
+   sigma)``, e.g. ``DiffusionModule.denoiser``; an ``nn.Module`` exposing ``.denoiser`` is unwrapped):
+   the net's activation at ``tap`` (default ``net.default_tap``) fed ``network_input(view, sigma)``,
+   mean-pooled over space (App. C), in eval mode. Any other callable is a *feature function*
+   ``(x, sigma) -> (B, d)`` (or (B, C, H, W), pooled). With ``d_proj`` the features are multiplied by
+   a fixed Gaussian matrix (d, d_proj) (:meth:`projection`, stream ``icr.projection``).
+4. **Statistics.** Per noise level, the float64 sums of :func:`~lightning_pfd.metrics.icr._icr_update`
+   over all view pairs; a pair with a NaN/inf feature is counted in ``nonfinite``, never added. The
+   sums of several processes add up exactly (:meth:`shard_statistics` on each rank, a sum,
+   :meth:`results`), so a sharded measurement equals the single-process one.
+5. **Results** (:meth:`results`): the dict of :class:`~lightning_pfd.metrics.InvariantContaminationRatio`
+   (``icr`` = eq. 5, ``trace_s`` / ``trace_xi`` on l2-normalized features as in Fig. 8, raw traces,
+   ``n`` view pairs, ``d``, the ridge ``tau``, ``cond_xi``, ``eigenvalues`` = the generalized spectrum
+   of eq. 4, descending) plus ``icr_tau_auto`` / ``icr_tau_relative`` (the same sums under both ridge
+   rules; NaN where a rule fails) and ``nonfinite`` (fraction of non-finite pairs). When any pair is
+   non-finite the values are NaN and ``eigenvalues`` is empty: ICR is undefined for such features.
+
+Well-posedness (a project choice, not the paper's): Sigma_s and Sigma_xi are d x d, so with n
+distinct images close to d the estimate collapses towards 0; the paper uses N = 4096 images
+(App. C), many times the channel count of its tap. Use more images, ``d_proj`` (a
+Johnson-Lindenstrauss projection), a narrower ``tap``, or ``views_per_image > 1``.
+:func:`well_posed` says whether n >= 4 d.
+
+sigma for VP: the VP preconditioning of this project is written in sigma-space (x = y + sigma n), like
+EDM, so sigma* = 0.29 means the same noise-to-signal ratio for both and is passed as is.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..diffusion.augment import AUG_LEVELS, noisy_view
+from ..diffusion.features import extract_features, random_projection, resolve_tap
+from ..diffusion.noise import seeded_uniform
+from ..diffusion.streams import stream
+from ..errors import ConfigError
+from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, _icr_at, _icr_compute,
+                           _icr_update, _icr_zero_states, check_tau, pool_features)
+from .sharding import check_world, distributed_world, shard_indices
+
+__all__ = ["RepresentationEvaluation", "check_representation_settings", "fixed_subset",
+           "resolve_num_images", "denoiser_of", "merge_statistics", "well_posed", "sigma_leaf",
+           "with_field_prefix",
+           "process_of", "distributed_sum",
+           "DEFAULT_NUM_IMAGES", "SIGMA_SPACE_MODELS"]
+
+#: default subset: the paper's 4096 training images (App. C), capped at the training set
+DEFAULT_NUM_IMAGES = 4096
+#: what the sigma-space measurements accept as a model, for error messages
+SIGMA_SPACE_MODELS = ("lightning_pfd.modules.DiffusionModule (precond 'edm' or 'vp'), or any "
+                      "LightningModule exposing a sigma-space EMA denoiser `denoiser`")
+_SEED_STRIDE = 1_000_003  # seed of image i under base seed s: s * stride + i
+_RESULT_KEYS = ("icr", "trace_s", "trace_xi", "trace_s_raw", "trace_xi_raw", "tau", "cond_xi",
+                "icr_tau_auto", "icr_tau_relative")
+
+Statistics = Dict[float, Dict[str, torch.Tensor]]
+
+
+# ----------------------------------------------------------------------------- settings
+def _integer(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(name, f"must be an integer >= {minimum}", value=value)
+    return value
+
+
+def check_representation_settings(num_images: Optional[int] = None, sigma: float = 0.29,
+                                  sigmas: Optional[Sequence[float]] = None, level: Optional[int] = 3,
+                                  vector_jitter: float = 0.0, image_shape: Optional[Sequence[int]] = None,
+                                  tap: Optional[str] = None, d_proj: Optional[int] = None,
+                                  views_per_image: int = 1, tau: Any = "auto", normalize: bool = False,
+                                  cond_max: float = DEFAULT_COND_MAX, seed: int = 0,
+                                  batch_size: int = 256) -> Dict[str, Any]:
+    """The protocol's settings, validated (ConfigError naming the argument) and normalised:
+    ``level`` None -> 3, ``sigmas`` = the extra levels without repeats or ``sigma``, ``tau`` as
+    :func:`~lightning_pfd.metrics.icr.check_tau` returns it, ``image_shape`` a tuple."""
+    if num_images is not None:
+        _integer("num_images", num_images, 2)
+    for name, value, lo in (("views_per_image", views_per_image, 1), ("batch_size", batch_size, 1),
+                            ("seed", seed, 0)):
+        _integer(name, value, lo)
+    if d_proj is not None:
+        _integer("d_proj", d_proj, 1)
+    level = 3 if level is None else level
+    if level not in AUG_LEVELS:
+        raise ConfigError("level", "must be None or an augmentation level", value=level,
+                          accepted=list(AUG_LEVELS))
+    levels = [float(sigma)] + [float(s) for s in (sigmas or [])]
+    if not all(s > 0 and math.isfinite(s) for s in levels):
+        raise ConfigError("sigma, sigmas", "noise levels must be finite and > 0", value=levels)
+    if not float(vector_jitter) >= 0:
+        raise ConfigError("vector_jitter", "must be >= 0", value=vector_jitter)
+    try:
+        tau = check_tau(tau, cond_max=cond_max)
+    except ValueError as e:
+        field = "cond_max" if str(e).startswith("cond_max") else "tau"
+        raise ConfigError(field, str(e).split(": ", 1)[-1], value=cond_max if field == "cond_max" else tau,
+                          accepted=None if field == "cond_max" else
+                          ["auto", "relative", "a number >= 0"]) from None
+    if image_shape is not None and (len(image_shape) != 3 or min(image_shape) < 1):
+        raise ConfigError("image_shape", "must be None or (C, H, W)", value=image_shape)
+    if tap is not None and not isinstance(tap, str):
+        raise ConfigError("tap", "must be None or a tap name", value=tap)
+    if not isinstance(normalize, bool):
+        raise ConfigError("normalize", "must be a bool", value=normalize)
+    return dict(num_images=num_images, sigma=levels[0],
+                sigmas=[s for s in dict.fromkeys(levels[1:]) if s != levels[0]], level=level,
+                vector_jitter=float(vector_jitter),
+                image_shape=None if image_shape is None else tuple(int(v) for v in image_shape),
+                tap=tap, d_proj=d_proj, views_per_image=views_per_image, tau=tau, normalize=normalize,
+                cond_max=float(cond_max), seed=seed, batch_size=batch_size)
+
+
+@contextlib.contextmanager
+def with_field_prefix(field: Callable[[str], str], names: Sequence[str]) -> Iterator[None]:
+    """Re-raise a :class:`ConfigError` about one of ``names`` under ``field(name)`` (e.g. a
+    callback's config path ``trainer.callbacks[ICRMonitor].tap``); other errors pass unchanged."""
+    try:
+        yield
+    except ConfigError as e:
+        first = e.field.split(",")[0].strip()
+        if first not in names:
+            raise
+        value = {"value": e.value} if e.has_value else {}
+        raise ConfigError(field(e.field), e.problem, accepted=e.accepted, suggestion=e.suggestion,
+                          **value) from None
+
+
+def fixed_subset(n_available: int, num: int, seed: int) -> torch.Tensor:
+    """``min(num, n_available)`` distinct indices from a seeded permutation (the same every call)."""
+    u = seeded_uniform([int(seed)], int(n_available), stream=stream("icr.subset"))[0]
+    return u.argsort()[: min(int(num), int(n_available))]
+
+
+def resolve_num_images(num_images: Optional[int], n_available: int) -> int:
+    """``num_images``, or min(DEFAULT_NUM_IMAGES, n_available) when it is None."""
+    return min(DEFAULT_NUM_IMAGES, int(n_available)) if num_images is None else int(num_images)
+
+
+def denoiser_of(model: Any) -> nn.Module:
+    """The sigma-space denoiser of ``model``: ``model.denoiser`` (the EMA one of a DiffusionModule),
+    else ``model.precond``, else ``model`` itself; it must have ``.net`` and ``.network_input``."""
+    den = getattr(model, "denoiser", None)
+    den = den if den is not None else getattr(model, "precond", None)
+    den = den if den is not None else model
+    if den is None or not hasattr(den, "network_input") or not hasattr(den, "net"):
+        raise ConfigError("model", f"ICR needs the features of a sigma-space denoiser (`denoiser` with "
+                          f"`.net` and `.network_input(x, sigma)`); {type(model).__name__} has none",
+                          value=type(model).__name__, accepted=SIGMA_SPACE_MODELS,
+                          suggestion="for LevyItoModule use TailMonitor and MemorizationMonitor")
+    return den
+
+
+def sigma_leaf(sigma: float) -> str:
+    """The name of ICR at an extra noise level in :meth:`RepresentationEvaluation.summary`:
+    0.29 -> ``sigma_0.29``."""
+    return f"sigma_{float(sigma):g}"
+
+
+def well_posed(n_images: int, d: int) -> bool:
+    """Whether n distinct images suffice for d x d covariances (n >= 4 d; module docstring)."""
+    return n_images >= 4 * d
+
+
+def merge_statistics(parts: Sequence[Statistics]) -> Statistics:
+    """The statistics of the union of the shards (sums of sums): what an all-reduce computes."""
+    out: Statistics = {}
+    for part in parts:
+        for s, states in part.items():
+            acc = out.setdefault(s, {})
+            for k, v in states.items():
+                acc[k] = v.clone() if k not in acc else acc[k] + v.to(acc[k].device)
+    return out
+
+
+def process_of(rank: Optional[int], world: Optional[int], reduce: Optional[Callable]) -> Tuple[int, int]:
+    """(rank, world): as given, else from torch.distributed ((0, 1) without it). Several processes
+    need either torch.distributed or an explicit ``reduce``, else the sums would stay partial."""
+    if world is None:
+        world = distributed_world()
+    if rank is None:
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if world > 1 and distributed_world() > 1 else 0
+    check_world(rank, world)
+    if world > 1 and reduce is None and distributed_world() != world:
+        raise ConfigError("world", f"{world} processes but torch.distributed has "
+                          f"{distributed_world()}: pass `reduce` (a sum over the processes)", value=world)
+    return rank, world
+
+
+def distributed_sum(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over the torch.distributed processes (a copy; identity on one process)."""
+    if distributed_world() == 1:
+        return t
+    import torch.distributed as dist
+
+    t = t.clone()
+    dist.all_reduce(t)
+    return t
+
+
+def _reduce(stats: Statistics, reduce: Callable[[torch.Tensor], torch.Tensor]) -> Statistics:
+    """One all-reduce of every sum: flatten, ``reduce``, unflatten."""
+    names = [(s, k) for s in sorted(stats) for k in (*ICR_STATES, "nonfinite")]
+    flat = reduce(torch.cat([stats[s][k].reshape(-1) for s, k in names]))
+    out: Statistics = {s: {} for s in stats}
+    i = 0
+    for s, k in names:
+        n = stats[s][k].numel()
+        out[s][k] = flat[i:i + n].reshape(stats[s][k].shape)
+        i += n
+    return out
+
+
+@contextlib.contextmanager
+def _eval_mode(module: Optional[nn.Module]) -> Iterator[None]:
+    """Frozen features: eval mode during the measurement, the previous mode afterwards."""
+    if module is None:
+        yield
+        return
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    """The device of a module's first parameter or buffer (CPU when it has none)."""
+    for t in list(module.parameters()) + list(module.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+# ----------------------------------------------------------------------------- the evaluation
+class RepresentationEvaluation:
+    """ICR and its companions on a fixed training subset (module docstring).
+
+    Args:
+        train_data: the training set (N, ...), vectors (N, d) or images (N, C, H, W).
+        num_images: distinct images in the subset; None: min(4096, N); at most N.
+        sigma: the noise level sigma* of the views (sigma-space; 0.29 for EDM and VP).
+        sigmas: extra noise levels, measured with the same views' augmentations and seeds.
+        level: augmentation level 0-5 (None: 3; App. B.6).
+        vector_jitter: std of the additive jitter of vector data (0: noise-only views).
+        image_shape: (C, H, W) of flattened images, for the augmentation.
+        tap: feature tap of the denoiser's net (None: ``net.default_tap``).
+        d_proj: fixed random projection of the features to this dimension.
+        views_per_image: pairs of views per image.
+        tau, normalize, cond_max: the ridge rule, feature normalisation and condition limit of
+            :class:`~lightning_pfd.metrics.InvariantContaminationRatio`.
+        seed: selects the subset and seeds every view and the projection.
+        batch_size: images per forward pass.
+    """
+
+    def __init__(self, train_data: torch.Tensor, num_images: Optional[int] = None, sigma: float = 0.29,
+                 sigmas: Optional[Sequence[float]] = None, level: Optional[int] = 3,
+                 vector_jitter: float = 0.0, image_shape: Optional[Sequence[int]] = None,
+                 tap: Optional[str] = None, d_proj: Optional[int] = None, views_per_image: int = 1,
+                 tau: Any = "auto", normalize: bool = False, cond_max: float = DEFAULT_COND_MAX,
+                 seed: int = 0, batch_size: int = 256):
+        settings = check_representation_settings(
+            num_images=num_images, sigma=sigma, sigmas=sigmas, level=level, vector_jitter=vector_jitter,
+            image_shape=image_shape, tap=tap, d_proj=d_proj, views_per_image=views_per_image, tau=tau,
+            normalize=normalize, cond_max=cond_max, seed=seed, batch_size=batch_size)
+        self.__dict__.update(settings)  # num_images, sigma, sigmas (the extra levels), level, tap, ...
+        self.train_data = self._check_data(train_data)
+        self.subset = fixed_subset(len(train_data), resolve_num_images(num_images, len(train_data)), seed)
+        self._projection: Optional[torch.Tensor] = None
+
+    @property
+    def noise_levels(self) -> List[float]:
+        """sigma first, then the extra levels."""
+        return [self.sigma, *self.sigmas]
+
+    @property
+    def num_pairs(self) -> int:
+        """View pairs per noise level: images in the subset x ``views_per_image``."""
+        return int(self.subset.numel()) * self.views_per_image
+
+    # ------------------------------------------------------------------ checks
+    def _check_data(self, data: Any) -> torch.Tensor:
+        if not torch.is_tensor(data) or data.ndim < 2 or data.shape[0] == 0:
+            raise ConfigError("train_data", "expected a non-empty tensor (N, ...)",
+                              value=tuple(data.shape) if torch.is_tensor(data) else type(data).__name__)
+        n, sample = int(data.shape[0]), tuple(data.shape[1:])
+        if self.num_images is not None and self.num_images > n:
+            raise ConfigError("num_images", f"larger than the training set ({n} samples)",
+                              value=self.num_images, accepted=f"an integer in [2, {n}]")
+        if self.image_shape is not None and math.prod(sample) != math.prod(self.image_shape):
+            raise ConfigError("image_shape", f"does not match samples of shape {sample} "
+                              f"({math.prod(sample)} values)", value=list(self.image_shape),
+                              accepted=f"a (C, H, W) with C*H*W = {math.prod(sample)}")
+        view = self.image_shape or sample
+        if len(view) not in (1, 3) or (len(view) == 3 and min(view[1:]) < 4):
+            raise ConfigError("image_shape", f"the views must be vectors (d,) or images (C, H, W) of "
+                              f"at least 4x4; samples have shape {sample}",
+                              value=None if self.image_shape is None else list(self.image_shape))
+        return data
+
+    def check_world(self, world: int) -> None:
+        """Every process needs at least one image of the subset."""
+        if self.subset.numel() < world:
+            raise ConfigError("num_images", f"every rank needs at least one image (world size {world}; "
+                              f"the subset has {self.subset.numel()})", value=self.num_images,
+                              accepted=f"an integer >= {max(2, world)}")
+
+    def check_model(self, model: Any) -> None:
+        """Refuse what cannot be measured: a module without a sigma-space denoiser, an unknown
+        ``tap``, a noise level outside the denoiser's range, ``d_proj`` > d (costs the features of
+        two images)."""
+        if isinstance(model, nn.Module):
+            den = denoiser_of(model)
+            self._check_tap(den.net)
+            lo, hi = float(getattr(den, "sigma_min", 0.0) or 0.0), float(getattr(den, "sigma_max", math.inf))
+            for s in self.noise_levels:
+                if not lo <= s <= hi:
+                    raise ConfigError("sigma" if s == self.sigma else "sigmas", f"outside the denoiser's "
+                                      f"noise range [{lo:g}, {hi:g}] ({type(den).__name__})", value=s,
+                                      accepted=f"a noise level in [{lo:g}, {hi:g}]")
+        if self.d_proj is not None:
+            d = self.feature_dim(model)
+            if self.d_proj > d:
+                raise ConfigError("d_proj", f"larger than the feature dimension d = {d} of tap "
+                                  f"{self.tap or 'default'!r}: the projected features would have rank "
+                                  f"{d} < d_proj (singular covariances)", value=self.d_proj,
+                                  accepted=f"None or an integer in [1, {d}]")
+
+    def _check_tap(self, net: nn.Module) -> None:
+        taps = getattr(net, "feature_taps", None)
+        if self.tap is None and getattr(net, "default_tap", None) is None:
+            raise ConfigError("tap", f"{type(net).__name__} has no `default_tap`: name one", value=None,
+                              accepted=sorted(taps) if taps else None)
+        if self.tap is not None and taps is not None and self.tap not in taps:
+            raise ConfigError("tap", f"unknown feature tap of {type(net).__name__}", value=self.tap,
+                              accepted=sorted(taps))
+
+    @torch.no_grad()
+    def feature_dim(self, model: Any) -> int:
+        """d of the (unprojected) features: one forward pass of two images."""
+        fn, module, device = self._feature_fn(model)
+        with _eval_mode(module):
+            idx = self.subset[:2]
+            x = self.views(self.train_data[idx].to(device=device, dtype=torch.float32),
+                           self.image_seeds(idx).to(device), self.sigma, 0)
+            return int(pool_features(fn(x, self.sigma)).shape[1])
+
+    # ------------------------------------------------------------------ the protocol's pieces
+    def image_seeds(self, idx: torch.Tensor) -> torch.Tensor:
+        """The seed of every image of ``idx`` (training-set indices): seed * 1_000_003 + i."""
+        return self.seed * _SEED_STRIDE + idx
+
+    def views(self, x0: torch.Tensor, seeds: torch.Tensor, sigma: float, view: int) -> torch.Tensor:
+        """View ``view`` of every row: augmentation (as ``image_shape`` images) then noise at sigma."""
+        shape = x0.shape
+        if self.image_shape is not None:
+            x0 = x0.reshape(-1, *self.image_shape)
+        return noisy_view(x0, seeds, sigma, level=self.level, view=view,
+                          vector_jitter=self.vector_jitter).reshape(shape)
+
+    def projection(self, d: int, device: Any = None) -> Optional[torch.Tensor]:
+        """The fixed (d, d_proj) Gaussian projection (None without ``d_proj``); seeded, so the same
+        matrix at every call and in every process."""
+        if self.d_proj is None:
+            return None
+        if self._projection is None or self._projection.shape[0] != d:
+            self._projection = random_projection(d, self.d_proj, self.seed, device)
+        return self._projection.to(device)
+
+    def _feature_fn(self, model: Any) -> Tuple[Callable, Optional[nn.Module], torch.device]:
+        """(features(x, sigma) -> float64 (B, d) before projection, module to freeze, device)."""
+        if isinstance(model, nn.Module):
+            den = denoiser_of(model)
+            resolve_tap(den.net, self.tap)
+            def fn(x: torch.Tensor, sigma: float) -> torch.Tensor:
+                return extract_features(den, x, sigma, tap=self.tap, batch_size=self.batch_size)
+
+            return fn, den, _device_of(den)
+        if not callable(model):
+            raise ConfigError("model", "expected a sigma-space model / denoiser (nn.Module) or a feature "
+                              "function (x, sigma) -> features", value=type(model).__name__)
+        return (lambda x, s: pool_features(model(x, s)).to(torch.float64)), None, self.train_data.device
+
+    def features(self, model: Any, x: torch.Tensor, sigma: float) -> torch.Tensor:
+        """Projected float64 features (B, d or d_proj) of the inputs ``x`` at ``sigma``."""
+        fn, module, device = self._feature_fn(model)
+        with _eval_mode(module), torch.no_grad():
+            h = fn(x.to(device), sigma)
+        p = self.projection(h.shape[1], h.device)
+        return h if p is None else h @ p
+
+    # ------------------------------------------------------------------ measuring
+    @torch.no_grad()
+    def shard_statistics(self, model: Any, rank: int = 0, world: int = 1) -> Statistics:
+        """This process's sums per noise level (images ``subset[rank::world]``), not yet summed
+        over processes: ``{sigma: {<ICR sums>, "nonfinite": count of non-finite pairs}}``."""
+        check_world(rank, world)
+        self.check_world(world)
+        fn, module, device = self._feature_fn(model)
+        shard = self.subset[shard_indices(int(self.subset.numel()), rank, world)]
+        stats: Statistics = {}
+        with _eval_mode(module):
+            for i in range(0, shard.numel(), self.batch_size):
+                idx = shard[i:i + self.batch_size]
+                x0 = self.train_data[idx].to(device=device, dtype=torch.float32)
+                seeds = self.image_seeds(idx).to(device)
+                for sigma in self.noise_levels:
+                    for k in range(self.views_per_image):
+                        h1, h2 = (self._projected(fn(self.views(x0, seeds, sigma, 2 * k + v), sigma))
+                                  for v in (0, 1))
+                        self._accumulate(stats, sigma, h1, h2)
+        return stats
+
+    def _projected(self, h: torch.Tensor) -> torch.Tensor:
+        p = self.projection(h.shape[1], h.device)
+        return h if p is None else h @ p
+
+    def _accumulate(self, stats: Statistics, sigma: float, h1: torch.Tensor, h2: torch.Tensor) -> None:
+        if sigma not in stats:
+            stats[sigma] = {**_icr_zero_states(h1.shape[1], h1.device),
+                            "nonfinite": torch.zeros((), dtype=torch.float64, device=h1.device)}
+        ok = torch.isfinite(h1).all(1) & torch.isfinite(h2).all(1)
+        stats[sigma]["nonfinite"] += (~ok).sum()
+        if bool(ok.any()):
+            for k, v in _icr_update(h1[ok], h2[ok], self.normalize).items():
+                stats[sigma][k] += v
+
+    def results(self, stats: Statistics) -> Dict[float, Dict[str, torch.Tensor]]:
+        """ICR dicts per noise level from the statistics of *all* images (module docstring, 5.)."""
+        out = {}
+        for s in self.noise_levels:
+            states = {k: stats[s][k] for k in ICR_STATES}
+            n_bad = float(stats[s]["nonfinite"])
+            if n_bad == 0:
+                r = _icr_compute(states, self.tau, DEFAULT_TAU_REL, self.cond_max)
+                r.update(icr_tau_auto=self._icr_or_nan(states, "auto"),
+                         icr_tau_relative=self._icr_or_nan(states, "relative"))
+            else:
+                r = self._nan_result(states)
+            r["nonfinite"] = torch.tensor(n_bad / self.num_pairs, dtype=torch.float64)
+            out[s] = r
+        return out
+
+    def summary(self, results: Dict[float, Dict[str, torch.Tensor]]) -> Dict[str, float]:
+        """The scalars of a measurement: ``icr``, ``trace_s``, ``trace_xi``, ``tau``, ``cond_xi``,
+        ``icr_tau_auto``, ``icr_tau_relative`` at sigma*, ``n`` (distinct images), ``d``,
+        ``nonfinite`` (mean over the noise levels) and ``sigma_<value>`` (ICR at every extra level)."""
+        main = results[self.sigma]
+        out = {k: float(main[k]) for k in ("icr", "trace_s", "trace_xi")}
+        out.update(n=float(int(main["n"]) // self.views_per_image), d=float(main["d"]),
+                   nonfinite=sum(float(r["nonfinite"]) for r in results.values()) / len(results))
+        out.update({sigma_leaf(s): float(results[s]["icr"]) for s in self.sigmas})
+        out.update({k: float(main[k]) for k in ("tau", "cond_xi", "icr_tau_auto", "icr_tau_relative")})
+        return out
+
+    def measure(self, model: Any, rank: Optional[int] = None, world: Optional[int] = None,
+                reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+                ) -> Dict[float, Dict[str, torch.Tensor]]:
+        """ICR dicts per noise level of ``model`` (a sigma-space model / denoiser, or a feature
+        function). Under torch.distributed (rank / world from it by default) every process must
+        call this; ``reduce`` sums a float64 vector over the processes (default: all_reduce)."""
+        rank, world = process_of(rank, world, reduce)
+        stats = self.shard_statistics(model, rank, world)
+        return self.results(_reduce(stats, reduce or distributed_sum) if world > 1 else stats)
+
+    def _icr_or_nan(self, states: Dict[str, torch.Tensor], tau: Any) -> torch.Tensor:
+        try:
+            return _icr_at(states, tau, DEFAULT_TAU_REL, self.cond_max)
+        except ValueError:  # e.g. tau = 0 on a singular Sigma_xi
+            return torch.tensor(math.nan, dtype=torch.float64)
+
+    def _nan_result(self, states: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Non-finite features: NaN values, ``n`` (all pairs) and ``d`` kept, no spectrum."""
+        dev = states["n"].device
+        nan = torch.tensor(math.nan, dtype=torch.float64, device=dev)
+        out = {k: nan.clone() for k in _RESULT_KEYS}
+        out["n"] = torch.tensor(float(self.num_pairs), dtype=torch.float64, device=dev)
+        out["d"] = torch.tensor(float(states["sum_t"].shape[0]), dtype=torch.float64, device=dev)
+        out["eigenvalues"] = torch.empty(0, dtype=torch.float64, device=dev)
+        return out
