@@ -114,22 +114,12 @@ def load(run: Path, ckpt: Path):
 def icr_of_map(feature_fn, data: torch.Tensor, views_per_image: int, seed: int = SEED,
                batch: int = 256) -> dict:
     """ICR of features feature_fn(views) on the monitor's subset / views / seeds (level 1, sigma*)."""
-    from lightning_pfd.callbacks import ICRMonitor
-    from lightning_pfd.callbacks.icr import fixed_subset, resolve_num_images
-    from lightning_pfd.metrics import InvariantContaminationRatio
+    from lightning_pfd.evaluation.representation import RepresentationEvaluation
 
-    mon = ICRMonitor(level=LEVEL, views_per_image=views_per_image, seed=seed)
-    idx = fixed_subset(data.shape[0], resolve_num_images(None, data.shape[0]), seed)
-    m = InvariantContaminationRatio()
-    for i in range(0, idx.numel(), batch):
-        j = idx[i:i + batch]
-        x0, seeds = data[j].float(), seed * 1_000_003 + j
-        for k in range(views_per_image):
-            h1 = feature_fn(mon._views(x0, seeds, SIGMA, 2 * k))
-            h2 = feature_fn(mon._views(x0, seeds, SIGMA, 2 * k + 1))
-            m.update(h1, h2)
-    out = m.compute()
-    return {"icr": float(out["icr"]), "icr_tau_relative": float(m.icr_at("relative")),
+    ev = RepresentationEvaluation(data.float(), level=LEVEL, sigma=SIGMA,
+                                  views_per_image=views_per_image, seed=seed, batch_size=batch)
+    out = ev.measure(lambda v, s: feature_fn(v))[SIGMA]
+    return {"icr": float(out["icr"]), "icr_tau_relative": float(out["icr_tau_relative"]),
             "trace_s": float(out["trace_s"]), "trace_xi": float(out["trace_xi"]),
             "cond_xi": float(out["cond_xi"]), "n_pairs": int(out["n"]), "d": int(out["d"])}
 

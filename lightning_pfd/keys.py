@@ -256,7 +256,7 @@ def _builtin() -> None:
         M("val/loss_median", "val loss median", True, description="median validation loss (Lévy)"),
         # invariant contamination ratio (ICR paper eq. 3-5, two-view estimator App. B.6)
         M("icr/icr", "ICR", True, detectors=("icr_minimum", "memorization_onset"), role="icr",
-          progress_bar=True, description="invariant contamination ratio Tr Σ_ξ / Tr Σ_s"),
+          progress_bar=True, description="invariant contamination ratio 1/(1 + Tr((Σ_ξ+τI)⁻¹Σ_s)/d), ICR paper eq. 5"),
         M("icr/trace_s", "Tr Σ_s", None, description="trace of the semantic covariance"),
         M("icr/trace_xi", "Tr Σ_ξ", None, description="trace of the nuisance covariance"),
         M("icr/n", "ICR images", None, description="images in the ICR subset"),

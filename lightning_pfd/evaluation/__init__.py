@@ -1,9 +1,26 @@
 """Measurement protocols as plain objects (pure torch, no Lightning import).
 
-The evaluation layer holds *what* is measured and *how*: fixed evaluation
-seeds, reference flows and their caches, sharding of work over processes
-and the metrics they feed. The callbacks in :mod:`lightning_pfd.callbacks`
-only decide *when* to measure and *where* to log. Import from the
-submodules (for example ``from lightning_pfd.evaluation.sharding import
-shard_indices``).
+The evaluation layer holds *what* is measured and *how*: fixed evaluation seeds, reference flows
+and their caches, sharding of work over processes and the metrics they feed. The callbacks in
+:mod:`lightning_pfd.callbacks` only decide *when* to measure and *where* to log; ``icr-sweep``,
+``pite``, the sweeps and the benchmarks use these objects directly, and so can a notebook::
+
+    from lightning_pfd.evaluation import FlowEvaluation
+    result = FlowEvaluation.from_datamodule(dm, model).measure(model.denoiser)
+    result.metrics["e_gen"], result.metrics["e_mem"]
+
+* :class:`FlowEvaluation` -- E_gen, E_mem (PFD paper eq. 4 and 8), frozen-noise losses and user
+  metrics registered against a reference flow;
+* :class:`RepresentationEvaluation` -- ICR, Tr Sigma_s, Tr Sigma_xi and the spectrum of a tap's
+  features (ICR paper eq. 3-5);
+* :class:`MemorizationEvaluation` -- the memorization ratio of generated samples;
+* :class:`TailEvaluation` -- RMSQE and LOADER of a physical observable with their same-law floors.
 """
+from .flow import FlowEvaluation, FlowResult
+from .memorization import MemorizationEvaluation
+from .representation import RepresentationEvaluation
+from .sharding import shard_indices
+from .tail import TailEvaluation, TailSettings
+
+__all__ = ["FlowEvaluation", "FlowResult", "RepresentationEvaluation", "MemorizationEvaluation",
+           "TailEvaluation", "TailSettings", "shard_indices"]
