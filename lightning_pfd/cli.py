@@ -6,7 +6,6 @@ LightningCLI drives training; ``report``, ``icr-sweep`` and ``pite`` are dispatc
 from __future__ import annotations
 
 import importlib
-import netrc
 import os
 import sys
 from pathlib import Path
@@ -20,19 +19,14 @@ EXTRA_COMMANDS = {
     "report": ("lightning_pfd.analysis.report", "main", "figures + markdown summary of a run"),
     "icr-sweep": ("lightning_pfd.callbacks.icr_sweep", "main", "ICR and linear probe over a sigma grid"),
     "pite": ("lightning_pfd.experiments_cli", "main", "SBM vs LIM tail comparison (PITE table)"),
+    "sweep": ("lightning_pfd.sweeps.command", "main", "grid of fit runs on Ray Tune (N x model size x seeds)"),
 }
 
 
 def wandb_has_credentials() -> bool:
-    """True when W&B could log online: an API key in the environment or in ~/.netrc."""
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        rc = netrc.netrc(os.environ.get("NETRC"))
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        return False
-    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1]
-    return rc.authenticators(host) is not None
+    """True when W&B could log online (``callbacks.wandb_setup.has_wandb_credentials``)."""
+    from .callbacks.wandb_setup import has_wandb_credentials  # lazy: `report` needs no Lightning
+    return has_wandb_credentials()
 
 
 def ensure_wandb_mode() -> str:
@@ -160,7 +154,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return report_user_error(err)
 
 
+#: commands that compute on this process's CPU threads (``--threads`` applies to them)
+THREADED_COMMANDS = ("fit", "validate", "test", "predict", "icr-sweep", "pite")
+
+
+def _configure_threads(argv: list[str]) -> None:
+    """Pop ``--threads`` and, for a computing command, set the CPU threads (one printed line)."""
+    from .threads import apply_threads, pop_threads_arg
+
+    value = pop_threads_arg(argv)
+    command = argv[0] if argv else "fit"
+    if command in THREADED_COMMANDS and not any(a in ("-h", "--help") for a in argv):
+        apply_threads(value, announce=os.environ.get("LOCAL_RANK", "0") == "0")
+
+
 def _main(argv: list[str]) -> int:
+    _configure_threads(argv)
     if argv and argv[0] in EXTRA_COMMANDS:
         module, fn, _ = EXTRA_COMMANDS[argv[0]]
         return int(getattr(importlib.import_module(module), fn)(argv[1:]) or 0)

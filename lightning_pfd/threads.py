@@ -65,7 +65,7 @@ def _cpu_times(path: str = "/proc/stat") -> Optional[Tuple[int, int]]:
     return total - idle, total
 
 
-def busy_cores(probe_s: float = 0.2, ncpu: Optional[int] = None) -> float:
+def busy_cores(probe_s: float = 0.1, ncpu: Optional[int] = None) -> float:
     """Cores kept busy by *other* processes right now (this process is idle while it probes)."""
     ncpu = ncpu or (os.cpu_count() or 1)
     a = _cpu_times()

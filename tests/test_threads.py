@@ -67,3 +67,21 @@ def test_busy_cores_sees_a_busy_process():
     finally:
         p.kill()
         p.wait()
+
+
+def test_cli_prints_the_choice_first_and_refuses_bad_values(capsys, monkeypatch):
+    from lightning_pfd.cli import main
+
+    old = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["fit", "--threads", "1", "--print_config"])
+        assert e.value.code in (0, None)
+        out = capsys.readouterr().out
+        assert out.splitlines()[0].startswith("[lightning_pfd] 1 CPU thread (--threads")
+        assert torch.get_num_threads() == 1
+        assert "--threads" not in out.split("\n", 1)[1]  # consumed, not passed to LightningCLI
+        assert main(["fit", "--threads", "0"]) == 2
+        assert "--threads" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(old)
