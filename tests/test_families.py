@@ -299,6 +299,8 @@ def test_family_object_round_trips_through_a_checkpoint(tmp_path):
     model = DiffusionModule(MLPNet(3, hidden=8, depth=1), family=VEFamily(sigma_min=0.05, sigma_max=50.0),
                             num_steps=4)
     assert model.hparams.precond == "ve" and model.hparams.family_args == {"sigma_min": 0.05, "sigma_max": 50.0}
+    # the loggers' hparams.yaml (hparams_initial) records the same family, not the default "edm"
+    assert model.hparams_initial["precond"] == "ve" and model.hparams_initial["family_args"] == model.hparams.family_args
     trainer = _fit(model, tmp_path, steps=2)
     path = tmp_path / "m.ckpt"
     trainer.save_checkpoint(path)

@@ -2,6 +2,8 @@
 (Lightning glue over :mod:`lightning_pfd.diffusion`)."""
 from __future__ import annotations
 
+import copy
+
 import warnings
 from dataclasses import replace
 from typing import Any, Dict, Optional, Sequence, Union
@@ -138,6 +140,8 @@ class DiffusionModule(EMAModule):
         ignore = ([] if _built_by_cli() else ["net"]) + (["family"] if isinstance(family, DiffusionFamily) else [])
         self.save_hyperparameters(ignore=ignore)
         self._record_family(fam, family)
+        # loggers write hparams_initial (hparams.yaml): let it show the recorded family too
+        self._hparams_initial = copy.deepcopy(self._hparams)
         self.net = net
         self.family = fam
         self.precond = fam.precondition(net)
