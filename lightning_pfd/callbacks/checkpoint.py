@@ -88,7 +88,10 @@ class EpochCheckpoint(ModelCheckpoint):
         if _unhealthy(pl_module):
             return
         super().on_train_epoch_end(trainer, pl_module)
-        if self._should_skip_saving_checkpoint(trainer) or not self.save_last:
+        # not ``_should_skip_saving_checkpoint``: it also skips when a top-k checkpoint was just
+        # written at this global step (the epoch's validation improved the monitored metric),
+        # which would leave last.ckpt one epoch behind (or absent) exactly when the run improves
+        if not self.save_last or self._outside_fit(trainer):
             return
         for lg in trainer.loggers:  # the history on disk must not lag the checkpoint
             lg.save()
@@ -98,6 +101,12 @@ class EpochCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         finally:
             self._epoch_end = False
+
+    @staticmethod
+    def _outside_fit(trainer) -> bool:
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        return bool(trainer.fast_dev_run) or trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not _unhealthy(pl_module):
