@@ -14,11 +14,12 @@ records the options). Two changes avoid the collapse:
   ``probe_s`` from ``/proc/stat``; elsewhere the 1-minute load average), at least 1.
 
 ``--threads N`` (or ``LIGHTNING_PFD_THREADS=N``) fixes the number; ``OMP_NUM_THREADS`` set by the
-user is respected as well. The choice is printed as the run's first line.
+user is respected as well. The choice is printed (stderr) as the run's first line.
 """
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Mapping, MutableMapping, Optional, Sequence, Tuple
@@ -147,5 +148,5 @@ def apply_threads(value=None, env: MutableMapping[str, str] = os.environ,
 
     torch.set_num_threads(choice.threads)
     if announce:
-        print(choice.line(), flush=True)
+        print(choice.line(), file=sys.stderr, flush=True)  # stdout may be data (--print_config)
     return choice

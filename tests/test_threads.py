@@ -54,7 +54,7 @@ def test_apply_sets_torch_threads_and_the_wait_policy(capsys):
         c = apply_threads("1", env=env)
         assert torch.get_num_threads() == 1 and c.threads == 1
         assert env["OMP_WAIT_POLICY"] == "PASSIVE"
-        assert "1 CPU thread (" in capsys.readouterr().out
+        assert "1 CPU thread (" in capsys.readouterr().err
     finally:
         torch.set_num_threads(old)
 
@@ -77,10 +77,10 @@ def test_cli_prints_the_choice_first_and_refuses_bad_values(capsys, monkeypatch)
         with pytest.raises(SystemExit) as e:
             main(["fit", "--threads", "1", "--print_config"])
         assert e.value.code in (0, None)
-        out = capsys.readouterr().out
-        assert out.splitlines()[0].startswith("[lightning_pfd] 1 CPU thread (--threads")
+        cap = capsys.readouterr()
+        assert cap.err.splitlines()[0].startswith("[lightning_pfd] 1 CPU thread (--threads")
         assert torch.get_num_threads() == 1
-        assert "--threads" not in out.split("\n", 1)[1]  # consumed, not passed to LightningCLI
+        assert "CPU thread" not in cap.out and "threads" not in cap.out  # --print_config output stays YAML
         assert main(["fit", "--threads", "0"]) == 2
         assert "--threads" in capsys.readouterr().err
     finally:
