@@ -1,0 +1,310 @@
+"""Run a sweep's trials on Ray Tune (local embedded Ray, or a running cluster).
+
+Order of :func:`run_sweep`: read + validate every trial (nothing written, Ray not started) →
+check the sweep directory (a new sweep must not overwrite an earlier one; ``--resume`` needs
+the same trials) → write ``sweep.json`` → start (or join) Ray → one Tune trial per sweep trial
+(``tune.grid_search`` over the trials, ``tune.with_resources`` = CPUs / GPUs per trial, at most
+``max_concurrent`` at once, ``FailureConfig(max_failures=0)``: a failing trial is recorded and
+the others go on) → ``sweep_results.csv`` / ``.json`` from the trials' own histories.
+
+Resume: Ray Tune's experiment state lives in ``runs/<sweep>/ray``; ``Tuner.restore`` continues
+the unfinished trials (finished and errored ones are not run again; ``--retry-failed`` restarts
+the errored ones). The trials themselves are idempotent (see :mod:`.trial`): a trial whose
+result is on disk is never trained again, and an interrupted one resumes from its checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..errors import ConfigError
+from .aggregate import aggregate_sweep
+from .spec import Resources, SweepSpec, check_resources, validate_trials
+from .trial import FORWARDED_ENV, RESULT_FILE, execute_trial, read_trial_result
+
+__all__ = ["run_sweep", "run_trial", "plan", "format_plan", "RAY_DIR"]
+
+RAY_DIR = "ray"  # Ray Tune's experiment directory inside the sweep directory
+
+
+# ----------------------------------------------------------------------------- Ray trainable
+def run_trial(config: dict, payloads: dict) -> None:
+    """The Ray Tune function trainable: one trial, then one report of its final metrics.
+    ``config["trial_id"]`` picks the trial; ``payloads`` (id → trial description, passed with
+    ``tune.with_parameters``) keeps the configs out of Tune's parameter table."""
+    from ray import tune
+
+    result = execute_trial(payloads[config["trial_id"]])
+    final = result.get("final_metrics") or {}
+    metrics = {k.replace("/", "_"): float(final[k]) for k in _TUNE_METRICS if k in final}
+    tune.report({"status_ok": float(result.get("status") == "ok"),
+                 "wall_time_s": float(result.get("wall_time_s") or 0.0), **metrics})
+
+
+#: the final metrics a trial reports to Tune (its table); the full record is sweep_results.csv
+_TUNE_METRICS = ("pfd/e_gen", "pfd/e_mem", "loss/train_fixed", "loss/test_fixed")
+
+
+def _trial_name(trial) -> str:
+    return str(trial.config["trial_id"])
+
+
+# ----------------------------------------------------------------------------- planning
+def plan(spec: SweepSpec, construct: bool = True) -> list:
+    """Validated trials of ``spec`` (ConfigError on the first problem; nothing written)."""
+    return validate_trials(spec, construct=construct)
+
+
+def format_plan(spec: SweepSpec, trials: list, resources: Resources) -> str:
+    lines = [f"sweep {spec.name}: {len(trials)} trials -> {spec.sweep_dir}",
+             f"  base config: {spec.base}",
+             f"  resources per trial: {resources.cpus_per_trial:g} CPU, {resources.gpus_per_trial:g} GPU"
+             + (f"; at most {resources.max_concurrent} at once" if resources.max_concurrent else ""),
+             "", f"  {'trial':<48} {'N':>7} {'|theta|':>11}  model"]
+    for t in trials:
+        n = "" if t.n_train is None else str(t.n_train)
+        p = "" if t.n_params is None else f"{t.n_params:,}"
+        lines.append(f"  {t.trial_id:<48} {n:>7} {p:>11}  {t.model_label}")
+    return "\n".join(lines)
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    for name in ("lightning_pfd", "torch", "lightning", "ray", "jsonargparse", "wandb"):
+        try:
+            from importlib.metadata import version
+
+            out[name] = version(name)
+        except Exception:  # not installed (ray before the sweep extra)
+            out[name] = None
+    return out
+
+
+def _check_devices(trials: list, resources: Resources, address: Optional[str]) -> None:
+    """A GPU config needs GPUs per trial; local resources must exist on this machine."""
+    for t in trials:
+        acc = str(((t.config.get("trainer") or {}).get("accelerator") or "auto")).lower()
+        if acc in ("gpu", "cuda") and resources.gpus_per_trial <= 0:
+            raise ConfigError("--gpus-per-trial", f"trial {t.trial_id} trains on accelerator "
+                              f"{acc!r} but no GPU is given to a trial", value=resources.gpus_per_trial,
+                              suggestion="pass --gpus-per-trial 1 (or resources.gpus_per_trial in the sweep file)")
+    if address is not None:
+        return
+    cores = os.cpu_count() or 1
+    if resources.cpus_per_trial > cores:
+        raise ConfigError("--cpus-per-trial", f"this machine has {cores} cores: no trial could start",
+                          value=resources.cpus_per_trial, accepted=f"a number in (0, {cores}]")
+    if resources.gpus_per_trial > 0:
+        import torch
+
+        if torch.cuda.device_count() == 0:
+            raise ConfigError("--gpus-per-trial", "this machine has no GPU: no trial could start",
+                              value=resources.gpus_per_trial,
+                              suggestion="run on a Ray cluster with GPUs (--address) or use 0")
+
+
+def _sweep_record(spec: SweepSpec, trials: list, resources: Resources) -> dict:
+    return {"name": spec.name, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "spec": spec.to_dict(), "sweep_file": None if spec.source is None else str(spec.source),
+            "resources": {"cpus_per_trial": resources.cpus_per_trial,
+                          "gpus_per_trial": resources.gpus_per_trial,
+                          "max_concurrent": resources.max_concurrent},
+            "grid": spec.grid, "seeds": spec.seeds, "versions": _versions(),
+            "trials": [t.summary() for t in trials]}
+
+
+def _check_sweep_dir(spec: SweepSpec, trials: list, resume: bool) -> Optional[dict]:
+    """Refuse to overwrite an earlier sweep; on resume, require the same trials."""
+    d = spec.sweep_dir
+    record = d / "sweep.json"
+    if not resume:
+        if record.exists():
+            raise ConfigError("--name", f"a sweep named {spec.name!r} exists in {d}",
+                              value=spec.name, suggestion="continue it with --resume, or choose another --name")
+        return None
+    if not record.exists():
+        raise ConfigError("--resume", f"no sweep to resume in {d} (no sweep.json)",
+                          suggestion="start it without --resume")
+    try:
+        old = json.loads(record.read_text())
+    except ValueError as e:
+        raise ConfigError("--resume", f"{record} is not readable JSON: {e}") from e
+    before = [t["trial_id"] for t in old.get("trials", [])]
+    now = [t.trial_id for t in trials]
+    if before != now:
+        added = sorted(set(now) - set(before))
+        gone = sorted(set(before) - set(now))
+        raise ConfigError("--resume", "the sweep file no longer gives the trials of the sweep it resumes"
+                          + (f"; new: {added[:3]}" if added else "") + (f"; missing: {gone[:3]}" if gone else ""),
+                          suggestion="resume with the sweep file it started with, or start a new sweep "
+                                     "with another --name")
+    sha = {t["trial_id"]: t.get("config_sha256") for t in old.get("trials", [])}
+    changed = [t.trial_id for t in trials if sha.get(t.trial_id) not in (None, t.config_sha)]
+    if changed:
+        raise ConfigError("--resume", f"the configs of {len(changed)} trial(s) changed since the sweep "
+                          f"started (base config or shared settings edited?), e.g. {changed[0]}",
+                          suggestion="restore the files the sweep started with, or start a new sweep "
+                                     "with another --name")
+    return old
+
+
+def _env() -> dict:
+    return {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+
+
+def _payloads(spec: SweepSpec, trials: list, resources: Resources) -> dict:
+    env, cwd = _env(), os.getcwd()
+    return {t.trial_id: {"trial_id": t.trial_id, "sweep_dir": str(spec.sweep_dir), "sweep_name": spec.name,
+             "cwd": cwd, "config": t.config, "cpus": resources.cpus_per_trial, "env": env,
+             "endpoints": spec.endpoints, "overrides": t.overrides, "seed": t.seed,
+             "n_train": t.n_train, "n_params": t.n_params, "model_label": t.model_label}
+            for t in trials}
+
+
+def _retry_failed(spec: SweepSpec, trials: list) -> list:
+    """Move the failure records aside so the trials run again; returns their ids."""
+    moved = []
+    for t in trials:
+        d = spec.sweep_dir / t.trial_id
+        res = read_trial_result(d)
+        if res is not None and res.get("status") == "failed":
+            k = 1
+            while (d / f"trial_result.failed-{k}.json").exists():
+                k += 1
+            os.replace(d / RESULT_FILE, d / f"trial_result.failed-{k}.json")
+            moved.append(t.trial_id)
+    return moved
+
+
+# ----------------------------------------------------------------------------- Ray
+def _start_ray(address: Optional[str]) -> bool:
+    """Join or start Ray; returns True when this call started it (and must shut it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                  configure_logging=True)
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(address="local", num_cpus=os.cpu_count() or 1, **kwargs)  # never an older cluster
+    except (ConnectionError, ValueError, RuntimeError) as e:
+        raise ConfigError("--address" if address else "ray", f"cannot start / join Ray: "
+                          f"{' '.join(str(e).split())[:300]}", value=address,
+                          suggestion="start the head with `ray start --head` and pass "
+                                     "--address auto or HEAD_IP:6379" if address else None) from e
+    return True
+
+
+def _ray_errors(grid) -> dict:
+    """trial id -> ``Type: message`` of every errored Tune trial."""
+    out = {}
+    for i in range(len(grid)):
+        r = grid[i]
+        if r.error is None:
+            continue
+        tid = (r.config or {}).get("trial_id")
+        err = r.error
+        cause = getattr(err, "cause", None) or err
+        text = str(cause).strip().splitlines()
+        msg = text[-1] if text else type(cause).__name__
+        out[tid] = msg if ":" in msg else f"{type(cause).__name__}: {msg}"
+    return out
+
+
+def _tuner(spec: SweepSpec, trials: list, resources: Resources, restore: bool, retry_failed: bool):
+    from ray import tune
+
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, payloads=_payloads(spec, trials, resources)),
+        {"cpu": resources.cpus_per_trial, "gpu": resources.gpus_per_trial})
+    exp = spec.sweep_dir / RAY_DIR
+    if restore and tune.Tuner.can_restore(str(exp)):
+        return tune.Tuner.restore(str(exp), trainable=trainable, resume_unfinished=True,
+                                  resume_errored=False, restart_errored=retry_failed)
+    return tune.Tuner(
+        trainable,
+        param_space={"trial_id": tune.grid_search([t.trial_id for t in trials])},
+        tune_config=tune.TuneConfig(max_concurrent_trials=resources.max_concurrent, reuse_actors=True,
+                                    trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
+        run_config=tune.RunConfig(name=RAY_DIR, storage_path=str(spec.sweep_dir), verbose=1,
+                                  failure_config=tune.FailureConfig(max_failures=0, fail_fast=False)))
+
+
+def _summary(rows: list, sweep_dir: Path) -> str:
+    counts = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    lines = [f"[lightning_pfd] sweep finished: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())),
+             f"  results: {sweep_dir / 'sweep_results.csv'} (and .json)"]
+    for r in rows:
+        if r["status"] == "failed":
+            lines.append(f"  failed: {r['trial_id']}: {r['error']}")
+    if counts.get("pending"):
+        lines.append("  continue the pending trials with --resume")
+    return "\n".join(lines)
+
+
+def run_sweep(spec: SweepSpec, resources: Optional[Resources] = None, resume: bool = False,
+              retry_failed: bool = False, address: Optional[str] = None, dry_run: bool = False,
+              echo: Callable[[str], None] = print) -> int:
+    """Validate, run and aggregate a sweep (see the module docstring). Returns 0 when every trial
+    finished (ok or diverged), 1 when some failed or are pending, after writing the results."""
+    resources = check_resources(resources or spec.resources)
+    if retry_failed and not resume:
+        raise ConfigError("--retry-failed", "only with --resume (it re-runs the failed trials of an "
+                                            "existing sweep)")
+    trials = plan(spec, construct=not dry_run)
+    if dry_run:
+        echo(format_plan(spec, trials, resources))
+        echo("\n(dry run: every trial parsed and its |theta| counted; nothing was run or written)")
+        return 0
+    _ensure_importable()
+    _check_devices(trials, resources, address)
+    old = _check_sweep_dir(spec, trials, resume)
+    started = _start_ray(address)  # a cluster that cannot be joined fails before anything is written
+    try:
+        _write_record(spec, trials, resources, old, retry_failed)
+        if retry_failed:
+            moved = _retry_failed(spec, trials)
+            echo(f"[lightning_pfd] retrying {len(moved)} failed trial(s)")
+        echo(format_plan(spec, trials, resources) if not resume else
+             f"[lightning_pfd] resuming sweep {spec.name} ({len(trials)} trials) in {spec.sweep_dir}")
+        tuner = _tuner(spec, trials, resources, restore=resume, retry_failed=retry_failed)
+        errors = _ray_errors(tuner.fit())
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    rows = aggregate_sweep(spec.sweep_dir, ray_errors=errors)
+    echo(_summary(rows, spec.sweep_dir))
+    return 0 if all(r["status"] in ("ok", "diverged") for r in rows) else 1
+
+
+def _write_record(spec: SweepSpec, trials: list, resources: Resources, old: Optional[dict],
+                  retry_failed: bool) -> None:
+    """``sweep.json`` (atomic): the record of a new sweep, or the old one plus this resumption."""
+    from ..checkpoint import atomic_write_bytes
+
+    spec.sweep_dir.mkdir(parents=True, exist_ok=True)
+    record = old or _sweep_record(spec, trials, resources)
+    if old is not None:
+        record.setdefault("resumed", []).append({"time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                                 "retry_failed": retry_failed, "versions": _versions()})
+    atomic_write_bytes(spec.sweep_dir / "sweep.json", (json.dumps(record, indent=1, default=str) + "\n").encode())
+
+
+def _ensure_importable() -> None:  # pragma: no cover - a clear message instead of ImportError
+    try:
+        import ray.tune  # noqa: F401
+    except ImportError as e:
+        raise ConfigError("sweep", "needs Ray Tune, which is not installed",
+                          suggestion='pip install "lightning_pfd[sweep]"  (or ray[tune])') from e

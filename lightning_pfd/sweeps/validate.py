@@ -1,0 +1,308 @@
+"""Validation of a sweep before anything runs (nothing is written, Ray is not started).
+
+For every trial: its dotted keys exist in the parsed base config (a "did you mean" otherwise),
+its full config parses with the ``fit`` parser of
+:class:`~lightning_pfd.lightning_cli.PFDLightningCLI`, the student's trainable parameters |θ|
+are counted (the net built on the ``meta`` device: no memory, no time) and — for a real run —
+each distinct datamodule, model and callback is built once, so a value a class refuses fails
+now. The first problem raises a :class:`~lightning_pfd.errors.ConfigError` naming the trial and
+the key.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any, Optional
+
+from ..errors import ConfigError
+from .spec import (SweepSpec, Trial, _class_name, _leaf, _seed_keys, check_known_key, expand_trials,
+                   load_base)
+
+__all__ = ["validate_trials", "FitParser", "default_seed_keys", "build_net_meta"]
+
+
+def _parse_only_cli():
+    """A PFDLightningCLI that builds the ``fit`` parser and parses, nothing else; its parser
+    raises instead of printing and exiting."""
+    from ..commands.fit import PFDArgumentParser, PFDLightningCLI
+
+    class _ParseError(Exception):
+        pass
+
+    class _RaisingParser(PFDArgumentParser):
+        def error(self, message, ex=None):  # noqa: D102 - jsonargparse's hook
+            raise _ParseError(message)
+
+    class _ParseOnly(PFDLightningCLI):
+        def instantiate_classes(self) -> None:
+            return
+
+        def _run_subcommand(self, subcommand) -> None:
+            return
+
+        def _set_seed(self) -> None:
+            return
+
+    return _ParseOnly, _RaisingParser, _ParseError
+
+
+class FitParser:
+    """The ``fit`` parser of :class:`~lightning_pfd.lightning_cli.PFDLightningCLI`, built once;
+    :meth:`parse` returns the fully parsed config as a dict, or raises ``(message)``."""
+
+    def __init__(self, base: dict):
+        import sys
+
+        cls, parser_cls, self.error_type = _parse_only_cli()
+        saved = sys.argv
+        sys.argv = [saved[0] if saved else "lightning_pfd"]
+        try:
+            cli = cls(args={"fit": copy.deepcopy(base)}, parser_class=parser_cls)
+        except self.error_type as e:
+            raise ConfigError("base", "the base config does not parse: " + _condense(str(e))) from None
+        finally:
+            sys.argv = saved
+        self.parser = cli.parser
+        self.base = cli.config.fit.as_dict()
+        self.groups: dict = {}  # (top-level group, signature of its raw value) -> parsed value
+
+    def parse(self, cfg: dict) -> dict:
+        return self.parser.parse_object({"fit": copy.deepcopy(cfg)}).fit.as_dict()
+
+
+def _condense(message: str) -> str:
+    from ..commands.fit import condense_error
+
+    text = condense_error(message)
+    return re.sub(r'(Parser key "[\w.]+":\s*;?\s*)+', "", text).strip("; ") or text
+
+
+def default_seed_keys(parsed_base: dict) -> list:
+    keys = ["seed_everything"]
+    data_args = ((parsed_base.get("data") or {}).get("init_args") or {})
+    if "seed" in data_args:
+        keys.append("data.init_args.seed")
+    model_args = ((parsed_base.get("model") or {}).get("init_args") or {})
+    if model_args.get("train_seed") is not None:
+        keys.append("model.init_args.train_seed")
+    return keys
+
+
+def _dict_overrides_prefixes(ov: dict) -> tuple:
+    """Keys below an override that replaces a class (``X.class_path``) or a whole mapping are
+    checked by the parser, not against the base config."""
+    out = []
+    for k, v in ov.items():
+        if k.endswith(".class_path"):
+            out.append(k[: -len(".class_path")])
+        elif isinstance(v, dict):
+            out.append(k)
+    return tuple(out)
+
+
+def _key_in_message(message: str, keys: list) -> Optional[str]:
+    names = re.findall(r"Option '([\w.]+)' is not accepted|Parser key \"([\w.]+)\"|"
+                       r"does not accept option '([\w.]+)'|key \"([\w.]+)\"", message)
+    found = [n for tup in names for n in tup if n]
+    found = re.findall(r"(?:^|[\s(;.\]])(\w+): ", message) + found  # "n_train: must be ..." (a class's own check)
+    for name in reversed(found):
+        for k in keys:
+            if k == name or k.endswith("." + name) or _leaf(k) == name.rsplit(".", 1)[-1]:
+                return k
+    return None
+
+
+def _trial_error(tid: str, key: Optional[str], where: str, problem: str, n_bad: int, n: int,
+                 value: Any = None, has_value: bool = False, accepted=None, suggestion=None) -> ConfigError:
+    field_name = f"{where}: {key} (trial {tid})" if key else f"trial {tid}"
+    if n_bad > 1:
+        problem += f" [{n_bad} of {n} trials fail this check]"
+    kw = {"value": value} if has_value else {}
+    return ConfigError(field_name, problem, accepted=accepted,
+                       suggestion=suggestion or "fix the sweep file (nothing has run)", **kw)
+
+
+def validate_trials(spec: SweepSpec, trials: Optional[list] = None, construct: bool = True) -> list:
+    """Check every trial before anything runs: its keys exist (with a "did you mean"), its config
+    parses with the ``fit`` parser (each distinct top-level group value is parsed once, see
+    :func:`_parse_covering`), and each student's |θ| is counted; with ``construct``, each distinct
+    datamodule, model (net on the meta device) and callback is also built once, so a value a
+    class refuses fails now. Returns the trials (``n_train``, ``n_params``, ``seed`` filled).
+    Nothing is written. Raises ConfigError naming the trial and the key."""
+    base = load_base(spec)
+    parser = FitParser(base)
+    seed_keys = _seed_keys(spec.seed_keys or default_seed_keys(parser.base))
+    if trials is None:
+        trials = expand_trials(spec, base, seed_keys)
+    for k in spec.shared:
+        try:
+            check_known_key(parser.base, k)
+        except ConfigError as e:
+            raise ConfigError(f"shared: {k}", e.problem, value=e.value, accepted=e.accepted,
+                              suggestion=e.suggestion) from None
+    for k in seed_keys:
+        try:
+            check_known_key(parser.base, k)
+        except ConfigError as e:
+            raise ConfigError(f"seed_keys: {k}", e.problem, value=e.value, accepted=e.accepted,
+                              suggestion=e.suggestion) from None
+    skip = _dict_overrides_prefixes(spec.shared)
+    for t in trials:  # every key of every trial exists (cheap: a walk through the parsed base)
+        for k in t.overrides:
+            try:
+                check_known_key(parser.base, k, skip + _dict_overrides_prefixes(t.overrides))
+            except ConfigError as e:
+                bad = sum(1 for t2 in trials if k in t2.overrides)
+                raise _trial_error(t.trial_id, k, "grid", e.problem, bad, len(trials), value=e.value,
+                                   has_value=e.has_value, accepted=e.accepted,
+                                   suggestion=e.suggestion) from None
+    parsed_all = [(t, _parse_covering(parser, t, trials, spec)) for t in trials]
+    _construct(parsed_all, construct, len(trials))
+    for t, parsed in parsed_all:
+        sv = parsed.get("seed_everything")
+        if t.seed is None and isinstance(sv, int) and not isinstance(sv, bool):
+            t.seed = sv  # no repeats: the base config's seed (the id does not show it)
+        n = ((parsed.get("data") or {}).get("init_args") or {}).get("n_train")
+        t.n_train = int(n) if isinstance(n, int) and not isinstance(n, bool) else None
+        if not t.model_label:
+            net = ((parsed.get("model") or {}).get("init_args") or {}).get("net")
+            t.model_label = (_class_name(net) or "model").rsplit(".", 1)[-1]
+    return trials
+
+
+def _group_signatures(cfg: dict) -> dict:
+    return {g: json.dumps(v, sort_keys=True, default=str) for g, v in cfg.items()}
+
+
+_DIR, _ID = "\x00trial_dir\x00", "\x00trial_id\x00"
+
+
+def _substitute(obj: Any, pairs: list) -> Any:
+    """``obj`` with every string's occurrences of ``old`` replaced by ``new`` (pairs in order)."""
+    if isinstance(obj, str):
+        for old, new in pairs:
+            obj = obj.replace(old, new)
+        return obj
+    if isinstance(obj, dict):
+        return {k: _substitute(v, pairs) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_substitute(v, pairs) for v in obj)
+    return obj
+
+
+def _parse_covering(parser: "FitParser", t: Trial, trials: list, spec: SweepSpec) -> dict:
+    """The parsed config of ``t``. The fit parser checks the top-level groups (trainer, model,
+    data, seed_everything, ...) independently of each other (no linked arguments), so a group
+    value that parsed inside one full config is valid in every config: ``t`` is parsed only when
+    one of its group values has not been parsed yet (a sweep of 110 trials over 11 data and 10
+    model values needs 11 parses), and its parsed groups are reused otherwise. Values are
+    compared with the trial's own directory and id replaced by placeholders (every trial writes
+    elsewhere; the parser does not look at these paths)."""
+    cache = parser.groups
+    own = [(str(spec.sweep_dir / t.trial_id), _DIR), (t.trial_id, _ID)]  # the trial's own paths
+    sigs = _group_signatures(_substitute(t.config, own))
+    if not all((g, sig) in cache for g, sig in sigs.items()):
+        try:
+            parsed = parser.parse(t.config)
+        except parser.error_type as e:
+            msg = str(e)
+            key = _key_in_message(msg, list(t.overrides) + list(spec.shared))
+            where = "grid" if key in t.overrides else "shared" if key else "config"
+            bad = sum(1 for t2 in trials if key in t.overrides and key in t2.overrides
+                      and t2.overrides[key] == t.overrides[key]) if key else 1
+            raise _trial_error(t.trial_id, key, where, _condense(msg), bad, len(trials)) from None
+        for g, v in parsed.items():
+            cache[(g, sigs.get(g))] = _substitute(v, own)
+    back = [(new, old) for old, new in own]
+    groups = {g for (g, _sig) in cache}
+    return {g: _substitute(cache[(g, sigs.get(g))], back) for g in groups if (g, sigs.get(g)) in cache}
+
+
+def _import(class_path: str):
+    import importlib
+
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def _build(spec: Any, meta_net: bool = False):
+    """Instantiate a parsed class config (``{class_path, init_args}``, nested); the ``net``
+    argument of a model is built on the meta device (parameters without memory)."""
+    if isinstance(spec, list):
+        return [_build(s) for s in spec]
+    if not (isinstance(spec, dict) and isinstance(spec.get("class_path"), str)):
+        return spec
+    args = {}
+    for k, v in (spec.get("init_args") or {}).items():
+        if k == "net" and meta_net and isinstance(v, dict) and "class_path" in v:
+            args[k] = build_net_meta(v)
+        else:
+            args[k] = _build(v)
+    return _import(spec["class_path"])(**args)
+
+
+def build_net_meta(spec: dict):
+    """The net of a parsed config on the meta device (falls back to CPU if a class cannot)."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return _build(spec)
+    except ConfigError:
+        raise
+    except Exception:
+        return _build(spec)
+
+
+def _construct(parsed_all: list, construct: bool, n: int) -> None:
+    """Count |θ| for every trial and (``construct``) build each distinct data / model / callback
+    config once; the first failure names its trial and config group."""
+    from ..nets import count_parameters
+
+    seen: dict = {}
+    for t, parsed in parsed_all:
+        model = parsed.get("model") or {}
+        groups = [("model.init_args.net", ((model.get("init_args") or {}).get("net")), "net")]
+        if construct:
+            groups += [("data", parsed.get("data"), "plain"), ("model", model, "model")]
+            cbs = (parsed.get("trainer") or {}).get("callbacks") or []
+            groups += [(f"trainer.callbacks[{(_class_name(c) or '?').rsplit('.', 1)[-1]}]", c, "plain")
+                       for c in (cbs if isinstance(cbs, list) else [cbs])]
+        for where, sub, kind in groups:
+            if not isinstance(sub, dict) or "class_path" not in sub:
+                continue
+            sig = where + json.dumps(sub, sort_keys=True, default=str)
+            if sig not in seen:
+                try:
+                    if kind == "net":
+                        seen[sig] = count_parameters(build_net_meta(sub), trainable_only=True)
+                    else:
+                        _build(sub, meta_net=(kind == "model"))
+                        seen[sig] = None
+                except Exception as e:  # a class refusing its arguments
+                    key = _key_in_message(str(e), list(t.overrides))
+                    if key is None and isinstance(e, ConfigError):
+                        key = _key_in_message(f"key \"{e.field.split(' ')[0]}\"", list(t.overrides))
+                    text = e.one_line() if isinstance(e, ConfigError) else f"{type(e).__name__}: {e}"
+                    bad = sum(1 for t2, p2 in parsed_all if where + json.dumps(
+                        _group(p2, where), sort_keys=True, default=str) == sig)
+                    raise _trial_error(t.trial_id, key or where, "grid" if key else "config",
+                                       f"{where} cannot be built: {' '.join(text.split())[:400]}",
+                                       bad, n) from None
+            if kind == "net":
+                t.n_params = seen[sig]
+
+
+def _group(parsed: dict, where: str):
+    model = parsed.get("model") or {}
+    if where == "model.init_args.net":
+        return (model.get("init_args") or {}).get("net")
+    if where in ("data", "model"):
+        return parsed.get(where)
+    cbs = (parsed.get("trainer") or {}).get("callbacks") or []
+    name = where[len("trainer.callbacks["):-1]
+    for c in (cbs if isinstance(cbs, list) else [cbs]):
+        if (_class_name(c) or "?").rsplit(".", 1)[-1] == name:
+            return c
+    return None
