@@ -30,7 +30,19 @@ from .errors import ConfigError
 
 __all__ = ["SigmaSpaceDenoiser", "FeatureDenoiser", "GenerativeModel", "SigmaSpaceModel",
            "SampleDataModule", "TeacherDataModule", "protocol_members", "missing_members",
-           "check_contract", "check_data_shape", "check_on_samples", "SAMPLE_OUTPUTS"]
+           "check_contract", "check_data_shape", "check_on_samples", "SAMPLE_OUTPUTS",
+           "SIGMA_SPACE_MODELS", "GENERATING_MODELS"]
+
+#: what the sigma-space measurements (PFD, ICR, frozen-noise losses) accept as a model, for the
+#: ``accepted`` of their error messages (:class:`SigmaSpaceModel`)
+SIGMA_SPACE_MODELS = ("lightning_pfd.modules.DiffusionModule (any diffusion family: 'edm', 'vp', "
+                      "'ve', ...), or any model exposing a sigma-space EMA denoiser `denoiser` "
+                      "(lightning_pfd.contracts.SigmaSpaceModel)")
+#: what the sampling measurements (memorization, tail metrics) accept as a model, for the
+#: ``accepted`` of their error messages (:class:`GenerativeModel`)
+GENERATING_MODELS = ("a model with generate(seeds, batch_size=...) "
+                     "(lightning_pfd.contracts.GenerativeModel): lightning_pfd.modules.DiffusionModule "
+                     "or LevyItoModule")
 
 
 # ------------------------------------------------------------------------------ denoisers

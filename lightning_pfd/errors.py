@@ -2,21 +2,24 @@
 
 :class:`ConfigError` is raised for a bad value a user typed (a config field, a command-line
 option, a file): it names the field, the bad value, what is accepted and, where a name is
-close to an accepted one, a "did you mean" suggestion. The command-line entry point
-(``lightning_pfd.cli.main``) prints it as one block and exits with status 2; the traceback is
-shown only with ``--debug`` or ``LIGHTNING_PFD_DEBUG=1``.
+close to an accepted one, a "did you mean" suggestion. Every command of the command line
+(:func:`lightning_pfd.commands.run_guarded`) prints it as one block and exits with status 2; the
+traceback is shown only with ``--debug`` or ``LIGHTNING_PFD_DEBUG=1``. :func:`renamed_fields`
+re-raises it under the name the user typed (a callback's config path, a command's flag).
 
 It subclasses ``ValueError`` so Python callers that catch ``ValueError`` keep working.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import re
 import sys
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
-__all__ = ["ConfigError", "MissingFileError", "did_you_mean", "check_choice", "ShortErrorParser"]
+__all__ = ["ConfigError", "MissingFileError", "did_you_mean", "check_choice", "renamed_fields",
+           "ShortErrorParser"]
 
 _UNSET = object()
 
@@ -99,6 +102,36 @@ def check_choice(field: str, value: Any, accepted: Iterable[Any]) -> None:
     accepted = list(accepted)
     if value not in accepted:
         raise ConfigError(field, "unknown value", value=value, accepted=accepted)
+
+
+@contextlib.contextmanager
+def renamed_fields(rename: Union[str, Mapping[str, str], Callable[[str], str]],
+                   names: Optional[Iterable[str]] = None) -> Iterator[None]:
+    """Re-raise a :class:`ConfigError` from the block under the name its user typed.
+
+    ``rename`` is a prefix (``"trainer.callbacks[TailMonitor]."``), a mapping (``{"num_samples":
+    "--num-samples"}``, unmapped fields kept) or a function (``lambda f: callback_field(cb, f)``).
+    With ``names``, only an error about one of them (the first name of a field such as
+    ``"sigma, sigmas"``) is renamed; any other error passes unchanged. So a callback reports
+    ``trainer.callbacks[ICRMonitor].tap`` and a command ``--tap`` for the same check."""
+    if isinstance(rename, str):
+        prefix = rename
+        fn: Callable[[str], str] = lambda f: prefix + f  # noqa: E731
+    elif isinstance(rename, Mapping):
+        table = dict(rename)
+        fn = lambda f: table.get(f, f)  # noqa: E731
+    else:
+        fn = rename
+    only = None if names is None else frozenset(names)
+    try:
+        yield
+    except ConfigError as e:
+        if only is not None and e.field.split(",")[0].strip() not in only:
+            raise
+        kw = dict(accepted=e.accepted, suggestion=e.suggestion)
+        if e.has_value:
+            kw["value"] = e.value
+        raise ConfigError(fn(e.field), e.problem, **kw) from e.__cause__
 
 
 class ShortErrorParser(argparse.ArgumentParser):

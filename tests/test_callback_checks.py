@@ -557,7 +557,7 @@ def test_pfd_with_inf_endpoints_is_nan_with_its_fraction():
 ])
 def test_icr_sweep_refuses_bad_arguments_before_loading_anything(tmp_path, monkeypatch, capsys, extra, flag,
                                                                   hint):
-    from lightning_pfd.callbacks import icr_sweep
+    from lightning_pfd.commands import icr_sweep
 
     def forbidden(*a, **k):
         raise AssertionError("loaded data / a checkpoint before validating the arguments")

@@ -1,4 +1,5 @@
-"""The CLI: program name, embedded configs, a 2-epoch fit in-process, bad configuration fails early."""
+"""The CLI: program name, embedded configs, a 2-epoch fit in-process, bad configuration fails early;
+the command registry, one error handling shared by every command, the old module paths."""
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ import pytest
 import yaml
 
 from lightning_pfd.cli import CONFIG_DIR, main
+from lightning_pfd.errors import ConfigError
 
 EMBEDDED = ["quickstart", "teacher_edm_digits", "distill_vp_digits", "edm_cifar10", "distill_vp_cifar10"]
 
@@ -132,3 +134,135 @@ def test_fit_a_family_named_in_the_yaml(tmp_path, override):
     rows = list(csv.DictReader((next((tmp_path / "run").rglob("metrics.csv"))).open()))
     val = [float(r["val/loss"]) for r in rows if r.get("val/loss")]
     assert len(val) == 2 and all(math.isfinite(v) for v in val)
+
+
+# ----------------------------------------------------------------------------- commands
+@pytest.fixture
+def restore_threads():
+    import torch
+
+    old = torch.get_num_threads()
+    yield
+    torch.set_num_threads(old)
+
+
+def test_registry_names_a_main_and_a_help_line_for_every_command():
+    from lightning_pfd.commands import COMMANDS, command_for
+
+    assert {"fit", "report", "icr-sweep", "pite", "sweep"} <= set(COMMANDS)
+    for name, command in COMMANDS.items():
+        assert callable(command.main()) and command.help and command.prog.endswith(f" {name}")
+    for argv in ([], ["fit"], ["validate", "--config", "x"], ["test"], ["--help"]):
+        assert command_for(argv) is COMMANDS["fit"]  # LightningCLI parses these
+    assert command_for(["icr-sweep", "--ckpt", "x"]) is COMMANDS["icr-sweep"]
+
+
+def test_entry_point_imports_neither_torch_nor_lightning():
+    code = ("import sys; import lightning_pfd.cli, lightning_pfd.commands; "
+            "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+def test_old_module_paths_are_the_commands():
+    from lightning_pfd import commands, experiments_cli, lightning_cli
+    from lightning_pfd.callbacks import icr_sweep
+    from lightning_pfd.commands import fit, pite, sweep
+    from lightning_pfd.commands import icr_sweep as icr_sweep_command
+    from lightning_pfd.evaluation import icr_sweep as icr_sweep_evaluation
+    from lightning_pfd.sweeps import command as sweep_command
+
+    assert main is commands.main and lightning_cli.PFDLightningCLI is fit.PFDLightningCLI
+    assert experiments_cli.main is pite.main and icr_sweep.main is icr_sweep_command.main
+    assert sweep_command.main is sweep.main
+    assert icr_sweep.sweep is icr_sweep_evaluation.sweep
+    from lightning_pfd.cli import ensure_wandb_mode, join_negative_values, resolve_config_path
+
+    assert resolve_config_path is fit.resolve_config_path and ensure_wandb_mode is fit.ensure_wandb_mode
+    assert join_negative_values(["--lr", "-1e-3"]) == ["--lr=-1e-3"]
+
+
+#: (argv, the start of stderr): report prints the bare one-line block; the others name the program
+COMMAND_ERRORS = [
+    (["report", "/nonexistent/run"], "error: run_dir: '/nonexistent/run' does not exist\n"),
+    (["icr-sweep", "--ckpt", "/nonexistent.ckpt", "--data", "digits"],
+     "python -m lightning_pfd icr-sweep: error: --ckpt: no such checkpoint file\n"),
+    (["pite", "--eta", "1.5"], "python -m lightning_pfd pite: error: --eta: must lie in (0, 1)"),
+    (["fit", "--config", "no_such_config"], "python -m lightning_pfd: error: --config: no such file"),
+    (["sweep", "--config", "no_such_sweep"], "python -m lightning_pfd sweep: error: --config: no such"),
+    (["fit", "--threads", "0"], "python -m lightning_pfd: error: --threads:"),
+]
+
+
+@pytest.mark.parametrize("argv, start", COMMAND_ERRORS)
+def test_one_error_handling_for_every_command(argv, start, capsys, monkeypatch, restore_threads):
+    from lightning_pfd.commands import COMMANDS
+
+    monkeypatch.delenv("LIGHTNING_PFD_DEBUG", raising=False)
+    assert _run(argv) == 2
+    err = capsys.readouterr().err
+    if COMMANDS[argv[0]].threaded and "--threads" not in argv:  # the threads line comes first
+        first, err = err.split("\n", 1)
+        assert first.startswith("[lightning_pfd] ") and "CPU thread" in first
+    assert err.startswith(start) and "Traceback" not in err, err
+    hint = "(run with --debug or LIGHTNING_PFD_DEBUG=1 for the traceback)"
+    assert err.splitlines()[-1] == hint if argv[0] != "report" else len(err.splitlines()) == 1
+    # --debug anywhere on the line, or the environment variable: the error itself, traceback and all
+    for debug_argv in (["--debug", *argv], [*argv, "--debug"]):
+        with pytest.raises(ConfigError):
+            _run(debug_argv)
+    if "--threads" not in argv:  # the command's own main (as tests and scripts call it) too
+        with pytest.raises(ConfigError):
+            COMMANDS[argv[0]].main()([*(argv if argv[0] == "fit" else argv[1:]), "--debug"])
+    monkeypatch.setenv("LIGHTNING_PFD_DEBUG", "1")
+    with pytest.raises(ConfigError):
+        _run(argv)
+
+
+def test_renamed_fields_names_what_the_user_typed():
+    from lightning_pfd.errors import renamed_fields
+
+    def flag(arg):
+        return "--" + arg.replace("_", "-")
+
+    with pytest.raises(ConfigError) as err, renamed_fields(flag, ["view_tap", "sigma"]):
+        raise ConfigError("view_tap", "unknown tap", value="midle", accepted=["middle", "out"])
+    e = err.value  # everything but the field is kept
+    assert (e.field, e.problem, e.value, e.accepted) == ("--view-tap", "unknown tap", "midle",
+                                                         ["middle", "out"])
+    assert e.suggestion == "did you mean 'middle'?"
+    with pytest.raises(ConfigError) as err, renamed_fields(flag, ["sigma"]):
+        raise ConfigError("sigma, sigmas", "must be > 0", value=[-1.0])  # matched by its first name
+    assert err.value.field == "--sigma, sigmas" and err.value.value == [-1.0]
+    with pytest.raises(ConfigError) as err, renamed_fields(flag, ["sigma"]):
+        raise ConfigError("model", "has no denoiser", value="LevyItoModule")  # not a named one
+    assert err.value.field == "model"
+    with pytest.raises(ConfigError) as err, renamed_fields("trainer.callbacks[X]."):
+        try:
+            int("x")
+        except ValueError as cause:
+            raise ConfigError("seed", "not an integer") from cause
+    assert err.value.field == "trainer.callbacks[X].seed" and isinstance(err.value.__cause__, ValueError)
+    assert not err.value.has_value and "got" not in str(err.value)
+
+
+def test_pite_has_an_sbm_row_for_every_registered_family(tmp_path):
+    from lightning_pfd.commands.pite import _cli_args, _label, _rows, build_parser
+    from lightning_pfd.diffusion.families import family_names
+    from lightning_pfd.lightning_cli import PFDLightningCLI
+
+    names = list(family_names())
+    assert {"edm", "vp", "ve"} <= set(names)
+    a = build_parser().parse_args(["--out", str(tmp_path), "--crop-size", "8", "--n-train", "16",
+                                   "--sbm-preconds", ",".join(names)])
+    rows = _rows(a)
+    assert [r[0] for r in rows] == [f"sbm_{q}" for q in names] + ["lim"]
+    for q, (name, cfg, extra) in zip(names, rows):
+        with mock.patch.object(sys, "argv", ["x"]):
+            model = PFDLightningCLI(args=_cli_args(a, cfg, name, extra), run=False).model
+        assert model.family.name == q and model.hparams.precond == q
+        assert _label({}, name) == f"SBM ({q.upper()})"
+    with pytest.raises(ConfigError) as err:
+        _rows(build_parser().parse_args(["--sbm-preconds", "edn"]))
+    assert err.value.field == "--sbm-preconds" and err.value.accepted == names
+    assert err.value.suggestion == "did you mean 'edm'?"

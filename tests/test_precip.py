@@ -193,7 +193,7 @@ def test_pite_config_builds_through_the_cli(tmp_path):
     import sys
     from unittest import mock
 
-    from lightning_pfd.experiments_cli import _cli_args, _rows, build_parser
+    from lightning_pfd.commands.pite import _cli_args, _rows, build_parser
     from lightning_pfd.lightning_cli import PFDLightningCLI
     from lightning_pfd.modules import DiffusionModule, LevyItoModule
 
@@ -242,7 +242,7 @@ def test_pite_table_and_observable_parsing():
 
 
 def test_pite_out_of_range_uses_the_datamodules_range():
-    from lightning_pfd.experiments_cli import _out_of_range
+    from lightning_pfd.commands.pite import _out_of_range
 
     y = torch.tensor([[0.0, 1.5, -2.0, 0.5]])
     pre = PrecipitationDataModule(crop_size=8, n_train=8, n_val=0)

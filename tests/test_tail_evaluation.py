@@ -13,9 +13,8 @@ import torch
 from scipy import stats
 from test_tails import _loader_oracle, blog_rmsqe_oracle, quasi_sample
 
-from lightning_pfd.errors import ConfigError
-from lightning_pfd.evaluation.tail import (TailEvaluation, TailSettings, check_generate, kde_curves,
-                                           renamed_fields)
+from lightning_pfd.errors import ConfigError, renamed_fields
+from lightning_pfd.evaluation.tail import TailEvaluation, TailSettings, check_generate, kde_curves
 from lightning_pfd.metrics.tails import (kde_density, loader, loader_settings, reference_splits,
                                          rmsqe, same_law_floor)
 

@@ -71,12 +71,8 @@ from ..keys import slug
 __all__ = ["MeasurementCallback", "MeasurementSchedule", "log_schedule", "is_log_pass",
            "check_schedule", "SCHEDULES", "validation_disabled", "callback_field", "global_sum",
            "check_unique_metric_names", "check_metric_prefix", "require_train_data",
-           "figure_to_array", "figure_dir", "log_figure", "log_to_loggers",
-           "SIGMA_SPACE_MODULES"]
+           "figure_to_array", "figure_dir", "log_figure", "log_to_loggers"]
 
-#: what the sigma-space monitors (PFD, ICR) accept as a LightningModule, for error messages
-SIGMA_SPACE_MODULES = ("lightning_pfd.modules.DiffusionModule (precond 'edm' or 'vp'), or any "
-                       "LightningModule exposing a sigma-space EMA denoiser `denoiser`")
 #: the named schedules (an explicit list of pass indices is the third form)
 SCHEDULES = ("every_n_epochs", "log")
 

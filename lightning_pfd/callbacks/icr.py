@@ -29,9 +29,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from .. import keys
+from ..errors import renamed_fields
 from ..evaluation.representation import (DEFAULT_NUM_IMAGES, RepresentationEvaluation,
                                          check_representation_settings, fixed_subset,
-                                         resolve_num_images, sigma_leaf, well_posed, with_field_prefix)
+                                         resolve_num_images, sigma_leaf, well_posed)
 from ..metrics.icr import DEFAULT_COND_MAX
 from .base import (MeasurementCallback, callback_field, check_metric_prefix, check_unique_metric_names,
                    require_train_data)
@@ -82,7 +83,7 @@ class ICRMonitor(MeasurementCallback):
         self._warned, self._evaluation = False, None
 
     def _fields(self):
-        return with_field_prefix(lambda arg: callback_field(self, arg), _ARGS)
+        return renamed_fields(lambda arg: callback_field(self, arg), _ARGS)
 
     def key(self, leaf: str) -> str:
         """Logged name of ``leaf`` (icr, trace_s, trace_xi, n, d, nonfinite) in this namespace."""

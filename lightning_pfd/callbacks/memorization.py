@@ -21,16 +21,14 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from .. import keys
-from ..evaluation.memorization import (GENERATING_MODELS, MemorizationEvaluation,
-                                       check_memorization_settings, resolve_descriptor)
-from ..evaluation.representation import with_field_prefix
+from ..errors import renamed_fields
+from ..evaluation.memorization import (MemorizationEvaluation, check_memorization_settings,
+                                       resolve_descriptor)
 from .base import (MeasurementCallback, callback_field, check_metric_prefix, check_unique_metric_names,
                    require_train_data)
 
-__all__ = ["MemorizationMonitor", "GENERATING_MODULES"]
+__all__ = ["MemorizationMonitor"]
 
-#: what the sampling monitors accept as a LightningModule, for error messages
-GENERATING_MODULES = GENERATING_MODELS
 _LEAVES = ("ratio", "nonfinite")
 _ARGS = ("num_samples", "criterion", "threshold", "descriptor", "chunk_size", "seed", "batch_size")
 
@@ -65,7 +63,7 @@ class MemorizationMonitor(MeasurementCallback):
         self._evaluation: Optional[MemorizationEvaluation] = None
 
     def _fields(self):
-        return with_field_prefix(lambda arg: callback_field(self, arg), _ARGS)
+        return renamed_fields(lambda arg: callback_field(self, arg), _ARGS)
 
     def key(self, leaf: str) -> str:
         """Logged name of ``leaf`` (ratio, nonfinite) in this namespace."""

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-import torch
-
 from .. import keys
-from ..evaluation.tail import (TailEvaluation, TailSettings, check_generate, check_reference,
-                               renamed_fields)
+from ..errors import renamed_fields
+from ..evaluation.tail import TailEvaluation, TailSettings, check_generate, check_reference
 from .base import MeasurementCallback, callback_field, check_metric_prefix, check_unique_metric_names
 
 __all__ = ["TailMonitor"]
@@ -89,10 +87,6 @@ class TailMonitor(MeasurementCallback):
     def floors(self) -> Dict[str, float]:
         """The same-law floors of the current reference (computed on first use)."""
         return self.evaluation.floors() if self.evaluation is not None else {}
-
-    @property
-    def _ref(self) -> Optional[torch.Tensor]:  # compat: tests/test_callback_schedule.py reads it
-        return None if self.evaluation is None else self.evaluation.reference_observable
 
     @property
     def last(self) -> Dict[str, float]:

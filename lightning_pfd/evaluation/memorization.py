@@ -29,18 +29,13 @@ from typing import Any, Callable, Dict, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from ..contracts import GENERATING_MODELS, check_on_samples
 from ..errors import ConfigError
 from ..metrics.memorization import (CRITERIA, _memorization_compute, _memorization_update,
                                     check_chunk_size, check_criterion, embed, reference_features)
-from .representation import distributed_sum, process_of
-from .sharding import shard_indices
+from .sharding import distributed_sum, process_of, shard_indices
 
-__all__ = ["MemorizationEvaluation", "check_memorization_settings", "resolve_descriptor",
-           "GENERATING_MODELS"]
-
-#: what the sampling measurements accept as a model, for error messages
-GENERATING_MODELS = ("a module with generate(seeds, batch_size=...): "
-                     "lightning_pfd.modules.DiffusionModule or LevyItoModule")
+__all__ = ["MemorizationEvaluation", "check_memorization_settings", "resolve_descriptor"]
 
 
 def resolve_descriptor(descriptor: Union[str, Callable, None]) -> Optional[Callable]:
@@ -137,17 +132,9 @@ class MemorizationEvaluation:
 
     def check_descriptor(self) -> None:
         """The descriptor maps two training samples to features (2, D)."""
-        if self.descriptor is None:
-            return
-        try:
-            f = embed(self.train_data[:2], self.descriptor)
-        except Exception as e:  # e.g. an image network given vector data
-            raise ConfigError("descriptor", f"fails on training samples of shape "
-                              f"{tuple(self.train_data.shape[1:])}: {type(e).__name__}: {e}",
-                              value=type(self.descriptor).__name__) from e
-        if f.shape[0] != min(2, len(self.train_data)) or f.shape[1] < 1:
-            raise ConfigError("descriptor", "must map a batch (B, ...) to features (B, D); got shape "
-                              f"{tuple(f.shape)}", value=type(self.descriptor).__name__)
+        if self.descriptor is not None:
+            check_on_samples(lambda x: embed(x, self.descriptor), self.train_data, "descriptor",
+                             value=type(self.descriptor).__name__, what="training samples")
 
     # ------------------------------------------------------------------ reference
     def _cache_path_key(self):

@@ -49,6 +49,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 from torch import nn
 
+from ..contracts import SIGMA_SPACE_MODELS
 from ..diffusion.augment import AUG_LEVELS, noisy_view
 from ..diffusion.features import extract_features, random_projection, resolve_tap
 from ..diffusion.noise import seeded_uniform
@@ -56,19 +57,14 @@ from ..diffusion.streams import stream
 from ..errors import ConfigError
 from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, _icr_at, _icr_compute,
                            _icr_update, _icr_zero_states, check_tau, pool_features)
-from .sharding import check_world, distributed_world, shard_indices
+from .sharding import check_world, distributed_sum, process_of, shard_indices
 
 __all__ = ["RepresentationEvaluation", "check_representation_settings", "fixed_subset",
            "resolve_num_images", "denoiser_of", "merge_statistics", "well_posed", "sigma_leaf",
-           "with_field_prefix",
-           "process_of", "distributed_sum",
-           "DEFAULT_NUM_IMAGES", "SIGMA_SPACE_MODELS"]
+           "DEFAULT_NUM_IMAGES"]
 
 #: default subset: the paper's 4096 training images (App. C), capped at the training set
 DEFAULT_NUM_IMAGES = 4096
-#: what the sigma-space measurements accept as a model, for error messages
-SIGMA_SPACE_MODELS = ("lightning_pfd.modules.DiffusionModule (precond 'edm' or 'vp'), or any "
-                      "LightningModule exposing a sigma-space EMA denoiser `denoiser`")
 _SEED_STRIDE = 1_000_003  # seed of image i under base seed s: s * stride + i
 _RESULT_KEYS = ("icr", "trace_s", "trace_xi", "trace_s_raw", "trace_xi_raw", "tau", "cond_xi",
                 "icr_tau_auto", "icr_tau_relative")
@@ -130,21 +126,6 @@ def check_representation_settings(num_images: Optional[int] = None, sigma: float
                 cond_max=float(cond_max), seed=seed, batch_size=batch_size)
 
 
-@contextlib.contextmanager
-def with_field_prefix(field: Callable[[str], str], names: Sequence[str]) -> Iterator[None]:
-    """Re-raise a :class:`ConfigError` about one of ``names`` under ``field(name)`` (e.g. a
-    callback's config path ``trainer.callbacks[ICRMonitor].tap``); other errors pass unchanged."""
-    try:
-        yield
-    except ConfigError as e:
-        first = e.field.split(",")[0].strip()
-        if first not in names:
-            raise
-        value = {"value": e.value} if e.has_value else {}
-        raise ConfigError(field(e.field), e.problem, accepted=e.accepted, suggestion=e.suggestion,
-                          **value) from None
-
-
 def fixed_subset(n_available: int, num: int, seed: int) -> torch.Tensor:
     """``min(num, n_available)`` distinct indices from a seeded permutation (the same every call)."""
     u = seeded_uniform([int(seed)], int(n_available), stream=stream("icr.subset"))[0]
@@ -190,33 +171,6 @@ def merge_statistics(parts: Sequence[Statistics]) -> Statistics:
             for k, v in states.items():
                 acc[k] = v.clone() if k not in acc else acc[k] + v.to(acc[k].device)
     return out
-
-
-def process_of(rank: Optional[int], world: Optional[int], reduce: Optional[Callable]) -> Tuple[int, int]:
-    """(rank, world): as given, else from torch.distributed ((0, 1) without it). Several processes
-    need either torch.distributed or an explicit ``reduce``, else the sums would stay partial."""
-    if world is None:
-        world = distributed_world()
-    if rank is None:
-        import torch.distributed as dist
-
-        rank = dist.get_rank() if world > 1 and distributed_world() > 1 else 0
-    check_world(rank, world)
-    if world > 1 and reduce is None and distributed_world() != world:
-        raise ConfigError("world", f"{world} processes but torch.distributed has "
-                          f"{distributed_world()}: pass `reduce` (a sum over the processes)", value=world)
-    return rank, world
-
-
-def distributed_sum(t: torch.Tensor) -> torch.Tensor:
-    """``t`` summed over the torch.distributed processes (a copy; identity on one process)."""
-    if distributed_world() == 1:
-        return t
-    import torch.distributed as dist
-
-    t = t.clone()
-    dist.all_reduce(t)
-    return t
 
 
 def _reduce(stats: Statistics, reduce: Callable[[torch.Tensor], torch.Tensor]) -> Statistics:

@@ -6,7 +6,9 @@ split over the ``world`` processes by position: rank ``r`` takes items ``r, r + 
 duplicate items of an uneven set). Rank ``r`` holds ``len(range(r, n, world))`` items, so shard
 sizes differ by at most one. Results come back in the global order with :func:`gather_shards`
 (from the per-rank parts, e.g. a ``strategy.all_gather``) or :func:`all_gather_shards`
-(``torch.distributed`` collective); scalars are summed over ranks with :func:`all_reduce_sum`.
+(``torch.distributed`` collective); tensors are summed over ranks with :func:`distributed_sum`,
+scalars with :func:`all_reduce_sum`; :func:`process_of` resolves the (rank, world) of a
+measurement.
 
 Everything is the identity on one process (``world == 1`` or ``torch.distributed`` not
 initialised), so the same code runs in a notebook.
@@ -14,12 +16,15 @@ initialised), so the same code runs in a notebook.
 from __future__ import annotations
 
 import math
-from typing import Any, List, Sequence, TypeVar
+from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
+from ..errors import ConfigError
+
 __all__ = ["check_world", "shard_indices", "shard", "shard_size", "shard_sizes", "pad_rows",
-           "gather_shards", "distributed_world", "all_gather_shards", "all_reduce_sum"]
+           "gather_shards", "distributed_world", "process_of", "all_gather_shards",
+           "distributed_sum", "all_reduce_sum"]
 
 T = TypeVar("T")
 
@@ -112,6 +117,36 @@ def all_gather_shards(rows: torch.Tensor, n: int) -> torch.Tensor:
     return gather_shards(parts, n, world)
 
 
+def process_of(rank: Optional[int], world: Optional[int],
+               reduce: Optional[Callable] = None) -> Tuple[int, int]:
+    """(rank, world): as given, else from torch.distributed ((0, 1) without it). Several processes
+    need either torch.distributed or an explicit ``reduce``, else the sums would stay partial."""
+    if world is None:
+        world = distributed_world()
+    if rank is None:
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if world > 1 and distributed_world() > 1 else 0
+    check_world(rank, world)
+    if world > 1 and reduce is None and distributed_world() != world:
+        raise ConfigError("world", f"{world} processes but torch.distributed has "
+                          f"{distributed_world()}: pass `reduce` (a sum over the processes)", value=world)
+    return rank, world
+
+
+def distributed_sum(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over the torch.distributed processes (a copy; identity on one process).
+
+    Every rank must call it."""
+    if distributed_world() == 1:
+        return t
+    import torch.distributed as dist
+
+    t = t.clone()
+    dist.all_reduce(t)
+    return t
+
+
 def all_reduce_sum(value: Any, device: Any = None) -> float:
     """``value`` summed over all ranks (float64 all-reduce; the identity on one process).
 
@@ -119,8 +154,4 @@ def all_reduce_sum(value: Any, device: Any = None) -> float:
     a GPU tensor)."""
     if distributed_world() == 1:
         return float(value)
-    import torch.distributed as dist
-
-    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return float(t)
+    return float(distributed_sum(torch.tensor([float(value)], dtype=torch.float64, device=device)))

@@ -34,50 +34,26 @@ From a notebook::
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import math
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
+from ..contracts import GENERATING_MODELS, check_on_samples
 from ..errors import ConfigError
 from ..metrics.observables import get_observable
 from ..metrics.tails import (kde_density, loader_options, loader_settings, matched_score,
                              rmsqe_options, same_law_floor)
 
 __all__ = ["TailSettings", "TailEvaluation", "NONFINITE_POLICIES", "REFERENCE_SPLITS",
-           "GENERATING_MODELS", "check_generate", "check_reference", "kde_curves", "density_figure",
-           "renamed_fields"]
+           "check_generate", "check_reference", "kde_curves", "density_figure"]
 
 NONFINITE_POLICIES = ("nan", "drop")
 REFERENCE_SPLITS = ("train", "val")
-#: what a sampling measurement accepts as a model, for error messages
-GENERATING_MODELS = ("a model with generate(seeds, batch_size=...): "
-                     "lightning_pfd.modules.DiffusionModule or LevyItoModule")
 METRICS = ("rmsqe", "loader")
-
-
-@contextlib.contextmanager
-def renamed_fields(rename: Union[str, Mapping[str, str], Callable[[str], str]]) -> Iterator[None]:
-    """Re-raise a :class:`ConfigError` from the block with its field renamed: a prefix string
-    (``"trainer.callbacks[TailMonitor]."``), a mapping (``{"num_samples": "--num-samples"}``,
-    unmapped fields kept) or a function. So a caller reports the name its user typed."""
-    if isinstance(rename, str):
-        fn = lambda f: rename + f  # noqa: E731
-    elif isinstance(rename, Mapping):
-        fn = lambda f: rename.get(f, f)  # noqa: E731
-    else:
-        fn = rename
-    try:
-        yield
-    except ConfigError as e:
-        kw = dict(accepted=e.accepted, suggestion=e.suggestion)
-        if e.has_value:
-            kw["value"] = e.value
-        raise ConfigError(fn(e.field), e.problem, **kw) from e.__cause__
 
 
 def _integer(name: str, v: Any, lo: int) -> int:
@@ -227,19 +203,12 @@ class TailEvaluation:
         reference fields only): ``num_samples`` >= n_ref (the floors split the reference into
         ``num_samples`` stand-in samples and a non-empty rest), fewer samples than processes,
         an observable that does not give one scalar per field."""
-        s, n_ref = self.settings, self.n_ref
+        s = self.settings
         self.check_sizes()
         if s.num_samples < int(world_size):
             raise ConfigError("num_samples", "every rank needs at least one sample (world size "
                               f"{world_size})", value=s.num_samples)
-        try:
-            obs = torch.as_tensor(self.observe(self.data[:2]))
-        except Exception as e:  # e.g. an observable written for other data
-            raise ConfigError("observable", f"fails on samples of shape {tuple(self.data.shape[1:])}: "
-                              f"{type(e).__name__}: {e}", value=s.observable) from e
-        if tuple(obs.shape) != (min(2, n_ref),):
-            raise ConfigError("observable", "must give one scalar per sample; got shape "
-                              f"{tuple(obs.shape)} for {min(2, n_ref)} samples", value=s.observable)
+        check_on_samples(self.observe, self.data, "observable", output="scalars", value=s.observable)
 
     def check_sizes(self) -> None:
         """ConfigError unless ``num_samples`` < n_ref (needed by the same-law floors)."""

@@ -1,0 +1,181 @@
+"""The subcommands of ``python -m lightning_pfd`` (the ``lightning-pfd`` console script), one
+module each, and what they share.
+
+- ``fit`` (and LightningCLI's ``validate``, ``test``, ``predict``): :mod:`lightning_pfd.commands.fit`
+  (LightningCLI and the validation phase before anything is written);
+- ``report``: :mod:`lightning_pfd.commands.report` (the report of a run, or of a sweep directory);
+- ``icr-sweep``: :mod:`lightning_pfd.commands.icr_sweep` (ICR and a linear probe over sigma);
+- ``pite``: :mod:`lightning_pfd.commands.pite` (the SBM vs LIM tail-metric table);
+- ``sweep``: :mod:`lightning_pfd.commands.sweep` (a grid of fits on Ray Tune).
+
+A command is a module with ``main(argv) -> int`` (the exit status); a new one is one module plus
+one :class:`Command` line in :data:`COMMANDS`. Shared by all of them:
+
+* **errors** (:func:`run_guarded`): an expected user error, a
+  :class:`~lightning_pfd.errors.ConfigError`, is printed as one short block on stderr and the
+  exit status is 2; ``--debug`` (anywhere on the command line) or ``LIGHTNING_PFD_DEBUG=1``
+  re-raises it with its traceback (``report`` prints the bare one-line block, without the
+  program name and the hint, as its documented output). Option errors come from
+  :class:`~lightning_pfd.errors.ShortErrorParser` (one block, status 2, "did you mean");
+* **threads** (:func:`configure_threads`): ``--threads N|auto`` (or ``LIGHTNING_PFD_THREADS``) is
+  taken off the command line and, for a command that computes on this process's CPU
+  (:attr:`Command.threaded`), the choice of :mod:`lightning_pfd.threads` is applied and printed
+  as the run's first line.
+
+Nothing here imports Lightning or torch: ``report`` starts without them.
+"""
+from __future__ import annotations
+
+import contextvars
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+__all__ = ["Command", "COMMANDS", "LIGHTNING_SUBCOMMANDS", "PROG", "CONFIG_DIR", "DEFAULT_CONFIG",
+           "USER_ERROR", "main", "command_for", "run_guarded", "print_user_error", "debug_enabled",
+           "pop_flag", "configure_threads", "print_extra_help"]
+
+PROG = "python -m lightning_pfd"
+#: the embedded configs (``--config quickstart`` names ``CONFIG_DIR / "quickstart.yaml"``)
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+#: the config a bare ``python -m lightning_pfd`` / ``fit`` without ``--config`` runs
+DEFAULT_CONFIG = CONFIG_DIR / "quickstart.yaml"
+#: the exit status of a user error (argparse's)
+USER_ERROR = 2
+#: LightningCLI's own subcommands: all handled by :mod:`lightning_pfd.commands.fit`
+LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+DEBUG_ENV = "LIGHTNING_PFD_DEBUG"
+
+_DEBUG = contextvars.ContextVar("lightning_pfd_debug", default=False)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name, the module whose ``main(argv) -> int`` runs it, the help line,
+    and whether it computes on this process's CPU threads (``--threads`` applies)."""
+
+    name: str
+    module: str
+    help: str
+    threaded: bool = False
+
+    @property
+    def prog(self) -> str:
+        return f"{PROG} {self.name}"
+
+    def main(self) -> Callable[[Sequence[str]], int]:
+        return getattr(importlib.import_module(self.module), "main")
+
+
+#: the registry: name -> :class:`Command` (``fit`` stands for LightningCLI's subcommands too)
+COMMANDS = {c.name: c for c in (
+    Command("fit", "lightning_pfd.commands.fit",
+            "train (LightningCLI; also validate, test, predict)", threaded=True),
+    Command("report", "lightning_pfd.commands.report",
+            "figures + markdown summary of a run (or of a sweep directory)"),
+    Command("icr-sweep", "lightning_pfd.commands.icr_sweep",
+            "ICR and linear probe over a sigma grid", threaded=True),
+    Command("pite", "lightning_pfd.commands.pite",
+            "SBM vs LIM tail comparison (PITE table)", threaded=True),
+    Command("sweep", "lightning_pfd.commands.sweep",
+            "grid of fit runs on Ray Tune (N x model size x seeds)"),
+)}
+
+
+def command_for(argv: Sequence[str]) -> Command:
+    """The command ``argv`` runs: a registered name, else ``fit`` (LightningCLI parses the rest:
+    its subcommands, ``--help``, or nothing at all, which runs the quickstart)."""
+    return COMMANDS.get(argv[0] if argv else "fit", COMMANDS["fit"])
+
+
+# ----------------------------------------------------------------------------- errors
+def debug_enabled(argv: Sequence[str] = ()) -> bool:
+    """``--debug`` in ``argv``, given to the dispatcher, or ``LIGHTNING_PFD_DEBUG`` set (not 0)."""
+    return "--debug" in argv or _DEBUG.get() or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def pop_flag(argv: list, flag: str) -> bool:
+    """Remove every ``flag`` from ``argv``; True when there was one."""
+    found = flag in argv
+    while flag in argv:
+        argv.remove(flag)
+    return found
+
+
+def print_user_error(err: BaseException, prog: Optional[str] = PROG, hint: bool = True) -> int:
+    """Print an expected user error as one short block on stderr; return :data:`USER_ERROR`.
+
+    The block is ``"<prog>: error: <field>: <problem>"`` with the bad value, what is accepted and
+    a suggestion on the following lines (:meth:`ConfigError.block`); ``prog`` None leaves the
+    prefix out, ``hint`` adds the line saying how to see the traceback."""
+    from ..errors import ConfigError
+
+    text = err.block() if isinstance(err, ConfigError) else f"error: {err}"
+    if prog:
+        text = f"{prog}: {text}"
+    if hint:
+        text += f"\n(run with --debug or {DEBUG_ENV}=1 for the traceback)"
+    print(text, file=sys.stderr, flush=True)
+    return USER_ERROR
+
+
+def run_guarded(body: Callable[[list], Optional[int]], argv: Optional[Sequence[str]] = None,
+                prog: Optional[str] = PROG, hint: bool = True) -> int:
+    """``body(argv)`` (``--debug`` removed; ``argv`` None: ``sys.argv[1:]``) as an exit status:
+    a :class:`~lightning_pfd.errors.ConfigError` is printed by :func:`print_user_error` (status 2),
+    or re-raised with its traceback under ``--debug`` / ``LIGHTNING_PFD_DEBUG``. Every command's
+    ``main`` runs its body through this."""
+    from ..errors import ConfigError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = debug_enabled(args)
+    pop_flag(args, "--debug")
+    token = _DEBUG.set(debug)  # a nested command (the dispatcher's) sees it
+    try:
+        return int(body(args) or 0)
+    except ConfigError as err:
+        if debug:
+            raise
+        return print_user_error(err, prog, hint)
+    finally:
+        _DEBUG.reset(token)
+
+
+# ----------------------------------------------------------------------------- threads
+def configure_threads(argv: list) -> None:
+    """Pop ``--threads`` and, for a computing command, set the CPU threads (one printed line:
+    :meth:`lightning_pfd.threads.ThreadChoice.line`). ``--help`` computes nothing."""
+    from ..threads import apply_threads, pop_threads_arg
+
+    value = pop_threads_arg(argv)
+    name = argv[0] if argv else "fit"
+    threaded = name in LIGHTNING_SUBCOMMANDS or (name in COMMANDS and COMMANDS[name].threaded)
+    if threaded and not any(a in ("-h", "--help") for a in argv):
+        apply_threads(value, announce=os.environ.get("LOCAL_RANK", "0") == "0")
+
+
+# ----------------------------------------------------------------------------- dispatch
+def print_extra_help() -> None:
+    """The commands beside LightningCLI's and the embedded configs (after ``--help``)."""
+    print("\nExtra commands:")
+    for c in COMMANDS.values():
+        if c.name != "fit":
+            print(f"  {c.name:<10} {c.help}  ({c.prog} --help)")
+    print(f"\nEmbedded configs ({CONFIG_DIR}): "
+          + ", ".join(sorted(q.stem for q in CONFIG_DIR.glob('*.yaml'))))
+
+
+def _dispatch(argv: list) -> int:
+    configure_threads(argv)
+    command = command_for(argv)
+    rest = argv if command.name == "fit" else argv[1:]  # LightningCLI wants its subcommand
+    return int(command.main()(rest) or 0)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m lightning_pfd [COMMAND] [ARGS]``: the threads, then the command's ``main``;
+    returns the exit status (with no arguments: ``fit`` on the embedded quickstart config)."""
+    return run_guarded(_dispatch, argv, PROG)

@@ -1,0 +1,462 @@
+"""``python -m lightning_pfd fit|validate|test|predict``: LightningCLI, validated before anything
+is written.
+
+The order of a ``fit`` is: the command line (embedded config names resolved, ``--key -1e-3``
+joined, ``--overwrite`` taken off; no ``--config``: the embedded quickstart) → parse (no
+abbreviations) → instantiate model, data, trainer, callbacks (nothing is written yet) →
+:meth:`PFDLightningCLI.validate_run` → ``trainer.fit``. The validation phase checks everything
+that can be checked before training: model ↔ data shape, the checkpoint to resume (exists,
+verified digest, hyper-parameters compatible), an earlier run in the same checkpoint directory,
+the data (finite, in range: the datamodule's ``setup``), and every callback's
+``check_setup(trainer, model, datamodule)``. Only then are loggers started and ``config.yaml``
+written (atomically), so a run that fails never touches the files of an earlier run. W&B runs
+offline when no credentials exist (:func:`ensure_wandb_mode`). User errors: one block, exit
+status 2 (:func:`lightning_pfd.commands.run_guarded`).
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from ..cache import deferred_writes, write_deferred
+from ..callbacks.checkpoint import continue_loggers, install_verified_io, run_artifacts
+from ..callbacks.wandb_setup import LogConfigCallback, has_wandb_credentials
+from ..checkpoint import atomic_write_bytes, load_checkpoint
+from ..contracts import check_data_shape
+from ..errors import ConfigError, did_you_mean, suggest_option
+from . import (CONFIG_DIR, DEFAULT_CONFIG, LIGHTNING_SUBCOMMANDS, PROG, debug_enabled, pop_flag,
+               print_extra_help, run_guarded)
+
+__all__ = ["PFDLightningCLI", "PFDArgumentParser", "RunConfigCallback", "condense_error", "main",
+           "run_lightning_cli", "resolve_config_path", "join_negative_values", "ensure_wandb_mode",
+           "wandb_has_credentials", "SUBCOMMANDS"]
+
+SUBCOMMANDS = LIGHTNING_SUBCOMMANDS
+_NOISE = ("Expected a <class 'NoneType'>", "Given value", "Subtypes:", "Errors:",
+          "Does not validate against any of the Union subtypes", "Not a valid subclass",
+          "Subclass types expect", "a class path (str)", "a dict with class_path",
+          "a dict without class_path", "a class name")
+
+
+def condense_error(message: str) -> str:
+    """The lines of a jsonargparse error a person needs: for nested union / class errors the
+    innermost messages (e.g. "lr: must be > 0, got -0.001"), without the echoed config."""
+    lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
+    if not any("Does not validate against any of the Union subtypes" in ln for ln in lines):
+        return " ".join(lines[:3])
+    keep = []
+    for ln in lines:
+        ln = ln.lstrip("- ").strip()
+        if not ln or any(ln.startswith(n) or n in ln for n in _NOISE):
+            continue
+        if ln not in keep:
+            keep.append(ln)
+    return "; ".join(keep[:4]) or lines[0]
+
+
+class PFDArgumentParser(LightningArgumentParser):
+    """Parser whose errors are one short block (no usage dump), with a "did you mean" for an
+    unknown option. ``--debug`` / ``LIGHTNING_PFD_DEBUG=1`` restores jsonargparse's full output."""
+
+    def error(self, message: str, ex=None):
+        if debug_enabled():
+            return super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        text = condense_error(message)
+        hint = self._hint(parser, message)
+        sys.stderr.write(f"{prog}: error: {text}\n" + (f"  hint: {hint}\n" if hint else "")
+                         + f"  (options: {prog} --help)\n")
+        sys.exit(2)
+
+    @staticmethod
+    def _hint(parser, message: str) -> Optional[str]:
+        m = re.search(r"unrecognized arguments: (\S+)", message)
+        if m:
+            opt = m.group(1).split("=", 1)[0]
+            close = suggest_option(opt, getattr(parser, "_option_string_actions", {}).keys())
+            return f"did you mean {close}? (options are never abbreviated)" if close else None
+        m = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
+        if m:
+            return _attribute_hint(m.group(1), m.group(2))
+        m = re.search(r'Parser key "([\w.]+)"', message)
+        if m:
+            value = _argv_value(m.group(1))
+            return None if value is None else f"the value given for --{m.group(1)} was {value!r}"
+        if "Problems parsing config" in message or "Unexpected config" in message:
+            cfg = _argv_value("config") or _argv_value("c")
+            if cfg and "Unexpected config" in message and _is_yaml_list(cfg):
+                return (f"{cfg} is a list of callbacks, not a run config: append it with "
+                        f"--trainer.callbacks+={cfg}")
+            return f"in the config file {cfg!r}" if cfg else None
+        return None
+
+
+def _argv_value(key: str) -> Optional[str]:
+    """The value given for ``--key`` on this process's command line, if any."""
+    argv = sys.argv[1:]
+    for i, a in enumerate(argv):
+        if a == f"--{key}" or (len(key) == 1 and a == f"-{key}"):
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if a.startswith(f"--{key}="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _is_yaml_list(path: str) -> bool:
+    try:
+        import yaml
+
+        return isinstance(yaml.safe_load(Path(path).read_text()), list)
+    except Exception:
+        return False
+
+
+def _attribute_hint(module: str, name: str) -> Optional[str]:
+    """"did you mean" for a class_path whose last part is misspelt."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except Exception:
+        return None
+    names = getattr(mod, "__all__", None) or [n for n in dir(mod) if not n.startswith("_")]
+    close = did_you_mean(name, names)
+    return f"did you mean {module}.{close}?" if close else f"{module} provides: {sorted(names)[:12]}"
+
+
+class RunConfigCallback(LogConfigCallback):
+    """Writes ``config.yaml`` atomically (tmp file + rename) on rank 0, after validation, and logs
+    the parsed config to every logger."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.already_saved:
+            return
+        log_dir = trainer.log_dir  # a broadcast: every rank must take part
+        if trainer.is_global_zero:
+            if log_dir is not None and self.save_to_log_dir:
+                text = self.parser.dump(self.config, skip_none=False)
+                atomic_write_bytes(Path(log_dir) / self.config_filename, text.encode())
+            self.save_config(trainer, pl_module, stage)
+            self.already_saved = True
+        self.already_saved = trainer.strategy.broadcast(self.already_saved)
+
+
+class PFDLightningCLI(LightningCLI):
+    """LightningCLI for lightning_pfd (any LightningModule / LightningDataModule by class_path).
+
+    Args:
+        overwrite: allow a fresh ``fit`` into a checkpoint directory that holds an earlier run's
+            checkpoints (they are replaced as the new run writes its own).
+    """
+
+    def __init__(self, args=None, run: bool = True, overwrite: bool = False, **kwargs):
+        no_abbrev = {"allow_abbrev": False}
+        kwargs.setdefault("parser_kwargs", {"prog": PROG, **no_abbrev,
+                                            **{c: dict(no_abbrev) for c in SUBCOMMANDS}})
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("auto_configure_optimizers", False)
+        kwargs.setdefault("save_config_callback", RunConfigCallback)
+        kwargs.setdefault("parser_class", PFDArgumentParser)
+        self.overwrite = bool(overwrite)
+        self.resume_checkpoint: Optional[dict] = None
+        self.resolved_ckpt_path: Optional[str] = None
+        super().__init__(model_class=None, datamodule_class=None, subclass_mode_model=True,
+                         subclass_mode_data=True, args=args, run=run, **kwargs)
+
+    def instantiate_classes(self) -> None:
+        """A class that refuses its arguments raises a ConfigError naming them, not a nested
+        jsonargparse union error that echoes the whole config."""
+        try:
+            super().instantiate_classes()
+        except ConfigError:
+            raise
+        except (ValueError, TypeError) as e:
+            m = re.search(r"class_path='([\w.]+)'", str(e))
+            field = f"{m.group(1).rsplit('.', 1)[-1]} ({m.group(1)})" if m else (self.subcommand or "config")
+            raise ConfigError(field, condense_error(str(e)),
+                              suggestion="fix the value in the config or on the command line") from e
+        except Exception as e:  # Lightning's own refusals while building the Trainer
+            if type(e).__name__ == "MisconfigurationException":
+                given = [a.split("=", 1)[0][2:] for a in sys.argv[1:] if a.startswith("--trainer.")]
+                hint = ("check " + ", ".join(given) + " (given on the command line)") if given \
+                    else "fix the trainer value in the config"
+                raise ConfigError("trainer", str(e).strip().splitlines()[0], suggestion=hint) from e
+            if isinstance(e, RuntimeError) and "more than one stateful callback" in str(e):
+                kind = re.search(r"type `(\w+)`", str(e))
+                raise ConfigError(f"trainer.callbacks[{kind.group(1) if kind else '?'}]",
+                                  "the same callback appears twice with the same settings (it would "
+                                  "log the same keys and share one checkpoint state)",
+                                  suggestion="remove the duplicate, or give the second one its own "
+                                             "`name` (monitors) / `dirpath` or `monitor` (checkpoints)") from e
+            raise
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning would silently replace the command line's model arguments by the
+        checkpoint's; here the two are compared in :meth:`validate_run` instead."""
+        return
+
+    # -- the validation phase ------------------------------------------------------------------
+    def _check_shapes(self) -> None:
+        check_data_shape(self.model, self.datamodule)
+
+    def _ckpt_arg(self) -> Optional[str]:
+        cfg = self.config.get(self.subcommand) if self.subcommand else None
+        value = cfg.get("ckpt_path") if cfg is not None else None
+        return None if value in (None, "") else str(value)
+
+    def _resolve_ckpt(self, value: str) -> str:
+        """``last`` / ``best`` / a path → an existing file, or a ConfigError."""
+        if value not in ("last", "best"):
+            return value
+        dirs = [cb.dirpath for cb in self.trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
+        if not dirs:
+            raise ConfigError("ckpt_path", f"{value!r} needs a checkpoint callback with a dirpath",
+                              value=value, suggestion="give the checkpoint file's path instead")
+        if value == "last":
+            found = [p for d in dirs for p in Path(d).glob("last*.ckpt") if p.is_file()]
+        else:
+            found = [p for d in dirs for p in Path(d).glob("*.ckpt")
+                     if p.is_file() and not p.name.startswith("last")]
+        if not found:
+            raise ConfigError(
+                "ckpt_path", f"no {value} checkpoint in {dirs}: the run ended (or was killed) before "
+                "its first epoch finished, or it wrote elsewhere", value=value,
+                suggestion="start a new run without --ckpt_path, or give a checkpoint file's path")
+        return str(max(found, key=lambda p: p.stat().st_mtime))
+
+    def _check_resume(self) -> None:
+        value = self._ckpt_arg()
+        if value is None:
+            self._check_earlier_run()
+            return
+        path = self._resolve_ckpt(value)
+        ckpt = load_checkpoint(path)  # CheckpointError: missing, empty, foreign, damaged
+        changes = getattr(self.model, "resume_changes", None)
+        if callable(changes):  # refuses architecture changes now; the others are printed on load
+            changes(ckpt, source=path)
+        self.resume_checkpoint, self.resolved_ckpt_path = ckpt, path
+        print(f"[lightning_pfd] resuming from {path} (epoch {ckpt.get('epoch')}, "
+              f"step {ckpt.get('global_step')}; content digest verified)", flush=True)
+
+    def _check_earlier_run(self) -> None:
+        if self.subcommand != "fit" or self.overwrite:
+            return
+        found = run_artifacts(self.trainer)
+        if found:
+            raise ConfigError(
+                "trainer.callbacks[ModelCheckpoint].dirpath",
+                f"an earlier run's checkpoints are there ({', '.join(found[:3])}"
+                + (", ..." if len(found) > 3 else "") + "); a fresh fit would overwrite them",
+                suggestion="resume it with --ckpt_path last, write elsewhere (change the config's "
+                           "save_dir/dirpath), or pass --overwrite to replace it")
+
+    def _check_data(self) -> None:
+        """Load the data now (the datamodule's checks: files, shapes, finite and in range); a
+        loader's own ValueError / unpickling error becomes one ConfigError naming the data."""
+        import pickle
+
+        dm = self.datamodule
+        if dm is None:
+            return
+        try:
+            dm.prepare_data()
+            dm.setup("fit" if self.subcommand == "fit" else self.subcommand)
+        except ConfigError:
+            raise
+        except (ValueError, OSError, pickle.UnpicklingError, RuntimeError) as e:
+            first = " ".join(str(e).split())[:400] or type(e).__name__
+            raise ConfigError(f"data ({type(dm).__name__})", f"cannot be loaded: {first}",
+                              suggestion="check data.init_args (path, file format, keys, dtype)") from e
+
+    def _check_hparams_merge(self) -> None:
+        """Lightning refuses, after creating the loggers, keys that module and datamodule both
+        save with different values: refuse them here, before anything is written."""
+        dm = self.datamodule
+        if dm is None or not hasattr(dm, "hparams_initial") or not hasattr(self.model, "hparams_initial"):
+            return
+        a, b = dict(self.model.hparams_initial), dict(dm.hparams_initial)
+        clash = sorted(k for k in set(a) & set(b)
+                       if k != "_class_path" and (type(a[k]) is not type(b[k]) or repr(a[k]) != repr(b[k])))
+        if clash:
+            raise ConfigError(
+                "model / data", "the same hyper-parameter names have different values in the "
+                "model and the data: " + "; ".join(f"{k}: model {a[k]!r}, data {b[k]!r}" for k in clash),
+                suggestion="make them equal (one PF-ODE grid for student and teacher, one seed)")
+
+    def _check_callbacks(self) -> None:
+        for cb in self.trainer.callbacks:
+            check = getattr(cb, "check_setup", None)
+            if callable(check):
+                check(self.trainer, self.model, self.datamodule)
+
+    def validate_run(self) -> None:
+        """Every check that needs no training, before any file is written (see module doc)."""
+        self._check_shapes()
+        self._check_resume()
+        with deferred_writes() as pending:  # a run that fails here leaves no cache entry behind
+            self._check_data()
+            self._check_shapes()  # the data shape is known for sure after setup
+            self._check_hparams_merge()
+            self._check_callbacks()
+        write_deferred(pending)
+        install_verified_io(self.trainer)
+        if self.resume_checkpoint is not None:
+            for line in continue_loggers(self.trainer, self.resume_checkpoint):
+                print(f"[lightning_pfd] {line}", flush=True)
+
+    def before_fit(self) -> None:
+        self.validate_run()
+
+    def before_validate(self) -> None:
+        self.validate_run()
+
+    def before_test(self) -> None:
+        self.validate_run()
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict:
+        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        if self.resolved_ckpt_path is not None and "ckpt_path" in kwargs:
+            kwargs["ckpt_path"] = self.resolved_ckpt_path
+        return kwargs
+
+    # -- where did everything go ---------------------------------------------------------------
+    def after_fit(self) -> None:
+        trainer = self.trainer
+        if trainer.global_rank != 0:
+            return
+        lines = ["", "[lightning_pfd] run finished."]
+        for lg in trainer.loggers:
+            name = type(lg).__name__
+            d = getattr(lg, "log_dir", None) or getattr(lg, "save_dir", None)
+            if hasattr(lg, "_experiment") and lg._experiment is None:
+                continue  # this logger never started: its directory does not exist
+            if "Wandb" in name:
+                try:
+                    d = lg.experiment.dir.rsplit("/files", 1)[0]
+                except Exception:  # pragma: no cover - depends on wandb internals
+                    pass
+            lines.append(f"  logs ({name}): {d}")
+        for ckpt in trainer.checkpoint_callbacks:
+            parts = [f"{k}: {Path(v).name}" for k, v in
+                     (("last", getattr(ckpt, "last_model_path", "")),
+                      ("best", getattr(ckpt, "best_model_path", "") if ckpt.monitor else "")) if v]
+            lines.append(f"  checkpoints: {ckpt.dirpath}" + (f" ({', '.join(parts)})" if parts else ""))
+        plots = getattr(trainer, "lightning_pfd_plot_dirs", None)
+        if plots:
+            lines.append("  plots: " + ", ".join(sorted(set(map(str, plots)))))
+        if any("Wandb" in type(lg).__name__ for lg in trainer.loggers):
+            if os.environ.get("WANDB_MODE") == "offline":
+                lines.append("  W&B ran offline (no credentials): upload later with `wandb sync <run dir>`")
+        print("\n".join(lines), flush=True)
+
+
+# ----------------------------------------------------------------------------- the command line
+def wandb_has_credentials() -> bool:
+    """True when W&B could log online (``callbacks.wandb_setup.has_wandb_credentials``)."""
+    return has_wandb_credentials()
+
+
+def ensure_wandb_mode() -> str:
+    """Switch W&B to offline mode when no credentials exist (unless WANDB_MODE is set)."""
+    if "WANDB_MODE" not in os.environ and not has_wandb_credentials():
+        os.environ["WANDB_MODE"] = "offline"
+    return os.environ.get("WANDB_MODE", "online")
+
+
+def resolve_config_path(value: str) -> str:
+    """Accept a path, or the bare name of an embedded config (``quickstart`` / ``quickstart.yaml``)."""
+    p = Path(value)
+    if p.exists():
+        return value
+    for cand in (CONFIG_DIR / value, CONFIG_DIR / f"{value}.yaml"):
+        if cand.exists():
+            return str(cand)
+    embedded = sorted(q.stem for q in CONFIG_DIR.glob("*.yaml"))
+    raise ConfigError("--config", "no such file, and not the name of an embedded config",
+                      value=value, accepted=embedded)
+
+
+def _rewrite_configs(argv: list) -> list:
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a in ("--config", "-c") and i + 1 < len(out):
+            out[i + 1] = resolve_config_path(out[i + 1])
+        elif a.startswith("--config="):
+            out[i] = "--config=" + resolve_config_path(a.split("=", 1)[1])
+    return out
+
+
+def _needs_default_config(argv: list) -> bool:
+    """A subcommand given without --config and without choosing model/data classes."""
+    if argv[0] not in SUBCOMMANDS:
+        return False
+    rest = argv[1:]
+    if any(a in ("-h", "--help") for a in rest):
+        return False
+    chosen = ("--config", "-c", "--model", "--data")
+    return not any(a in chosen or a.startswith(tuple(c + "=" for c in chosen)) for a in rest)
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def join_negative_values(argv: Sequence[str]) -> list:
+    """``--key -1e-3`` → ``--key=-1e-3``: argparse takes a token that starts with '-' and is not a
+    plain integer/decimal (``-1e-3``) for an option and fails with "expected one argument"."""
+    out: list = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        nxt = args[i + 1] if i + 1 < len(args) else None
+        if a.startswith("--") and "=" not in a and nxt is not None and nxt.startswith("-") \
+                and _is_number(nxt):
+            out.append(f"{a}={nxt}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def run_lightning_cli(argv: Sequence[str], overwrite: bool = False) -> PFDLightningCLI:
+    """Run :class:`PFDLightningCLI` on ``argv`` (W&B offline without credentials)."""
+    ensure_wandb_mode()
+    saved = sys.argv
+    sys.argv = [PROG] + list(argv)  # LightningCLI warns when both sys.argv and args are given
+    try:
+        return PFDLightningCLI(args=None, overwrite=overwrite)
+    finally:
+        sys.argv = saved
+
+
+def _fit(argv: list) -> int:
+    overwrite = pop_flag(argv, "--overwrite")
+    if not argv:
+        argv = ["fit"]
+    if _needs_default_config(argv):
+        argv = [argv[0], "--config", str(DEFAULT_CONFIG), *argv[1:]]
+        print(f"[lightning_pfd] no --config: using the embedded quickstart ({DEFAULT_CONFIG})")
+    try:
+        run_lightning_cli(join_negative_values(_rewrite_configs(argv)), overwrite=overwrite)
+    finally:
+        if argv[0] in ("-h", "--help"):
+            print_extra_help()
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m lightning_pfd [fit|validate|test|predict] ...``; ``argv`` starts with the
+    subcommand (none: ``fit`` on the embedded quickstart). Returns the exit status."""
+    return run_guarded(_fit, argv, PROG)

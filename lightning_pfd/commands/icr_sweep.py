@@ -1,0 +1,302 @@
+"""``python -m lightning_pfd icr-sweep``: ICR(sigma) and a linear probe over a noise grid (Fig. 3 of
+*Evaluating the Representation Space of Diffusion Models via Self-Supervised Principles*, the ICR paper).
+
+The computation is :func:`lightning_pfd.evaluation.icr_sweep.sweep` (ICR, the traces and a linear
+probe on the same evaluation's features, per sigma); this command loads the checkpoint and the
+data, prints a table and writes ``icr_sweep.csv``, ``icr_sweep.json`` and ``icr_sweep.png`` into
+``--out``. The semantic window is where ICR is lowest and the probe most accurate.
+
+Examples::
+
+    python -m lightning_pfd icr-sweep --ckpt runs/x/checkpoints/last.ckpt --data runs/x/config.yaml
+    python -m lightning_pfd icr-sweep --ckpt last.ckpt --data digits --data-args '{"image_size": 8}' \
+        --net '{"class_path": "lightning_pfd.nets.UNet",
+               "init_args": {"img_resolution": 8, "in_channels": 1}}'
+
+``--data`` is a LightningCLI config file (its ``data`` entry is used, and its ``model.init_args.net``
+when the checkpoint does not record the network), a short name (digits, fashion, cifar10, gmm) or
+a datamodule class path.
+
+Bad arguments fail before anything heavy is loaded, as a :class:`~lightning_pfd.errors.ConfigError`
+naming the flag (one block, exit status 2; ``--debug`` shows the traceback): a missing
+checkpoint or config file, non-positive or duplicate noise levels, ``--num-images`` < 2, ``--level`` outside 0..5, ``--d-proj`` / ``--probe-train`` /
+``--batch-size`` / ``--views-per-image`` < 1, a negative ``--seed``, an unknown short name or a
+malformed class path in ``--data`` / ``--module-class``, ``--out`` naming a file, malformed
+``--data-args`` / ``--net``. After loading: an unknown ``--tap`` (with the net's taps and the
+closest name), ``--num-images`` larger than the training set, noise levels outside the
+denoiser's range, ``--d-proj`` larger than the tap's feature dimension; a datamodule or network
+that refuses its arguments (named as ``--data`` / ``--data-args`` / ``--net``).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+from ..errors import ConfigError, ShortErrorParser, renamed_fields
+from ..evaluation.icr_sweep import DEFAULT_SIGMAS, sweep, sweep_evaluation
+from . import COMMANDS, run_guarded
+
+__all__ = ["main", "validate_args", "check_loaded", "build_datamodule", "load_module", "instantiate",
+           "format_table", "plot", "SHORT_NAMES"]
+
+SHORT_NAMES = {
+    "digits": "lightning_pfd.data.DigitsDataModule",
+    "fashion": "lightning_pfd.data.FashionMNISTDataModule",
+    "cifar10": "lightning_pfd.data.CIFAR10DataModule",
+    "gmm": "lightning_pfd.data.GaussianMixtureDataModule",
+}
+PROG = COMMANDS["icr-sweep"].prog
+#: the evaluation arguments the command's flags set (errors about them name the flag)
+_FLAG_ARGS = ("num_images", "sigma", "sigmas", "tap", "d_proj", "level", "views_per_image",
+              "batch_size", "seed")
+
+
+# ----------------------------------------------------------------------------- loading
+def _import(path: str, field: str = "class_path"):
+    """The class at ``package.module.Class`` (ConfigError naming ``field`` when it does not exist)."""
+    module, _, name = path.rpartition(".")
+    if not module:
+        raise ConfigError(field, "expected a class path 'package.module.Class'", value=path)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(field, f"cannot import {path!r} ({type(e).__name__}: {e})", value=path) from e
+
+
+def instantiate(spec: Any):
+    """Build ``{"class_path": ..., "init_args": {...}}`` recursively (LightningCLI format)."""
+    if isinstance(spec, dict) and "class_path" in spec:
+        cls = _import(SHORT_NAMES.get(spec["class_path"], spec["class_path"]))
+        args = {k: instantiate(v) for k, v in (spec.get("init_args") or {}).items()}
+        return cls(**args)
+    if isinstance(spec, dict):
+        return {k: instantiate(v) for k, v in spec.items()}
+    if isinstance(spec, list):
+        return [instantiate(v) for v in spec]
+    return spec
+
+
+def _parse_mapping(text: Optional[str], field: str) -> Optional[dict]:
+    if text is None:
+        return None
+    import yaml
+
+    p = Path(text)
+    try:
+        value = yaml.safe_load(p.read_text() if p.is_file() else text)
+    except yaml.YAMLError as e:
+        raise ConfigError(field, f"not valid JSON/YAML: {e}", value=text) from e
+    if not isinstance(value, dict):
+        raise ConfigError(field, f"expected a mapping, got {type(value).__name__}", value=text)
+    return value
+
+
+def build_datamodule(data: str, data_args: Optional[dict]):
+    """(datamodule after setup("fit"), net spec from a config file or None)."""
+    net_spec = None
+    if data.endswith((".yaml", ".yml")):
+        cfg = _parse_mapping(data, "--data")
+        if "data" not in cfg:
+            raise ConfigError("--data", "the config has no `data` entry", value=data)
+        spec = dict(cfg["data"])
+        if data_args:
+            spec["init_args"] = {**(spec.get("init_args") or {}), **data_args}
+        net_spec = ((cfg.get("model") or {}).get("init_args") or {}).get("net")
+    else:
+        spec = {"class_path": SHORT_NAMES.get(data, data), "init_args": data_args or {}}
+    dm = instantiate(spec)
+    dm.setup("fit")
+    return dm, net_spec
+
+
+def load_module(ckpt: str, net_spec: Optional[dict], module_class: str):
+    cls = _import(module_class, "--module-class")
+    kwargs = {"map_location": "cpu"}
+    try:
+        module = cls.load_from_checkpoint(ckpt, **kwargs)
+    except Exception as first:  # the checkpoint may not record the net (built in Python)
+        if net_spec is None:
+            raise ConfigError("--ckpt", f"could not load {module_class} from it ({first})", value=ckpt,
+                              suggestion="pass --net with the network's class_path/init_args") from first
+        module = cls.load_from_checkpoint(ckpt, net=instantiate(net_spec), **kwargs)
+    return module.eval()
+
+
+# ----------------------------------------------------------------------------- output
+def format_table(rows: List[Dict[str, float]]) -> str:
+    head = f"{'sigma':>8} {'ICR':>8} {'Tr S_s':>9} {'Tr S_xi':>9} {'probe acc':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['sigma']:>8.4g} {r['icr']:>8.4f} {r['trace_s']:>9.4f} "
+                     f"{r['trace_xi']:>9.4f} {r['probe_acc']:>9.4f}")
+    best_icr = min(rows, key=lambda r: r["icr"])
+    lines.append(f"n = {rows[0]['n']:.0f} images, d = {rows[0]['d']:.0f}; "
+                 f"ICR minimum at sigma = {best_icr['sigma']:.4g}")
+    accs = [r for r in rows if not math.isnan(r["probe_acc"])]
+    if accs:
+        best = max(accs, key=lambda r: r["probe_acc"])
+        lines.append(f"best linear probe at sigma = {best['sigma']:.4g} (acc {best['probe_acc']:.4f})")
+    return "\n".join(lines)
+
+
+def plot(rows: List[Dict[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = [r["sigma"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(s, [r["icr"] for r in rows], "o-", color="tab:blue", label="ICR")
+    ax.set_xscale("log")
+    ax.set_xlabel(r"noise level $\sigma$")
+    ax.set_ylabel("ICR", color="tab:blue")
+    if not all(math.isnan(r["probe_acc"]) for r in rows):
+        ax2 = ax.twinx()
+        ax2.plot(s, [r["probe_acc"] for r in rows], "s--", color="slategray", label="probe acc")
+        ax2.set_ylabel("linear probe accuracy", color="slategray")
+    ax.set_title("semantic window: ICR vs linear probe")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- command
+def _parser() -> argparse.ArgumentParser:
+    p = ShortErrorParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt", required=True, help="checkpoint of a DiffusionModule")
+    p.add_argument("--data", required=True,
+                   help="LightningCLI config file, short name (digits, fashion, cifar10, gmm) or "
+                        "datamodule class path")
+    p.add_argument("--data-args", default=None, help="JSON/YAML mapping of datamodule init args")
+    p.add_argument("--net", default=None,
+                   help="JSON/YAML {class_path, init_args} of the net, when the checkpoint lacks it")
+    p.add_argument("--module-class", default="lightning_pfd.modules.DiffusionModule")
+    p.add_argument("--sigmas", type=float, nargs="+", default=list(DEFAULT_SIGMAS))
+    p.add_argument("--num-images", type=int, default=None,
+                   help="ICR subset size (default: min(4096, N), the paper's 4096)")
+    p.add_argument("--level", type=int, default=3)
+    p.add_argument("--tap", default=None)
+    p.add_argument("--d-proj", type=int, default=None)
+    p.add_argument("--views-per-image", type=int, default=1)
+    p.add_argument("--probe-train", type=int, default=None,
+                   help="training images for the probe (default: all)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="icr_sweep", help="output folder (csv, json, png)")
+    return p
+
+
+def validate_args(args) -> None:
+    """Every check of the command's arguments that needs no data, no checkpoint, no network."""
+    if not Path(args.ckpt).is_file():
+        raise ConfigError("--ckpt", "no such checkpoint file", value=args.ckpt)
+    if not args.sigmas or not all(s > 0 and math.isfinite(s) for s in args.sigmas):
+        raise ConfigError("--sigmas", "need finite noise levels > 0", value=args.sigmas)
+    if len(set(args.sigmas)) != len(args.sigmas):
+        raise ConfigError("--sigmas", "noise levels repeat", value=args.sigmas)
+    for name, lo in (("num_images", 2), ("views_per_image", 1), ("batch_size", 1), ("seed", 0)):
+        if getattr(args, name) is not None and getattr(args, name) < lo:
+            raise ConfigError(f"--{name.replace('_', '-')}", f"must be >= {lo}", value=getattr(args, name))
+    for name in ("d_proj", "probe_train"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}", "must be >= 1 (or left out)",
+                              value=getattr(args, name))
+    if args.level not in range(6):
+        raise ConfigError("--level", "unknown augmentation level", value=args.level,
+                          accepted=list(range(6)))
+    _validate_data_arg(args.data)
+    if "." not in args.module_class.strip("."):
+        raise ConfigError("--module-class", "expected a class path 'package.module.Class'",
+                          value=args.module_class)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigError("--out", "exists and is not a folder", value=args.out)
+
+
+def _validate_data_arg(data: str) -> None:
+    """--data: an existing config file, a short name or a dotted class path."""
+    if data.endswith((".yaml", ".yml")):
+        if not Path(data).is_file():
+            raise ConfigError("--data", "no such config file", value=data)
+    elif data not in SHORT_NAMES and "." not in data.strip("."):
+        raise ConfigError("--data", "unknown data name", value=data,
+                          accepted=sorted(SHORT_NAMES) + ["a config file (.yaml)", "a class path"])
+
+
+def _flag(arg: str) -> str:
+    """The command-line flag of an evaluation argument (``sigma`` and ``sigmas`` are ``--sigmas``)."""
+    return "--sigmas" if arg.startswith("sigma") else "--" + arg.replace("_", "-")
+
+
+def _flags():
+    """Errors about an evaluation argument name its flag (``tap`` -> ``--tap``)."""
+    return renamed_fields(_flag, _FLAG_ARGS)
+
+
+def check_loaded(module, dm, sigmas: Sequence[float], num_images: Optional[int],
+                 tap: Optional[str], **settings: Any):
+    """The checks that need the loaded module and data (--tap, --num-images, --sigmas range,
+    --d-proj); returns the :class:`~lightning_pfd.evaluation.representation.RepresentationEvaluation`
+    of the sweep (``settings``: its other arguments)."""
+    with _flags():
+        return sweep_evaluation(module, dm.train_data, sigmas, num_images, tap, **settings)
+
+
+@contextlib.contextmanager
+def _refusal_names(field: str) -> Iterator[None]:
+    """A loader's own ValueError (a datamodule or net refusing its arguments) as a ConfigError
+    naming ``field``."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(field, f"refused: {e}") from e
+
+
+def _write(rows: List[Dict[str, float]], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "icr_sweep.csv", "w") as f:
+        keys = list(rows[0])
+        f.write(",".join(keys) + "\n")
+        f.writelines(",".join(repr(r[k]) for k in keys) + "\n" for r in rows)
+    (out / "icr_sweep.json").write_text(json.dumps(rows, indent=1))
+    plot(rows, out / "icr_sweep.png")
+
+
+def _icr_sweep(argv: list) -> int:
+    args = _parser().parse_args(argv)
+    validate_args(args)  # nothing loaded yet
+    data_args = _parse_mapping(args.data_args, "--data-args")
+    net_spec_cli = _parse_mapping(args.net, "--net")
+    with _refusal_names("--data-args" if data_args else "--data"):
+        dm, net_spec_cfg = build_datamodule(args.data, data_args)
+    with _refusal_names("--net"):
+        module = load_module(args.ckpt, net_spec_cli or net_spec_cfg, args.module_class)
+    settings = dict(level=args.level, d_proj=args.d_proj, views_per_image=args.views_per_image,
+                    batch_size=args.batch_size, seed=args.seed)
+    check_loaded(module, dm, args.sigmas, args.num_images, args.tap, **settings)
+    with _flags():
+        rows = sweep(module, dm, sorted(args.sigmas), num_images=args.num_images, tap=args.tap,
+                     probe_train=args.probe_train, **settings)
+    out = Path(args.out)
+    print(format_table(rows))
+    _write(rows, out)
+    print(f"wrote {out / 'icr_sweep.csv'}, {out / 'icr_sweep.json'}, {out / 'icr_sweep.png'}")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m lightning_pfd icr-sweep ...``; returns the exit status (2: a bad argument,
+    one block on stderr, before anything heavy is loaded where possible)."""
+    return run_guarded(_icr_sweep, argv, PROG)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
