@@ -22,7 +22,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Mapping, MutableMapping, Optional, Sequence, Tuple
+from typing import Mapping, MutableMapping, Optional, Tuple
 
 __all__ = ["ThreadChoice", "choose_threads", "busy_cores", "usable_cores", "pop_threads_arg",
            "apply_threads", "parse_threads"]

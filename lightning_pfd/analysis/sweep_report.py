@@ -508,7 +508,7 @@ def _collapse_md(fits: dict, opts: dict) -> list:
         out += [f"**γ̂ = {j.gamma:.4f}** (E_gen and E_mem jointly), interval {_md_interval(j)}; "
                 f"the paper's γ = 0.5 is {'inside' if inside else 'outside'} the interval.", ""]
         out += [f"> {w}" for w in _collapse_warnings(j, opts["bounds"])] + [""] * bool(_collapse_warnings(j, opts["bounds"]))
-    out += [f"| fit | γ̂ | interval | S(γ̂) | S(0): N alone | S(0.5): N/√\\|θ\\| |", "|---|---|---|---|---|---|"]
+    out += ["| fit | γ̂ | interval | S(γ̂) | S(0): N alone | S(0.5): N/√\\|θ\\| |", "|---|---|---|---|---|---|"]
     for name, label in (("joint", "E_gen + E_mem"), ("e_gen", "E_gen"), ("e_mem", "E_mem")):
         f = fits[name]
         out.append(f"| {label} | {'—' if f.gamma is None else f'{f.gamma:.4f}'} | {_md_interval(f)} | "

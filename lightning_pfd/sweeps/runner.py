@@ -242,7 +242,7 @@ def _summary(rows: list, sweep_dir: Path) -> str:
     counts = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    lines = [f"[lightning_pfd] sweep finished: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())),
+    lines = ["[lightning_pfd] sweep finished: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())),
              f"  results: {sweep_dir / 'sweep_results.csv'} (and .json)"]
     for r in rows:
         if r["status"] == "failed":
