@@ -7,6 +7,9 @@ PFD sums and the frozen-noise losses. We time ``on_validation_epoch_end`` of a s
 inputs in the same batch size, and report the ratio (target <= 1.2x), plus the cold first epoch.
 
     python benchmarks/pfd_monitor_overhead.py --m 1024 --dim 64 --hidden 256 --depth 4
+
+(``benchmarks/run.py`` measures the same on the quickstart's configuration, interleaved with the
+other monitors, for the table in benchmarks/results.md.)
 """
 from __future__ import annotations
 
@@ -31,11 +34,12 @@ class TimedMonitor(GeneralizationMonitor):
         self.epoch_seconds, self.prepare_seconds = [], []
 
     def _prepare(self, trainer, pl_module):
-        if self._ref is not None:
-            return
+        if self.evaluation is not None:  # built this run: references in memory
+            return super()._prepare(trainer, pl_module)
         t = time.perf_counter()
-        super()._prepare(trainer, pl_module)
+        ev = super()._prepare(trainer, pl_module)  # builds the FlowEvaluation, computes / loads references
         self.prepare_seconds.append(time.perf_counter() - t)
+        return ev
 
     def on_validation_epoch_end(self, trainer, pl_module):
         t = time.perf_counter()
@@ -93,7 +97,7 @@ def main(argv=None) -> int:
               enable_model_summary=False, limit_val_batches=1)
     for _ in range(1 + args.rounds):  # first: cold (builds the caches); then warm
         pl.Trainer(callbacks=[cb], **kw).validate(model, datamodule=dm, verbose=False)
-        cb._ref = None  # a new run: re-read the references (from the disk cache the second time)
+        cb.evaluation = None  # a new run: re-read the references (from the disk cache the second time)
     bare = min(bare_forward_seconds(model.denoiser, args.m, args.dim, args.batch_size) for _ in range(args.rounds))
     cold, warm = cb.epoch_seconds[0] + cb.prepare_seconds[0], min(cb.epoch_seconds[1:])
     print(f"M={args.m}, MLPNet(dim={args.dim}, hidden={args.hidden}, depth={args.depth}), VP student, "

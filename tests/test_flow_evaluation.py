@@ -8,6 +8,8 @@
   autocast is active in any flow, with bf16 it is active in every flow (student and references);
 * GeneralizationMonitor logs exactly what ``FlowEvaluation.measure`` returns on the same model,
   including a user metric from a YAML-style ``metrics`` entry;
+* memory: the identity descriptor's features are views of the endpoints, metrics are updated in
+  batches of ``batch_size`` rows (with the values of one update over all rows);
 * bad input is refused with a ConfigError before any sampling.
 """
 import functools
@@ -239,6 +241,38 @@ def test_references_are_sampled_once_in_memory_and_on_disk():
     assert ev_bf16.cache_key("empirical") != ev.cache_key("empirical")
     ev_bf16.prepare()
     assert other.calls == per_flow  # another precision: recomputed, not read
+
+
+class _RowsSeen(SlicedW2):
+    """SlicedW2 recording the batch sizes it is updated with (class attribute: one list per test)."""
+
+    rows: list = []
+
+    def update(self, student, reference):
+        type(self).rows.append(student.shape[0])
+        super().update(student, reference)
+
+
+def test_memory_identity_features_are_views_and_metrics_are_fed_in_batches():
+    """docs/performance.md: a flow holds its endpoints once (the identity features are a view of
+    them, not a copy) and metrics see at most ``batch_size`` rows at a time -- with the values
+    of one update over all rows (brute force on the returned features)."""
+    _RowsSeen.rows = []
+    ev = _evaluation(use_cache=False)  # 24 seeds, batch_size 5
+    ev.add_metric("sw/e_gen", functools.partial(_RowsSeen, num_projections=8), reference="teacher")
+    res = ev.measure(GaussianDenoiser(S_MEAN, S_COV))
+    for ref in ev.references.values():
+        assert ref.features.data_ptr() == ref.endpoints.data_ptr()
+        torch.testing.assert_close(ref.features, ref.endpoints.reshape(24, -1), rtol=0, atol=0)
+    assert res.student_features.data_ptr() == res.student.data_ptr()
+    assert _RowsSeen.rows == [5, 5, 5, 5, 4]
+    f = {k: v.numpy() for k, v in res.features().items()}
+    theta = _projections(3, 8, 0).numpy()
+    sw = np.sqrt(((np.sort(f["student"] @ theta, 0) - np.sort(f["teacher"] @ theta, 0)) ** 2).mean())
+    assert float(res.metrics["sw/e_gen"]) == pytest.approx(sw, rel=1e-12)
+    whole = probability_flow_distance(GaussianDenoiser(S_MEAN, S_COV), GaussianDenoiser(T_MEAN, T_COV),
+                                      seeds=range(5_000, 5_024), shape=(3,), settings=ev.settings)
+    assert float(res.metrics["e_gen"]) == pytest.approx(float(whole), rel=1e-12)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -12,6 +12,8 @@ Extra metrics between student and a reference flow come from ``metrics`` (YAML):
       sw/e_gen: {class_path: my_pkg.SlicedWasserstein, init_args: {num_projections: 64}, reference: teacher}
 
 logged under their own key (registered in :mod:`lightning_pfd.keys` unless their module did).
+``compile`` (``true`` / a torch.compile mode) compiles the student's denoiser for its PF-ODE
+(:class:`~lightning_pfd.diffusion.sampling.SamplerSettings`; off by default: docs/performance.md).
 Every ``image_every_n_epochs`` measured passes a grid of samples (rows: student and each
 reference, like the paper's Fig. 1) goes to :meth:`~MeasurementCallback.log_figure`.
 """
@@ -41,7 +43,7 @@ class GeneralizationMonitor(MeasurementCallback):
     """Log E_gen, E_mem (PFD), frozen-noise losses, their gap and user ``metrics`` on schedule.
 
     ``num_eval`` (M), ``descriptor``, ``sampler`` / ``sigmas`` / ``precision`` (None: the model's), ``batch_size``,
-    ``chunk_size``, ``num_loss_samples``, ``use_cache``: as :class:`FlowEvaluation`; ``every_n_epochs`` /
+    ``chunk_size``, ``num_loss_samples``, ``use_cache``, ``compile``: as :class:`FlowEvaluation`; ``every_n_epochs`` /
     ``schedule``: callbacks.base; ``image_every_n_epochs`` (0: no sample grid), ``num_images``; ``name``: the
     metric namespace; ``metrics``: module docstring."""
 
@@ -50,15 +52,16 @@ class GeneralizationMonitor(MeasurementCallback):
                  batch_size: int = 256, chunk_size: int = 4096, num_loss_samples: Optional[int] = 1024,
                  image_every_n_epochs: int = 10, num_images: int = 8, use_cache: bool = True,
                  name: Optional[str] = None, schedule: Union[str, List[int]] = "every_n_epochs",
-                 precision: Optional[str] = None, metrics: Optional[Dict[str, Dict[str, Any]]] = None):
+                 precision: Optional[str] = None, metrics: Optional[Dict[str, Dict[str, Any]]] = None,
+                 compile: Union[bool, str] = False):
         super().__init__(every_n_epochs=every_n_epochs, schedule=schedule)
         field = functools.partial(callback_field, self)
         check_flow_args(field, num_eval=num_eval, batch_size=batch_size, chunk_size=chunk_size, num_images=num_images,
                         image_every_n_epochs=image_every_n_epochs, num_loss_samples=num_loss_samples,
-                        sampler=sampler, precision=precision)
+                        sampler=sampler, precision=precision, compile=compile)
         self.name = None if name is None else check_metric_prefix(self, "name", name)
         self.num_eval, self.descriptor_spec, self.descriptor = num_eval, descriptor, build_descriptor(descriptor)
-        self.sampler, self.sigmas, self.precision = sampler, sigmas, precision
+        self.sampler, self.sigmas, self.precision, self.compile = sampler, sigmas, precision, compile
         self.batch_size, self.chunk_size, self.num_loss_samples = batch_size, chunk_size, num_loss_samples
         self.image_every_n_epochs, self.num_images, self.use_cache = image_every_n_epochs, num_images, use_cache
         self.metrics = {k: metric_factory(v, f"{field('metrics')}.{k}") for k, v in (metrics or {}).items()}
@@ -84,6 +87,7 @@ class GeneralizationMonitor(MeasurementCallback):
         comm = StrategyCollective(lambda: trainer.strategy, getattr(trainer, "global_rank", 0), trainer.world_size)
         ev = FlowEvaluation.from_datamodule(
             datamodule, pl_module, sampler=self.sampler, sigmas=self.sigmas, precision=self.precision,
+            compile=self.compile,
             num_eval=self.num_eval, descriptor=self.descriptor, batch_size=self.batch_size,
             chunk_size=self.chunk_size, num_loss_samples=self.num_loss_samples, use_cache=self.use_cache,
             comm=comm, field=functools.partial(callback_field, self))
@@ -125,7 +129,8 @@ class GeneralizationMonitor(MeasurementCallback):
     @torch.no_grad()
     def _measure_and_log(self, trainer, pl_module) -> None:
         ev = self._prepare(trainer, pl_module)
-        own = self.sigmas is None and self.precision is None and hasattr(pl_module, "generate")  # its solver
+        own = (self.sigmas is None and self.precision is None and not ev.settings.compile  # the module's solver
+               and hasattr(pl_module, "generate"))
         gen = (functools.partial(pl_module.generate, sampler=ev.settings.sampler, batch_size=self.batch_size)
                if own else None)
         res = ev.measure(pl_module.denoiser, loss_fn=pl_module.loss_fn, generate=gen, device=pl_module.device)

@@ -1,22 +1,39 @@
-"""Sigma grids and deterministic PF-ODE solvers (EDM Alg. 1 without churn; REFERENCE §4).
+"""Sigma grids, deterministic PF-ODE solvers and the settings that pick one (EDM paper eq. 5
+and Alg. 1 without churn).
 
 Solvers have the k-diffusion shape ``sample(denoiser, x_T, sigmas) -> x_0`` where ``x_T`` is
 already scaled by ``sigmas[0]`` and the ODE is dx/dsigma = (x - D(x; sigma)) / sigma
 (PFD paper eq. 1 with the EDM schedule). The state is kept in float64; the denoiser may
 compute in lower precision, its output is promoted back.
+
+:class:`SamplerSettings` is the one owner of "which PF-ODE solver": sampler, Karras grid (or an
+explicit one) and the precision the denoiser runs in. ``DiffusionModule.generate``, the teacher
+distillation data and :class:`~lightning_pfd.evaluation.flow.FlowEvaluation` all sample through
+it, so a comparison of two flows can use one solver by construction.
+
+Compiled sampling (``SamplerSettings(compile=...)``): the denoiser runs through ``torch.compile``
+for every PF-ODE evaluation. Shapes are fixed per flow (a ragged last batch is padded with zero
+rows to the flow's batch size, the padding dropped from the endpoints) and sigma enters as a 0-d
+tensor, so one compiled graph serves every step, batch and epoch -- the weights are graph inputs,
+an EMA update does not recompile. Mode ``"reduce-overhead"`` adds CUDA graphs on a CUDA device
+(on a CPU it is the default mode). Endpoints equal the eager ones to float32 rounding (the compiler
+may fuse and reorder float32 operations), so the option is not part of any cache key.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..errors import ConfigError
 from .noise import seeded_noise
 from .streams import stream
 
 __all__ = ["karras_sigmas", "heun_sample", "euler_sample", "sample_endpoints", "clamp_sigmas",
-           "SAMPLERS"]
+           "SAMPLERS", "PRECISIONS", "COMPILE_MODES", "SamplerSettings", "check_compile", "compile_denoiser"]
 
 
 def karras_sigmas(num_steps: int = 18, sigma_min: float = 0.002, sigma_max: float = 80.0,
@@ -106,11 +123,14 @@ def resolve_sampler(sampler) -> Callable:
 @torch.no_grad()
 def sample_endpoints(denoiser: Callable, seeds: Sequence[int] | torch.Tensor, shape: Sequence[int],
                      sigmas: torch.Tensor | None = None, sampler="heun", batch_size: int = 256,
-                     device=None, out_device="cpu") -> torch.Tensor:
+                     device=None, out_device="cpu", fixed_batch: bool = False) -> torch.Tensor:
     """PF-ODE endpoints Phi(x_T) for x_T = sigmas[0] * seeded_noise(seeds), in batches.
 
-    Memory is bounded by ``batch_size``; row i depends only on seeds[i] (not on the batch
-    size or device). Returns float64 on ``out_device``.
+    Working memory is bounded by ``batch_size``; the result (preallocated, float64 on
+    ``out_device``) is the only M-sized tensor. Row i depends only on seeds[i] (not on the batch
+    size or device). ``fixed_batch``: every batch has min(batch_size, len(seeds)) rows, a ragged
+    last one padded with zero rows that are dropped from the result (one input shape for a
+    compiled denoiser).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
@@ -119,10 +139,271 @@ def sample_endpoints(denoiser: Callable, seeds: Sequence[int] | torch.Tensor, sh
     seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
     if device is None:
         device = module_device(denoiser, torch.device("cpu"))
-    out = []
-    for chunk in seeds.split(batch_size):
+    rows = min(batch_size, len(seeds))
+    out = torch.empty(len(seeds), *shape, dtype=torch.float64, device=out_device)
+    for start in range(0, len(seeds), batch_size):
+        chunk = seeds[start:start + batch_size]
         x_T = seeded_noise(chunk, shape, device=device, stream=stream("pf_ode.x_T")) * sigmas[0]
-        out.append(sampler(denoiser, x_T, sigmas).to(out_device))
-    if not out:
-        return torch.empty(0, *shape, dtype=torch.float64, device=out_device)
-    return torch.cat(out)
+        if fixed_batch and len(chunk) < rows:
+            x_T = torch.cat([x_T, x_T.new_zeros(rows - len(chunk), *x_T.shape[1:])])
+        out[start:start + len(chunk)] = sampler(denoiser, x_T, sigmas)[:len(chunk)]
+    return out
+
+
+#: network precision while sampling -> autocast dtype (None: no autocast, float32 weights as stored)
+PRECISIONS: Dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: torch.compile modes of ``SamplerSettings.compile`` (True means "default", False: eager)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+_GRID_ARGS = ("num_steps", "sigma_min", "sigma_max", "rho")
+
+
+def check_compile(value: Any, field: str = "compile") -> Union[bool, str]:
+    """The compile option normalised: False (eager) or one of :data:`COMPILE_MODES` (True ->
+    ``"default"``); ConfigError naming ``field`` otherwise."""
+    if value is None or value is False:
+        return False
+    if value is True:
+        return "default"
+    if isinstance(value, str) and value in COMPILE_MODES:
+        return value
+    raise ConfigError(field, "unknown torch.compile mode", value=value, accepted=[False, True, *COMPILE_MODES],
+                      suggestion="compile: default (or reduce-overhead for CUDA graphs on a GPU)")
+
+
+def compile_denoiser(denoiser: Callable, mode: Union[bool, str] = "default",
+                     backend: Union[str, Callable] = "inductor") -> Callable:
+    """``denoiser`` through ``torch.compile(mode, backend, dynamic=False)`` (identity for mode False).
+
+    Cheap to call again: the compiled code is cached by torch._dynamo on the forward's code
+    object and guarded on the module's structure, not on its weights, so every epoch reuses
+    the graph of the first. With CUDA graphs (``"reduce-overhead"``, ``"max-autotune"`` on a CUDA
+    denoiser) each call starts a new graph step and returns a copy of the output, whose buffer
+    the next replay overwrites."""
+    mode = check_compile(mode)
+    if not mode:
+        return denoiser
+    compiled = torch.compile(denoiser, mode=None if mode == "default" else mode, backend=backend, dynamic=False)
+    on_cuda = module_device(denoiser, torch.device("cpu")).type == "cuda"
+    if not (on_cuda and mode in _CUDA_GRAPH_MODES and backend == "inductor"):
+        return compiled
+
+    def step(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:  # CUDA graphs (not testable on CPU)
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(x, sigma).clone()
+
+    for attr in ("sigma_min", "sigma_max"):  # clamp_sigmas reads them
+        if hasattr(denoiser, attr):
+            setattr(step, attr, getattr(denoiser, attr))
+    return step
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """One deterministic PF-ODE solver: sampler, sigma grid and the denoiser's precision.
+
+    Args:
+        sampler: ``"heun"`` (EDM Alg. 1, S_churn = 0) or ``"euler"``; deterministic only (a
+            stochastic sampler is not a flow map, which PFD compares).
+        num_steps, sigma_min, sigma_max, rho: the Karras grid (EDM eq. 5), Heun-18 by default.
+        grid: an explicit sigma grid (float64 values, decreasing, non-negative) that replaces
+            the Karras grid; the named grid arguments are then only defaults.
+        precision: ``"fp32"`` (no autocast: the state in float64, the network in its own
+            dtype), ``"bf16"`` or ``"fp16"`` (the denoiser under ``torch.autocast`` with that
+            dtype, the ODE state still float64). It is part of every endpoint cache key.
+        compile: False (eager), True / ``"default"``, ``"reduce-overhead"`` (+ CUDA graphs on a
+            GPU), ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``: run the denoiser through
+            ``torch.compile`` (module docstring), with ``compile_backend`` (``"inductor"``;
+            ``"aot_eager"`` / ``"eager"`` to debug, or a backend callable). Not part of cache keys.
+
+    Each flow clamps the grid to its denoiser's supported sigma range (:meth:`sigmas`).
+    Invalid values raise :class:`~lightning_pfd.errors.ConfigError` naming the field;
+    :meth:`checked` prefixes the field with a config path (``model.init_args.``).
+    """
+
+    sampler: str = "heun"
+    num_steps: int = 18
+    sigma_min: float = 0.002
+    sigma_max: float = 80.0
+    rho: float = 7.0
+    grid: Optional[Tuple[float, ...]] = None
+    precision: str = "fp32"
+    compile: Union[bool, str] = False
+    compile_backend: Union[str, Callable] = "inductor"
+
+    def __post_init__(self):
+        if self.grid is not None:
+            object.__setattr__(self, "grid", tuple(float(s) for s in torch.as_tensor(
+                self.grid, dtype=torch.float64).reshape(-1).tolist()))
+        object.__setattr__(self, "compile", check_compile(self.compile))
+        _validate(self)
+
+    # ---- construction ---------------------------------------------------------------------
+    @classmethod
+    def checked(cls, prefix: str = "", **kwargs) -> "SamplerSettings":
+        """``SamplerSettings(**kwargs)`` whose errors name ``prefix + field``."""
+        try:
+            return cls(**kwargs)
+        except ConfigError as e:
+            raise ConfigError(prefix + e.field, e.problem, value=e.value, accepted=e.accepted,
+                              suggestion=e.suggestion) from None
+
+    @classmethod
+    def from_hparams(cls, obj: Any, grid: Optional[Sequence[float]] = None,
+                     **overrides) -> "SamplerSettings":
+        """Settings from an object's ``sampler``, ``num_steps``, ``sigma_min``, ``sigma_max``,
+        ``rho`` (its ``hparams``, else its attributes); missing ones keep their defaults.
+        ``grid`` (e.g. the object's clamped ``sigmas``) is kept explicitly unless it equals the
+        clamped Karras grid of those settings."""
+        hp = _hparams(obj)
+        kw: Dict[str, Any] = {}
+        for f in ("sampler",) + _GRID_ARGS:
+            v = hp.get(f, getattr(obj, f, None))
+            if v is not None and not isinstance(v, torch.Tensor):
+                kw[f] = v
+        kw.update(overrides)
+        settings = cls(**kw)
+        if grid is not None:
+            grid = torch.as_tensor(grid, dtype=torch.float64).cpu()
+            if not _is_clamped_version(settings.sigmas(), grid):
+                settings = replace(settings, grid=tuple(grid.tolist()))
+        return settings
+
+    @classmethod
+    def from_module(cls, module: Any, sampler: Optional[str] = None,
+                    sigmas: Optional[Sequence[float]] = None,
+                    precision: Optional[str] = None) -> "SamplerSettings":
+        """The solver a sigma-space model samples with: its ``sampler_settings`` if it has them,
+        else its grid (``module.sigmas``; EDM's 18-step grid when it has none) and
+        ``hparams.sampler`` (Heun when unknown); the precision is bf16 with
+        ``hparams.sample_autocast`` on a CUDA module, else fp32. Explicit arguments override."""
+        hp = _hparams(module)
+        grid = sigmas if sigmas is not None else getattr(module, "sigmas", None)
+        if precision is None:
+            device = getattr(module, "device", torch.device("cpu"))
+            on_cuda = getattr(device, "type", str(device)) == "cuda"
+            precision = "bf16" if bool(hp.get("sample_autocast", False)) and on_cuda else "fp32"
+        own = getattr(module, "sampler_settings", None)
+        if isinstance(own, SamplerSettings) and sigmas is None:  # the module's own (DiffusionModule)
+            return replace(own, sampler=sampler or own.sampler, precision=precision)
+        sampler = sampler or (hp.get("sampler") if hp.get("sampler") in SAMPLERS else "heun")
+        if sigmas is not None:  # an explicit grid: the named arguments do not describe it
+            return cls(sampler=sampler, grid=tuple(torch.as_tensor(sigmas, dtype=torch.float64).tolist()),
+                       precision=precision)
+        return cls.from_hparams(module, grid=grid, sampler=sampler, precision=precision)
+
+    # ---- use ------------------------------------------------------------------------------
+    def sigmas(self, denoiser: Any = None, device=None) -> torch.Tensor:
+        """The float64 grid, clamped to ``denoiser``'s supported sigma range when given."""
+        if self.grid is not None:
+            g = torch.tensor(self.grid, dtype=torch.float64)
+        else:
+            g = karras_sigmas(self.num_steps, self.sigma_min, self.sigma_max, self.rho)
+        if denoiser is not None:
+            g = clamp_sigmas(g, denoiser)
+        return g if device is None else g.to(device)
+
+    @property
+    def autocast_dtype(self) -> Optional[torch.dtype]:
+        return PRECISIONS[self.precision]
+
+    def autocast(self, device) -> contextlib.AbstractContextManager:
+        """``torch.autocast`` with this precision on ``device`` (a no-op context for fp32)."""
+        dtype = self.autocast_dtype
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(torch.device(device).type, dtype=dtype)
+
+    @torch.no_grad()
+    def sample(self, denoiser: Callable, seeds, shape: Sequence[int], batch_size: int = 256,
+               device=None, out_device="cpu") -> torch.Tensor:
+        """Endpoints Phi(x_T) of ``denoiser``'s PF-ODE for x_T = sigma_0 * z(seed), float64,
+        with this sampler, grid (clamped to the denoiser), precision and compile mode (fixed
+        batch shapes when compiled; see ``sample_endpoints``)."""
+        if device is None:
+            device = module_device(denoiser, torch.device("cpu"))
+        sigmas = self.sigmas(denoiser)
+        run = compile_denoiser(denoiser, self.compile, self.compile_backend)
+        with self.autocast(device):
+            return sample_endpoints(run, seeds, shape, sigmas=sigmas, sampler=self.sampler, batch_size=batch_size,
+                                    device=device, out_device=out_device, fixed_batch=bool(self.compile))
+
+    def cache_parts(self, denoiser: Any = None) -> list:
+        """What endpoints depend on: sampler, the (clamped) grid, and the precision (not the
+        compile mode: it changes float32 rounding only)."""
+        return [self.sampler, self.sigmas(denoiser), self.precision]
+
+    def describe(self) -> str:
+        """``(heun, num_steps=5, sigma_min=0.002, sigma_max=80, rho=7)``, or ``(heun, 5 steps,
+        sigma 80 .. 0.002)`` for an explicit grid; `` in bf16`` when not fp32, `` compiled
+        (default)`` when compiled."""
+        prec = "" if self.precision == "fp32" else f" in {self.precision}"
+        prec += f" compiled ({self.compile})" if self.compile else ""
+        if self.grid is None:
+            args = ", ".join(f"{a}={float(getattr(self, a)):g}" for a in _GRID_ARGS)
+            return f"({self.sampler}, {args}){prec}"
+        return f"({self.sampler}, {describe_grid(self.sigmas())}){prec}"
+
+
+def describe_grid(grid: torch.Tensor) -> str:
+    """``5 steps, sigma 80 .. 0.002`` (the positive part of a grid)."""
+    pos = grid[grid > 0]
+    if not len(pos):
+        return "an empty grid"
+    return f"{len(grid) - 1} steps, sigma {float(pos.max()):.6g} .. {float(pos.min()):.6g}"
+
+
+def same_grid(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Two grids equal to rounding (rtol 1e-9)."""
+    return a.shape == b.shape and torch.allclose(a.to(torch.float64), b.to(torch.float64), rtol=1e-9, atol=0.0)
+
+
+def _is_clamped_version(named: torch.Tensor, grid: torch.Tensor) -> bool:
+    """Whether ``grid`` is ``named`` clamped to some [lo, hi] (a model's supported sigma range):
+    then the named settings reproduce it exactly for that model (:meth:`SamplerSettings.sigmas`)."""
+    pos = grid[grid > 0]
+    if named.shape != grid.shape or not len(pos):
+        return False
+    lo, hi = (float(v) for v in torch.aminmax(pos))
+    return torch.equal(torch.where(named > 0, named.clamp(min=lo, max=hi), named), grid)
+
+
+def _hparams(obj) -> Dict[str, Any]:
+    """An object's saved hyperparameters as a plain dict (empty when it has none)."""
+    hp = getattr(obj, "hparams", None)
+    try:
+        return dict(hp) if hp is not None else {}
+    except (TypeError, ValueError):
+        return {}
+
+
+def _validate(s: SamplerSettings) -> None:
+    if s.sampler not in SAMPLERS:
+        raise ConfigError("sampler", "unknown sampler", value=s.sampler, accepted=sorted(SAMPLERS))
+    if s.precision not in PRECISIONS:
+        raise ConfigError("precision", "unknown sampling precision", value=s.precision,
+                          accepted=list(PRECISIONS))
+    if not (callable(s.compile_backend) or (isinstance(s.compile_backend, str) and s.compile_backend)):
+        raise ConfigError("compile_backend", "must be a torch.compile backend name or callable",
+                          value=s.compile_backend, accepted="e.g. inductor, aot_eager, eager")
+    if not _is_int(s.num_steps) or s.num_steps < 1:
+        raise ConfigError("num_steps", "must be an integer >= 1", value=s.num_steps)
+    for f in ("sigma_min", "sigma_max", "rho"):
+        v = getattr(s, f)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ConfigError(f, "must be a finite number", value=v)
+    if not 0 < s.sigma_min < s.sigma_max:
+        raise ConfigError("sigma_min", f"need 0 < sigma_min < sigma_max = {s.sigma_max:g}", value=s.sigma_min)
+    if s.rho <= 0:
+        raise ConfigError("rho", "must be > 0", value=s.rho)
+    if s.grid is not None:
+        g = torch.tensor(s.grid, dtype=torch.float64)
+        ok = (len(g) >= 2 and bool(torch.isfinite(g).all()) and bool((g >= 0).all()) and float(g[0]) > 0
+              and bool((g[1:] <= g[:-1]).all()))
+        if not ok:
+            raise ConfigError("sigmas", "must be a finite, non-increasing grid of >= 2 sigmas >= 0 "
+                              "starting above 0 (e.g. karras_sigmas(18).tolist())", value=list(s.grid)[:6])

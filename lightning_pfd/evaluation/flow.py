@@ -9,7 +9,9 @@ One evaluation fixes
 - ONE PF-ODE solver, a :class:`~lightning_pfd.diffusion.sampling.SamplerSettings` (sampler, sigma
   grid, precision), used for every flow: the student's, the teacher's and the empirical one
   (each clamps the grid to its denoiser's sigma range). A bf16 / fp16 precision therefore applies
-  to the references as well, and the references are cached per precision;
+  to the references as well, and the references are cached per precision. The settings'
+  ``compile`` mode applies to the student only (sampled at every measurement, one compiled graph
+  for all epochs); the references are sampled once per cache key, eagerly;
 - the reference flows (``"teacher"`` when a teacher is given, ``"empirical"``: the closed-form
   denoiser of the training set, eq. 46) with their endpoints and descriptors Psi, computed once on
   all seeds -- sharded over the processes and gathered -- and cached on disk under a hash of
@@ -30,10 +32,11 @@ fraction of non-finite student endpoints, and the endpoints / features of studen
 Metric contract: a metric is made by a factory (a class such as a torchmetrics ``Metric``
 subclass, or a ``functools.partial``) called with the keyword arguments ``dist_sync_fn`` and
 ``distributed_available_fn``; the result has ``update(student_features, reference_features)``
-(rows of both come from the same seeds, float64, shape (B, F)) and ``compute()``. Each process
-updates it with its own shard; ``compute`` synchronises the states through the evaluation's
-:class:`Collective` (torch.distributed by default), so a torchmetrics metric whose states are sums
-or concatenations gives the same value for every number of processes. A student with any
+(rows of both come from the same seeds, float64, shape (B, F); called once per ``batch_size``
+rows) and ``compute()``. Each process updates it with its own shard; ``compute`` synchronises
+the states through the evaluation's :class:`Collective` (torch.distributed by default), so a
+torchmetrics metric whose states are sums or concatenations gives the same value for every number
+of processes. A student with any
 non-finite endpoint or feature gives NaN for every metric -- never a value over part of the seeds.
 
 Frozen-noise losses (PFD paper App. C.6): ``train_fixed`` / ``test_fixed`` are the mean per-sample
@@ -46,16 +49,16 @@ import functools
 import importlib
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 
 from ..cache import cache_dir, hash_key, load_tensor_verified, save_tensor_atomic
 from ..diffusion import EmpiricalDenoiser
-from ..diffusion.sampling import (PRECISIONS, SAMPLERS, SamplerSettings, _hparams, describe_grid, module_device,
-                                  same_grid)
+from ..diffusion.sampling import (PRECISIONS, SAMPLERS, SamplerSettings, _hparams, check_compile, describe_grid,
+                                  module_device, same_grid)
 from ..errors import ConfigError
-from ..metrics.descriptors import build_descriptor, descriptor_fingerprint
+from ..metrics.descriptors import IdentityDescriptor, build_descriptor, descriptor_fingerprint
 from ..metrics.pfd import ProbabilityFlowDistance
 from . import sharding
 
@@ -242,7 +245,8 @@ class FlowEvaluation:
         train_fingerprint: identifies the training set; default a hash of ``train_data``.
         num_eval: M, the number of evaluation seeds; ``seed_offset``: the first one. ``seeds``:
             explicit seeds instead (overrides both).
-        settings: the one PF-ODE solver of every flow (default Heun-18 in fp32).
+        settings: the one PF-ODE solver of every flow (default Heun-18 in fp32, eager); its
+            ``compile`` mode compiles the student's denoiser (module docstring).
         descriptor: Psi (None / "identity", "efficientnet_lite0", a TorchScript path, a module).
         batch_size: samples per sampler batch; ``chunk_size``: training-set chunk of the empirical
             denoiser (memory knobs).
@@ -300,15 +304,18 @@ class FlowEvaluation:
     @classmethod
     def from_datamodule(cls, datamodule: Any, model: Any = None, *, sampler: Optional[str] = None,
                         sigmas: Optional[Sequence[float]] = None, precision: Optional[str] = None,
-                        settings: Optional[SamplerSettings] = None, **kwargs) -> "FlowEvaluation":
+                        settings: Optional[SamplerSettings] = None, compile: Union[bool, str, None] = None,
+                        **kwargs) -> "FlowEvaluation":
         """An evaluation of ``model`` (a sigma-space model: ``denoiser``, ``loss_fn``) on the data
         of ``datamodule`` (after ``setup``): its ``train_data``, ``val_data``, ``teacher``,
         ``teacher_fingerprint``, ``fingerprint()`` and evaluation range (``gen_seed_offset``,
         ``n_gen``). The solver is ``settings``, else the model's
         (:meth:`SamplerSettings.from_module` with the ``sampler`` / ``sigmas`` / ``precision``
-        overrides); a teacher datamodule whose own solver (``teacher_sigmas``, ``sampler``)
+        overrides); ``compile`` (None: the settings') sets its torch.compile mode for the
+        student. A teacher datamodule whose own solver (``teacher_sigmas``, ``sampler``)
         differs is refused (E_gen would compare two solvers)."""
         f = kwargs.get("field") or (lambda arg: arg)
+        mode = None if compile is None else check_compile(compile, f("compile"))
         comm = kwargs.setdefault("comm", TorchDistributed())
         if kwargs.get("seeds") is None:
             _check_world(kwargs.get("num_eval", 1024), comm.world, f)
@@ -321,6 +328,8 @@ class FlowEvaluation:
             check_sigma_space_model(model)
         if settings is None:
             settings = SamplerSettings.from_module(model, sampler=sampler, sigmas=sigmas, precision=precision)
+        if mode is not None:
+            settings = replace(settings, compile=mode)
         kwargs.setdefault("seed_offset", int(getattr(datamodule, "gen_seed_offset", DEFAULT_GEN_SEED_OFFSET)))
         _check_n_gen(datamodule, kwargs.get("num_eval", 1024), f)
         teacher = getattr(datamodule, "teacher", None)
@@ -447,9 +456,10 @@ class FlowEvaluation:
         if self._all_true(ok, device):  # every process: the same branch (collectives below)
             return Reference(name, hit["endpoints"], hit["features"], key)
         src, shard = self._sources[name], self._shard()
-        try:
-            ends = self.settings.sample(src.build(device), self.seeds[shard], self.shape,
-                                        batch_size=self.batch_size, device=device, out_device=device)
+        try:  # once per cache key: eager (the empirical denoiser's candidate search does not compile)
+            ends = replace(self.settings, compile=False).sample(src.build(device), self.seeds[shard], self.shape,
+                                                                batch_size=self.batch_size, device=device,
+                                                                out_device=device)
         finally:
             src.release()
         feats = self.features(ends)
@@ -462,7 +472,10 @@ class FlowEvaluation:
     # ------------------------------------------------------------------ measurement
     @torch.no_grad()
     def features(self, endpoints: torch.Tensor) -> torch.Tensor:
-        """Psi of endpoints (B, *shape) -> (B, F) float64, in batches of ``batch_size``."""
+        """Psi of endpoints (B, *shape) -> (B, F) float64, in batches of ``batch_size``. The
+        identity descriptor returns a flat view of float64 endpoints (no copy: M x D memory)."""
+        if isinstance(self.descriptor, IdentityDescriptor):
+            return endpoints.reshape(endpoints.shape[0], -1).to(torch.float64)
         psi = self.descriptor.to(endpoints.device)
         feats = [psi(b).reshape(b.shape[0], -1).to(torch.float64) for b in endpoints.split(self.batch_size)]
         if not feats:
@@ -471,7 +484,8 @@ class FlowEvaluation:
 
     @torch.no_grad()
     def sample_student(self, denoiser: Any, device: Any = None) -> torch.Tensor:
-        """The student's endpoints on this process's shard, with the evaluation's solver."""
+        """The student's endpoints on this process's shard, with the evaluation's solver (compiled
+        with ``settings.compile``)."""
         device = module_device(denoiser, torch.device("cpu")) if device is None else torch.device(device)
         return self.settings.sample(denoiser, self.seeds[self._shard()], self.shape,
                                     batch_size=self.batch_size, device=device, out_device=device)
@@ -497,7 +511,7 @@ class FlowEvaluation:
         student = (generate(self.seeds[shard]) if generate is not None else self.sample_student(denoiser, device))
         student = student.to(device=device, dtype=torch.float64)
         bad = ~torch.isfinite(student.reshape(student.shape[0], -1)).all(1)
-        feats = self.features(torch.nan_to_num(student))  # NaN rows are counted, not used
+        feats = self.features(torch.nan_to_num(student) if bool(bad.any()) else student)  # NaN rows: counted, not used
         bad |= ~torch.isfinite(feats.reshape(feats.shape[0], -1)).all(1).to(bad.device)
         n_bad = float(self.comm.all_sum(bad.sum().reshape(1).to(device))[0])
         metrics = self._metric_values(feats, shard, n_bad > 0, device)
@@ -521,7 +535,10 @@ class FlowEvaluation:
                 continue
             m = factory(dist_sync_fn=self.comm.gather_all, distributed_available_fn=self.comm.distributed)
             m = m.to(device) if hasattr(m, "to") else m
-            m.update(feats, self._references[ref].features[shard].to(device))
+            ref_feats = self._references[ref].features
+            for lo in range(0, len(shard), self.batch_size):  # memory O(batch x F), not O(M x F)
+                hi = lo + self.batch_size
+                m.update(feats[lo:hi], ref_feats[shard[lo:hi]].to(device))
             value = m.compute()
             if isinstance(value, dict):
                 out.update({f"{key}/{k}": torch.as_tensor(v, dtype=torch.float64) for k, v in value.items()})
@@ -611,9 +628,11 @@ def check_flow_args(field: Callable[[str], str] = lambda a: a, **args: Any) -> N
     """ConfigError (named through ``field``) unless the given ``num_eval``, ``batch_size``,
     ``chunk_size``, ``num_images`` are integers >= 1, ``image_every_n_epochs`` >= 0,
     ``num_loss_samples`` None or >= 1, ``sampler`` None or a known sampler, ``precision`` None or a
-    known precision."""
+    known precision, ``compile`` a bool or a torch.compile mode."""
     for arg, v in args.items():
-        if arg in ("sampler", "precision"):
+        if arg == "compile":
+            check_compile(v, field(arg))
+        elif arg in ("sampler", "precision"):
             accepted = sorted(SAMPLERS) if arg == "sampler" else list(PRECISIONS)
             if v is not None and v not in accepted:
                 raise ConfigError(field(arg), f"unknown {arg}", value=v, accepted=accepted)
