@@ -16,4 +16,18 @@ def _offline_wandb(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("LIGHTNING_PFD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LIGHTNING_PFD_THREADS", "1")  # CLI runs (in-process or not): 1 thread
     yield
+
+
+@pytest.fixture(autouse=True)
+def _isolated_process_state():
+    """Each test starts with the built-in metric keys and one thread: monitors with a custom
+    ``name`` and user metrics register keys process-wide, and the CLI sets torch's threads."""
+    from lightning_pfd import keys
+
+    saved = dict(keys._REGISTRY)
+    yield
+    keys._REGISTRY.clear()
+    keys._REGISTRY.update(saved)
+    torch.set_num_threads(1)
