@@ -1,4 +1,5 @@
-"""EmpiricalDenoiser (PFD paper eq. 46, REFERENCE §5) against brute-force float64 oracles."""
+"""EmpiricalDenoiser (PFD paper eq. 46) against brute-force float64 oracles, both precisions
+(the mixed path has its own adversarial tests in test_empirical_mixed.py)."""
 import math
 
 import pytest
@@ -22,33 +23,36 @@ def data():
     return torch.randn(37, 2, 3, generator=g)  # image-like shape, 6 features
 
 
+@pytest.mark.parametrize("precision", ["mixed", "float64"])
 @pytest.mark.parametrize("sigma", [0.002, 0.05, 0.7, 3.0, 80.0])
 @pytest.mark.parametrize("chunk", [1, 5, 37, 1000])
-def test_matches_brute_force(data, sigma, chunk):
+def test_matches_brute_force(data, sigma, chunk, precision):
     g = torch.Generator().manual_seed(1)
     # points between training points, so several weights matter even at small sigma
     i, j = torch.randint(0, 37, (2, 11), generator=g)
     x = 0.5 * (data[i] + data[j]) + sigma * torch.randn(11, 2, 3, generator=g, dtype=torch.float64)
-    D = EmpiricalDenoiser(data, chunk_size=chunk)
+    D = EmpiricalDenoiser(data, chunk_size=chunk, precision=precision)
     out = D(x, sigma)
     ref = _brute_force(x, data, sigma)
     assert out.dtype == torch.float64 and out.shape == x.shape
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
 
 
-def test_per_sample_sigma(data):
+@pytest.mark.parametrize("precision", ["mixed", "float64"])
+def test_per_sample_sigma(data, precision):
     x = seeded_noise(range(6), (2, 3))
     sig = torch.tensor([0.002, 0.01, 0.1, 1.0, 10.0, 80.0], dtype=torch.float64)
-    out = EmpiricalDenoiser(data, chunk_size=4)(x, sig)
+    out = EmpiricalDenoiser(data, chunk_size=4, precision=precision)(x, sig)
     torch.testing.assert_close(out, _brute_force(x, data, sig), rtol=1e-9, atol=1e-9)
 
 
-def test_float64_logits_pick_the_right_winner():
+@pytest.mark.parametrize("precision", ["mixed", "float64"])
+def test_float64_logits_pick_the_right_winner(precision):
     """Two points 0.02 apart far from the origin at sigma = 0.002: float32 distances
     (error ~ 6e-4 on ||y||^2 = 1e4) would give logit errors ~ 75 and a coin-flip winner."""
     y = torch.tensor([[100.0, 0.0], [100.0, 0.02]], dtype=torch.float64)
     x = torch.tensor([[100.0, 0.019]], dtype=torch.float64)
-    out = EmpiricalDenoiser(y, chunk_size=1)(x, 0.002)
+    out = EmpiricalDenoiser(y, chunk_size=1, precision=precision)(x, 0.002)
     torch.testing.assert_close(out, _brute_force(x, y, 0.002), rtol=1e-9, atol=1e-9)
     assert abs(float(out[0, 1]) - 0.02) < 1e-12  # the nearest point wins (logit gap 45)
 
@@ -76,8 +80,9 @@ def test_permutation_invariance(data):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
-def test_flow_endpoints_land_on_training_points(data):
-    D = EmpiricalDenoiser(data, chunk_size=10)
+@pytest.mark.parametrize("precision", ["mixed", "float64"])
+def test_flow_endpoints_land_on_training_points(data, precision):
+    D = EmpiricalDenoiser(data, chunk_size=10, precision=precision)
     sig = karras_sigmas(18)
     x_T = seeded_noise(range(64), (2, 3)) * sig[0]
     x0 = heun_sample(D, x_T, sig)
