@@ -26,7 +26,6 @@ import torch
 
 from .. import keys
 from ..errors import ConfigError
-from ..evaluation.flow import DEFAULT_GEN_SEED_OFFSET  # noqa: F401 (read by experiments/double_descent.py)
 from ..evaluation.flow import FlowEvaluation, StrategyCollective, check_flow_args, metric_factory
 from ..metrics.descriptors import build_descriptor
 from .base import MeasurementCallback, callback_field, check_metric_prefix, check_unique_metric_names
