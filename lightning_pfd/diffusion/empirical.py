@@ -347,10 +347,14 @@ class EmpiricalDenoiser(nn.Module):
     def _fp32_setup(self, xf: torch.Tensor, two_s2: torch.Tensor):
         """Float32 rows a = fl32(x - mu), the margin 2E + 2 sigma^2 T of eq. C per row, the matmul
         mode, and the rows that must skip the float32 pass (overflow risk, non-finite x)."""
-        xc = xf - self.mean
-        x_norm = torch.linalg.vector_norm(xc, dim=1) * (1 + 2.0 ** -20)  # >= ||x - mu||
+        a = torch.empty(xf.shape, dtype=torch.float32, device=xf.device)
+        x_norm = torch.empty(xf.shape[0], dtype=torch.float64, device=xf.device)
+        for s in range(0, xf.shape[0], 256):  # blocks of rows: no B x D float64 temporary
+            xc = xf[s:s + 256] - self.mean
+            x_norm[s:s + 256] = torch.linalg.vector_norm(xc, dim=1)
+            a[s:s + 256] = xc
+        x_norm *= 1 + 2.0 ** -20  # >= ||x - mu||
         mode = self._fp32_mode(x_norm, two_s2, xf.device)
-        a = xc.to(torch.float32)
         err = fp32_cross_term_bound(x_norm, self.y_norm_max, self.q_max, self.data.shape[1], mode)
         margin = (2 * err + two_s2.squeeze(1) * self._log_margin()) * (1 + 2.0 ** -20)
         size = 2 * x_norm * self.y_norm_max + self.q_max  # NaN / inf in x make it non-finite
