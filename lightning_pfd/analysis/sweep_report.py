@@ -478,7 +478,7 @@ def _render(sweep, cells_tab, collapse, trans, tspread, bv, consistency, figs, o
             + ").", ""]
     out += _collapse_md(collapse["fits"], opts)
     out += _transition_md(trans, tspread, collapse["fits"]["joint"].gamma)
-    out += _bv_md(bv)
+    out += _bv_md(bv, sweep.spec)
     if consistency:
         out += ["## Endpoint consistency", ""] + [f"- {c}" for c in consistency] + [""]
     out += ["## Excluded trials", ""]
@@ -550,7 +550,27 @@ def _transition_md(trans, tspread, gamma) -> list:
     return out
 
 
-def _bv_md(bv: List[dict]) -> list:
+def _repeats_md(spec: Optional[dict]) -> str:
+    """What the repeats of a cell differ by, read off the sweep file's ``seed_keys``."""
+    keys = (spec or {}).get("seed_keys")
+    if isinstance(keys, dict) and keys:
+        listed = ", ".join(f"`{k}` = {f} × seed" if f != 1 else f"`{k}` = seed" for k, f in keys.items())
+    elif isinstance(keys, (list, tuple)) and keys:
+        listed = ", ".join(f"`{k}` = seed" for k in keys)
+    else:
+        return ("The repeats of a cell differ by their `seed` (the sweep's default seed keys); E_var "
+                "measures the variability over whatever that seed changes (Def. 3 asks for "
+                "independent training sets).")
+    changes_data = any("train_seed_offset" in k or k.startswith("data.") and "seed" in k for k in
+                       (keys if isinstance(keys, (list, tuple)) else keys.keys()))
+    return (f"The repeats of a cell differ by the sweep's `seed_keys`: {listed}. "
+            + ("The training set changes with the repeat, so E_var is Def. 3's variance over "
+               "independent training sets (and initialisations and training noise)."
+               if changes_data else "No data key is among them: E_var measures the variability over "
+               "initialisation and training noise only, not over training sets as Def. 3 asks."))
+
+
+def _bv_md(bv: List[dict], spec: Optional[dict] = None) -> list:
     out = ["## Bias–variance (PFD paper §4.3, Def. 3, eq. 9)", ""]
     done = [c for c in bv if "skipped" not in c]
     if not done:
@@ -564,8 +584,7 @@ def _bv_md(bv: List[dict]) -> list:
                    f"{c['identity_rel_error']:.1e} |")
     skipped = [c for c in bv if "skipped" in c]
     out += [""] + [f"- skipped |θ| = {c['n_params']}, N = {c['n_train']}: {c['skipped']}" for c in skipped]
-    return out + ["", "The repeats of a cell differ by their `seed`; E_var measures the variability over "
-                  "whatever that seed changes (Def. 3 asks for independent training sets).", ""]
+    return out + ["", _repeats_md(spec), ""]
 
 
 # ----------------------------------------------------------------------------- entry points
