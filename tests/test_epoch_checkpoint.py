@@ -55,3 +55,31 @@ def test_last_checkpoint_after_each_epoch_of_an_interrupted_run(tmp_path):
     _fit(tmp_path, 1, "score")
     state = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")
     assert state["epoch"] == 0 and state["global_step"] == 2
+
+
+class Sparse(Improving):
+    """The monitored metric is measured on odd epochs only (a monitor's schedule): epoch 0 and 2 log none."""
+
+    def validation_step(self, batch, _):
+        if self.current_epoch % 2 == 1:
+            self.log("score", 1.0 / (1 + self.current_epoch),
+                     on_epoch=True, batch_size=1)
+
+
+def test_epochs_without_the_monitored_metric_keep_top_k_and_still_write_last(tmp_path):
+    ckpt = EpochCheckpoint(dirpath=tmp_path / "ckpt", monitor="score", mode="min", filename="best-{epoch}")
+    trainer = pl.Trainer(max_epochs=4, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, callbacks=[ckpt], default_root_dir=tmp_path)
+    trainer.fit(Sparse())  # Lightning's ModelCheckpoint raises at epoch 0 here
+    state = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")
+    assert state["epoch"] == 3 and state["global_step"] == 8
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("best-*")) == ["best-epoch=3.ckpt"]
+    assert abs(float(ckpt.best_model_score) - 0.25) < 1e-12
+
+
+def test_a_monitored_key_never_logged_is_reported(tmp_path):
+    import pytest
+
+    with pytest.warns(UserWarning, match="'scroe' was never logged"):
+        ckpt = _fit(tmp_path, 2, "scroe")
+    assert (tmp_path / "ckpt" / "last.ckpt").exists() and ckpt.best_model_path == ""

@@ -5,7 +5,11 @@ top-k checkpoint is written, i.e. at the end of fit: a crash loses the whole run
 :class:`EpochCheckpoint` writes ``last.ckpt`` at the end of every training epoch — after the
 epoch's validation and measurements, so the callbacks' histories in it include that epoch — and
 keeps Lightning's top-k logic for a monitored metric (``monitor="icr/icr"``, ``mode="min"`` keeps
-the checkpoint at the ICR minimum). Before writing it flushes the loggers, so the CSV history on
+the checkpoint at the ICR minimum). The monitors measure on a schedule (``every_n_epochs``, ``log``,
+a list of epochs), so the monitored metric is absent in some epochs: such an epoch leaves the top-k
+checkpoints unchanged (Lightning would stop the run with an error) and still writes ``last.ckpt``;
+a monitored key that never appeared by the end of fit is reported with a warning (a misspelt
+``monitor``). Before writing it flushes the loggers, so the CSV history on
 disk is never behind the checkpoint. While the module is inside a run of non-finite steps or has
 diverged (``pl_module.unhealthy``) it writes nothing: the last good checkpoint stays.
 
@@ -27,6 +31,7 @@ from typing import Any, Dict, Optional
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_warn
 
 from ..checkpoint import VerifiedCheckpointIO, atomic_write_bytes
 
@@ -73,6 +78,7 @@ class EpochCheckpoint(ModelCheckpoint):
         super().__init__(*args, save_last=save_last, save_top_k=save_top_k, **kwargs)
         self._locations: Dict[str, Any] = {}
         self._epoch_end = False
+        self._monitor_seen = False
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -83,6 +89,12 @@ class EpochCheckpoint(ModelCheckpoint):
         # only at the end of a training epoch (or of fit): one well-defined resume point per epoch
         if self._epoch_end:
             super()._save_last_checkpoint(trainer, monitor_candidates)
+
+    def _save_topk_checkpoint(self, trainer, monitor_candidates) -> None:
+        if self.monitor is not None and self.monitor not in monitor_candidates:
+            return  # an epoch the metric's monitor did not measure (its schedule): top-k unchanged
+        self._monitor_seen = self.monitor is not None
+        super()._save_topk_checkpoint(trainer, monitor_candidates)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if _unhealthy(pl_module):
@@ -113,6 +125,11 @@ class EpochCheckpoint(ModelCheckpoint):
             super().on_validation_end(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
+        if self.monitor is not None and not self._monitor_seen and not self.best_model_path \
+                and not self._outside_fit(trainer):
+            rank_zero_warn(f"EpochCheckpoint: the monitored metric {self.monitor!r} was never logged "
+                           f"in this run, so no best checkpoint was written (last.ckpt was); check "
+                           f"`monitor` against the logged keys: {sorted(self._monitor_candidates(trainer))}")
         if _unhealthy(pl_module):
             return
         self._epoch_end = True
