@@ -335,3 +335,53 @@ def test_bad_precision(images, bad):
         EmpiricalDenoiser(images, precision=bad)
     assert e.value.accepted == ["mixed", "float64"]
     assert isinstance(e.value, ValueError)
+
+
+def test_mixed_runs_the_float64_algorithm_where_float64_matmuls_are_fast(images):
+    from lightning_pfd.diffusion.empirical import float64_matmul_is_fast
+
+    assert float64_matmul_is_fast("cpu") is False  # CPUs: never measured, the float32 search pays
+    x = noisy_queries(images, 0.05, seed=4)
+    fast = make(images)
+    fast.float64_fast = True  # as on an H100 (float64 tensor cores)
+    got = fast(x, 0.05)
+    assert fast.last_stats["mode"].startswith("float64")
+    assert torch.equal(got, make(images, precision="float64")(x, 0.05))  # the same algorithm, bit for bit
+    mixed = make(images)
+    close(mixed(x, 0.05), got)
+    assert mixed.last_stats["mode"] in ("ieee", "tf32")  # the float32 search ran
+
+
+def _longdouble_oracle(x, data, sigma):
+    """D* from 80-bit extended-precision distances (numpy longdouble): ~2000x less rounding than
+    float64, the reference for near-ties in high dimension."""
+    np = pytest.importorskip("numpy")
+    if np.finfo(np.longdouble).eps >= 1e-17:
+        pytest.skip("numpy longdouble is not extended precision on this platform")
+    Y = data.reshape(len(data), -1).numpy().astype(np.longdouble)
+    out = []
+    for r in x.reshape(len(x), -1).numpy().astype(np.longdouble):
+        logw = -((r[None] - Y) ** 2).sum(1) / (2 * np.longdouble(sigma) ** 2)
+        w = np.exp(logw - logw.max())
+        out.append((w[:, None] * Y).sum(0) / w.sum())
+    return torch.tensor(np.array(out, dtype=np.float64)).reshape(x.shape)
+
+
+def test_near_ties_in_cifar_dimension_against_extended_precision():
+    """Midpoints of two CIFAR-sized images (D = 3072) at sigma = 0.002: the log-weight gap is
+    (||x - y_b||^2 - ||x - y_a||^2) / (2 sigma^2), so float64 rounding of squared distances of
+    ~10^2 is amplified by 1 / (2 sigma^2) = 1.25e5. The mixed path rescores candidates from exact
+    differences and stays at the problem's float64 conditioning (a few 1e-9 from an 80-bit
+    reference); the float64 algorithm's expanded 2 x.y - ||y||^2 loses two more digits here."""
+    g = torch.Generator().manual_seed(0)
+    data = torch.tanh(torch.randn(48, 3, 32, 32, generator=g, dtype=torch.float64))
+    y = data.reshape(48, -1)
+    i, j = torch.arange(0, 8), torch.arange(8, 16)
+    x = (0.5 * (y[i] + y[j]) + 1e-12 * torch.randn(8, 3072, generator=g, dtype=torch.float64)).reshape(8, 3, 32, 32)
+    err = lambda a, b: float(((a - b).abs() / (1 + b.abs())).max())  # noqa: E731
+    for sigma in (0.002, 0.02):
+        ref = _longdouble_oracle(x, data, sigma)
+        e_mixed = err(make(data)(x, sigma), ref)
+        e_f64 = err(make(data, precision="float64")(x, sigma), ref)
+        assert e_mixed <= 2e-8 * (0.002 / sigma) ** 2, (sigma, e_mixed)
+        assert e_mixed <= e_f64, (sigma, e_mixed, e_f64)

@@ -31,7 +31,7 @@ from torch import nn
 
 from ..errors import check_choice
 
-__all__ = ["EmpiricalDenoiser", "fp32_cross_term_bound", "PRECISIONS"]
+__all__ = ["EmpiricalDenoiser", "fp32_cross_term_bound", "PRECISIONS", "float64_matmul_is_fast"]
 
 PRECISIONS = ("mixed", "float64")
 
@@ -167,6 +167,48 @@ def _top_per_row(rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, k: 
     return rows[keep], cols[keep], vals[keep]
 
 
+#: device -> whether its float64 matmuls run at >= 1/2 its IEEE float32 rate (measured once)
+_FAST_FLOAT64: dict = {}
+
+
+def _seconds(fn, device: torch.device, repeats: int = 3) -> float:
+    """Best wall time of ``fn()`` on ``device`` (synchronised), after one warm-up call."""
+    import time
+
+    fn()
+    best = math.inf
+    for _ in range(repeats):
+        torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def float64_matmul_is_fast(device) -> bool:
+    """Whether float64 matmuls on ``device`` run at least half as fast as IEEE float32 ones.
+
+    True on data-centre GPUs with float64 tensor cores (A100, H100: measured 57 vs 50 TFLOP/s on
+    an H100), where the float32 candidate search of ``precision="mixed"`` cannot beat the float64
+    algorithm and only adds its bookkeeping; False on consumer GPUs (float64 at 1/32-1/64 of the
+    float32 rate) and, without measuring, on CPUs (float32 ~1.7x float64 here). Measured once per
+    CUDA device with two 2048^3 products (~1 ms on an H100) and cached.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    key = str(device if device.index is not None else torch.device("cuda", torch.cuda.current_device()))
+    if key not in _FAST_FLOAT64:
+        a32 = torch.randn(2048, 2048, device=device)
+        a64 = a32.double()
+        with _matmul_mode(device, "ieee"):
+            t32 = _seconds(lambda: a32 @ a32, device)
+            t64 = _seconds(lambda: a64 @ a64, device)
+        _FAST_FLOAT64[key] = t64 <= 2 * t32
+    return _FAST_FLOAT64[key]
+
+
 class EmpiricalDenoiser(nn.Module):
     """Exact denoiser D*(x; sigma) of the empirical distribution of ``data`` (PFD paper eq. 46).
 
@@ -194,6 +236,9 @@ class EmpiricalDenoiser(nn.Module):
     float32 pass uses TF32 where the TF32 bound is below T / 4 in log-weight (it then adds few
     candidates), IEEE float32 otherwise; on CPU it is always IEEE float32 (autocast and oneDNN
     bf16 settings are switched off while it runs).
+    On a device whose float64 matmuls are at least half as fast as its float32 ones
+    (:func:`float64_matmul_is_fast`: A100 / H100-class GPUs), ``"mixed"`` runs the float64
+    algorithm: the float32 search cannot pay there (measured on an H100: benchmarks/gpu.py).
 
     Both settings return D* to float64 rounding (well within 1e-9 relative), so endpoints,
     :meth:`fingerprint` and the caches keyed on it do not depend on ``precision``: caches written
@@ -212,6 +257,9 @@ class EmpiricalDenoiser(nn.Module):
     probe_rows = 16
     dense_fraction = 0.7
     max_candidates = 16
+    #: None: measure per device whether float64 matmuls are fast (:func:`float64_matmul_is_fast`;
+    #: then ``"mixed"`` runs the float64 algorithm); True / False to force either way
+    float64_fast = None
 
     def __init__(self, data: torch.Tensor, chunk_size: int = 4096, precision: str = "mixed"):
         super().__init__()
@@ -280,9 +328,16 @@ class EmpiricalDenoiser(nn.Module):
         two_s2 = self._sigma2(sigma, B, xf.device)
         if self.precision == "float64":
             out = self._forward_float64(xf, two_s2)
+        elif self._float64_is_fast(xf.device):  # float64 tensor cores: nothing to gain
+            self.last_stats = {"rows": B, "dense_rows": B, "candidates": [], "mode": "float64 (fast on device)"}
+            out = self._forward_float64(xf, two_s2)
         else:
             out = self._forward_mixed(xf, two_s2)
         return out.reshape(x.shape).to(x.device)
+
+    def _float64_is_fast(self, device: torch.device) -> bool:
+        """``float64_fast`` if set (True / False), else :func:`float64_matmul_is_fast`."""
+        return self.float64_fast if self.float64_fast is not None else float64_matmul_is_fast(device)
 
     def _forward_float64(self, xf: torch.Tensor, two_s2: torch.Tensor) -> torch.Tensor:
         """Float64 streamed softmax over all N points (online log-sum-exp)."""
@@ -314,7 +369,7 @@ class EmpiricalDenoiser(nn.Module):
         P = min(B, self.probe_rows)  # the first rows: slices, no copies
         rows, cols, dense = self._fp32_candidates(xf[:P], two_s2[:P])
         if P < B and float(dense.float().mean()) > self.dense_fraction:  # large sigma
-            self.last_stats = {"rows": B, "dense_rows": B, "candidates": []}
+            self.last_stats = {"rows": B, "dense_rows": B, "candidates": [], "mode": "float64"}
             return self._forward_float64(xf, two_s2)  # all rows: one well-shaped matmul, no copies
         if P < B:
             r2, c2, d2 = self._fp32_candidates(xf[P:], two_s2[P:])
@@ -322,7 +377,7 @@ class EmpiricalDenoiser(nn.Module):
         counts = torch.bincount(rows, minlength=B)
         dense |= counts == 0  # only rows the float32 pass skipped (the maximum is always kept)
         self.last_stats = {"rows": B, "dense_rows": int(dense.sum()),
-                           "candidates": counts[~dense].tolist()}
+                           "candidates": counts[~dense].tolist(), "mode": self._last_mode}
         if bool(dense.all()):  # large sigma: no copies
             return self._forward_float64(xf, two_s2)
         if bool((counts == 1).all()):  # one candidate per row (small sigma), sorted: D* = y_i
@@ -355,6 +410,7 @@ class EmpiricalDenoiser(nn.Module):
             a[s:s + 256] = xc
         x_norm *= 1 + 2.0 ** -20  # >= ||x - mu||
         mode = self._fp32_mode(x_norm, two_s2, xf.device)
+        self._last_mode = mode
         err = fp32_cross_term_bound(x_norm, self.y_norm_max, self.q_max, self.data.shape[1], mode)
         margin = (2 * err + two_s2.squeeze(1) * self._log_margin()) * (1 + 2.0 ** -20)
         size = 2 * x_norm * self.y_norm_max + self.q_max  # NaN / inf in x make it non-finite
