@@ -289,3 +289,19 @@ def test_an_interrupted_sweep_resumes_only_the_unfinished_trials(tmp_path, ray_l
         assert (sweep_dir / tid / "trial_result.json").stat().st_mtime_ns == mtime
         assert starts(sweep_dir / tid) == 1
     assert all(r["e_gen_final"] is not None for r in rows)
+
+
+@pytest.mark.parametrize("user_value", [None, "10"])
+def test_local_ray_starts_trial_workers_at_normal_priority(monkeypatch, user_value):
+    """Ray's raylet starts workers at niceness 15 unless RAY_worker_niceness says otherwise: a
+    local sweep sets 0 (the trials are the sweep's work), a user's own value is kept."""
+    from lightning_pfd.sweeps import runner
+
+    seen = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(env=os.environ.get(runner.WORKER_NICENESS_ENV)))
+    monkeypatch.delenv(runner.WORKER_NICENESS_ENV, raising=False)
+    if user_value is not None:
+        monkeypatch.setenv(runner.WORKER_NICENESS_ENV, user_value)
+    assert runner._start_ray(None) is True
+    assert seen["env"] == (user_value or "0")

@@ -153,6 +153,10 @@ def _check_sweep_dir(spec: SweepSpec, trials: list, resume: bool) -> Optional[di
     return old
 
 
+#: the raylet's setting of its workers' niceness (Ray's default: 15)
+WORKER_NICENESS_ENV = "RAY_worker_niceness"
+
+
 def _env() -> dict:
     return {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
 
@@ -194,6 +198,9 @@ def _start_ray(address: Optional[str]) -> bool:
         if address:
             ray.init(address=address, **kwargs)
         else:
+            # Ray's raylet starts workers at niceness 15 unless told otherwise: the trials are the
+            # sweep's work, and at 15 any other process on the machine takes their cores
+            os.environ.setdefault(WORKER_NICENESS_ENV, "0")
             ray.init(address="local", num_cpus=os.cpu_count() or 1, **kwargs)  # never an older cluster
     except (ConnectionError, ValueError, RuntimeError) as e:
         raise ConfigError("--address" if address else "ray", f"cannot start / join Ray: "
