@@ -19,6 +19,7 @@ matmul rate the mixed denoiser reaches (1.0: as fast as the dense float32 matmul
 
     python benchmarks/bench_empirical.py           # N=4096, 3x32x32, M=1024, 2 threads
     python benchmarks/bench_empirical.py --quick   # small sizes, seconds
+    python benchmarks/bench_empirical.py --n 2048 --m 256 --repeats 2   # any sizes (run(config=...))
 """
 from __future__ import annotations
 
@@ -26,11 +27,13 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from lightning_pfd.diffusion import EmpiricalDenoiser, heun_sample, karras_sigmas, seeded_noise
+from lightning_pfd.errors import ConfigError
 
 FULL = dict(n=4096, shape=(3, 32, 32), m=1024, repeats=3)
 QUICK = dict(n=512, shape=(3, 16, 16), m=128, repeats=2)
@@ -136,9 +139,32 @@ def _bench_dataset(data: torch.Tensor, m: int, repeats: int) -> dict:
     }
 
 
-def run(quick: bool = False, threads: int = 2) -> dict:
-    """Time the mixed and float64 denoisers on the 35 calls of a Heun-18 PF-ODE; see module doc."""
+def resolve_config(quick: bool = False, config: Optional[dict] = None) -> dict:
+    """QUICK or FULL sizes with the entries of ``config`` (``n``, ``shape``, ``m``, ``repeats``)
+    overriding them; an unknown key or a bad value raises ConfigError (a ValueError)."""
     cfg = dict(QUICK if quick else FULL)
+    extra = set(config or {}) - set(cfg)
+    if extra:
+        raise ConfigError("config", f"unknown keys {sorted(extra)}", value=sorted(config), accepted=sorted(cfg))
+    cfg.update(config or {})
+    for key in ("n", "m", "repeats"):
+        if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise ConfigError(f"config.{key}", "must be an integer >= 1", value=cfg[key])
+    shape = cfg["shape"]
+    if not isinstance(shape, (list, tuple)) or len(shape) != 3 or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape):
+        raise ConfigError("config.shape", "must be (channels, height, width), integers >= 1", value=shape,
+                          accepted="e.g. (3, 32, 32)")
+    cfg["shape"] = tuple(shape)
+    return cfg
+
+
+def run(quick: bool = False, threads: int = 2, config: Optional[dict] = None) -> dict:
+    """Time the mixed and float64 denoisers on the 35 calls of a Heun-18 PF-ODE; see module doc.
+
+    Sizes: QUICK (``quick=True``) or FULL, with ``config`` entries (``n``, ``shape``, ``m``,
+    ``repeats``) overriding them, e.g. ``run(config=dict(n=2048, m=256, repeats=2))``."""
+    cfg = resolve_config(quick, config)
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -187,8 +213,13 @@ if __name__ == "__main__":
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None, help="also write the full result here")
+    ap.add_argument("--n", type=int, help="training points N (overrides --quick / the full size)")
+    ap.add_argument("--shape", type=int, nargs=3, metavar=("C", "H", "W"), help="shape of one image")
+    ap.add_argument("--m", type=int, help="denoiser rows per call (the M seeds of the flow)")
+    ap.add_argument("--repeats", type=int, help="interleaved repeats (each call's best is kept)")
     args = ap.parse_args()
-    result = run(quick=args.quick, threads=args.threads)
+    overrides = {k: getattr(args, k) for k in ("n", "shape", "m", "repeats") if getattr(args, k) is not None}
+    result = run(quick=args.quick, threads=args.threads, config=overrides)
     print(_table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -1,4 +1,5 @@
-"""Compiled sampling (``SamplerSettings(compile=...)``, ``GeneralizationMonitor(compile=...)``).
+"""Compiled sampling (``SamplerSettings(compile=...)``, ``GeneralizationMonitor(compile=...)``,
+``DiffusionModule`` / ``LevyItoModule(sample_compile=...)``).
 
 * padding a ragged last batch to the flow's batch size changes no endpoint, and the denoiser
   then only ever sees one batch shape;
@@ -9,7 +10,11 @@
   (torch._dynamo's CompileCounter backend, and ``error_on_recompile``) -- while the same ragged
   batch without padding does recompile (the control that shows the counter can see it);
 * the references are sampled eagerly, the monitor plumbs ``compile`` to the evaluation, and bad
-  values are refused with a ConfigError naming the field.
+  values are refused with a ConfigError naming the field;
+* the modules' ``generate`` with ``sample_compile``: compiled samples equal eager ones, a second
+  ``generate`` after a weight update (ragged last batch included) compiles nothing, the option is
+  validated and saved in hparams, and GeneralizationMonitor follows it unless its own ``compile``
+  is set.
 """
 import lightning.pytorch as pl
 import pytest
@@ -24,7 +29,7 @@ from lightning_pfd.diffusion import sampling
 from lightning_pfd.diffusion.sampling import SamplerSettings, compile_denoiser, sample_endpoints
 from lightning_pfd.errors import ConfigError
 from lightning_pfd.evaluation.flow import FlowEvaluation
-from lightning_pfd.modules import DiffusionModule
+from lightning_pfd.modules import DiffusionModule, LevyItoModule
 from lightning_pfd.nets import MLPNet
 
 MEAN, COV = torch.tensor([0.5, -0.3, 0.2]), torch.tensor([[1.0, 0.3, 0.0], [0.3, 0.5, 0.1], [0.0, 0.1, 0.4]])
@@ -37,9 +42,9 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-def _student(seed=0):
+def _student(seed=0, **kw):
     torch.manual_seed(seed)
-    return DiffusionModule(MLPNet(3, hidden=16, depth=1, emb_dim=8), num_steps=4)
+    return DiffusionModule(MLPNet(3, hidden=16, depth=1, emb_dim=8), num_steps=4, **kw)
 
 
 class Shapes(torch.nn.Module):
@@ -177,3 +182,82 @@ def test_bad_compile_values_are_refused():
     assert e.value.field == "compile"
     ev = FlowEvaluation.from_datamodule(dm, _student(), num_eval=4, compile="max-autotune", use_cache=False)
     assert ev.settings.compile == "max-autotune" and "compiled (max-autotune)" in ev.settings.describe()
+
+
+# ----------------------------------------------------------------------------- modules: sample_compile
+def _levy(seed=0, **kw):
+    torch.manual_seed(seed)
+    return LevyItoModule(MLPNet(3, hidden=16, depth=1, emb_dim=8), num_steps=5, **kw)
+
+
+_MODULES = {"diffusion": _student, "levy": _levy}
+
+
+def _perturb(module):
+    with torch.no_grad():  # weights away from the initialisation, so the net matters
+        for p in module.ema.shadow.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+
+
+@pytest.mark.parametrize("kind", sorted(_MODULES))
+def test_compiled_generate_equals_eager(kind):
+    eager = _MODULES[kind]()
+    _perturb(eager)
+    compiled = _MODULES[kind]()
+    compiled.load_state_dict(eager.state_dict())
+    compiled.hparams.sample_compile = True
+    compiled.sample_compile_backend = "aot_eager"
+    want = eager.generate(range(7), batch_size=4)  # 4 + 3: the ragged batch padded when compiled
+    got = compiled.generate(range(7), batch_size=4)
+    assert compiled.sample_compile == "default" and eager.sample_compile is False
+    assert got.dtype == torch.float64 and got.shape == (7, 3)
+    scale = float(want.abs().max())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale)  # float32 rounding
+    assert not torch.equal(want, eager.generate(range(1, 8), batch_size=4))  # the seeds matter
+
+
+@pytest.mark.parametrize("kind", sorted(_MODULES))
+def test_a_second_generate_after_a_weight_update_compiles_nothing(kind):
+    model = _MODULES[kind](sample_compile="default")
+    counter = CompileCounter()
+    model.sample_compile_backend = counter
+    with torch._dynamo.config.patch(error_on_recompile=True):  # the ragged batch (4 + 4 + 2) included
+        first = model.generate(range(10), batch_size=4)
+        frames = counter.frame_count
+        assert frames >= 1
+        with torch.no_grad():  # an epoch later: new EMA weights, in place
+            for p in model.ema.shadow.parameters():
+                p.mul_(0.9)
+        second = model.generate(range(10), batch_size=4)
+    assert counter.frame_count == frames
+    assert not torch.equal(first, second)  # the new weights were used
+    model.hparams.sample_compile = False
+    torch.testing.assert_close(second, model.generate(range(10), batch_size=4), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", sorted(_MODULES))
+def test_bad_sample_compile_is_refused_and_a_good_one_saved(kind):
+    with pytest.raises(ConfigError) as e:
+        _MODULES[kind](sample_compile="fast")
+    assert e.value.field == "model.init_args.sample_compile" and "reduce-overhead" in str(e.value)
+    with pytest.raises(ConfigError):
+        _MODULES[kind](sample_compile=1)
+    model = _MODULES[kind](sample_compile="reduce-overhead")
+    assert model.hparams.sample_compile == "reduce-overhead" and model.sample_compile == "reduce-overhead"
+    assert _MODULES[kind]().hparams.sample_compile is False
+
+
+def test_generalization_monitor_follows_the_module_unless_told(monkeypatch):
+    modes = []
+    monkeypatch.setattr(sampling, "compile_denoiser", lambda den, mode="default", backend="inductor", device=None:
+                        (modes.append(mode), den)[1])
+    dm = _TeacherDM()
+    dm.setup("fit")
+    model = _student(sample_compile="max-autotune")
+    trainer = type("T", (), {"strategy": None, "global_rank": 0, "world_size": 1})()
+    kw = dict(num_eval=4, batch_size=4, num_loss_samples=None, use_cache=False)
+    assert GeneralizationMonitor(**kw)._build(trainer, model, dm).settings.compile == "max-autotune"
+    assert GeneralizationMonitor(compile=False, **kw)._build(trainer, model, dm).settings.compile is False
+    assert GeneralizationMonitor(compile=True, **kw)._build(trainer, model, dm).settings.compile == "default"
+    model.generate(range(3), batch_size=2)  # and the module's generate samples compiled
+    assert modes == ["max-autotune"]

@@ -140,6 +140,26 @@ def test_measure_matches_functional_oracles_and_brute_force():
     assert res.metrics["nonfinite"] == 0.0 and set(ends) == {"student", "teacher", "empirical"}
 
 
+@pytest.mark.parametrize("n", [EmpiricalDenoiser.float64_max_n_cpu, EmpiricalDenoiser.float64_max_n_cpu + 1])
+def test_empirical_reference_is_the_same_flow_with_either_algorithm(n):
+    """Small training sets run the float64 algorithm (faster there on a CPU), larger ones the
+    float32 search; both give the empirical flow of eq. 46 to float64 rounding, so the choice
+    keys no cache."""
+    train = GaussianDenoiser(T_MEAN, T_COV).sample(range(n)).float()
+    ev = FlowEvaluation(train, num_eval=16, seed_offset=5_000, settings=SamplerSettings(num_steps=6),
+                        batch_size=16, use_cache=False, default_metrics=False)
+    den = ev._sources["empirical"].build("cpu")
+    den(train[:4].double(), 0.01)
+    assert den.last_stats["mode"].startswith("float64") == (n <= EmpiricalDenoiser.float64_max_n_cpu)
+    got = ev.prepare()["empirical"].endpoints
+    for precision in ("mixed", "float64"):
+        want = ev.settings.sample(EmpiricalDenoiser(train, precision=precision), range(5_000, 5_016), (3,),
+                                  batch_size=16)
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    nearest = torch.cdist(got, train.double()).min(1).values  # the empirical flow ends on training points
+    assert float(nearest.max()) < 1e-2
+
+
 # ----------------------------------------------------------------------------- processes
 class _ThreadGroup:
     def __init__(self, world):

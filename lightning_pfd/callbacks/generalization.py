@@ -13,7 +13,9 @@ Extra metrics between student and a reference flow come from ``metrics`` (YAML):
 
 logged under their own key (registered in :mod:`lightning_pfd.keys` unless their module did).
 ``compile`` (``true`` / a torch.compile mode) compiles the student's denoiser for its PF-ODE
-(:class:`~lightning_pfd.diffusion.sampling.SamplerSettings`; off by default: docs/performance.md).
+(:class:`~lightning_pfd.diffusion.sampling.SamplerSettings`), ``false`` samples it eagerly; unset
+(``null``, the default) it follows the module's ``sample_compile`` (off by default:
+docs/performance.md).
 Every ``image_every_n_epochs`` measured passes a grid of samples (rows: student and each
 reference, like the paper's Fig. 1) goes to :meth:`~MeasurementCallback.log_figure`.
 """
@@ -25,6 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 
 from .. import keys
+from ..diffusion.sampling import check_compile
 from ..errors import ConfigError
 from ..evaluation.flow import FlowEvaluation, StrategyCollective, check_flow_args, metric_factory
 from ..metrics.descriptors import build_descriptor
@@ -41,8 +44,8 @@ DEFAULT_KEYS = {"e_gen": "pfd/e_gen", "e_mem": "pfd/e_mem", "nonfinite": "pfd/no
 class GeneralizationMonitor(MeasurementCallback):
     """Log E_gen, E_mem (PFD), frozen-noise losses, their gap and user ``metrics`` on schedule.
 
-    ``num_eval`` (M), ``descriptor``, ``sampler`` / ``sigmas`` / ``precision`` (None: the model's), ``batch_size``,
-    ``chunk_size``, ``num_loss_samples``, ``use_cache``, ``compile``: as :class:`FlowEvaluation`; ``every_n_epochs`` /
+    ``num_eval`` (M), ``descriptor``, ``sampler`` / ``sigmas`` / ``precision`` / ``compile`` (None: the model's),
+    ``batch_size``, ``chunk_size``, ``num_loss_samples``, ``use_cache``: as :class:`FlowEvaluation`; ``every_n_epochs`` /
     ``schedule``: callbacks.base; ``image_every_n_epochs`` (0: no sample grid), ``num_images``; ``name``: the
     metric namespace; ``metrics``: module docstring."""
 
@@ -52,7 +55,7 @@ class GeneralizationMonitor(MeasurementCallback):
                  image_every_n_epochs: int = 10, num_images: int = 8, use_cache: bool = True,
                  name: Optional[str] = None, schedule: Union[str, List[int]] = "every_n_epochs",
                  precision: Optional[str] = None, metrics: Optional[Dict[str, Dict[str, Any]]] = None,
-                 compile: Union[bool, str] = False):
+                 compile: Union[bool, str, None] = None):
         super().__init__(every_n_epochs=every_n_epochs, schedule=schedule)
         field = functools.partial(callback_field, self)
         check_flow_args(field, num_eval=num_eval, batch_size=batch_size, chunk_size=chunk_size, num_images=num_images,
@@ -86,13 +89,19 @@ class GeneralizationMonitor(MeasurementCallback):
         comm = StrategyCollective(lambda: trainer.strategy, getattr(trainer, "global_rank", 0), trainer.world_size)
         ev = FlowEvaluation.from_datamodule(
             datamodule, pl_module, sampler=self.sampler, sigmas=self.sigmas, precision=self.precision,
-            compile=self.compile,
+            compile=self._compile_mode(pl_module),
             num_eval=self.num_eval, descriptor=self.descriptor, batch_size=self.batch_size,
             chunk_size=self.chunk_size, num_loss_samples=self.num_loss_samples, use_cache=self.use_cache,
             comm=comm, field=functools.partial(callback_field, self))
         for key, (factory, reference) in self.metrics.items():
             ev.add_metric(key, factory, reference)
         return ev
+
+    def _compile_mode(self, pl_module) -> Union[bool, str]:
+        """The student's torch.compile mode: ``compile``, else the module's ``sample_compile``."""
+        if self.compile is not None:
+            return self.compile
+        return check_compile(getattr(pl_module, "sample_compile", False), "model.init_args.sample_compile")
 
     def check_setup(self, trainer, pl_module, datamodule) -> None:
         shape = self._build(trainer, pl_module, datamodule).shape
@@ -128,8 +137,8 @@ class GeneralizationMonitor(MeasurementCallback):
     @torch.no_grad()
     def _measure_and_log(self, trainer, pl_module) -> None:
         ev = self._prepare(trainer, pl_module)
-        own = (self.sigmas is None and self.precision is None and not ev.settings.compile  # the module's solver
-               and hasattr(pl_module, "generate"))
+        own = (self.sigmas is None and self.precision is None and hasattr(pl_module, "generate")  # the module's
+               and ev.settings.compile == check_compile(getattr(pl_module, "sample_compile", False)))  # solver
         gen = (functools.partial(pl_module.generate, sampler=ev.settings.sampler, batch_size=self.batch_size)
                if own else None)
         res = ev.measure(pl_module.denoiser, loss_fn=pl_module.loss_fn, generate=gen, device=pl_module.device)

@@ -238,7 +238,8 @@ class EmpiricalDenoiser(nn.Module):
     bf16 settings are switched off while it runs).
     On a device whose float64 matmuls are at least half as fast as its float32 ones
     (:func:`float64_matmul_is_fast`: A100 / H100-class GPUs), ``"mixed"`` runs the float64
-    algorithm: the float32 search cannot pay there (measured on an H100: benchmarks/gpu.py).
+    algorithm: the float32 search cannot pay there (measured on an H100: benchmarks/gpu.py); so it
+    does on a CPU for at most ``float64_max_n_cpu`` training points (the search's fixed cost).
 
     Both settings return D* to float64 rounding (well within 1e-9 relative), so endpoints,
     :meth:`fingerprint` and the caches keyed on it do not depend on ``precision``: caches written
@@ -257,9 +258,14 @@ class EmpiricalDenoiser(nn.Module):
     probe_rows = 16
     dense_fraction = 0.7
     max_candidates = 16
-    #: None: measure per device whether float64 matmuls are fast (:func:`float64_matmul_is_fast`;
-    #: then ``"mixed"`` runs the float64 algorithm); True / False to force either way
+    #: None: decide per call (:meth:`_float64_pays`); True / False: ``"mixed"`` always / never
+    #: runs the float64 algorithm
     float64_fast = None
+    #: on a CPU, training sets of at most this many points take the float64 algorithm: the float32
+    #: search's fixed cost per call exceeds the float64 matmuls it saves (Heun-18 flow of 256 seeds,
+    #: 1 thread, float64 / mixed CPU time: 0.29 at N = 64, 0.74 at N = 256, 1.16 at N = 1024 for
+    #: D = 64; 0.61, 0.95, 1.33 for D = 784)
+    float64_max_n_cpu = 256
 
     def __init__(self, data: torch.Tensor, chunk_size: int = 4096, precision: str = "mixed"):
         super().__init__()
@@ -328,16 +334,22 @@ class EmpiricalDenoiser(nn.Module):
         two_s2 = self._sigma2(sigma, B, xf.device)
         if self.precision == "float64":
             out = self._forward_float64(xf, two_s2)
-        elif self._float64_is_fast(xf.device):  # float64 tensor cores: nothing to gain
-            self.last_stats = {"rows": B, "dense_rows": B, "candidates": [], "mode": "float64 (fast on device)"}
+        elif self._float64_pays(xf.device):  # float64 tensor cores, or a small training set on a CPU
+            self.last_stats = {"rows": B, "dense_rows": B, "candidates": [], "mode": "float64 (cheaper here)"}
             out = self._forward_float64(xf, two_s2)
         else:
             out = self._forward_mixed(xf, two_s2)
         return out.reshape(x.shape).to(x.device)
 
-    def _float64_is_fast(self, device: torch.device) -> bool:
-        """``float64_fast`` if set (True / False), else :func:`float64_matmul_is_fast`."""
-        return self.float64_fast if self.float64_fast is not None else float64_matmul_is_fast(device)
+    def _float64_pays(self, device: torch.device) -> bool:
+        """Whether ``"mixed"`` runs the float64 algorithm on ``device``: ``float64_fast`` if set,
+        else on devices with fast float64 matmuls (:func:`float64_matmul_is_fast`) and on CPUs for
+        training sets of at most ``float64_max_n_cpu`` points."""
+        if self.float64_fast is not None:
+            return bool(self.float64_fast)
+        if device.type == "cpu":
+            return self.num_samples <= self.float64_max_n_cpu
+        return float64_matmul_is_fast(device)
 
     def _forward_float64(self, xf: torch.Tensor, two_s2: torch.Tensor) -> torch.Tensor:
         """Float64 streamed softmax over all N points (online log-sum-exp)."""

@@ -11,13 +11,16 @@ explicit one) and the precision the denoiser runs in. ``DiffusionModule.generate
 distillation data and :class:`~lightning_pfd.evaluation.flow.FlowEvaluation` all sample through
 it, so a comparison of two flows can use one solver by construction.
 
-Compiled sampling (``SamplerSettings(compile=...)``): the denoiser runs through ``torch.compile``
-for every PF-ODE evaluation. Shapes are fixed per flow (a ragged last batch is padded with zero
-rows to the flow's batch size, the padding dropped from the endpoints) and sigma enters as a 0-d
-tensor, so one compiled graph serves every step, batch and epoch -- the weights are graph inputs,
-an EMA update does not recompile. Mode ``"reduce-overhead"`` adds CUDA graphs on a CUDA device
-(on a CPU it is the default mode). Endpoints equal the eager ones to float32 rounding (the compiler
-may fuse and reorder float32 operations), so the option is not part of any cache key.
+Compiled sampling (``SamplerSettings(compile=...)``; ``sample_compile`` of ``DiffusionModule`` /
+``LevyItoModule`` for their ``generate``, ``compile`` of ``GeneralizationMonitor``): the denoiser
+runs through ``torch.compile`` for every PF-ODE evaluation. Shapes are fixed per flow (a ragged
+last batch is padded with zero rows to the flow's batch size, the padding dropped from the
+endpoints) and sigma enters as a 0-d tensor, so one compiled graph serves every step, batch and
+epoch (one per batch shape: callers sampling 128 and 256 rows at a time compile twice) -- the
+weights are graph inputs, an EMA update does not recompile. Mode ``"reduce-overhead"`` adds CUDA
+graphs on a CUDA device (on a CPU it is the default mode). Endpoints equal the eager ones to
+float32 rounding (the compiler may fuse and reorder float32 operations), so the option is not
+part of any cache key.
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ from .noise import seeded_noise
 from .streams import stream
 
 __all__ = ["karras_sigmas", "heun_sample", "euler_sample", "sample_endpoints", "clamp_sigmas",
-           "SAMPLERS", "PRECISIONS", "COMPILE_MODES", "SamplerSettings", "check_compile", "compile_denoiser"]
+           "SAMPLERS", "PRECISIONS", "COMPILE_MODES", "SamplerSettings", "check_compile", "compile_denoiser",
+           "pad_rows"]
 
 
 def karras_sigmas(num_steps: int = 18, sigma_min: float = 0.002, sigma_max: float = 80.0,
@@ -172,19 +176,22 @@ def check_compile(value: Any, field: str = "compile") -> Union[bool, str]:
 
 
 def compile_denoiser(denoiser: Callable, mode: Union[bool, str] = "default",
-                     backend: Union[str, Callable] = "inductor") -> Callable:
+                     backend: Union[str, Callable] = "inductor", device: Any = None) -> Callable:
     """``denoiser`` through ``torch.compile(mode, backend, dynamic=False)`` (identity for mode False).
 
-    Cheap to call again: the compiled code is cached by torch._dynamo on the forward's code
-    object and guarded on the module's structure, not on its weights, so every epoch reuses
-    the graph of the first. With CUDA graphs (``"reduce-overhead"``, ``"max-autotune"`` on a CUDA
-    denoiser) each call starts a new graph step and returns a copy of the output, whose buffer
-    the next replay overwrites."""
+    ``denoiser``: a module or any function of (x, sigma) -- e.g. a bound method such as a score
+    network's ``fractional_score`` -- whose ``device`` (default: the module's) decides whether
+    CUDA graphs apply. Cheap to call again: the compiled code is cached by torch._dynamo on the
+    forward's code object and guarded on the module's structure, not on its weights, so every
+    epoch reuses the graph of the first. With CUDA graphs (``"reduce-overhead"``,
+    ``"max-autotune"`` on a CUDA denoiser) each call starts a new graph step and returns a copy
+    of the output, whose buffer the next replay overwrites."""
     mode = check_compile(mode)
     if not mode:
         return denoiser
     compiled = torch.compile(denoiser, mode=None if mode == "default" else mode, backend=backend, dynamic=False)
-    on_cuda = module_device(denoiser, torch.device("cpu")).type == "cuda"
+    device = module_device(denoiser, torch.device("cpu")) if device is None else torch.device(device)
+    on_cuda = device.type == "cuda"
     if not (on_cuda and mode in _CUDA_GRAPH_MODES and backend == "inductor"):
         return compiled
 
@@ -196,6 +203,20 @@ def compile_denoiser(denoiser: Callable, mode: Union[bool, str] = "default",
         if hasattr(denoiser, attr):
             setattr(step, attr, getattr(denoiser, attr))
     return step
+
+
+def pad_rows(fn: Callable, rows: int) -> Callable:
+    """``fn(x, *args)`` always called on ``rows`` rows: a batch x with fewer is padded with zero
+    rows and the padding's outputs are dropped (one input shape for a compiled ``fn``: a
+    ragged last batch does not recompile). Rows are independent, so no output changes."""
+
+    def run(x: torch.Tensor, *args):
+        n = x.shape[0]
+        if n >= rows:
+            return fn(x, *args)
+        return fn(torch.cat([x, x.new_zeros(rows - n, *x.shape[1:])]), *args)[:n]
+
+    return run
 
 
 def _is_int(v) -> bool:

@@ -13,9 +13,9 @@ One evaluation fixes
   ``compile`` mode applies to the student only (sampled at every measurement, one compiled graph
   for all epochs); the references are sampled once per cache key, eagerly;
 - the reference flows (``"teacher"`` when a teacher is given, ``"empirical"``: the closed-form
-  denoiser of the training set, eq. 46) with their endpoints and descriptors Psi, computed once on
-  all seeds -- sharded over the processes and gathered -- and cached on disk under a hash of
-  everything they depend on;
+  denoiser of the training set, eq. 46: :class:`EmpiricalDenoiser`) with their endpoints and
+  descriptors Psi, computed once on all seeds -- sharded over the processes and gathered -- and
+  cached on disk under a hash of everything they depend on;
 - the metrics fed by student and reference features, each registered against one reference:
   ``e_gen`` = PFD(student, teacher) and ``e_mem`` = PFD(student, empirical) by default (eq. 8), and
   any user metric (``add_metric("sw/teacher", SlicedWasserstein, reference="teacher")``).
@@ -64,8 +64,7 @@ from . import sharding
 
 __all__ = ["FlowEvaluation", "FlowResult", "Reference", "Collective", "TorchDistributed",
            "StrategyCollective", "image_grid", "metric_factory", "check_flow_args", "check_sigma_space_model",
-           "check_one_solver", "DEFAULT_GEN_SEED_OFFSET", "LOSS_TRAIN_SEED_OFFSET",
-           "LOSS_TEST_SEED_OFFSET"]
+           "check_one_solver", "DEFAULT_GEN_SEED_OFFSET", "LOSS_TRAIN_SEED_OFFSET", "LOSS_TEST_SEED_OFFSET"]
 
 DEFAULT_GEN_SEED_OFFSET = 2_000_000
 LOSS_TRAIN_SEED_OFFSET = 20_000_000  # frozen (noise, sigma) of the i-th training sample

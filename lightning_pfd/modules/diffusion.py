@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..diffusion.families import DiffusionFamily, build_family, family_names, get_family
-from ..diffusion.sampling import SamplerSettings
+from ..diffusion.sampling import SamplerSettings, check_compile
 from ..errors import ConfigError
 from .base import EMAModule, check_training_args
 
@@ -86,6 +86,13 @@ class DiffusionModule(EMAModule):
             clamped to the family's supported sigma range (``family.default_grid`` gives the
             family's own grid, e.g. the geometric VE grid on [0.02, 100]).
         sample_autocast: run the network in bf16 autocast while sampling on CUDA.
+        sample_compile: ``generate`` runs the denoiser through ``torch.compile`` for every
+            PF-ODE evaluation: ``false`` (eager, the default), ``true`` (mode ``"default"``) or a
+            mode, ``"reduce-overhead"`` (+ CUDA graphs on a GPU), ``"max-autotune"``,
+            ``"max-autotune-no-cudagraphs"`` -- the module's counterpart of the monitors'
+            ``compile``: fixed batch shapes, one graph for every epoch (docs/performance.md).
+            Every monitor sampling through ``generate`` (MemorizationMonitor, TailMonitor, and
+            GeneralizationMonitor unless its own ``compile`` is set) uses it.
         train_seed: training seed (None: ``seed_everything``'s, else 0); batch k's noise and dropout
             come from SplitMix64(seed, k, rank), so a resumed run is bit-identical.
         divergence_patience: consecutive steps with non-finite loss/gradients that make a
@@ -120,6 +127,7 @@ class DiffusionModule(EMAModule):
         rho: float = 7.0,
         sampler: str = "heun",
         sample_autocast: bool = False,
+        sample_compile: Union[bool, str] = False,
         train_seed: Optional[int] = None,
         divergence_patience: int = 10,
         on_divergence: str = "stop",
@@ -133,6 +141,7 @@ class DiffusionModule(EMAModule):
         settings = SamplerSettings.checked("model.init_args.", sampler=sampler, num_steps=num_steps,
                                            sigma_min=sigma_min, sigma_max=sigma_max, rho=rho)
         check_training_args(net, lr, betas, weight_decay, warmup_steps, ema_decay, ema_halflife_kimg)
+        check_compile(sample_compile, "model.init_args.sample_compile")
         # Under LightningCLI the net arrives as its class_path config, which is saved so
         # load_from_checkpoint(path) rebuilds it; a net built in Python is not picklable into
         # hparams safely: pass it again, load_from_checkpoint(path, net=...). A family object is
@@ -148,6 +157,7 @@ class DiffusionModule(EMAModule):
         self.loss_fn = fam.loss()
         self.sampler_settings = settings
         self.sigmas = settings.sigmas(self.precond)
+        self.sample_compile_backend: Union[str, Any] = "inductor"  # not saved: a debugging switch
         self._init_ema(train_seed, divergence_patience, on_divergence)
 
     def _record_family(self, fam: DiffusionFamily, given) -> None:
@@ -176,6 +186,11 @@ class DiffusionModule(EMAModule):
         """(c_in x, c_noise): what the EMA denoiser's raw network sees at ``sigma``."""
         return self.denoiser.network_input(x, sigma)
 
+    @property
+    def sample_compile(self) -> Union[bool, str]:
+        """``generate``'s torch.compile mode (False: eager), from ``hparams.sample_compile``."""
+        return check_compile(self.hparams.get("sample_compile", False), "model.init_args.sample_compile")
+
     @torch.no_grad()
     def generate(self, seeds, sigmas: Optional[torch.Tensor] = None, sampler: Optional[str] = None,
                  batch_size: int = 256, denoiser: Optional[nn.Module] = None,
@@ -184,7 +199,9 @@ class DiffusionModule(EMAModule):
 
         ``sigmas`` gives the grid; else ``num_steps`` rebuilds the module's Karras grid with that
         many steps; else the module's grid (Heun-18 by default). The grid is clamped to the
-        denoiser's sigma range; bf16 autocast with ``sample_autocast`` on CUDA."""
+        denoiser's sigma range; bf16 autocast with ``sample_autocast`` on CUDA; compiled with
+        ``sample_compile`` (backend ``sample_compile_backend``, ``"inductor"``; ``"aot_eager"`` to
+        debug)."""
         den = self.denoiser if denoiser is None else denoiser
         settings = self.sampler_settings
         if sampler is not None:
@@ -194,6 +211,7 @@ class DiffusionModule(EMAModule):
         elif num_steps is not None:
             settings = replace(settings, num_steps=num_steps)
         use_amp = bool(self.hparams.sample_autocast) and self.device.type == "cuda"
-        settings = replace(settings, precision="bf16" if use_amp else "fp32")
+        settings = replace(settings, precision="bf16" if use_amp else "fp32", compile=self.sample_compile,
+                           compile_backend=self.sample_compile_backend)
         return settings.sample(den, seeds, self.data_shape, batch_size=batch_size,
                                device=self.device, out_device=self.device)

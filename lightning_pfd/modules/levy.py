@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -14,6 +14,7 @@ from torch import nn
 from ..diffusion.levy import (LEVY_SAMPLERS, LEVY_TIME_GRIDS, PARAMETERIZATIONS, CosineSchedule,
                               check_alpha, denoiser_dsm_loss, denoiser_to_score,
                               fractional_dsm_loss, levy_sample, sample_alpha_stable)
+from ..diffusion.sampling import check_compile, compile_denoiser, pad_rows
 from ..diffusion.streams import alpha_stable_stream, stream
 from ..errors import ConfigError, check_choice
 from .base import EMAModule, check_training_args
@@ -134,6 +135,11 @@ class LevyItoModule(EMAModule):
             prior is then no longer exactly alpha-stable.
         train_seed, divergence_patience, on_divergence: seeded per-batch randomness and divergence
             events (see ``lightning_pfd.modules.base.ResumableModule``).
+        sample_compile: ``generate`` runs the score network through ``torch.compile`` for every
+            step: ``false`` (eager, the default), ``true`` (mode ``"default"``) or a mode
+            (``"reduce-overhead"``: + CUDA graphs on a GPU, ``"max-autotune"``,
+            ``"max-autotune-no-cudagraphs"``), as ``DiffusionModule.sample_compile``: a ragged last
+            batch is padded to the batch's rows, t enters as a tensor, one graph for every epoch.
     """
 
     ARCHITECTURE_KEYS = frozenset({"net", "alpha", "isotropic", "schedule_s", "T", "t_min",
@@ -152,7 +158,8 @@ class LevyItoModule(EMAModule):
                  sampler: str = "ode", sde_drift_factor: float = 2.0, trim_fraction: float = 0.1,
                  generate_clamp_A: Optional[float] = None, train_seed: Optional[int] = None,
                  divergence_patience: int = 10, on_divergence: str = "stop",
-                 parameterization: str = "eps", time_grid: str = "uniform", rho: float = 7.0):
+                 parameterization: str = "eps", time_grid: str = "uniform", rho: float = 7.0,
+                 sample_compile: Union[bool, str] = False):
         super().__init__()
         check_alpha(alpha)
         check_choice("loss", loss, ("squared", "huber", "l2"))
@@ -160,6 +167,7 @@ class LevyItoModule(EMAModule):
         check_choice("parameterization", parameterization, PARAMETERIZATIONS)
         check_choice("time_grid", time_grid, LEVY_TIME_GRIDS)
         _check_rho(rho)
+        check_compile(sample_compile, "model.init_args.sample_compile")
         for name, v in (("clamp_A", clamp_A), ("clamp_eps", clamp_eps),
                         ("generate_clamp_A", generate_clamp_A)):
             if v is not None and not v > 0:
@@ -181,12 +189,18 @@ class LevyItoModule(EMAModule):
             self.save_hyperparameters()
         self.net = net
         self.score_net = LevyScoreNet(net, self.schedule, sigma_data, M, parameterization)
+        self.sample_compile_backend: Union[str, Any] = "inductor"  # not saved: a debugging switch
         self._init_ema(train_seed, divergence_patience, on_divergence)
 
     # -- public interface ----------------------------------------------------------------------
     @property
     def alpha(self) -> float:
         return self.schedule.alpha
+
+    @property
+    def sample_compile(self) -> Union[bool, str]:
+        """``generate``'s torch.compile mode (False: eager), from ``hparams.sample_compile``."""
+        return check_compile(self.hparams.get("sample_compile", False), "model.init_args.sample_compile")
 
     @property
     def score_model(self) -> LevyScoreNet:
@@ -240,7 +254,9 @@ class LevyItoModule(EMAModule):
         x_T = sigma(T) eps with eps from ``sample_alpha_stable(seeds=...)`` (registered stream "levy.sampler", index 0), SDE
         noise of step i from index 1 + i. ``sigmas`` is accepted for interface compatibility
         with ``DiffusionModule.generate`` and must be None. ``sampler``, ``num_steps``,
-        ``time_grid``, ``rho``: None = the module's defaults.
+        ``time_grid``, ``rho``: None = the module's defaults. With ``sample_compile`` the score
+        runs compiled (backend ``sample_compile_backend``) on batches of min(batch_size,
+        len(seeds)) rows.
         """
         if sigmas is not None:
             raise ValueError("sigmas: LevyItoModule integrates in t; use num_steps instead")
@@ -255,6 +271,10 @@ class LevyItoModule(EMAModule):
         model = self.score_model if model is None else model
         seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
         iso, a, cA = self.hparams.isotropic, self.alpha, self.hparams.generate_clamp_A
+        score = model.fractional_score
+        if self.sample_compile and len(seeds):  # fixed shapes: one graph for every batch and epoch
+            score = pad_rows(compile_denoiser(score, self.sample_compile, self.sample_compile_backend, self.device),
+                             min(int(batch_size), len(seeds)))
         out = []
         for chunk in seeds.split(int(batch_size)):
             x_T = self.schedule.sigma(self.schedule.T) * sample_alpha_stable(
@@ -262,7 +282,7 @@ class LevyItoModule(EMAModule):
             noise_fn = (lambda i, c=chunk: sample_alpha_stable(
                 a, self.data_shape, iso, device=self.device, seeds=c, stream=alpha_stable_stream("levy.sampler", 1 + i),
                 clamp_A=cA))
-            out.append(levy_sample(model.fractional_score, x_T, self.schedule, num_steps, sampler,
+            out.append(levy_sample(score, x_T, self.schedule, num_steps, sampler,
                                    noise_fn, drift_factor=self.hparams.sde_drift_factor,
                                    time_grid=time_grid, rho=rho))
         if not out:
