@@ -4,7 +4,7 @@ import itertools
 import pytest
 import torch
 
-from lightning_pfd.diffusion.augment import AUG_LEVELS, augment
+from lightning_pfd.diffusion.augment import AUG_LEVELS, augment, noisy_view
 
 
 def _gray(b=16, h=16, seed=0):
@@ -48,3 +48,27 @@ def test_one_channel_level3_is_brightness_then_contrast():
     # reproducible and per-row seeded
     assert torch.equal(l3, augment(x, seeds, level=3))
     assert torch.allclose(augment(x[5:6], seeds[5:6], level=3), l3[5:6], atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, level, jitter", [((3, 8, 8), lv, 0.0) for lv in AUG_LEVELS]
+                         + [((1, 8, 8), 3, 0.0), ((1, 8, 8), 5, 0.0), ((7,), 3, 0.3), ((7,), 3, 0.0)])
+def test_a_stream_per_row_equals_one_call_per_sample(shape, level, jitter):
+    """``stream`` (and noisy_view's ``view``) may be a tensor, one stream per row: how
+    RepresentationEvaluation draws all views of a batch at once. Reference: one call per sample
+    with its own integer stream -- bit for bit."""
+    g = torch.Generator().manual_seed(level)
+    x = torch.rand(12, *shape, generator=g) * 2 - 1
+    seeds = torch.arange(500, 512) % 5  # repeated seeds with different streams, as in the views
+    streams = torch.arange(12) // 2
+    got = augment(x, seeds, level=level, stream=streams, vector_jitter=jitter)
+    got_view = noisy_view(x, seeds, 0.4, level=level, view=streams, vector_jitter=jitter)
+    for i in range(12):
+        one = augment(x[i:i + 1], seeds[i:i + 1], level=level, stream=int(streams[i]), vector_jitter=jitter)
+        assert torch.equal(got[i:i + 1], one), i
+        one_view = noisy_view(x[i:i + 1], seeds[i:i + 1], 0.4, level=level, view=int(streams[i]),
+                              vector_jitter=jitter)
+        assert torch.equal(got_view[i:i + 1], one_view), i
+    # the per-row stream matters: all rows on stream 0 give other views (noise always differs)
+    assert not torch.equal(got_view, noisy_view(x, seeds, 0.4, level=level, view=0, vector_jitter=jitter))
+    if level > 0 and (len(shape) == 3 or jitter > 0):
+        assert not torch.equal(got, augment(x, seeds, level=level, stream=0, vector_jitter=jitter))

@@ -176,13 +176,169 @@ def test_non_finite_features_on_one_shard_give_nan_everywhere():
     assert single["eigenvalues"].numel() == 0 and float(single["n"]) == 40
 
 
+# ----------------------------------------------------------------------------- batched views
+def _recording(fn):
+    """A feature function that records every batch it is fed."""
+    calls = []
+
+    def record(x, s):
+        calls.append((x.clone(), s))
+        return fn(x, s)
+    return record, calls
+
+
+@pytest.mark.parametrize("kind", ["vectors", "flattened_gray", "rgb"])
+def test_every_view_fed_to_the_model_is_noisy_view_of_its_image_bit_for_bit(kind):
+    """One call per chunk and noise level; row v c + j of a chunk of c images is
+    noisy_view(x0_j, seed_j, sigma, level, view=v), drawn here image by image and view by view."""
+    g = torch.Generator().manual_seed(5)
+    kw = dict(views_per_image=3, sigmas=[1.3], seed=4, batch_size=13)  # 13 // 6 = 2 images a chunk
+    if kind == "vectors":
+        data, kw = torch.randn(30, 6, generator=g), {**kw, "vector_jitter": 0.2}
+    elif kind == "flattened_gray":
+        data, kw = torch.rand(30, 64, generator=g) * 2 - 1, {**kw, "image_shape": (1, 8, 8), "level": 4}
+    else:
+        data, kw = torch.rand(30, 3, 8, 8, generator=g) * 2 - 1, {**kw, "level": 5}
+    ev = RepresentationEvaluation(data, num_images=25, **kw)
+    fn, calls = _recording(lambda x, s: x.reshape(len(x), -1)[:, :4].double())
+    ev.shard_statistics(fn)
+    chunks = [ev.subset[i:i + 2] for i in range(0, 25, 2)]  # ragged: the last chunk has 1 image
+    assert [s for _, s in calls] == [s for _ in chunks for s in (0.29, 1.3)]
+    for (x, sigma), idx in zip(calls, [c for c in chunks for _ in (0.29, 1.3)]):
+        assert x.shape == (6 * len(idx), *data.shape[1:])
+        for v in range(6):
+            for j, i in enumerate(idx.tolist()):
+                x0 = data[i:i + 1]
+                if kind == "flattened_gray":
+                    x0 = x0.reshape(1, 1, 8, 8)
+                expect = noisy_view(x0, [4 * 1_000_003 + i], sigma, level=ev.level, view=v,
+                                    vector_jitter=ev.vector_jitter).reshape(data.shape[1:])
+                assert torch.equal(x[v * len(idx) + j], expect), (v, i, sigma)
+
+
+def _view_of(ev, idx, sigma, view):
+    """View ``view`` of the training images ``idx`` at sigma, straight from noisy_view."""
+    return noisy_view(ev.train_data[idx], ev.image_seeds(idx), sigma, ev.level, view, ev.vector_jitter)
+
+
+def _per_view_statistics(ev, den, shard):
+    """Reference: plain loop over noise levels and views, every view of every image its own forward
+    (batch of one row), pairs (2k, 2k + 1) summed one at a time by the functional update."""
+    from lightning_pfd.metrics.icr import _icr_update, _icr_zero_states
+    p = ev.projection(_tap(den, _view_of(ev, shard[:1], 0.29, 0), 0.29).shape[1])
+    out = {}
+    for sigma in ev.noise_levels:
+        acc = None
+        for i in shard.tolist():
+            for k in range(ev.views_per_image):
+                h1, h2 = (_tap(den, _view_of(ev, torch.tensor([i]), sigma, 2 * k + v), sigma) for v in (0, 1))
+                if p is not None:
+                    h1, h2 = h1 @ p, h2 @ p
+                acc = acc or _icr_zero_states(h1.shape[1])
+                for key, val in _icr_update(h1, h2).items():
+                    acc[key] = acc[key] + val
+        out[sigma] = acc
+    return out
+
+
+@pytest.mark.parametrize("kind", ["mlp", "unet"])
+def test_batched_statistics_equal_a_per_view_reference(kind):
+    """The sums of one forward per chunk and noise level = the sums of one forward per view and
+    image. float32 features: a row's last bits may change with the batch (another conv / GEMM
+    kernel), so each sum agrees to ~1e-7 of its largest entry (measured); asserted at 1e-6."""
+    if kind == "mlp":
+        module, data, kw = _mlp_module(), _data(40), dict(d_proj=4, vector_jitter=0.1)
+    else:
+        g = torch.Generator().manual_seed(1)
+        module, data, kw = _unet_module(), torch.rand(30, 3, 8, 8, generator=g) * 2 - 1, {}
+    ev = RepresentationEvaluation(data, num_images=21, sigmas=[2.0], views_per_image=2, batch_size=10,
+                                  seed=2, **kw)
+    got = ev.shard_statistics(module)
+    expect = _per_view_statistics(ev, module.denoiser.eval(), ev.subset)
+    for s in (0.29, 2.0):
+        assert float(got[s]["n"]) == 42 and float(got[s]["nonfinite"]) == 0
+        for key, val in expect[s].items():
+            assert torch.allclose(got[s][key], val, rtol=1e-6, atol=1e-6 * float(val.abs().max())), (s, key)
+
+
+@pytest.mark.parametrize("features", ["float64_map", "mlp"])
+def test_chunking_does_not_change_the_result(features, monkeypatch):
+    """batch_size 1 (one image, its 4 views split over 4 forwards), 3, 4, 9 (ragged last chunks),
+    and everything in one chunk, the pending features summed at the end or after every chunk:
+    the same sums (exactly up to float64 summation order for a row-wise float64 feature map;
+    float32 rounding for the net)."""
+    import lightning_pfd.evaluation.representation as rep
+    data = _data(37)
+    if features == "mlp":
+        model, rel = _mlp_module(), 1e-6
+    else:
+        w = torch.randn(6, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+        model, rel = (lambda x, s: torch.sinh(x.double() @ w) / (1 + s)), 1e-12
+    results = []
+    for b, pending in ((1, None), (3, None), (4, 1), (9, None), (9, 1), (1000, None)):
+        if pending:
+            monkeypatch.setattr(rep, "_PENDING_VALUES", pending)  # one update per chunk
+        ev = RepresentationEvaluation(data, num_images=37, sigmas=[0.7], views_per_image=2, batch_size=b,
+                                      level=1)
+        assert ev.images_per_chunk == max(1, b // 4)
+        results.append(ev.measure(model))
+        monkeypatch.undo()
+    for r in results[1:]:
+        for s in (0.29, 0.7):
+            for key in ("icr", "trace_s", "trace_xi", "trace_s_raw", "icr_tau_relative"):
+                assert float(r[s][key]) == pytest.approx(float(results[0][s][key]), rel=rel), (s, key)
+            cond = float(results[0][s]["cond_xi"])  # rounding of the sums, amplified by cond
+            assert float(r[s]["cond_xi"]) == pytest.approx(cond, rel=rel * cond)
+            assert float(r[s]["n"]) == 74
+
+
+def test_views_are_drawn_once_and_kept_within_the_cache_bound(monkeypatch):
+    """The views do not depend on the model: the second measurement reuses them (no draw) and gives
+    the same sums bit for bit; another shard redraws; above VIEW_CACHE_BYTES nothing is kept and
+    every measurement redraws, with the same result."""
+    import lightning_pfd.evaluation.representation as rep
+    module, data = _mlp_module(), _data(30)
+    ev = RepresentationEvaluation(data, num_images=30, views_per_image=2, batch_size=16)
+    draws = []
+    real = ev.view_parts
+    monkeypatch.setattr(ev, "view_parts", lambda idx, dev=None: draws.append(len(idx)) or real(idx, dev))
+    first = ev.shard_statistics(module)
+    assert draws == [4] * 7 + [2]  # 16 // 4 = 4 images a chunk, 30 images
+    second = ev.shard_statistics(module)
+    assert len(draws) == 8 and all(torch.equal(first[0.29][k], second[0.29][k]) for k in first[0.29])
+    ev.shard_statistics(module, 1, 2)
+    assert len(draws) == 8 + 4  # rank 1 of 2: 15 images
+    monkeypatch.setattr(rep, "VIEW_CACHE_BYTES", 8 * 2 * 2 * 30 * 6 - 1)  # one byte short
+    ev._view_cache = None
+    uncached = [ev.shard_statistics(module) for _ in range(2)]
+    assert len(draws) == 12 + 16 and ev._view_cache is None
+    assert all(torch.equal(u[0.29][k], first[0.29][k]) for u in uncached for k in first[0.29])
+
+
+def test_measuring_restores_every_submodule_mode():
+    """Features in eval mode; afterwards each submodule is back in its own mode (also mixed ones)."""
+    module, data = _mlp_module(), _data(20)
+    den = module.denoiser.train()
+    den.net.blocks[0].eval()
+    before = [m.training for m in den.modules()]
+    seen = []
+    ev = RepresentationEvaluation(data, num_images=20)
+    hook = den.net.inp.register_forward_pre_hook(
+        lambda m, a: seen.append([x.training for x in den.modules()]))
+    ev.measure(den)
+    hook.remove()
+    assert seen and all(not any(modes) for modes in seen)
+    assert [m.training for m in den.modules()] == before and any(before) and not all(before)
+
+
 # ----------------------------------------------------------------------------- bad input
 def test_bad_settings_and_data_name_the_argument():
     data = _data(20)
     for kw, field in (({"num_images": 21}, "num_images"), ({"num_images": 1}, "num_images"),
                       ({"sigma": -1.0}, "sigma"), ({"level": 9}, "level"), ({"d_proj": 0}, "d_proj"),
                       ({"image_shape": (1, 2, 3)}, "image_shape"), ({"tau": "never"}, "tau"),
-                      ({"views_per_image": 0}, "views_per_image"), ({"normalize": "yes"}, "normalize")):
+                      ({"views_per_image": 0}, "views_per_image"), ({"normalize": "yes"}, "normalize"),
+                      ({"views_per_image": 501}, "views_per_image")):
         with pytest.raises(ConfigError) as err:
             RepresentationEvaluation(data, **kw)
         assert err.value.field.startswith(field), (kw, err.value.field)
