@@ -47,7 +47,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
-SECTIONS = ("env", "empirical", "flow", "fit")
+SECTIONS = ("env", "empirical", "flow", "fit", "configs")
+#: the shipped configs whose data exist offline (CIFAR-10 ones need the dataset on disk)
+OFFLINE_CONFIGS = ("quickstart", "distill_vp_digits", "teacher_edm_digits", "sbm_precip", "lim_precip",
+                   "experiments/icr_unet_small", "experiments/icr_unet_large", "experiments/double_descent",
+                   "experiments/pite_sbm", "experiments/pite_lim")
 
 
 def _sync():
@@ -310,11 +314,11 @@ def section_flow(args) -> dict:
 
 
 # ----------------------------------------------------------------------------- fit
-def _fit(workdir: Path, name: str, extra: list, env: dict) -> dict:
-    """``fit`` of the embedded quickstart in ``workdir/name`` (its runs/quickstart lands there)."""
-    cmd = [sys.executable, "-m", "lightning_pfd", "fit", "--config", "quickstart",
+def _fit(workdir: Path, name: str, extra: list, env: dict, config: str = "quickstart") -> dict:
+    """``fit`` of an embedded config in ``workdir/name`` (its runs/<config> lands there)."""
+    cmd = [sys.executable, "-m", "lightning_pfd", "fit", "--config", config,
            "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
-           "--trainer.logger.save_dir", "runs/quickstart"] + extra
+           "--trainer.logger.save_dir", "runs/csv"] + extra
     (workdir / name).mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=workdir / name, env=env, capture_output=True, text=True)
@@ -358,6 +362,25 @@ def section_fit(args) -> dict:
             cmp[k] = {"uninterrupted": a, "resumed": b, "abs_diff": abs(a - b)}
     out["epoch2_metrics_uninterrupted_vs_resumed"] = cmp
     out["bf16_metrics"] = {k: v for k, v in _metrics(work, "bf16").items()}
+    return out
+
+
+def section_configs(args) -> dict:
+    """Every offline shipped config for one short epoch on the GPU (device-agnostic code paths:
+    EDM, VP, Levy-Ito, the U-Nets, every monitor): exit code, logged keys, non-finite values."""
+    work = Path(tempfile.mkdtemp(prefix="gpu_cfg_"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               WANDB_MODE="disabled", LIGHTNING_PFD_CACHE=str(work / "cache"))
+    out = {}
+    for cfg in OFFLINE_CONFIGS:
+        name = cfg.replace("/", "_")
+        short = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", str(args.config_batches),
+                 "--trainer.limit_val_batches", "2"]
+        r = _fit(work, name, short, env, config=cfg)
+        logged = _metrics(work, name)
+        bad = sorted(k for k, v in logged.items() if any(x != x or abs(x) == float("inf") for x in v.values()))
+        out[cfg] = {"rc": r["rc"], "seconds": r["seconds"], "logged_keys": len(logged),
+                    "nonfinite_keys": bad, **({"tail": r["tail"]} if r["rc"] else {})}
     return out
 
 
@@ -413,6 +436,14 @@ def _markdown(res: dict) -> str:
             lines.append(f"- epoch-2 metrics, uninterrupted vs resumed: {len(cmp)} compared, largest "
                          f"difference {worst[1]['abs_diff']:.3g} ({worst[0]})")
         lines.append("")
+    cfgs = res.get("configs", {})
+    if cfgs and "error" not in cfgs:
+        lines += ["## Shipped configs, one short epoch on the GPU", "", "| config | exit | seconds | logged keys | non-finite |",
+                  "|---|---|---|---|---|"]
+        for k, v in cfgs.items():
+            if isinstance(v, dict) and "rc" in v:
+                lines.append(f"| {k} | {v['rc']} | {v['seconds']:.0f} | {v['logged_keys']} | {', '.join(v['nonfinite_keys']) or '-'} |")
+        lines.append("")
     for k in SECTIONS:
         if isinstance(res.get(k), dict) and "error" in res[k]:
             lines += [f"## {k}: error", "", "```", res[k]["error"][-1500:], "```", ""]
@@ -432,6 +463,7 @@ def main() -> None:
     ap.add_argument("--flow-m-unet", type=int, default=1024)
     ap.add_argument("--flow-batch", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--config-batches", type=int, default=8, help="training batches per config (configs section)")
     ap.add_argument("--fit-extra", default="", help="extra fit arguments in one string, e.g. "
                     "'--data.init_args.samples_per_epoch 640' (a smaller epoch)")
     args = ap.parse_args()
