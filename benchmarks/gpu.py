@@ -49,7 +49,7 @@ import torch  # noqa: E402
 
 SECTIONS = ("env", "empirical", "flow", "fit", "configs")
 #: the shipped configs whose data exist offline (CIFAR-10 ones need the dataset on disk)
-OFFLINE_CONFIGS = ("quickstart", "distill_vp_digits", "teacher_edm_digits", "sbm_precip", "lim_precip",
+OFFLINE_CONFIGS = ("quickstart", "teacher_edm_digits", "distill_vp_digits", "sbm_precip", "lim_precip",
                    "experiments/icr_unet_small", "experiments/icr_unet_large", "experiments/double_descent",
                    "experiments/pite_sbm", "experiments/pite_lim")
 
@@ -371,11 +371,14 @@ def section_configs(args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="gpu_cfg_"))
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                WANDB_MODE="disabled", LIGHTNING_PFD_CACHE=str(work / "cache"))
-    out = {}
-    for cfg in OFFLINE_CONFIGS:
+    out = dict(args.previous_configs)  # --configs reruns a subset; the others keep their entries
+    for cfg in args.configs:
         name = cfg.replace("/", "_")
         short = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", str(args.config_batches),
                  "--trainer.limit_val_batches", "2"]
+        if cfg == "distill_vp_digits":  # distils the teacher that teacher_edm_digits trained just before
+            short += ["--data.init_args.teacher_ckpt",
+                      str(work / "teacher_edm_digits" / "runs" / "teacher_edm_digits" / "checkpoints" / "last.ckpt")]
         r = _fit(work, name, short, env, config=cfg)
         logged = _metrics(work, name)
         bad = sorted(k for k, v in logged.items() if any(x != x or abs(x) == float("inf") for x in v.values()))
@@ -464,6 +467,8 @@ def main() -> None:
     ap.add_argument("--flow-batch", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--config-batches", type=int, default=8, help="training batches per config (configs section)")
+    ap.add_argument("--configs", nargs="+", default=list(OFFLINE_CONFIGS), help="configs section: which configs "
+                    "(distill_vp_digits needs teacher_edm_digits before it)")
     ap.add_argument("--fit-extra", default="", help="extra fit arguments in one string, e.g. "
                     "'--data.init_args.samples_per_epoch 640' (a smaller epoch)")
     args = ap.parse_args()
@@ -481,6 +486,9 @@ def main() -> None:
             res = {**json.loads(args.out.read_text()), **res}
         except ValueError:
             pass
+    prev = res.get("configs")
+    args.previous_configs = prev if isinstance(prev, dict) and "error" not in prev else {}
+    args.previous_configs.pop("section_seconds", None)
     for name in args.sections:
         t0 = time.perf_counter()
         try:
