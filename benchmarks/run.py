@@ -845,7 +845,9 @@ def machine() -> dict:
             cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
     except OSError:
         pass
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    own = {"benchmarks/results.json", "benchmarks/results.md", "benchmarks/results_gpu.json", "benchmarks/results_gpu.md"}
+    dirty = "\n".join(l for l in git("status", "--porcelain", "--untracked-files=no").splitlines()
+                      if l[3:].strip() not in own)  # the tables this script writes do not count
     return {"commit": git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty and dirty != "unknown" else ""),
             "date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu": cpu, "cores": os.cpu_count(),
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
