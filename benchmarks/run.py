@@ -847,7 +847,7 @@ def machine() -> dict:
         pass
     own = {"benchmarks/results.json", "benchmarks/results.md", "benchmarks/results_gpu.json", "benchmarks/results_gpu.md"}
     dirty = "\n".join(l for l in git("status", "--porcelain", "--untracked-files=no").splitlines()
-                      if l[3:].strip() not in own)  # the tables this script writes do not count
+                      if l.split(maxsplit=1)[-1] not in own)  # the tables this script writes do not count
     return {"commit": git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty and dirty != "unknown" else ""),
             "date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu": cpu, "cores": os.cpu_count(),
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
