@@ -35,8 +35,7 @@ def run_once(extra, env_over, epochs: int) -> float:
     env["WANDB_MODE"] = "disabled"
     with tempfile.TemporaryDirectory() as d:
         cmd = [sys.executable, "-m", "lightning_pfd", "fit", *extra, "--trainer.max_epochs", str(epochs),
-               "--trainer.default_root_dir", d, "--trainer.logger", "false",
-               "--trainer.enable_progress_bar", "false"]
+               "--trainer.default_root_dir", d, "--trainer.logger", "false"]  # progress bar output discarded
         t = time.perf_counter()
         subprocess.run(cmd, env=env, cwd=d, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return time.perf_counter() - t
