@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
-SECTIONS = ("env", "empirical", "flow", "fit", "configs")
+SECTIONS = ("env", "empirical", "flow", "fit", "configs", "sample_compile")
 #: the shipped configs whose data exist offline (CIFAR-10 ones need the dataset on disk)
 OFFLINE_CONFIGS = ("quickstart", "teacher_edm_digits", "distill_vp_digits", "sbm_precip", "lim_precip",
                    "experiments/icr_unet_small", "experiments/icr_unet_large", "experiments/double_descent",
@@ -387,6 +387,40 @@ def section_configs(args) -> dict:
     return out
 
 
+def section_sample_compile(args) -> dict:
+    """``model.init_args.sample_compile: reduce-overhead`` in a real fit on the GPU: the monitors
+    that sample through ``generate`` (MemorizationMonitor: quickstart; TailMonitor with the
+    Levy-Ito module: lim_precip) run compiled with CUDA graphs; their logged values against the same
+    run eager (equal up to float32 rounding of the compiled kernels)."""
+    work = Path(tempfile.mkdtemp(prefix="gpu_sc_"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               WANDB_MODE="disabled", LIGHTNING_PFD_CACHE=str(work / "cache"))
+    out = {}
+    for cfg in ("quickstart", "lim_precip"):
+        short = ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", str(args.config_batches),
+                 "--trainer.limit_val_batches", "2"]
+        runs = {}
+        for mode in ("eager", "reduce-overhead"):
+            extra = short + ([] if mode == "eager" else ["--model.init_args.sample_compile", mode])
+            name = f"{cfg}_{mode}"
+            r = _fit(work, name, extra, env, config=cfg)
+            runs[mode] = {"rc": r["rc"], "seconds": r["seconds"], "metrics": _metrics(work, name),
+                          **({"tail": r["tail"]} if r["rc"] else {})}
+        keys = sorted(set(runs["eager"]["metrics"]) & set(runs["reduce-overhead"]["metrics"]))
+        diffs = {}
+        for k in keys:
+            if k.startswith(("mem/", "tail/", "pfd/")):
+                a, b = runs["eager"]["metrics"][k], runs["reduce-overhead"]["metrics"][k]
+                common = sorted(set(a) & set(b))
+                if common:
+                    diffs[k] = max(abs(a[e] - b[e]) / max(abs(a[e]), 1e-12) for e in common)
+        out[cfg] = {"rc": {m: v["rc"] for m, v in runs.items()},
+                    "seconds": {m: v["seconds"] for m, v in runs.items()},
+                    "max_rel_diff_compiled_vs_eager": diffs,
+                    **{f"tail_{m}": v["tail"] for m, v in runs.items() if "tail" in v}}
+    return out
+
+
 # ----------------------------------------------------------------------------- main
 def _markdown(res: dict) -> str:
     lines = ["# GPU checks and timings (`python benchmarks/gpu.py`)", "",
@@ -438,6 +472,18 @@ def _markdown(res: dict) -> str:
             worst = max(cmp.items(), key=lambda kv: kv[1]["abs_diff"])
             lines.append(f"- epoch-2 metrics, uninterrupted vs resumed: {len(cmp)} compared, largest "
                          f"difference {worst[1]['abs_diff']:.3g} ({worst[0]})")
+        lines.append("")
+    sc = res.get("sample_compile", {})
+    if sc and "error" not in sc:
+        lines += ["## `sample_compile: reduce-overhead` in a fit (monitors sampling through `generate`)", "",
+                  "| config | exit eager / compiled | seconds eager / compiled | max rel. difference of the monitors' values |",
+                  "|---|---|---|---|"]
+        for k, v in sc.items():
+            if isinstance(v, dict) and "rc" in v:
+                d = v["max_rel_diff_compiled_vs_eager"]
+                lines.append(f"| {k} | {v['rc']['eager']} / {v['rc']['reduce-overhead']} | "
+                             f"{v['seconds']['eager']:.0f} / {v['seconds']['reduce-overhead']:.0f} | "
+                             + (", ".join(f"{kk} {vv:.1e}" for kk, vv in d.items()) or "-") + " |")
         lines.append("")
     cfgs = res.get("configs", {})
     if cfgs and "error" not in cfgs:
