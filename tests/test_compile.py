@@ -22,8 +22,8 @@ import torch
 import torch._dynamo
 from torch._dynamo.testing import CompileCounter
 
+from helpers.teacher import GaussianTeacherDM
 from lightning_pfd.callbacks import GeneralizationMonitor
-from lightning_pfd.data import TensorDataModule
 from lightning_pfd.diffusion import GaussianDenoiser
 from lightning_pfd.diffusion import sampling
 from lightning_pfd.diffusion.sampling import SamplerSettings, compile_denoiser, sample_endpoints
@@ -135,23 +135,13 @@ def test_references_run_eagerly_and_share_the_cache_key(monkeypatch):
     assert ev.cache_key("teacher") == eager.cache_key("teacher")
 
 
-class _TeacherDM(TensorDataModule):
-    def __init__(self):
-        law = GaussianDenoiser(MEAN, COV)
-        super().__init__(train_data=law.sample(range(12)).float(), val_data=law.sample(range(100, 107)).float(),
-                         batch_size=6, value_range=None)
-        self._law, self.gen_seed_offset = law, 7_000
-
-    def setup(self, stage=None):
-        super().setup(stage)
-        self.teacher = self._law
 
 
 def test_monitor_plumbs_compile_to_its_evaluation(tmp_path, monkeypatch):
     modes = []
     monkeypatch.setattr(sampling, "compile_denoiser", lambda den, mode="default", backend="inductor":
                         (modes.append(mode), den)[1])  # eager in fact: the values must be the eager ones
-    model, dm = _student(), _TeacherDM()
+    model, dm = _student(), GaussianTeacherDM(MEAN, COV)
     cb = GeneralizationMonitor(num_eval=10, batch_size=4, num_loss_samples=None, image_every_n_epochs=0,
                                compile="reduce-overhead")
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0,
@@ -175,7 +165,7 @@ def test_bad_compile_values_are_refused():
     with pytest.raises(ConfigError) as e:
         GeneralizationMonitor(compile="yes")
     assert e.value.field == "trainer.callbacks[GeneralizationMonitor].compile"
-    dm = _TeacherDM()
+    dm = GaussianTeacherDM(MEAN, COV)
     dm.setup("fit")
     with pytest.raises(ConfigError) as e:
         FlowEvaluation.from_datamodule(dm, _student(), num_eval=4, compile=1)
@@ -251,7 +241,7 @@ def test_generalization_monitor_follows_the_module_unless_told(monkeypatch):
     modes = []
     monkeypatch.setattr(sampling, "compile_denoiser", lambda den, mode="default", backend="inductor", device=None:
                         (modes.append(mode), den)[1])
-    dm = _TeacherDM()
+    dm = GaussianTeacherDM(MEAN, COV)
     dm.setup("fit")
     model = _student(sample_compile="max-autotune")
     trainer = type("T", (), {"strategy": None, "global_rank": 0, "world_size": 1})()

@@ -24,6 +24,7 @@ from torch import nn
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
+from helpers.teacher import GaussianTeacherDM
 from lightning_pfd.callbacks import GeneralizationMonitor
 from lightning_pfd.data import TensorDataModule
 from lightning_pfd.diffusion import EDMLoss, EmpiricalDenoiser, GaussianDenoiser, seeded_noise
@@ -340,16 +341,6 @@ def test_module_settings_follow_the_module_and_autocast_only_on_cuda():
 
 
 # ----------------------------------------------------------------------------- the monitor
-class _TeacherDM(TensorDataModule):
-    def __init__(self):
-        law = GaussianDenoiser(T_MEAN, T_COV)
-        super().__init__(train_data=law.sample(range(12)).float(), val_data=law.sample(range(100, 107)).float(),
-                         batch_size=6, value_range=None)
-        self._law, self.gen_seed_offset = law, 7_000
-
-    def setup(self, stage=None):
-        super().setup(stage)
-        self.teacher = self._law
 
 
 def test_monitor_logs_what_measure_returns_including_a_yaml_user_metric(tmp_path):
@@ -360,7 +351,7 @@ def test_monitor_logs_what_measure_returns_including_a_yaml_user_metric(tmp_path
             "sw/e_mem": {"class_path": SlicedW2, "reference": "empirical"}}
     cb = GeneralizationMonitor(num_eval=10, batch_size=4, num_loss_samples=None, image_every_n_epochs=0,
                                metrics=user)
-    dm = _TeacherDM()
+    dm = GaussianTeacherDM(T_MEAN, T_COV)
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=str(tmp_path), callbacks=[cb])
