@@ -243,6 +243,8 @@ def _builtin() -> None:
         M("pfd/e_mem", "E_mem", None, detectors=("memorization_onset", "regime"), role="e_mem",
           summary="min,last", progress_bar=True,
           description="PFD between student and empirical (training-set) flows"),
+        M("pfd/e_gen_se", "se(E_gen)", None, description="standard error of E_gen over the seeds (delta method)"),
+        M("pfd/e_mem_se", "se(E_mem)", None, description="standard error of E_mem over the seeds (delta method)"),
         M("pfd/nonfinite", "PFD non-finite", None, description="fraction of non-finite endpoints"),
         M("pfd/samples", "samples", kind="image", description="student / teacher / empirical rows"),
         # frozen-noise losses (PFD paper App. C.6)
@@ -257,6 +259,7 @@ def _builtin() -> None:
         # invariant contamination ratio (ICR paper eq. 3-5, two-view estimator App. B.6)
         M("icr/icr", "ICR", True, detectors=("icr_minimum", "memorization_onset"), role="icr",
           progress_bar=True, description="invariant contamination ratio 1/(1 + Tr((Σ_ξ+τI)⁻¹Σ_s)/d), ICR paper eq. 5"),
+        M("icr/icr_se", "se(ICR)", None, description="delete-a-group jackknife standard error of ICR"),
         M("icr/trace_s", "Tr Σ_s", None, description="trace of the semantic covariance"),
         M("icr/trace_xi", "Tr Σ_ξ", None, description="trace of the nuisance covariance"),
         M("icr/n", "ICR images", None, description="images in the ICR subset"),
@@ -267,6 +270,7 @@ def _builtin() -> None:
         M("mem/ratio", "mem", True, detectors=("memorization_onset", "regime"), role="mem_ratio",
           summary="max,last", progress_bar=True,
           description="fraction of samples that copy a training example"),
+        M("mem/ratio_se", "se(mem)", None, description="standard error of the memorization ratio"),
         M("mem/nonfinite", "mem non-finite", None, description="fraction of non-finite samples"),
         # tails of a physical observable (heavy-tailed diffusion blog post: RMSQE, LOADER)
         M("tail/rmsqe", "RMSQE", True, description="root mean squared quantile error"),

@@ -18,40 +18,48 @@ key without a role that lists single-curve detectors (``early_learning``, ``doub
 ``minimum``) is analysed on its own by :func:`analyze_history` (events named
 ``<key slug>_<detector>``, e.g. ``sw_e_gen_early_learning``).
 
-Robustness (the same three devices in every detector):
+How an event is decided (the same in every detector; derivation in docs/events.md):
 
-1. the curve is smoothed (:func:`~lightning_pfd.analysis.smoothing.smooth`, running median then
-   mean over ``window`` epochs);
-2. an amplitude counts only if it exceeds ``threshold = max(min_sigma·√2·σ_s, min_rel·max|s|,
-   min_amplitude)``, where σ_s is the noise left in the smoothed curve, estimated from the raw
-   curve (:func:`~lightning_pfd.analysis.smoothing.estimate_noise`); √2 because an amplitude is a
-   difference of two smoothed values;
-3. a change must persist for ``confirm`` consecutive evaluations.
+1. **Propose** on the *selection* half of the evaluation units (even-indexed seeds / samples):
+   the curve shape (smoothed with a running median then mean over ``window`` evaluations,
+   extrema with a hysteresis of :data:`PROPOSE_SIGMA` noise units, changes that hold for
+   ``confirm`` evaluations) only picks the candidate epochs.
+2. **Test** once on the *held-out* half (odd-indexed units): every leg of the event (descent,
+   rise, second descent, onset) is a difference of two window means whose standard error is the
+   paired per-unit error plus a training-noise term from the curve's variogram
+   (:mod:`lightning_pfd.analysis.inference`); the event is accepted when every leg's z reaches
+   ``min_sigma`` (default :data:`MIN_SIGMA`, calibrated on realistic nulls: docs/events.md).
+   ``significance`` is the weakest held-out z; ``detail`` has every leg (difference, s.e. and its
+   seed / training parts, z) and the z on all units. ``min_rel`` / ``min_amplitude`` are optional
+   effect-size floors on each leg, never a substitute for the test.
 
-Every event carries its ``epoch`` and a ``significance`` = amplitude / (√2·σ_s), i.e. the
-amplitude in units of the noise of a difference of two smoothed values (a z-score; ≥ min_sigma
-by construction unless the relative floor set the threshold).
+Without per-unit values (``units=None``: runs logged before they were kept, user metrics) a
+curve is proposed and tested on the same values with the variogram carrying all the noise, and
+``detail["held_out"]`` is False.
 
 [choice] The detectors are deliberately conservative: a run too short or too noisy to show a
-phenomenon above the threshold reports no event rather than a guess.
+phenomenon reports no event rather than a guess.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 import numpy as np
 
 from .. import keys as keys_registry
-from .smoothing import as_curve, estimate_noise, smooth, smoothed_noise
+from .inference import Curve, LegTest, contrast, curves_from_units, leg_test, scalar_curves, variogram, window_indices
+from .per_unit import UnitSeries
+from .smoothing import as_curve, smooth
 
 __all__ = [
     "Event",
     "Regime",
     "RunAnalysis",
     "DEFAULT_KEYS",
-    "noise_threshold",
+    "MIN_SIGMA",
+    "noise_unit",
     "turning_points",
     "detect_early_learning",
     "detect_double_descent",
@@ -66,6 +74,11 @@ __all__ = [
 DEFAULT_KEYS = keys_registry.roles()
 
 REGIMES = ("generalization", "transition", "memorization")
+
+#: default z every leg of an event must reach on the held-out half (calibrated: docs/events.md)
+MIN_SIGMA = 3.0
+#: hysteresis of the candidate search on the selection half, in noise units of a leg
+PROPOSE_SIGMA = 2.0
 
 
 @dataclass(frozen=True)
@@ -196,22 +209,6 @@ def _prepare(epochs, values, name: str):
     return x[keep], y[keep]
 
 
-def noise_threshold(y, s, window: int, min_sigma: float, min_rel: float, min_amplitude: float = 0.0):
-    """``(threshold, unit, sigma)``: unit = √2·σ_s is the noise of a difference of two smoothed
-    values, threshold = max(min_sigma·unit, min_rel·max|s|, min_amplitude)."""
-    sigma = estimate_noise(y)
-    unit = math.sqrt(2.0) * smoothed_noise(sigma, window)
-    scale = float(np.max(np.abs(s))) if s.size else 0.0
-    thr = max(min_sigma * unit, min_rel * scale, float(min_amplitude))
-    if thr <= 0.0:  # constant curve: nothing can be significant
-        thr = np.finfo(np.float64).tiny
-    # A curve with no measurable noise (e.g. a memorization ratio that is exactly 0 so far)
-    # would give an unbounded z-score: floor the unit at 0.1 % of the curve's scale, which caps
-    # the significance at amplitude / (1e-3 * max|s|).
-    unit = max(unit, 1e-3 * scale, 1e-300)
-    return thr, unit, sigma
-
-
 def turning_points(s, threshold: float) -> list:
     """Significant extrema of a (smoothed) curve with hysteresis ``threshold`` (zigzag filter).
 
@@ -263,190 +260,314 @@ def _first_run(mask: np.ndarray, length: int) -> Optional[int]:
     return int(hits[0]) if hits.size else None
 
 
+# ----------------------------------------------------------------------------- curves
+def _curves(x, y, units, name):
+    """(selection, held-out, full, held_out) curves: from per-unit values when ``units`` (a
+    :class:`~lightning_pfd.analysis.per_unit.UnitSeries`) covers every finite evaluation of the
+    logged curve, else from the logged values alone."""
+    if units is not None:
+        ue = np.asarray(units.epochs, dtype=np.float64)
+        if x.size and np.all(np.isin(x, ue)):
+            keep = np.isin(ue, x)
+            sub = UnitSeries(units.key, units.kind, ue[keep], np.asarray(units.values)[keep],
+                             units.units, units.logged[keep] if units.logged.size == ue.size
+                             else units.logged)
+            sel, test, full, held = curves_from_units(sub)
+            if len(full) == x.size:
+                return sel, test, full, held
+    return scalar_curves(x, y)
+
+
+def noise_unit(curve: Curve, window: int, V: Optional[np.ndarray] = None) -> float:
+    """The local noise scale of ``curve``: the standard error of the contrast between two
+    adjacent windows of ``window`` evaluations in its middle (seed part + training part,
+    :func:`~lightning_pfd.analysis.inference.leg_test`)."""
+    n = len(curve)
+    w = max(1, min(window, n // 2))
+    mid = n // 2
+    c = contrast(n, np.arange(mid, min(n, mid + w)), np.arange(max(0, mid - w), mid))
+    return leg_test(curve, c, V).se
+
+
+def _refine(y: np.ndarray, i: int, window: int, kind: str) -> int:
+    """The raw extremum (``"min"`` / ``"max"``) of ``y`` within ``window``//2 evaluations of the
+    smoothed curve's extremum ``i`` (smoothing locates, the evaluation itself is tested)."""
+    h = max(0, int(window) // 2)
+    lo, hi = max(0, i - h), min(y.size, i + h + 1)
+    seg = y[lo:hi]
+    return lo + int(np.argmin(seg) if kind == "min" else np.argmax(seg))
+
+
+class _Tester:
+    """Leg tests on one curve with its variogram computed once."""
+
+    def __init__(self, curve: Curve, window: int):
+        self.curve, self.window, self.n = curve, int(window), len(curve)
+        self.V = variogram(curve)
+
+    def place(self, i: int, end: bool = False) -> np.ndarray:
+        """An extremum is compared at its own evaluation; the end of training is the mean of the
+        last ``window`` evaluations."""
+        return window_indices(i, self.n, self.window, end=True) if end else np.array([int(i)])
+
+    def leg(self, hi, lo) -> LegTest:
+        """Test of ``mean(y[hi]) > mean(y[lo])`` (index arrays, see :meth:`place`)."""
+        return leg_test(self.curve, contrast(self.n, hi, lo), self.V)
+
+    def unit(self) -> float:
+        return noise_unit(self.curve, self.window, self.V)
+
+
+def _proposal_threshold(sel: Curve, window: int, min_rel: float, min_amplitude: float,
+                        s: np.ndarray) -> Tuple[float, "_Tester"]:
+    """Hysteresis of the candidate search on the selection curve: PROPOSE_SIGMA noise units of a
+    leg, or the effect-size floors ``min_rel``·max|s| / ``min_amplitude`` when larger."""
+    t = _Tester(sel, window)
+    scale = float(np.max(np.abs(s))) if s.size else 0.0
+    thr = max(PROPOSE_SIGMA * t.unit(), min_rel * scale, float(min_amplitude))
+    return (thr if thr > 0 else np.finfo(np.float64).tiny), t
+
+
+def _legs_detail(legs: dict, full_legs: dict) -> dict:
+    return {"legs": {k: v.to_dict() for k, v in legs.items()},
+            "z_all_units": {k: v.z for k, v in full_legs.items()}}
+
+
+def _effect_ok(legs: dict, min_rel: float, min_amplitude: float, scale: float) -> bool:
+    floor = max(min_rel * scale, float(min_amplitude))
+    return all(v.diff >= floor for v in legs.values())
+
+
 # ----------------------------------------------------------------------------- detectors
-def _u_shape(x, y, *, name, window, min_sigma, min_rel, confirm, min_amplitude,
+def _u_shape(x, y, units, *, name, window, min_sigma, min_rel, confirm, min_amplitude,
              require_descent=True):
-    """Interior global minimum of the smoothed curve, with a descent before it and a sustained
-    rise after it that does not come back down (shared by early learning and the ICR minimum)."""
+    """Interior minimum of the curve with a descent before it and a rise after it that holds to
+    the end (early learning, the ICR minimum). Proposed on the selection curve (smoothed:
+    minimum, descent start, a rise confirmed for ``confirm`` evaluations that never falls back
+    and no later descent), tested on the held-out curve: descent = window at the descent start
+    minus window at the minimum, rise = last ``window`` evaluations minus window at the minimum;
+    both z >= ``min_sigma``."""
     _check_params(window, min_sigma, min_rel, confirm, min_amplitude)
     if x.size < max(5, confirm + 2):
         return None
-    s = smooth(y, window)
-    thr, unit, sigma = noise_threshold(y, s, window, min_sigma, min_rel, min_amplitude)
-    m = int(np.argmin(s))
-    descent = float(np.max(s[: m + 1]) - s[m])
-    if (m == 0 or descent < thr) and (require_descent or m > 0):
+    sel, test, full, held = _curves(x, y, units, name)
+    s = smooth(sel.y, window)
+    thr, ts = _proposal_threshold(sel, window, min_rel, min_amplitude, s)
+    m = _refine(sel.y, int(np.argmin(s)), window, "min")
+    if m > x.size - 1 - confirm:
+        return None  # lowest at the end: no rise to confirm
+    a = _refine(sel.y[: m + 1], int(np.argmax(s[: m + 1])), window, "max")
+    descent_seen = m > 0 and ts.leg(ts.place(a), ts.place(m)).z >= PROPOSE_SIGMA
+    if not descent_seen and (require_descent or m > 0):
         return None
-    after = s[m:]
-    above = after - s[m] >= thr
-    c = _first_run(above, confirm)
-    if c is None:
+    if ts.leg(ts.place(0, end=True), ts.place(m)).z < PROPOSE_SIGMA:
         return None
-    c += m
-    # sustained: never falls back towards the minimum, and no significant second descent
-    if np.any(s[c:] < s[m] + 0.5 * thr):
+    body = s[m: x.size - window]  # before the end window
+    if body.size:
+        peak = _refine(sel.y, m + int(np.argmax(body)), window, "max")
+        if ts.leg(ts.place(peak), ts.place(0, end=True)).z >= max(min_sigma, PROPOSE_SIGMA):
+            return None  # rises, then descends again: double descent, not early learning
+    c = _first_run(s[m:] - s[m] >= thr, confirm)
+    c = x.size - confirm if c is None else c + m
+    tests, tests_full = _Tester(test, window), _Tester(full, window)
+    legs, legs_full = {}, {}
+    for tt, out in ((tests, legs), (tests_full, legs_full)):
+        if descent_seen:
+            out["descent"] = tt.leg(tt.place(a), tt.place(m))
+        out["rise"] = tt.leg(tt.place(0, end=True), tt.place(m))
+    z = min(v.z for v in legs.values())
+    scale = float(np.max(np.abs(smooth(full.y, window))))
+    if z < min_sigma or not _effect_ok(legs, min_rel, min_amplitude, scale):
         return None
-    peak = float(np.max(s[m:]))
-    if peak - s[-1] >= thr:
-        return None
-    rise = float(s[-1] - s[m])
     return Event(
-        name=name,
-        epoch=_epoch(x[m]),
-        significance=float((min(rise, descent) if m > 0 else rise) / unit),
-        detected_epoch=_epoch(x[c + confirm - 1]),
-        detail={"min_value": float(s[m]), "raw_min_value": float(y[m]), "descent": descent,
-                "descent_observed": bool(m > 0),
-                "rise": rise, "threshold": float(thr), "noise_sigma": float(sigma),
-                "window": int(window), "confirm": int(confirm)},
+        name=name, epoch=_epoch(x[m]), significance=float(z),
+        detected_epoch=_epoch(x[min(c + confirm - 1, x.size - 1)]),
+        detail={"min_value": float(full.y[m]), "descent": legs_full.get("descent", LegTest(0, 0, 0)).diff,
+                "descent_observed": bool(descent_seen), "rise": legs_full["rise"].diff,
+                "descent_start_epoch": _epoch(x[a]), "held_out": bool(held),
+                "threshold_z": float(min_sigma), "window": int(window), "confirm": int(confirm),
+                **_legs_detail(legs, legs_full)},
     )
 
 
-def detect_early_learning(epochs, e_gen, *, window: int = 5, min_sigma: float = 4.0,
-                          min_rel: float = 0.02, confirm: int = 3,
-                          min_amplitude: float = 0.0,
+def detect_early_learning(epochs, e_gen, *, units=None, window: int = 5, min_sigma: float = MIN_SIGMA,
+                          min_rel: float = 0.0, confirm: int = 3, min_amplitude: float = 0.0,
                           require_descent: bool = True) -> Optional[Event]:
     """Early learning (PFD paper §4.2, Fig. 4 left/middle): E_gen falls to an interior minimum,
     then rises until the end of training.
 
-    ``require_descent=False`` also accepts a minimum at the *first* evaluation (the descent
-    happened before it; ``detail["descent_observed"]`` is then False): useful when the first
-    evaluation comes late relative to how fast a data-limited run generalizes.
-
-    Rule on the smoothed curve s with threshold θ (module docstring): m = argmin s; the descent
-    max(s[:m]) − s[m] ≥ θ; from the first of ``confirm`` consecutive evaluations with
-    s − s[m] ≥ θ on, s never returns below s[m] + θ/2; and there is no later descent ≥ θ
-    (that would be double descent). ``epoch`` = epoch of the minimum; ``significance`` =
-    min(descent, rise)/(√2σ_s). Returns None when there is no such event (e.g. a monotone
-    decrease) or fewer than max(5, confirm + 2) finite points.
+    ``units``: the per-seed record of E_gen (:class:`~lightning_pfd.analysis.per_unit.UnitSeries`)
+    — the minimum is proposed on half of the seeds and the two legs (descent to the minimum, rise
+    from it to the last ``window`` evaluations) are tested on the other half with the paired
+    per-seed error plus the training-noise term (:mod:`lightning_pfd.analysis.inference`);
+    without it, on the logged curve alone. ``significance`` = the smaller held-out z of the two
+    legs (>= ``min_sigma``). ``require_descent=False`` also accepts a minimum at the first
+    evaluation (``detail["descent_observed"]`` False; then only the rise is tested).
+    ``min_rel`` / ``min_amplitude``: optional effect-size floors (relative to max|E_gen|,
+    absolute) on each leg. None when there is no such event or fewer than max(5, confirm + 2)
+    finite points.
     """
     x, y = _prepare(epochs, e_gen, "e_gen")
-    return _u_shape(x, y, name="early_learning", window=window, min_sigma=min_sigma,
+    return _u_shape(x, y, units, name="early_learning", window=window, min_sigma=min_sigma,
                     min_rel=min_rel, confirm=confirm, min_amplitude=min_amplitude,
                     require_descent=require_descent)
 
 
-def detect_icr_minimum(epochs, icr, *, window: int = 5, min_sigma: float = 4.0,
-                       min_rel: float = 0.02, confirm: int = 3,
+def detect_icr_minimum(epochs, icr, *, units=None, window: int = 5, min_sigma: float = MIN_SIGMA,
+                       min_rel: float = 0.0, confirm: int = 3,
                        min_amplitude: float = 0.0) -> Optional[Event]:
-    """U-shaped ICR over training (ICR paper §5.2, Fig. 5): the interior minimum, confirmed by a
-    sustained rise; same rule as :func:`detect_early_learning`. In the data-rich regime ICR
-    decreases monotonically and this returns None."""
+    """U-shaped ICR over training (ICR paper §5.2, Fig. 5): the interior minimum, with a
+    significant descent before it and a significant rise after it that holds to the end; the
+    same test as :func:`detect_early_learning` (``units``: ICR's jackknife replicates, which give
+    the paired error but no held-out half). In the data-rich regime ICR decreases monotonically
+    and this returns None."""
     x, y = _prepare(epochs, icr, "icr")
-    return _u_shape(x, y, name="icr_minimum", window=window, min_sigma=min_sigma,
+    return _u_shape(x, y, units, name="icr_minimum", window=window, min_sigma=min_sigma,
                     min_rel=min_rel, confirm=confirm, min_amplitude=min_amplitude)
 
 
-def detect_double_descent(epochs, e_gen, *, window: int = 5, min_sigma: float = 4.0,
-                          min_rel: float = 0.02, confirm: int = 3,
+def detect_double_descent(epochs, e_gen, *, units=None, window: int = 5, min_sigma: float = MIN_SIGMA,
+                          min_rel: float = 0.0, confirm: int = 3,
                           min_amplitude: float = 0.0) -> Optional[Event]:
     """Epoch-wise double descent (PFD paper §4.2, Fig. 4 right): E_gen decreases, increases, then
-    decreases again, each leg ≥ θ on the smoothed curve.
+    decreases again.
 
-    The significant extrema come from :func:`turning_points` (zigzag with hysteresis θ). A
-    pattern min₁ < peak > min₂ preceded by a descent ≥ θ qualifies when the ascent and the second
-    descent each hold for ``confirm`` evaluations beyond θ. Among several, the one with the
-    largest weakest leg is returned. ``epoch`` = epoch of the intermediate peak;
-    ``detail`` has first_min_epoch, second_min_epoch and the three leg amplitudes;
-    ``significance`` = weakest leg/(√2σ_s).
+    Proposed on the selection curve: the significant extrema of the smoothed curve
+    (:func:`turning_points`, hysteresis = a few noise units) give patterns min₁ < peak > min₂
+    preceded by a descent, each leg holding ``confirm`` evaluations; the one whose weakest leg is
+    largest is kept. Tested once on the held-out curve: first descent (window at the start of the
+    descent minus window at min₁), ascent (peak minus min₁), second descent (peak minus min₂),
+    each z >= ``min_sigma``. ``epoch`` = the peak; ``significance`` = the weakest held-out z.
     """
     _check_params(window, min_sigma, min_rel, confirm, min_amplitude)
     x, y = _prepare(epochs, e_gen, "e_gen")
     if x.size < max(7, 2 * confirm + 3):
         return None
-    s = smooth(y, window)
-    thr, unit, sigma = noise_threshold(y, s, window, min_sigma, min_rel, min_amplitude)
+    sel, test, full, held = _curves(x, y, units, "e_gen")
+    s = smooth(sel.y, window)
+    thr, _ = _proposal_threshold(sel, window, min_rel, min_amplitude, s)
     piv = turning_points(s, thr)
     best = None
-    for k in range(len(piv) - 1):
+    for k in range(len(piv) - 2):
         (a, ka) = piv[k]
-        if ka != "min" or k + 2 >= len(piv):
+        if ka != "min":
             continue
         b, c = piv[k + 1][0], piv[k + 2][0]
-        d1 = float(np.max(s[: a + 1]) - s[a])
-        up = float(s[b] - s[a])
-        d2 = float(s[b] - s[c])
+        a0 = int(np.argmax(s[: a + 1]))
+        d1, up, d2 = float(s[a0] - s[a]), float(s[b] - s[a]), float(s[b] - s[c])
         if min(d1, up, d2) < thr:
             continue
-        n_up = int(np.sum(s[a:c + 1][: b - a + 1] >= s[a] + thr))
+        n_up = int(np.sum(s[a:b + 1] >= s[a] + thr))
         n_down = int(np.sum(s[b:] <= s[b] - thr))
         if n_up < confirm or n_down < confirm:
             continue
         weakest = min(d1, up, d2)
         if best is None or weakest > best[0]:
             j = b + int(np.flatnonzero(s[b:] <= s[b] - thr)[confirm - 1])
-            best = (weakest, a, b, c, d1, up, d2, j)
+            best = (weakest, a0, a, b, c, j)
     if best is None:
         return None
-    weakest, a, b, c, d1, up, d2, j = best
+    _, a0, a, b, c, j = best
+    a0 = _refine(sel.y, a0, window, "max")
+    a, b, c = (_refine(sel.y, a, window, "min"), _refine(sel.y, b, window, "max"),
+               _refine(sel.y, c, window, "min"))
+    legs, legs_full = {}, {}
+    for tt, out in ((_Tester(test, window), legs), (_Tester(full, window), legs_full)):
+        out["first_descent"] = tt.leg(tt.place(a0), tt.place(a))
+        out["ascent"] = tt.leg(tt.place(b), tt.place(a))
+        out["second_descent"] = tt.leg(tt.place(b), tt.place(c))
+    z = min(v.z for v in legs.values())
+    scale = float(np.max(np.abs(smooth(full.y, window))))
+    if z < min_sigma or not _effect_ok(legs, min_rel, min_amplitude, scale):
+        return None
     return Event(
-        name="double_descent",
-        epoch=_epoch(x[b]),
-        significance=float(weakest / unit),
-        detected_epoch=_epoch(x[j]),
+        name="double_descent", epoch=_epoch(x[b]), significance=float(z), detected_epoch=_epoch(x[j]),
         detail={"first_min_epoch": _epoch(x[a]), "peak_epoch": _epoch(x[b]),
-                "second_min_epoch": _epoch(x[c]), "first_descent": d1, "ascent": up,
-                "second_descent": d2, "threshold": float(thr), "noise_sigma": float(sigma),
-                "window": int(window), "confirm": int(confirm)},
+                "second_min_epoch": _epoch(x[c]), "first_descent": legs_full["first_descent"].diff,
+                "ascent": legs_full["ascent"].diff, "second_descent": legs_full["second_descent"].diff,
+                "held_out": bool(held), "threshold_z": float(min_sigma), "window": int(window),
+                "confirm": int(confirm), **_legs_detail(legs, legs_full)},
     )
 
 
-def _onset_from_ratio(x, r, *, window, min_sigma, confirm, min_rise):
-    """Confirmed crossing of the smoothed memorization ratio above baseline + θ."""
-    s = smooth(r, window)
-    thr, unit, sigma = noise_threshold(r, s, window, min_sigma, 0.0, min_rise)
-    base = np.minimum.accumulate(s)  # running baseline: lowest value so far
+def _onset_from_ratio(x, r, units, *, window, min_sigma, confirm, min_rise):
+    """The smoothed ratio (selection half) exceeds its running minimum by the proposal threshold
+    for ``confirm`` evaluations; tested: window at the later maximum minus window at the
+    baseline minimum, on the held-out half."""
+    sel, test, full, held = _curves(x, r, units, "mem_ratio")
+    s = smooth(sel.y, window)
+    thr, _ = _proposal_threshold(sel, window, 0.0, 0.0, s)
+    base = np.minimum.accumulate(s)
     i = _first_run(s - base >= thr, confirm)
     if i is None:
         return None
-    rise = float(np.max(s[i:]) - base[i])
+    b0 = _refine(sel.y[: i + 1], int(np.argmin(s[: i + 1])), window, "min")
+    p = _refine(sel.y, i + int(np.argmax(s[i:])), window, "max")
+    legs, legs_full = {}, {}
+    for tt, out in ((_Tester(test, window), legs), (_Tester(full, window), legs_full)):
+        out["rise"] = tt.leg(tt.place(p), tt.place(b0))
+    z = legs["rise"].z
+    if z < min_sigma or legs_full["rise"].diff < min_rise:
+        return None
     return Event(
-        name="memorization_onset", epoch=_epoch(x[i]), significance=float(rise / unit),
+        name="memorization_onset", epoch=_epoch(x[i]), significance=float(z),
         detected_epoch=_epoch(x[i + confirm - 1]),
-        detail={"source": "mem/ratio", "baseline": float(base[i]), "rise": rise,
-                "final_value": float(s[-1]), "threshold": float(thr), "noise_sigma": float(sigma)},
+        detail={"source": "mem/ratio", "baseline": float(full.y[b0]), "baseline_epoch": _epoch(x[b0]),
+                "rise": legs_full["rise"].diff, "final_value": float(full.y[-1]),
+                "held_out": bool(held), "threshold_z": float(min_sigma),
+                **_legs_detail(legs, legs_full)},
     )
 
 
-def _onset_from_e_mem(x, e, *, window, min_sigma, min_rel, confirm, min_amplitude, not_before):
-    """Confirmed fall of the smoothed E_mem below its running maximum by θ (the mirror of the
-    ratio rule), searched from ``not_before`` on (the running maximum restarts there)."""
-    s = smooth(e, window)
-    thr, unit, sigma = noise_threshold(e, s, window, min_sigma, min_rel, min_amplitude)
+def _onset_from_e_mem(x, e, units, *, window, min_sigma, min_rel, confirm, min_amplitude, not_before):
+    """Mirror of the ratio rule on E_mem: a fall below its running maximum (searched from
+    ``not_before`` on), tested as window at the maximum minus window at the later minimum."""
     start = 0
     if not_before is not None:
         later = np.flatnonzero(x >= float(not_before))
         if later.size == 0:
             return None
         start = int(later[0])
+    sel, test, full, held = _curves(x, e, units, "e_mem")
+    s = smooth(sel.y, window)
+    thr, _ = _proposal_threshold(sel, window, min_rel, min_amplitude, s)
     seg = s[start:]
     peak = np.maximum.accumulate(seg)
     i = _first_run(peak - seg >= thr, confirm)
     if i is None:
         return None
-    drop = float(peak[i] - np.min(seg[i:]))
+    top = _refine(sel.y, start + int(np.argmax(seg[: i + 1])), window, "max")
+    low = _refine(sel.y, start + i + int(np.argmin(seg[i:])), window, "min")
+    legs, legs_full = {}, {}
+    for tt, out in ((_Tester(test, window), legs), (_Tester(full, window), legs_full)):
+        out["fall"] = tt.leg(tt.place(top), tt.place(low))
+    z = legs["fall"].z
+    if z < min_sigma:
+        return None
     return Event(
-        name="memorization_onset", epoch=_epoch(x[start + i]), significance=float(drop / unit),
-        detected_epoch=_epoch(x[start + i + confirm - 1]),
-        detail={"source": "pfd/e_mem", "drop": drop, "from_start": bool(start + i <= confirm),
-                "threshold": float(thr), "noise_sigma": float(sigma)},
+        name="memorization_onset", epoch=_epoch(x[start + i]), significance=float(z),
+        detected_epoch=_epoch(x[min(start + i + confirm - 1, x.size - 1)]),
+        detail={"source": "pfd/e_mem", "drop": legs_full["fall"].diff,
+                "from_start": bool(start + i <= confirm), "held_out": bool(held),
+                "threshold_z": float(min_sigma), **_legs_detail(legs, legs_full)},
     )
 
 
 def detect_memorization_onset(epochs, mem_ratio=None, e_mem=None, icr=None, *,
                               e_gen_min_epoch: Optional[float] = None, window: int = 5,
-                              min_sigma: float = 4.0, min_rel: float = 0.02, confirm: int = 3,
+                              min_sigma: float = MIN_SIGMA, min_rel: float = 0.0, confirm: int = 3,
                               min_ratio_rise: float = 0.02,
-                              icr_epochs=None, e_mem_epochs=None) -> Optional[Event]:
+                              icr_epochs=None, e_mem_epochs=None, units=None, e_mem_units=None,
+                              icr_units=None) -> Optional[Event]:
     """Memorization onset (ICR paper §5.2, Fig. 5; PFD paper §4.2).
 
-    - From the memorization ratio (preferred when given): the first epoch where the smoothed
-      ratio exceeds its running minimum by θ = max(min_sigma·√2σ_s, ``min_ratio_rise``) for
-      ``confirm`` consecutive evaluations.
-    - Only when no ratio was measured, from E_mem: the first epoch where the smoothed E_mem is θ below its running maximum
-      for ``confirm`` consecutive evaluations; if ``e_gen_min_epoch`` is given the search (and
-      the running maximum) starts there, since before the E_gen minimum E_mem also falls simply
-      because the model learns the data.
+    - From the memorization ratio (preferred when given): proposed where the smoothed ratio of the
+      selection half first exceeds its running minimum for ``confirm`` evaluations; accepted when
+      the held-out ratio rises significantly (z >= ``min_sigma``, per-sample indicators ``units``)
+      from the baseline minimum to the later maximum, by at least ``min_ratio_rise``.
+    - Only when no ratio was measured, from E_mem (``e_mem_units``: its per-seed record): a
+      significant fall below its running maximum, searched from ``e_gen_min_epoch`` on when given
+      (before the E_gen minimum E_mem also falls simply because the model learns the data).
     - Early warning: the ICR minimum (:func:`detect_icr_minimum` on ``icr``); ``detail`` then
       holds ``icr_min_epoch`` and ``lead_epochs = onset − icr_min_epoch`` (> 0: ICR anticipates).
 
@@ -460,17 +581,18 @@ def detect_memorization_onset(epochs, mem_ratio=None, e_mem=None, icr=None, *,
     if mem_ratio is not None:
         x, r = _prepare(epochs, mem_ratio, "mem_ratio")
         if x.size >= max(5, confirm + 2):
-            ev = _onset_from_ratio(x, r, window=window, min_sigma=min_sigma, confirm=confirm,
+            ev = _onset_from_ratio(x, r, units, window=window, min_sigma=min_sigma, confirm=confirm,
                                    min_rise=min_ratio_rise)
     if mem_ratio is None and e_mem is not None:  # a measured ratio that never rises is a "no"
         x, e = _prepare(epochs if e_mem_epochs is None else e_mem_epochs, e_mem, "e_mem")
         if x.size >= max(5, confirm + 2):
-            ev = _onset_from_e_mem(x, e, window=window, min_sigma=min_sigma, min_rel=min_rel,
-                                   confirm=confirm, min_amplitude=0.0, not_before=e_gen_min_epoch)
+            ev = _onset_from_e_mem(x, e, e_mem_units, window=window, min_sigma=min_sigma,
+                                   min_rel=min_rel, confirm=confirm, min_amplitude=0.0,
+                                   not_before=e_gen_min_epoch)
     if ev is None:
         return None
     if icr is not None:
-        icr_ev = detect_icr_minimum(epochs if icr_epochs is None else icr_epochs, icr,
+        icr_ev = detect_icr_minimum(epochs if icr_epochs is None else icr_epochs, icr, units=icr_units,
                                     window=window, min_sigma=min_sigma, min_rel=min_rel,
                                     confirm=confirm)
         if icr_ev is not None:
@@ -478,6 +600,7 @@ def detect_memorization_onset(epochs, mem_ratio=None, e_mem=None, icr=None, *,
                           lead_epochs=_epoch(float(ev.epoch) - float(icr_ev.epoch)))
             ev = Event(ev.name, ev.epoch, ev.significance, ev.detected_epoch, detail)
     return ev
+
 
 
 def _tail_mean(epochs, values, window, confirm):
@@ -556,27 +679,31 @@ def classify_regime(epochs, e_gen, e_mem, *, mem_ratio=None, gap=None,
 
 # ----------------------------------------------------------------------------- all at once
 def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, str]] = None,
-                    window: int = 5, min_sigma: float = 4.0, min_rel: float = 0.02,
+                    window: int = 5, min_sigma: float = MIN_SIGMA, min_rel: float = 0.0,
                     confirm: int = 3, final: bool = True,
-                    require_descent: bool = True) -> RunAnalysis:
+                    require_descent: bool = True,
+                    units: Optional[Mapping[str, UnitSeries]] = None) -> RunAnalysis:
     """Run every detector on ``series`` = {metric name: (epochs, values)} (e.g.
     :meth:`lightning_pfd.analysis.history.History.series_dict`). Missing metrics are skipped.
     ``keys`` overrides :data:`DEFAULT_KEYS`; ``final=False`` skips the regime (for a run still
-    training); ``require_descent`` is passed to :func:`detect_early_learning`."""
+    training); ``require_descent`` is passed to :func:`detect_early_learning`; ``units`` =
+    {metric name: :class:`~lightning_pfd.analysis.per_unit.UnitSeries`} (the run's per-unit
+    records: held-out tests with paired errors)."""
     _check_params(window, min_sigma, min_rel, confirm)
     k = dict(DEFAULT_KEYS, **(keys or {}))
     unknown = set(keys or {}) - set(DEFAULT_KEYS)
     if unknown:
         raise ValueError(f"keys: unknown roles {sorted(unknown)}; allowed {sorted(DEFAULT_KEYS)}")
     get = {role: series.get(name) for role, name in k.items()}
+    u = {role: (units or {}).get(name) for role, name in k.items()}
     p = dict(window=window, min_sigma=min_sigma, min_rel=min_rel, confirm=confirm)
     events = []
     el = dd = None
     if get["e_gen"] is not None:
-        el = detect_early_learning(*get["e_gen"], require_descent=require_descent, **p)
-        dd = detect_double_descent(*get["e_gen"], **p)
+        el = detect_early_learning(*get["e_gen"], units=u["e_gen"], require_descent=require_descent, **p)
+        dd = detect_double_descent(*get["e_gen"], units=u["e_gen"], **p)
         events += [e for e in (el, dd) if e is not None]
-    icr_ev = detect_icr_minimum(*get["icr"], **p) if get["icr"] is not None else None
+    icr_ev = detect_icr_minimum(*get["icr"], units=u["icr"], **p) if get["icr"] is not None else None
     if icr_ev is not None:
         events.append(icr_ev)
     if get["mem_ratio"] is not None or get["e_mem"] is not None:
@@ -588,6 +715,7 @@ def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, 
             e_mem_epochs=None if get["e_mem"] is None else get["e_mem"][0],
             icr=None if get["icr"] is None else get["icr"][1],
             icr_epochs=None if get["icr"] is None else get["icr"][0],
+            units=u["mem_ratio"], e_mem_units=u["e_mem"], icr_units=u["icr"],
             e_gen_min_epoch=None if el is None else el.epoch, **p)
         if onset is not None:
             events.append(onset)
@@ -611,15 +739,16 @@ def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, 
                 mem_ratio_epochs=None if get["mem_ratio"] is None else get["mem_ratio"][0],
                 gap=None if gap is None else gap[1], gap_epochs=None if gap is None else gap[0],
                 early_learning=el, window=window, confirm=confirm)
-    events += detect_registered(series, exclude=set(k.values()),
+    events += detect_registered(series, exclude=set(k.values()), units=units,
                                 require_descent=require_descent, **p)
     events.sort(key=lambda e: (float(e.epoch), e.name))
     return RunAnalysis(events=events, regime=regime)
 
 
 def detect_registered(series: Mapping[str, tuple], *, exclude=(), window: int = 5,
-                      min_sigma: float = 4.0, min_rel: float = 0.02, confirm: int = 3,
-                      require_descent: bool = True) -> list:
+                      min_sigma: float = MIN_SIGMA, min_rel: float = 0.0, confirm: int = 3,
+                      require_descent: bool = True,
+                      units: Optional[Mapping[str, UnitSeries]] = None) -> list:
     """Events on the registered keys without a role (user metrics, :mod:`lightning_pfd.keys`)
     present in ``series`` (names in ``exclude`` skipped): each of their single-curve
     ``detectors`` — ``early_learning`` (:func:`detect_early_learning`), ``double_descent``
@@ -632,14 +761,15 @@ def detect_registered(series: Mapping[str, tuple], *, exclude=(), window: int = 
         if mk.role is not None or mk.key in exclude or mk.key not in series:
             continue
         x, y = series[mk.key]
+        uk = (units or {}).get(mk.key)
         for det in dict.fromkeys(mk.detectors):
             if det == "early_learning":
-                ev = detect_early_learning(x, y, require_descent=require_descent, **p)
+                ev = detect_early_learning(x, y, units=uk, require_descent=require_descent, **p)
             elif det == "double_descent":
-                ev = detect_double_descent(x, y, **p)
+                ev = detect_double_descent(x, y, units=uk, **p)
             elif det in ("minimum", "icr_minimum"):
                 det = "minimum"
-                ev = detect_icr_minimum(x, y, **p)
+                ev = detect_icr_minimum(x, y, units=uk, **p)
             else:  # memorization_onset / regime combine role curves: not for a lone key
                 continue
             if ev is not None:

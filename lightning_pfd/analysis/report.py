@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import keys as keys_registry
 from ..errors import ConfigError
-from .events import DEFAULT_KEYS, RunAnalysis, analyze_history
+from .events import DEFAULT_KEYS, MIN_SIGMA, RunAnalysis, analyze_history
 from .history import History
 
 __all__ = ["main", "write_report", "render_markdown", "build_parser", "SETTINGS_FILE",
@@ -46,7 +46,7 @@ __all__ = ["main", "write_report", "render_markdown", "build_parser", "SETTINGS_
 #: name of the file holding the detector settings a run was made with.
 SETTINGS_FILE = "detector_settings.json"
 #: the settings used when neither the run nor the command line gives one.
-DEFAULT_SETTINGS = {"keys": dict(DEFAULT_KEYS), "window": 5, "min_sigma": 4.0, "min_rel": 0.02,
+DEFAULT_SETTINGS = {"keys": dict(DEFAULT_KEYS), "window": 5, "min_sigma": MIN_SIGMA, "min_rel": 0.0,
                     "confirm": 3, "require_descent": True}
 #: files that make a directory "hold a report".
 REPORT_FILES = ("report.md", "events.json", "dynamics.png", "icr_memorization.png")
@@ -259,7 +259,7 @@ def _settings_md(settings: dict, sources: Optional[dict]) -> list:
             v = f"`{_fmt(v)}`"
         src = (sources or {}).get(name, "arguments")
         out.append(f"| {name} | {v} | {src} |")
-    return out + ["", "(window in evaluations, min_sigma in noise units, min_rel relative to the "
+    return out + ["", "(window in evaluations, min_sigma = the z each leg must reach on held-out seeds, min_rel relative to the "
                       "curve, confirm in evaluations; see docs/events.md.)", ""]
 
 
@@ -280,14 +280,17 @@ def _regime_md(analysis: RunAnalysis, k: dict) -> list:
 def _events_md(analysis: RunAnalysis) -> list:
     out = ["## Events", ""]
     if analysis.events:
-        out += ["| event | epoch | significance (σ) | confirmed at epoch | description |",
-                "|---|---|---|---|---|"]
+        out += ["| event | epoch | z (held-out) | legs: difference ± s.e. (z) | test | description |",
+                "|---|---|---|---|---|---|"]
         for e in analysis.events:
-            out.append(f"| {e.name} | {_fmt(e.epoch)} | {_fmt(e.significance, 3)} | "
-                       f"{_fmt(e.detected_epoch)} | {e.describe()} |")
+            legs = "; ".join(f"{k} {_fmt(v['diff'], 3)} ± {_fmt(v['se'], 2)} ({_fmt(v['z'], 3)})"
+                             for k, v in e.detail.get("legs", {}).items())
+            test = "held-out seeds" if e.detail.get("held_out") else "same values (no per-unit record)"
+            out.append(f"| {e.name} | {_fmt(e.epoch)} | {_fmt(e.significance, 3)} | {legs} | {test} | "
+                       f"{e.describe()} |")
         out.append("")
     else:
-        out += ["No event detected above the noise threshold.", ""]
+        out += ["No event passed its test (every leg z >= min_sigma).", ""]
     found = {e.name for e in analysis.events}
     missing = [n for n in _EXPLAIN if n not in found]
     if missing:
@@ -298,13 +301,20 @@ def _events_md(analysis: RunAnalysis) -> list:
 def render_markdown(analysis: RunAnalysis, series: dict, *, figures: Sequence[str] = (),
                     keys: Optional[dict] = None, source: str = "", params: Optional[dict] = None,
                     title: str = "Training-dynamics report", settings: Optional[dict] = None,
-                    sources: Optional[dict] = None, input_info: Optional[dict] = None) -> str:
+                    sources: Optional[dict] = None, input_info: Optional[dict] = None,
+                    unit_info: Optional[dict] = None) -> str:
     """Markdown summary: incomplete-input banner, regime, events table, metric table, input
     segments, figures, detector settings (``settings`` with their ``sources``; ``params`` is
     the older name for the numeric settings)."""
     k = dict(DEFAULT_KEYS, **(keys or {}))
     top, input_sec = _input_md(input_info)
     out = [f"# {title}", ""] + top
+    if unit_info and unit_info.get("problems"):
+        out += ["> **Per-unit records not used** (their metrics' events come from the logged curve "
+                "alone, without a held-out test):", ""] + [f"> - {p}" for p in unit_info["problems"]] + [""]
+    if unit_info is not None:
+        held = ", ".join(f"`{k}`" for k in unit_info.get("metrics", [])) or "none"
+        out += [f"Per-unit records (paired, held-out tests): {held}.", ""]
     if source:
         out += [f"Run: `{source}`", ""]
     out += _regime_md(analysis, k) + _events_md(analysis)
@@ -328,16 +338,19 @@ def _json_default(o):
 
 
 def write_report(history: History | dict, out_dir, *, keys: Optional[dict] = None,
-                 window: int = 5, min_sigma: float = 4.0, min_rel: float = 0.02,
+                 window: int = 5, min_sigma: float = MIN_SIGMA, min_rel: float = 0.0,
                  confirm: int = 3, require_descent: bool = True,
                  title: str = "Training-dynamics report",
                  analysis: Optional[RunAnalysis] = None,
-                 settings_sources: Optional[dict] = None) -> dict:
+                 settings_sources: Optional[dict] = None, units: Optional[dict] = None,
+                 unit_problems: Sequence[str] = (), unit_keys: Optional[Sequence[str]] = None) -> dict:
     """Analyze ``history`` (a :class:`History` or ``{name: (epochs, values)}``), write the PNGs,
     ``report.md`` and ``events.json`` into ``out_dir`` (overwriting a report there: callers that
     must not, like the ``report`` command, pick the directory with :func:`free_report_dir`);
     returns ``{"markdown": path, "json": path, "figures": [paths], "analysis": RunAnalysis}``.
-    ``settings_sources``: where each setting came from, shown in the report."""
+    ``settings_sources``: where each setting came from, shown in the report; ``units``: the
+    run's per-unit records ({metric: UnitSeries}, :func:`~lightning_pfd.analysis.per_unit.load_units`),
+    ``unit_problems``: the records left out (shown in a banner and in ``events.json``)."""
     from .plots import plot_dynamics, plot_icr_memorization  # matplotlib only when writing
 
     series = history.series_dict() if isinstance(history, History) else dict(history)
@@ -345,7 +358,9 @@ def write_report(history: History | dict, out_dir, *, keys: Optional[dict] = Non
     settings = dict(keys=dict(DEFAULT_KEYS, **(keys or {})), **params,
                     require_descent=require_descent)
     if analysis is None:
-        analysis = analyze_history(series, keys=keys, require_descent=require_descent, **params)
+        analysis = analyze_history(series, keys=keys, require_descent=require_descent, units=units, **params)
+    unit_info = {"metrics": sorted(unit_keys if unit_keys is not None else (units or {})),
+                 "problems": list(unit_problems)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figs = [f for f in (
@@ -359,11 +374,12 @@ def write_report(history: History | dict, out_dir, *, keys: Optional[dict] = Non
     info = _input_info(history)
     md = render_markdown(analysis, series, figures=figs, keys=keys, source=source,
                          title=title, settings=settings, sources=settings_sources,
-                         input_info=info)
+                         input_info=info, unit_info=unit_info)
     md_path, js_path = out / "report.md", out / "events.json"
     _atomic_write(md_path, md)
     _atomic_write(js_path, json.dumps(dict(analysis.to_dict(), params=params, settings=settings,
-                                           settings_source=settings_sources, input=info),
+                                           settings_source=settings_sources, input=info,
+                                           per_unit=unit_info),
                                       indent=2, default=_json_default))
     return {"markdown": str(md_path), "json": str(js_path), "figures": figs, "analysis": analysis}
 

@@ -56,6 +56,8 @@ from __future__ import annotations
 
 import math
 import os
+import time
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import lightning.pytorch as pl
@@ -64,6 +66,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
+from ..analysis.per_unit import STORE_DIR, PerUnitStore, UnitRecord
 from ..errors import ConfigError
 from ..evaluation import sharding
 from ..keys import slug
@@ -372,6 +375,24 @@ def log_to_loggers(trainer: "pl.Trainer", metrics: Mapping[str, float]) -> None:
         lg.log_metrics(payload, step=trainer.global_step)
 
 
+# ----------------------------------------------------------------------------- per-unit records
+_PREPARED_STORES: Dict[int, str] = {}
+
+
+def per_unit_store(trainer: "pl.Trainer") -> PerUnitStore:
+    """The run's per-unit records: ``<trainer.default_root_dir>/per_unit``
+    (:mod:`lightning_pfd.analysis.per_unit`). The first call of a fresh fit (no ``ckpt_path``)
+    moves the records of an earlier run in that directory aside (``per_unit.prev-<time>``, on
+    rank 0) so the two runs are never mixed; a resumed fit keeps and extends them."""
+    root = Path(trainer.default_root_dir) / STORE_DIR
+    if _PREPARED_STORES.get(id(trainer)) != str(root):
+        _PREPARED_STORES[id(trainer)] = str(root)
+        fresh = getattr(trainer, "ckpt_path", None) is None and getattr(trainer.state, "fn", None) == TrainerFn.FITTING
+        if fresh and trainer.is_global_zero and root.is_dir() and any(root.glob("*/epoch_*.npz")):
+            root.rename(root.with_name(f"{STORE_DIR}.prev-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"))
+    return PerUnitStore(root)
+
+
 # ----------------------------------------------------------------------------- the base
 class MeasurementCallback(Callback):
     """Base of the monitors: calls ``self._measure_and_log(trainer, pl_module)`` on schedule.
@@ -491,6 +512,17 @@ class MeasurementCallback(Callback):
                **{k: float(v) for k, v in values.items()}, **dict(extra or {})}
         self.history.append(row)
         return row
+
+    def write_units(self, trainer: "pl.Trainer", key: str, kind: str, values: Any, units: Any,
+                    value: float) -> None:
+        """Keep this epoch's per-unit values of ``key`` (rank 0; the values are already global):
+        :class:`~lightning_pfd.analysis.per_unit.UnitRecord` in :func:`per_unit_store`."""
+        store = per_unit_store(trainer)
+        if not trainer.is_global_zero:
+            return
+        as_np = (lambda t: t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t)
+        store.write(UnitRecord(key, int(trainer.current_epoch), int(trainer.global_step), kind,
+                               as_np(values), as_np(units), float(value)))
 
     def log_figure(self, trainer: "pl.Trainer", key: str, figure: Any,
                    caption: Optional[str] = None) -> Optional[str]:

@@ -4,7 +4,8 @@ When to measure (``every_n_epochs`` / ``schedule``, :mod:`lightning_pfd.callback
 log; *what* is measured is :class:`~lightning_pfd.evaluation.flow.FlowEvaluation`: the evaluation
 seeds (``datamodule.gen_seed_offset``, default 2_000_000), one PF-ODE solver for student, teacher and
 empirical flows (the model's, or ``sampler`` / ``sigmas`` / ``precision``), the cached references,
-and ``pfd/e_gen``, ``pfd/e_mem`` (PFD paper eq. 8), ``pfd/nonfinite``, ``loss/train_fixed``,
+and ``pfd/e_gen``, ``pfd/e_mem`` (PFD paper eq. 8) with their standard errors ``pfd/e_gen_se``,
+``pfd/e_mem_se`` (delta method over the seeds), ``pfd/nonfinite``, ``loss/train_fixed``,
 ``loss/test_fixed``, ``loss/gap`` (App. C.6). ``name`` moves these keys to ``<name>/e_gen``, ...
 Extra metrics between student and a reference flow come from ``metrics`` (YAML)::
 
@@ -12,6 +13,9 @@ Extra metrics between student and a reference flow come from ``metrics`` (YAML):
       sw/e_gen: {class_path: my_pkg.SlicedWasserstein, init_args: {num_projections: 64}, reference: teacher}
 
 logged under their own key (registered in :mod:`lightning_pfd.keys` unless their module did).
+The per-seed squared distances of E_gen and E_mem of every measurement are kept in the run's
+``per_unit/`` directory (:mod:`lightning_pfd.analysis.per_unit`; rank 0 writes), where the event
+tests and ``report`` read them.
 ``compile`` (``true`` / a torch.compile mode) compiles the student's denoiser for its PF-ODE
 (:class:`~lightning_pfd.diffusion.sampling.SamplerSettings`), ``false`` samples it eagerly; unset
 (``null``, the default) it follows the module's ``sample_compile`` (off by default:
@@ -36,7 +40,8 @@ from .base import MeasurementCallback, callback_field, check_metric_prefix, chec
 __all__ = ["GeneralizationMonitor"]
 
 #: leaf -> logged key with the default namespace (``name=None``)
-DEFAULT_KEYS = {"e_gen": "pfd/e_gen", "e_mem": "pfd/e_mem", "nonfinite": "pfd/nonfinite",
+DEFAULT_KEYS = {"e_gen": "pfd/e_gen", "e_mem": "pfd/e_mem", "e_gen_se": "pfd/e_gen_se",
+                "e_mem_se": "pfd/e_mem_se", "nonfinite": "pfd/nonfinite",
                 "samples": "pfd/samples", "train_fixed": "loss/train_fixed",
                 "test_fixed": "loss/test_fixed", "gap": "loss/gap"}
 
@@ -145,6 +150,8 @@ class GeneralizationMonitor(MeasurementCallback):
         flow_keys = [self.key(k) for k in res.metrics if k in ev.flow_metric_keys()]
         self._warn_nonfinite(trainer, res.nonfinite, "student endpoints", flow_keys, self.key("nonfinite"))
         self.log_metrics(trainer, pl_module, {self.key(k): v for k, v in res.metrics.items()})
+        for k, sq in res.per_seed.items():  # per-seed d² of E_gen / E_mem: docs/events.md
+            self.write_units(trainer, self.key(k), "sq_dist", sq, res.seeds, res.metrics[k])
         if self._draws_grid(ev.shape) and self.schedule.index % self.image_every_n_epochs == 0:
             img, names = res.sample_grid(self.num_images)
             self.log_figure(trainer, self.key("samples"), img,

@@ -25,8 +25,15 @@ The curves it reads are those of the roles (``keys``) plus every key registered 
 :mod:`lightning_pfd.keys` without a role that lists event detectors (a user metric): their events
 are named ``<key slug>_<detector>`` (:func:`lightning_pfd.analysis.events.detect_registered`).
 
-Online events use the history so far: an E_gen rise that a later second descent turns into double
-descent is first announced as early learning. The report at the end re-analyzes the whole run.
+Online events are **provisional**: they use the history so far (an E_gen rise that a later second
+descent turns into double descent is first announced as early learning) and say so on the console
+and in the W&B table (``status`` column). At the end of fit every event is re-tested by the same
+analysis ``report`` runs, on the same inputs (the logged curves and the per-unit records in
+``<default_root_dir>/per_unit``): each provisional event is **confirmed**
+(``events/<name>_confirmed`` = 1, with the final epoch and significance) or **retracted**
+(``events/<name>_retracted`` = 1, a console line); events found only at the end are logged then.
+The report and ``events.json`` hold the final answer, which ``python -m lightning_pfd report`` on
+the run's files reproduces.
 
 Settings saved with the run: at the start of fit the monitor writes its detector settings (keys,
 window, min_sigma, min_rel, confirm, require_descent) atomically to ``detector_settings.json`` in
@@ -48,17 +55,19 @@ from typing import Optional
 import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_warn
 
 from .. import keys as keys_registry
-from ..analysis.events import DEFAULT_KEYS, Event, RunAnalysis, analyze_history
+from ..analysis.events import DEFAULT_KEYS, MIN_SIGMA, Event, RunAnalysis, analyze_history
 from ..analysis.history import History
+from ..analysis.per_unit import load_units
 from ..analysis.report import check_settings, save_detector_settings
 from ..errors import ConfigError
-from .base import log_figure, log_to_loggers
+from .base import log_figure, log_to_loggers, per_unit_store
 
 __all__ = ["RegimeMonitor"]
 
-EVENT_COLUMNS = ["event", "epoch", "significance", "detected_epoch", "description"]
+EVENT_COLUMNS = ["event", "status", "epoch", "significance", "detected_epoch", "description"]
 
 
 def _local_log_dir(trainer):
@@ -78,7 +87,9 @@ class RegimeMonitor(Callback):
         keys: overrides of the metric names per role (roles of
             :data:`~lightning_pfd.analysis.events.DEFAULT_KEYS`: e_gen, e_mem, loss_train,
             loss_test, gap, icr, mem_ratio).
-        window, min_sigma, min_rel, confirm: detector parameters (docs/events.md).
+        window, min_sigma, min_rel, confirm: detector parameters (docs/events.md): ``min_sigma``
+            is the z every leg of an event must reach on the held-out seeds (calibrated
+            default), ``min_rel`` an optional effect-size floor (fraction of the curve).
         write_report: write the report at the end of fit.
         report_dir: where; default ``<W&B run dir>/report``, else ``<trainer.log_dir>/report``,
             else ``<default_root_dir>/report``. It also receives ``detector_settings.json``
@@ -89,8 +100,8 @@ class RegimeMonitor(Callback):
         verbose: print a console line per event.
     """
 
-    def __init__(self, keys: Optional[dict] = None, window: int = 5, min_sigma: float = 4.0,
-                 min_rel: float = 0.02, confirm: int = 3, write_report: bool = True,
+    def __init__(self, keys: Optional[dict] = None, window: int = 5, min_sigma: float = MIN_SIGMA,
+                 min_rel: float = 0.0, confirm: int = 3, write_report: bool = True,
                  report_dir: Optional[str] = None, plot_every_n_epochs: int = 0,
                  require_descent: bool = True, verbose: bool = True) -> None:
         check_settings(dict(keys=dict(keys or {}), window=window, min_sigma=min_sigma,
@@ -109,8 +120,11 @@ class RegimeMonitor(Callback):
         self.history: list = []
         self.emitted: dict = {}
         self.regime: Optional[dict] = None
+        self.final: dict = {}
         self.report_paths: Optional[dict] = None
         self._snapshot: dict = {}
+        self._unit_problems: list = []
+        self._store_root = None
 
     # ------------------------------------------------------------------ state
     @property
@@ -126,12 +140,13 @@ class RegimeMonitor(Callback):
 
     def state_dict(self) -> dict:
         return {"history": [dict(r) for r in self.history], "emitted": dict(self.emitted),
-                "regime": self.regime}
+                "regime": self.regime, "final": dict(self.final)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.history = [dict(r) for r in state_dict.get("history", [])]
         self.emitted = dict(state_dict.get("emitted", {}))
         self.regime = state_dict.get("regime")
+        self.final = dict(state_dict.get("final", {}))
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         """Restore a checkpoint saved before :attr:`state_key` existed (key "RegimeMonitor")."""
@@ -199,8 +214,20 @@ class RegimeMonitor(Callback):
         """{metric name: (epochs, values)} of the recorded history."""
         return History(rows=self.history).series_dict(self.watched())
 
+    def units(self) -> dict:
+        """{metric: UnitSeries} of the watched metrics from the run's per-unit records (what
+        ``report`` reads too); a damaged record leaves its metric out, with a warning."""
+        if self._store_root is None:
+            return {}
+        units, problems = load_units(self._store_root, self.watched())
+        for p in problems:
+            if p not in self._unit_problems:
+                self._unit_problems.append(p)
+                rank_zero_warn(f"RegimeMonitor: {p}; that metric's events use its logged curve alone")
+        return units
+
     def analyze(self, final: bool = False) -> RunAnalysis:
-        return analyze_history(self.series(), keys=self.keys, final=final,
+        return analyze_history(self.series(), keys=self.keys, final=final, units=self.units(),
                                require_descent=self.require_descent, **self.params)
 
     def on_validation_start(self, trainer, pl_module) -> None:
@@ -209,6 +236,7 @@ class RegimeMonitor(Callback):
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
             return
+        self._store_root = per_unit_store(trainer).root
         cm = trainer.callback_metrics
         row = {"epoch": float(trainer.current_epoch), "step": float(trainer.global_step)}
         for name in self.watched():
@@ -223,7 +251,8 @@ class RegimeMonitor(Callback):
         analysis = self.analyze(final=False)
         new = [e for e in analysis.events if e.name not in self.emitted]  # each event once
         for e in new:
-            self.emitted[e.name] = e.to_dict()
+            self.emitted[e.name] = dict(e.to_dict(), status="provisional",
+                                        announced_epoch=int(trainer.current_epoch))
         if new:
             self._emit(trainer, new)
         self._emit_lead(trainer)
@@ -242,8 +271,8 @@ class RegimeMonitor(Callback):
             self._log_table(trainer)
             if self.verbose:
                 for e in events:
-                    self._print(trainer, f"[bold magenta]event[/] epoch {trainer.current_epoch}: "
-                                         f"{e.describe()}")
+                    self._print(trainer, f"[bold magenta]event (provisional)[/] epoch "
+                                         f"{trainer.current_epoch}: {e.describe()}")
 
     def _emit_lead(self, trainer) -> None:
         """Once both are known (in either order): lead = onset epoch − ICR-minimum epoch."""
@@ -258,18 +287,57 @@ class RegimeMonitor(Callback):
                                  f"{'anticipates' if lead >= 0 else 'follows'} memorization onset "
                                  f"(epoch {on['epoch']}) by {abs(lead):g} epochs")
 
+    @staticmethod
+    def _event(d: dict) -> Event:
+        return Event(**{k: d[k] for k in ("name", "epoch", "significance", "detected_epoch", "detail")})
+
     def _table_rows(self) -> list:
         rows = []
+        names = list(dict.fromkeys([*self.emitted, *self.final]))
+        for name in names:
+            if name == "memorization_lead":
+                continue
+            d = self.final.get(name) or self.emitted[name]
+            e = self._event(d)
+            status = d.get("status", "provisional")
+            rows.append([e.name, status, float(e.epoch), float(min(e.significance, 1e30)),
+                         float(e.detected_epoch), e.describe()])
+        if self.regime is not None:
+            rows.append(["regime", "final", float("nan"), float("nan"), float("nan"),
+                         f"{self.regime['name']}: " + "; ".join(self.regime["reasons"])])
+        return rows
+
+    def _settle(self, trainer, analysis: RunAnalysis) -> None:
+        """Re-test every provisional event with the final analysis (the same code and inputs as
+        ``report``): ``events/<name>_confirmed`` = 1 with the final epoch / significance, or
+        ``events/<name>_retracted`` = 1; an event found only at the end is logged as new."""
+        final = {e.name: e for e in analysis.events}
+        metrics, lines = {}, []
         for name, d in self.emitted.items():
             if name == "memorization_lead":
                 continue
-            e = Event(**d)
-            rows.append([e.name, float(e.epoch), float(min(e.significance, 1e30)),
-                         float(e.detected_epoch), e.describe()])
-        if self.regime is not None:
-            rows.append(["regime", float("nan"), float("nan"), float("nan"),
-                         f"{self.regime['name']}: " + "; ".join(self.regime["reasons"])])
-        return rows
+            e = final.get(name)
+            if e is None:
+                self.final[name] = dict(d, status="retracted")
+                metrics[f"events/{name}_retracted"] = 1.0
+                lines.append(f"[bold yellow]retracted[/] {self._event(d).describe()} — not confirmed "
+                             "by the final test on the whole run")
+            else:
+                self.final[name] = dict(e.to_dict(), status="confirmed")
+                metrics.update({f"events/{name}_confirmed": 1.0, f"events/{name}_epoch": float(e.epoch),
+                                f"events/{name}_significance": float(min(e.significance, 1e30))})
+                lines.append(f"[bold magenta]confirmed[/] {e.describe()}")
+        for name, e in final.items():
+            if name not in self.emitted:
+                self.final[name] = dict(e.to_dict(), status="found at the end")
+                metrics.update({f"events/{name}_confirmed": 1.0, f"events/{name}_epoch": float(e.epoch),
+                                f"events/{name}_significance": float(min(e.significance, 1e30))})
+                lines.append(f"[bold magenta]event (final)[/] {e.describe()}")
+        if metrics:
+            log_to_loggers(trainer, metrics)
+        if trainer.is_global_zero and self.verbose:
+            for line in lines:
+                self._print(trainer, line)
 
     def _log_table(self, trainer) -> None:
         for lg in trainer.loggers:
@@ -319,7 +387,9 @@ class RegimeMonitor(Callback):
             log_figure(trainer, key, path)
 
     def on_fit_end(self, trainer, pl_module) -> None:
+        self._store_root = per_unit_store(trainer).root
         analysis = self.analyze(final=True)
+        self._settle(trainer, analysis)
         if analysis.regime is not None:
             self.regime = analysis.regime.to_dict()
             log_to_loggers(trainer, {"events/regime_code": float(analysis.regime.code)})
@@ -331,8 +401,8 @@ class RegimeMonitor(Callback):
                     lg.experiment.summary["events/regime"] = self.regime["name"]
             elif hasattr(lg, "save"):
                 lg.save()
+        self._log_table(trainer)
         if self.regime is not None:
-            self._log_table(trainer)
             if self.verbose:
                 self._print(trainer, f"[bold magenta]regime[/]: {self.regime['name']} "
                                      f"({'; '.join(self.regime['reasons'])})")
@@ -342,6 +412,7 @@ class RegimeMonitor(Callback):
             out = self._default_dir(trainer)
             self.report_paths = write_report(
                 self.series(), out, analysis=analysis, **self.detector_settings,
+                unit_problems=self._unit_problems, unit_keys=sorted(self.units()),
                 settings_sources=dict.fromkeys(self.detector_settings, "RegimeMonitor arguments"))
             figs = {f"plots/{Path(p).stem}": p for p in self.report_paths["figures"]}
             dirs = getattr(trainer, "lightning_pfd_plot_dirs", None)  # listed by the CLI at the end

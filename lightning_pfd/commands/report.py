@@ -31,6 +31,7 @@ from typing import Optional, Sequence
 
 from ..analysis.events import DEFAULT_KEYS
 from ..analysis.history import History, load_history
+from ..analysis.per_unit import find_store, load_units
 from ..analysis.report import (DEFAULT_SETTINGS, _fmt, check_settings, find_saved_settings,
                                free_report_dir, load_detector_settings, write_report)
 from ..errors import ConfigError, ShortErrorParser
@@ -171,8 +172,15 @@ def _run(args) -> int:
     if out != want:
         print(f"note: {want} already holds a report (kept); writing to {out} "
               "(--force overwrites)", file=sys.stderr)
+    store = find_store(args.run_dir)
+    units, problems = load_units(store)
+    if store is not None:
+        print(f"per-unit records: {store} ({', '.join(sorted(units)) or 'none usable'})")
+    for p in problems:
+        print(f"warning: {p} — not used; that metric's events come from its logged curve alone",
+              file=sys.stderr)
     res = write_report(hist, out, title=f"Training-dynamics report ({hist.source})",
-                       settings_sources=sources, **settings)
+                       settings_sources=sources, units=units, unit_problems=problems, **settings)
     a = res["analysis"]
     for e in a.events:
         print(" -", e.describe())
@@ -183,7 +191,7 @@ def _run(args) -> int:
         print(f"warning: incomplete input: the report in {out} covers only what could be read",
               file=sys.stderr)
         return 1
-    return 0
+    return 1 if problems else 0
 
 
 def _names_sweep(argv: Sequence[str]) -> bool:

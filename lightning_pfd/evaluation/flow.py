@@ -59,11 +59,11 @@ from ..diffusion.sampling import (PRECISIONS, SAMPLERS, SamplerSettings, _hparam
                                   module_device, same_grid)
 from ..errors import ConfigError
 from ..metrics.descriptors import IdentityDescriptor, build_descriptor, descriptor_fingerprint
-from ..metrics.pfd import ProbabilityFlowDistance
+from ..metrics.pfd import ProbabilityFlowDistance, paired_sq_distances
 from . import sharding
 
 __all__ = ["FlowEvaluation", "FlowResult", "Reference", "Collective", "TorchDistributed",
-           "StrategyCollective", "image_grid", "metric_factory", "check_flow_args", "check_sigma_space_model",
+           "StrategyCollective", "image_grid", "metric_factory", "pfd_standard_error", "check_flow_args", "check_sigma_space_model",
            "check_one_solver", "DEFAULT_GEN_SEED_OFFSET", "LOSS_TRAIN_SEED_OFFSET", "LOSS_TEST_SEED_OFFSET"]
 
 DEFAULT_GEN_SEED_OFFSET = 2_000_000
@@ -171,6 +171,10 @@ class FlowResult:
         student, student_features: endpoints and features of the student, on this process's
             shard or, when ``gathered``, on all M seeds (global order).
         references: name -> :class:`Reference` (all M seeds).
+        per_seed: key -> float64 (M,) per-seed squared distances d²_i of each PFD metric (eq. 4:
+            E = sqrt(mean d²)), all M seeds in global order on every process (NaN rows for a
+            non-finite student); ``metrics["<key>_se"]`` is the delta-method standard error
+            sd(d²)/(2 E sqrt(M)).
     """
 
     metrics: Dict[str, torch.Tensor]
@@ -181,6 +185,7 @@ class FlowResult:
     student_features: torch.Tensor
     references: Dict[str, Reference]
     gathered: bool = False
+    per_seed: Dict[str, torch.Tensor] = field(default_factory=dict)
 
     def features(self) -> Dict[str, torch.Tensor]:
         """Psi features on all M seeds: ``{"student": ..., "teacher": ..., "empirical": ...}``
@@ -415,7 +420,8 @@ class FlowEvaluation:
 
     def metric_keys(self) -> List[str]:
         """Every key :meth:`measure` can return (losses only with ``loss_fn`` and data)."""
-        return [*self._metrics, "nonfinite", "train_fixed", "test_fixed", "gap"]
+        return [*self._metrics, *(f"{k}_se" for k in self.pfd_metric_keys()), "nonfinite", "train_fixed",
+                "test_fixed", "gap"]
 
     def flow_metric_keys(self) -> List[str]:
         """The registered metrics between student and a reference (NaN for a non-finite student)."""
@@ -514,6 +520,8 @@ class FlowEvaluation:
         bad |= ~torch.isfinite(feats.reshape(feats.shape[0], -1)).all(1).to(bad.device)
         n_bad = float(self.comm.all_sum(bad.sum().reshape(1).to(device))[0])
         metrics = self._metric_values(feats, shard, n_bad > 0, device)
+        per_seed = self._per_seed(feats, shard, n_bad > 0, device)
+        metrics.update({f"{k}_se": pfd_standard_error(v) for k, v in per_seed.items()})
         metrics["nonfinite"] = torch.tensor(n_bad / self.num_eval, dtype=torch.float64, device=device)
         if loss_fn is not None:
             metrics.update(self._losses(denoiser, loss_fn, device))
@@ -521,7 +529,27 @@ class FlowEvaluation:
             student = self.comm.gather_rows(student, self.num_eval)
             feats = self.comm.gather_rows(feats, self.num_eval)
         return FlowResult(metrics, n_bad / self.num_eval, self.seeds, shard, student, feats, refs,
-                          gathered=gather or self.comm.world == 1)
+                          gathered=gather or self.comm.world == 1, per_seed=per_seed)
+
+    def pfd_metric_keys(self) -> List[str]:
+        """The registered metrics that are the PFD of eq. 4 (they have per-seed distances)."""
+        return [k for k, (factory, _) in self._metrics.items()
+                if getattr(factory, "func", factory) is ProbabilityFlowDistance
+                and not getattr(factory, "keywords", {}).get("per_dimension", False)
+                and getattr(factory, "keywords", {}).get("descriptor") is None]
+
+    def _per_seed(self, feats: torch.Tensor, shard: torch.Tensor, nonfinite: bool,
+                  device: torch.device) -> Dict[str, torch.Tensor]:
+        """Per-seed squared distances of every PFD metric, gathered on every process (M,)."""
+        out: Dict[str, torch.Tensor] = {}
+        for key in self.pfd_metric_keys():
+            if nonfinite:
+                out[key] = torch.full((self.num_eval,), math.nan, dtype=torch.float64)
+                continue
+            ref = self._references[self._metrics[key][1]].features
+            sq = paired_sq_distances(feats, ref[shard].to(feats.device))
+            out[key] = self.comm.gather_rows(sq.reshape(-1, 1), self.num_eval).reshape(-1).cpu()
+        return out
 
     def _metric_values(self, feats: torch.Tensor, shard: torch.Tensor, nonfinite: bool,
                        device: torch.device) -> Dict[str, torch.Tensor]:
@@ -580,6 +608,19 @@ class FlowEvaluation:
     def _all_true(self, flag: bool, device) -> bool:
         failures = torch.tensor([0.0 if flag else 1.0], dtype=torch.float64, device=device)
         return float(self.comm.all_sum(failures)[0]) == 0.0
+
+
+def pfd_standard_error(sq: torch.Tensor) -> torch.Tensor:
+    """Delta-method standard error of E = sqrt(mean d²) from per-seed d² (M,):
+    sd(d²) / (2 E sqrt(M)) (float64 scalar; NaN for fewer than 2 or non-finite seeds)."""
+    sq = sq.to(torch.float64)
+    m = sq.numel()
+    if m < 2 or not bool(torch.isfinite(sq).all()):
+        return torch.tensor(math.nan, dtype=torch.float64)
+    e = sq.mean().sqrt()
+    if float(e) == 0.0:
+        return torch.zeros((), dtype=torch.float64)
+    return sq.std(unbiased=True) / (2.0 * e * math.sqrt(m))
 
 
 def metric_factory(spec: Any, field: str = "metrics") -> tuple:
