@@ -34,8 +34,9 @@ How an event is decided (the same in every detector; derivation in docs/events.m
    effect-size floors on each leg, never a substitute for the test.
 
 Without per-unit values (``units=None``: runs logged before they were kept, user metrics) a
-curve is proposed and tested on the same values with the variogram carrying all the noise, and
-``detail["held_out"]`` is False.
+curve is proposed and tested on the same values with the variogram carrying all the noise, every
+leg must then reach ``min_sigma`` + :data:`SELECTION_ALLOWANCE` (choosing the extremes of the
+tested values biases their z upwards), and ``detail["held_out"]`` is False.
 
 [choice] The detectors are deliberately conservative: a run too short or too noisy to show a
 phenomenon reports no event rather than a guess.
@@ -79,6 +80,13 @@ REGIMES = ("generalization", "transition", "memorization")
 MIN_SIGMA = 3.0
 #: hysteresis of the candidate search on the selection half, in noise units of a leg
 PROPOSE_SIGMA = 2.0
+#: added to ``min_sigma`` when a curve has no held-out half (proposed and tested on the same
+#: values): the allowance for choosing the extremes (calibrated on AR(1) nulls: docs/events.md)
+SELECTION_ALLOWANCE = 0.5
+
+
+def _z_needed(min_sigma: float, held: bool) -> float:
+    return float(min_sigma) + (0.0 if held else SELECTION_ALLOWANCE)
 
 
 @dataclass(frozen=True)
@@ -377,7 +385,7 @@ def _u_shape(x, y, units, *, name, window, min_sigma, min_rel, confirm, min_ampl
         out["rise"] = tt.leg(tt.place(0, end=True), tt.place(m))
     z = min(v.z for v in legs.values())
     scale = float(np.max(np.abs(smooth(full.y, window))))
-    if z < min_sigma or not _effect_ok(legs, min_rel, min_amplitude, scale):
+    if z < _z_needed(min_sigma, held) or not _effect_ok(legs, min_rel, min_amplitude, scale):
         return None
     return Event(
         name=name, epoch=_epoch(x[m]), significance=float(z),
@@ -385,7 +393,7 @@ def _u_shape(x, y, units, *, name, window, min_sigma, min_rel, confirm, min_ampl
         detail={"min_value": float(full.y[m]), "descent": legs_full.get("descent", LegTest(0, 0, 0)).diff,
                 "descent_observed": bool(descent_seen), "rise": legs_full["rise"].diff,
                 "descent_start_epoch": _epoch(x[a]), "held_out": bool(held),
-                "threshold_z": float(min_sigma), "window": int(window), "confirm": int(confirm),
+                "threshold_z": _z_needed(min_sigma, held), "window": int(window), "confirm": int(confirm),
                 **_legs_detail(legs, legs_full)},
     )
 
@@ -478,14 +486,14 @@ def detect_double_descent(epochs, e_gen, *, units=None, window: int = 5, min_sig
         out["second_descent"] = tt.leg(tt.place(b), tt.place(c))
     z = min(v.z for v in legs.values())
     scale = float(np.max(np.abs(smooth(full.y, window))))
-    if z < min_sigma or not _effect_ok(legs, min_rel, min_amplitude, scale):
+    if z < _z_needed(min_sigma, held) or not _effect_ok(legs, min_rel, min_amplitude, scale):
         return None
     return Event(
         name="double_descent", epoch=_epoch(x[b]), significance=float(z), detected_epoch=_epoch(x[j]),
         detail={"first_min_epoch": _epoch(x[a]), "peak_epoch": _epoch(x[b]),
                 "second_min_epoch": _epoch(x[c]), "first_descent": legs_full["first_descent"].diff,
                 "ascent": legs_full["ascent"].diff, "second_descent": legs_full["second_descent"].diff,
-                "held_out": bool(held), "threshold_z": float(min_sigma), "window": int(window),
+                "held_out": bool(held), "threshold_z": _z_needed(min_sigma, held), "window": int(window),
                 "confirm": int(confirm), **_legs_detail(legs, legs_full)},
     )
 
@@ -507,14 +515,14 @@ def _onset_from_ratio(x, r, units, *, window, min_sigma, confirm, min_rise):
     for tt, out in ((_Tester(test, window), legs), (_Tester(full, window), legs_full)):
         out["rise"] = tt.leg(tt.place(p), tt.place(b0))
     z = legs["rise"].z
-    if z < min_sigma or legs_full["rise"].diff < min_rise:
+    if z < _z_needed(min_sigma, held) or legs_full["rise"].diff < min_rise:
         return None
     return Event(
         name="memorization_onset", epoch=_epoch(x[i]), significance=float(z),
         detected_epoch=_epoch(x[i + confirm - 1]),
         detail={"source": "mem/ratio", "baseline": float(full.y[b0]), "baseline_epoch": _epoch(x[b0]),
                 "rise": legs_full["rise"].diff, "final_value": float(full.y[-1]),
-                "held_out": bool(held), "threshold_z": float(min_sigma),
+                "held_out": bool(held), "threshold_z": _z_needed(min_sigma, held),
                 **_legs_detail(legs, legs_full)},
     )
 
@@ -542,14 +550,14 @@ def _onset_from_e_mem(x, e, units, *, window, min_sigma, min_rel, confirm, min_a
     for tt, out in ((_Tester(test, window), legs), (_Tester(full, window), legs_full)):
         out["fall"] = tt.leg(tt.place(top), tt.place(low))
     z = legs["fall"].z
-    if z < min_sigma:
+    if z < _z_needed(min_sigma, held):
         return None
     return Event(
         name="memorization_onset", epoch=_epoch(x[start + i]), significance=float(z),
         detected_epoch=_epoch(x[min(start + i + confirm - 1, x.size - 1)]),
         detail={"source": "pfd/e_mem", "drop": legs_full["fall"].diff,
                 "from_start": bool(start + i <= confirm), "held_out": bool(held),
-                "threshold_z": float(min_sigma), **_legs_detail(legs, legs_full)},
+                "threshold_z": _z_needed(min_sigma, held), **_legs_detail(legs, legs_full)},
     )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from .. import keys
+from ..analysis.per_unit import value_and_se
 from ..errors import renamed_fields
 from ..evaluation.memorization import (MemorizationEvaluation, check_memorization_settings,
                                        resolve_descriptor)
@@ -29,7 +30,7 @@ from .base import (MeasurementCallback, callback_field, check_metric_prefix, che
 
 __all__ = ["MemorizationMonitor"]
 
-_LEAVES = ("ratio", "nonfinite")
+_LEAVES = ("ratio", "ratio_se", "nonfinite")
 _ARGS = ("num_samples", "criterion", "threshold", "descriptor", "chunk_size", "seed", "batch_size")
 
 
@@ -61,6 +62,7 @@ class MemorizationMonitor(MeasurementCallback):
         self.num_samples, self.criterion, self.threshold = num_samples, criterion, threshold
         self.chunk_size, self.seed, self.batch_size, self.cache = chunk_size, seed, batch_size, bool(cache)
         self._evaluation: Optional[MemorizationEvaluation] = None
+        self.last_flags = self.last_seeds = None  # the last measurement's per-sample indicators
 
     def _fields(self):
         return renamed_fields(lambda arg: callback_field(self, arg), _ARGS)
@@ -101,13 +103,21 @@ class MemorizationMonitor(MeasurementCallback):
         self._evaluation = None  # a new fit may bring new data: embed again (once)
 
     def measure(self, trainer, pl_module) -> Dict[str, float]:
-        """Global ``ratio`` and ``nonfinite`` (every rank must call this)."""
-        return self.evaluation(getattr(trainer, "datamodule", None)).measure(
-            pl_module, trainer.global_rank, trainer.world_size,
-            lambda t: trainer.strategy.reduce(t, reduce_op="sum"))
+        """Global ``ratio``, its standard error ``ratio_se`` (sd of the per-sample indicators /
+        sqrt(n)) and ``nonfinite`` (every rank must call this); the gathered per-sample
+        indicators are kept in ``self.last_flags`` (all seeds, global order)."""
+        ev = self.evaluation(getattr(trainer, "datamodule", None))
+        flags = ev.shard_flags(pl_module, trainer.global_rank, trainer.world_size)
+        flags = self.gather(flags.reshape(-1, 1), trainer, n=ev.num_samples).reshape(-1)
+        self.last_flags, self.last_seeds = flags, ev.seeds
+        out = ev.results(ev.flag_statistics(flags))
+        out["ratio_se"] = value_and_se(flags.cpu().numpy(), "indicator")[1]
+        return out
 
     def _measure_and_log(self, trainer, pl_module) -> None:
         logs = {self.key(leaf): v for leaf, v in self.measure(trainer, pl_module).items()}
         self._warn_nonfinite(trainer, logs[self.key("nonfinite")], "samples", [self.key("ratio")],
                              self.key("nonfinite"))
         self.log_metrics(trainer, pl_module, logs)
+        self.write_units(trainer, self.key("ratio"), "indicator", self.last_flags, self.last_seeds,
+                         logs[self.key("ratio")])

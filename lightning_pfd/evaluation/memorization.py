@@ -31,8 +31,8 @@ from torch import nn
 
 from ..contracts import GENERATING_MODELS, check_on_samples
 from ..errors import ConfigError
-from ..metrics.memorization import (CRITERIA, _memorization_compute, _memorization_update,
-                                    check_chunk_size, check_criterion, embed, reference_features)
+from ..metrics.memorization import (CRITERIA, _is_memorized, _memorization_compute, check_chunk_size,
+                                    check_criterion, embed, memorization_scores, reference_features)
 from .sharding import distributed_sum, process_of, shard_indices
 
 __all__ = ["MemorizationEvaluation", "check_memorization_settings", "resolve_descriptor"]
@@ -171,26 +171,41 @@ class MemorizationEvaluation:
             return model.generate(seeds, batch_size=self.batch_size)
         return model(seeds)
 
-    def sample_statistics(self, samples: torch.Tensor, write_cache: bool = True) -> torch.Tensor:
-        """float64 [memorized, total, non-finite] of ``samples`` (rows) against the reference."""
+    def sample_flags(self, samples: torch.Tensor, write_cache: bool = True) -> torch.Tensor:
+        """Per-sample indicators (float64, (n,)): 1.0 memorized, 0.0 not, NaN for a non-finite
+        sample (the per-unit values of the ratio: its standard error and paired tests)."""
         ok = torch.isfinite(samples.reshape(samples.shape[0], -1)).all(1)
-        stats = torch.zeros(3, dtype=torch.float64, device=samples.device)
-        stats[2] = (~ok).sum()
+        flags = torch.full((samples.shape[0],), math.nan, dtype=torch.float64, device=samples.device)
         if bool(ok.any()):
             ref = self.reference(samples.device, write_cache)
             g = embed(samples[ok], self.descriptor).to(ref.device)
-            memorized, total = _memorization_update(g, ref, self.criterion, self.threshold, self.chunk_size)
-            stats[0], stats[1] = memorized, total
-        return stats
+            scores = memorization_scores(g, ref, self.criterion, self.chunk_size)
+            flags[ok] = _is_memorized(scores, self.criterion, self.threshold).to(flags)
+        return flags
+
+    @staticmethod
+    def flag_statistics(flags: torch.Tensor) -> torch.Tensor:
+        """float64 [memorized, total, non-finite] of per-sample indicators."""
+        ok = torch.isfinite(flags)
+        return torch.stack([flags[ok].sum(), ok.sum().to(torch.float64), (~ok).sum().to(torch.float64)])
+
+    def sample_statistics(self, samples: torch.Tensor, write_cache: bool = True) -> torch.Tensor:
+        """float64 [memorized, total, non-finite] of ``samples`` (rows) against the reference."""
+        return self.flag_statistics(self.sample_flags(samples, write_cache))
+
+    @torch.no_grad()
+    def shard_flags(self, model: Any, rank: int = 0, world: int = 1) -> torch.Tensor:
+        """This process's per-sample indicators for seeds ``seeds[rank::world]``."""
+        self.check_model(model)
+        self.check_world(world)
+        seeds = self.seeds[shard_indices(self.num_samples, rank, world)]
+        return self.sample_flags(self._generate(model, seeds), write_cache=rank == 0)
 
     @torch.no_grad()
     def shard_statistics(self, model: Any, rank: int = 0, world: int = 1) -> torch.Tensor:
         """This process's [memorized, total, non-finite] for seeds ``seeds[rank::world]`` (not yet
         summed over processes). The cache is written by rank 0 only."""
-        self.check_model(model)
-        self.check_world(world)
-        seeds = self.seeds[shard_indices(self.num_samples, rank, world)]
-        return self.sample_statistics(self._generate(model, seeds), write_cache=rank == 0)
+        return self.flag_statistics(self.shard_flags(model, rank, world))
 
     def results(self, stats: torch.Tensor) -> Dict[str, float]:
         """``ratio`` (NaN when any sample is non-finite) and ``nonfinite`` from the counts of all
