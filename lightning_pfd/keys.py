@@ -266,6 +266,7 @@ def _builtin() -> None:
         M("icr/d", "ICR dim", None, description="feature dimension after projection"),
         M("icr/nonfinite", "ICR non-finite", None, description="fraction of non-finite features"),
         M("icr/best_epoch", "ICR best epoch", None, description="epoch of the smoothed ICR minimum"),
+        M("icr/rise_z", "ICR rise z", None, description="z of the ICR rise over its best value (ICREarlyStopping min_rise_z)"),
         # memorization ratio (ICR paper footnote 4)
         M("mem/ratio", "mem", True, detectors=("memorization_onset", "regime"), role="mem_ratio",
           summary="max,last", progress_bar=True,

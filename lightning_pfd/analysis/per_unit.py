@@ -131,6 +131,14 @@ class PerUnitStore:
         """:func:`read_records` of this store."""
         return read_records(self.root)
 
+    def get(self, key: str, epoch: int) -> Optional[UnitRecord]:
+        """The record of ``key`` at ``epoch``, or None when absent or unreadable."""
+        path = self.path(key, epoch)
+        try:
+            return _read_one(path) if path.is_file() else None
+        except Exception:  # noqa: BLE001 - a damaged record is not used
+            return None
+
 
 def _read_one(path: Path) -> UnitRecord:
     with np.load(path, allow_pickle=False) as z:

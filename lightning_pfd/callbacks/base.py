@@ -389,7 +389,11 @@ def per_unit_store(trainer: "pl.Trainer") -> PerUnitStore:
         _PREPARED_STORES[id(trainer)] = str(root)
         fresh = getattr(trainer, "ckpt_path", None) is None and getattr(trainer.state, "fn", None) == TrainerFn.FITTING
         if fresh and trainer.is_global_zero and root.is_dir() and any(root.glob("*/epoch_*.npz")):
-            root.rename(root.with_name(f"{STORE_DIR}.prev-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"))
+            stem = f"{STORE_DIR}.prev-{time.strftime('%Y%m%d-%H%M%S')}"
+            k = 0
+            while root.with_name(f"{stem}-{k}").exists():
+                k += 1
+            root.rename(root.with_name(f"{stem}-{k}"))
     return PerUnitStore(root)
 
 

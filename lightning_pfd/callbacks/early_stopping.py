@@ -34,6 +34,12 @@ ratio, so the minimum is a label-free, sampling-free early-stopping point. This 
   not stopped; the first epoch at which it *would* have stopped is kept in ``would_stop_epoch``
   and logged as ``icr/stop_epoch`` (-1 until then). This lets one run show both the stopping
   decision and what happens after it (e.g. memorization onset), with the same code path;
+- ``min_rise_z`` **[significant rise]**: when set, the run stops only if, besides ``patience``
+  checks without improvement, ICR now is significantly above its best value: z = (ICR_now −
+  ICR_best) / se >= ``min_rise_z``, with se the *paired* delete-a-group jackknife error of the
+  difference (ICRMonitor's per-unit records of both epochs in ``<default_root_dir>/per_unit``;
+  without them, the unpaired sqrt(se_now² + se_best²) from ``<monitor>_se``). A rise within the
+  noise keeps the run going (and is re-tested at every later check); ``icr/rise_z`` is logged;
 - :meth:`ICREarlyStopping.check_setup` refuses a ``monitor`` in an ICR namespace that no
   ``ICRMonitor`` of the Trainer logs (e.g. ``icr/icr`` when the only monitor is named
   ``icr_hi``), listing the keys they do log.
@@ -62,7 +68,7 @@ class ICREarlyStopping(EarlyStopping):
 
     Extra args: ``smoothing`` (EMA coefficient in [0, 1)), ``every_n_epochs`` (None: follow the
     ICRMonitor that logs ``monitor``), ``dry_run`` (decide and log ``icr/stop_epoch`` but keep
-    training). Defaults differ from EarlyStopping: ``monitor="icr/icr"``,
+    training), ``min_rise_z`` (stop only on a significant rise). Defaults differ from EarlyStopping: ``monitor="icr/icr"``,
     ``patience=5``, ``check_on_train_epoch_end=False`` and ``check_finite=False`` (a NaN ICR is
     one check without improvement; module docstring).
     """
@@ -74,7 +80,7 @@ class ICREarlyStopping(EarlyStopping):
                  stopping_threshold: Optional[float] = None,
                  divergence_threshold: Optional[float] = None,
                  check_on_train_epoch_end: bool = False, log_rank_zero_only: bool = False,
-                 dry_run: bool = False):
+                 dry_run: bool = False, min_rise_z: Optional[float] = None):
         field = lambda arg: callback_field(self, arg)  # noqa: E731
         if not 0.0 <= float(smoothing) < 1.0:
             raise ConfigError(field("smoothing"), "the EMA coefficient must lie in [0, 1)", value=smoothing)
@@ -90,6 +96,9 @@ class ICREarlyStopping(EarlyStopping):
             raise ConfigError(field("mode"), "unknown mode", value=mode, accepted=["min", "max"])
         if not isinstance(dry_run, bool):
             raise ConfigError(field("dry_run"), "must be a bool", value=dry_run)
+        if min_rise_z is not None and (isinstance(min_rise_z, bool) or not isinstance(min_rise_z, (int, float))
+                                       or not min_rise_z >= 0):
+            raise ConfigError(field("min_rise_z"), "must be None or a number >= 0 (a z-score)", value=min_rise_z)
         if not isinstance(monitor, str) or not monitor:
             raise ConfigError(field("monitor"), "must be a logged metric name", value=monitor)
         super().__init__(monitor=monitor, min_delta=min_delta, patience=patience, verbose=verbose,
@@ -107,6 +116,10 @@ class ICREarlyStopping(EarlyStopping):
         self.smoothed: Optional[float] = None
         self.dry_run = dry_run
         self.would_stop_epoch = -1  # dry_run: first epoch at which the run would have stopped
+        self.min_rise_z = None if min_rise_z is None else float(min_rise_z)
+        self.rise_z: Optional[float] = None
+        self._best_value: Optional[float] = None
+        self._best_se: Optional[float] = None
 
     @property
     def best_key(self) -> str:
@@ -178,6 +191,11 @@ class ICREarlyStopping(EarlyStopping):
         should_stop, reason = self._evaluate_stopping_criteria(current)
         if not torch.equal(self.best_score.to(before.dtype), before):
             self.best_epoch = trainer.current_epoch
+            self._best_value, self._best_se = float(raw), self._logged_se(logs)
+        if should_stop and self.min_rise_z is not None and self.wait_count >= self.patience:
+            self.rise_z = self._rise_z(trainer, float(raw), logs)
+            if not self.rise_z >= self.min_rise_z:  # within the noise (or unknown): keep training
+                should_stop, reason = False, None
         should_stop = trainer.strategy.reduce_boolean_decision(should_stop, all=False)
         if self.dry_run and should_stop and self.would_stop_epoch < 0:
             self.would_stop_epoch = trainer.current_epoch
@@ -194,9 +212,33 @@ class ICREarlyStopping(EarlyStopping):
         if reason and self.verbose:
             self._log_info(trainer, reason, self.log_rank_zero_only)
 
+    def _logged_se(self, logs) -> Optional[float]:
+        se = logs.get(self.monitor + "_se")
+        return None if se is None else float(se)
+
+    def _rise_z(self, trainer: "pl.Trainer", now: float, logs) -> float:
+        """z of ICR now minus ICR at the best epoch (module docstring, ``min_rise_z``)."""
+        from .base import per_unit_store
+
+        store = per_unit_store(trainer)
+        a, b = store.get(self.monitor, self.best_epoch), store.get(self.monitor, trainer.current_epoch)
+        if a is not None and b is not None and a.kind == b.kind == "jackknife" and a.values.size == b.values.size:
+            d = b.values - a.values
+            g = d.size
+            se = float((g - 1) / g * ((d - d.mean()) ** 2).sum()) ** 0.5
+            diff = b.value - a.value
+        else:
+            se_now = self._logged_se(logs)
+            if se_now is None or self._best_se is None or self._best_value is None:
+                return float("nan")
+            se, diff = (se_now ** 2 + self._best_se ** 2) ** 0.5, now - self._best_value
+        return float("inf") if se == 0 and diff > 0 else diff / se if se > 0 else 0.0
+
     def _publish(self, trainer: "pl.Trainer", current: torch.Tensor) -> None:
-        """icr/best_epoch (+ icr/icr_smooth) to callback_metrics and every logger."""
+        """icr/best_epoch (+ icr/icr_smooth, icr/rise_z) to callback_metrics and every logger."""
         metrics = {self.best_key: float(self.best_epoch)}
+        if self.min_rise_z is not None and self.rise_z is not None:
+            metrics[self.monitor.rsplit("/", 1)[0] + "/rise_z" if "/" in self.monitor else "rise_z"] = self.rise_z
         if self.dry_run:
             metrics[self.stop_key] = float(self.would_stop_epoch)
         if self.smoothing > 0:
@@ -209,7 +251,8 @@ class ICREarlyStopping(EarlyStopping):
     def state_dict(self) -> Dict[str, Any]:
         state = super().state_dict()
         state.update(best_epoch=self.best_epoch, smoothed=self.smoothed, smoothing=self.smoothing,
-                     schedule=self._schedule.state_dict(), would_stop_epoch=self.would_stop_epoch)
+                     schedule=self._schedule.state_dict(), would_stop_epoch=self.would_stop_epoch,
+                     best_value=self._best_value, best_se=self._best_se)
         return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -219,3 +262,4 @@ class ICREarlyStopping(EarlyStopping):
         self.smoothed = state_dict.get("smoothed")
         self.smoothing = float(state_dict.get("smoothing", self.smoothing))
         self._schedule.load_state_dict(state_dict.get("schedule", {}))
+        self._best_value, self._best_se = state_dict.get("best_value"), state_dict.get("best_se")

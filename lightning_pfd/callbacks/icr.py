@@ -41,7 +41,7 @@ __all__ = ["ICRMonitor", "sigma_key", "fixed_subset", "DEFAULT_NUM_IMAGES", "res
 
 _ARGS = ("num_images", "sigma", "sigmas", "level", "vector_jitter", "image_shape", "tap", "d_proj",
          "views_per_image", "tau", "normalize", "cond_max", "seed", "batch_size")
-_LEAVES = ("icr", "trace_s", "trace_xi", "n", "d", "nonfinite")
+_LEAVES = ("icr", "icr_se", "trace_s", "trace_xi", "n", "d", "nonfinite")
 _EXTRA = ("tau", "cond_xi", "icr_tau_auto", "icr_tau_relative")
 
 
@@ -138,6 +138,8 @@ class ICRMonitor(MeasurementCallback):
         self._warn_nonfinite(trainer, values["nonfinite"], "features (view pairs)",
                              [k for k, v in logs.items() if v != v], self.key("nonfinite"))
         self.log_metrics(trainer, pl_module, logs, extra={self.key(k): values[k] for k in _EXTRA})
+        reps = results[ev.sigma]["icr_jackknife"]  # delete-a-group replicates: se and paired tests
+        self.write_units(trainer, self.key("icr"), "jackknife", reps, torch.arange(reps.numel()), values["icr"])
 
     def _extra_state(self) -> Dict[str, Any]:
         return {"warned": self._warned}

@@ -80,6 +80,8 @@ _PENDING_VALUES = 2 ** 19
 #: view v of an image draws from streams augment.params + v and augment.noise + v (registered
 #: ranges of 1000 views): at most 500 pairs per image
 MAX_VIEWS_PER_IMAGE = min(STREAMS["augment.params"].width, STREAMS["augment.noise"].width) // 2
+#: groups of images for the delete-a-group jackknife of ICR (its standard error and paired tests)
+JACKKNIFE_GROUPS = 16
 _RESULT_KEYS = ("icr", "trace_s", "trace_xi", "trace_s_raw", "trace_xi_raw", "tau", "cond_xi",
                 "icr_tau_auto", "icr_tau_relative")
 
@@ -193,7 +195,7 @@ def merge_statistics(parts: Sequence[Statistics]) -> Statistics:
 
 def _reduce(stats: Statistics, reduce: Callable[[torch.Tensor], torch.Tensor]) -> Statistics:
     """One all-reduce of every sum: flatten, ``reduce``, unflatten."""
-    names = [(s, k) for s in sorted(stats) for k in (*ICR_STATES, "nonfinite")]
+    names = [(s, k) for s in sorted(stats) for k in sorted(stats[s])]
     flat = reduce(torch.cat([stats[s][k].reshape(-1) for s, k in names]))
     out: Statistics = {s: {} for s in stats}
     i = 0
@@ -438,24 +440,37 @@ class RepresentationEvaluation:
         check_world(rank, world)
         self.check_world(world)
         fn, module, device = self._feature_fn(model)
-        shard = self.subset[shard_indices(int(self.subset.numel()), rank, world)]
+        positions = shard_indices(int(self.subset.numel()), rank, world)
+        shard = self.subset[positions]
+        groups = (positions % self.num_groups).to(torch.long)  # jackknife group of each image
         stats: Statistics = {}
         pending: Dict[float, List[torch.Tensor]] = {s: [] for s in self.noise_levels}
+        labels: Dict[float, List[torch.Tensor]] = {s: [] for s in self.noise_levels}
         V = self.views_per_image
+        done = 0
         with _eval_mode(module):
             for xa, n in self._view_chunks(shard, device, (rank, world, str(device))):
                 c = xa.shape[0] // (2 * V)
+                g = groups[done:done + c].repeat(V)  # pair row k c + j -> image j's group
+                done += c
                 for sigma in self.noise_levels:
                     h = self._projected(fn(xa + sigma * n, sigma))
                     # row (2k + m) c + j = member m of pair k of image j -> [m, k c + j]
                     pending[sigma].append(h.reshape(V, 2, c, -1).transpose(0, 1).reshape(2, V * c, -1))
+                    labels[sigma].append(g)
                     if sum(p.numel() for p in pending[sigma]) >= _PENDING_VALUES:
-                        self._accumulate(stats, sigma, pending[sigma])
-                        pending[sigma] = []
+                        self._accumulate(stats, sigma, pending[sigma], labels[sigma])
+                        pending[sigma], labels[sigma] = [], []
         for sigma, parts in pending.items():
             if parts:
-                self._accumulate(stats, sigma, parts)
+                self._accumulate(stats, sigma, parts, labels[sigma])
         return stats
+
+    @property
+    def num_groups(self) -> int:
+        """Images are split into ``min(JACKKNIFE_GROUPS, n)`` groups (position in the subset mod G)
+        for the delete-a-group jackknife standard error of ICR at sigma*."""
+        return max(2, min(JACKKNIFE_GROUPS, int(self.subset.numel())))
 
     def _projected(self, h: torch.Tensor) -> torch.Tensor:
         """h @ P (float64), computed as (P^T h^T)^T: the same dot products, and measured ~2x faster
@@ -463,14 +478,21 @@ class RepresentationEvaluation:
         p = self.projection(h.shape[1], h.device)
         return h if p is None else (p.T.contiguous() @ h.T).T
 
-    def _accumulate(self, stats: Statistics, sigma: float, parts: List[torch.Tensor]) -> None:
+    def _accumulate(self, stats: Statistics, sigma: float, parts: List[torch.Tensor],
+                    labels: Optional[List[torch.Tensor]] = None) -> None:
         """Add the ICR sums of the view pairs in ``parts`` ((2, pairs, d) each: both members of
-        every pair) with finite features; count the others."""
+        every pair) with finite features; count the others. At sigma* the sums of each jackknife
+        group (``labels``: the group of every pair) are kept too (``group_<state>``, (G, ...))."""
         h = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
         h1, h2 = h[0], h[1]
+        jack = labels is not None and sigma == self.sigma
         if sigma not in stats:
             stats[sigma] = {**_icr_zero_states(h1.shape[1], h1.device),
                             "nonfinite": torch.zeros((), dtype=torch.float64, device=h1.device)}
+            if jack:
+                zero = _icr_zero_states(h1.shape[1], h1.device)
+                stats[sigma].update({f"group_{k}": v.unsqueeze(0).repeat(self.num_groups, *([1] * v.ndim))
+                                     for k, v in zero.items()})
         ok = torch.isfinite(h).all(2).all(0)
         n_ok = int(ok.sum())
         stats[sigma]["nonfinite"] += ok.numel() - n_ok
@@ -478,6 +500,24 @@ class RepresentationEvaluation:
             pairs = (h1, h2) if n_ok == ok.numel() else (h1[ok], h2[ok])
             for k, v in _icr_update(*pairs, self.normalize).items():
                 stats[sigma][k] += v
+            if jack:
+                lab = torch.cat(labels).to(h1.device)
+                for g in torch.unique(lab[ok]).tolist():
+                    sel = ok & (lab == g)
+                    for k, v in _icr_update(h1[sel], h2[sel], self.normalize).items():
+                        stats[sigma][f"group_{k}"][g] += v
+
+    def jackknife(self, stats: Statistics) -> torch.Tensor:
+        """Delete-a-group jackknife replicates of ICR at sigma* (G,): ICR of all images but
+        group g's (NaN where it cannot be computed). se = sqrt((G-1)/G sum (r_g - mean r)²)."""
+        st = stats[self.sigma]
+        out = torch.full((self.num_groups,), math.nan, dtype=torch.float64)
+        if "group_n" not in st or float(st["nonfinite"]) > 0:
+            return out
+        for g in range(self.num_groups):
+            states = {k: st[k] - st[f"group_{k}"][g] for k in ICR_STATES}
+            out[g] = float(self._icr_or_nan(states, self.tau))
+        return out
 
     def results(self, stats: Statistics) -> Dict[float, Dict[str, torch.Tensor]]:
         """ICR dicts per noise level from the statistics of *all* images (module docstring, 5.)."""
@@ -494,6 +534,11 @@ class RepresentationEvaluation:
                 r = self._nan_result(states)
             r["nonfinite"] = torch.tensor(n_bad / self.num_pairs, dtype=torch.float64)
             out[s] = r
+        reps = self.jackknife(stats)
+        g = reps.numel()
+        out[self.sigma]["icr_jackknife"] = reps
+        out[self.sigma]["icr_se"] = (torch.sqrt((g - 1) / g * ((reps - reps.mean()) ** 2).sum())
+                                     if bool(torch.isfinite(reps).all()) else torch.tensor(math.nan, dtype=torch.float64))
         return out
 
     def summary(self, results: Dict[float, Dict[str, torch.Tensor]]) -> Dict[str, float]:
@@ -502,6 +547,7 @@ class RepresentationEvaluation:
         ``nonfinite`` (mean over the noise levels) and ``sigma_<value>`` (ICR at every extra level)."""
         main = results[self.sigma]
         out = {k: float(main[k]) for k in ("icr", "trace_s", "trace_xi")}
+        out["icr_se"] = float(main.get("icr_se", math.nan))
         out.update(n=float(int(main["n"]) // self.views_per_image), d=float(main["d"]),
                    nonfinite=sum(float(r["nonfinite"]) for r in results.values()) / len(results))
         out.update({sigma_leaf(s): float(results[s]["icr"]) for s in self.sigmas})

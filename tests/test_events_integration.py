@@ -1,0 +1,130 @@
+"""Per-unit records and events in real fits: what the monitors log and keep, resume, the online /
+final answer, `report` on the run's files, damaged records, ICREarlyStopping's significant rise."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+
+from lightning_pfd.analysis.per_unit import PerUnitStore, UnitRecord, load_units, value_and_se
+from lightning_pfd.callbacks import GeneralizationMonitor, ICREarlyStopping, MemorizationMonitor, RegimeMonitor
+from lightning_pfd.commands.report import main as report_main
+from lightning_pfd.modules import DiffusionModule
+from lightning_pfd.nets import MLPNet
+from tests.helpers.teacher import GaussianTeacherDM
+
+
+class OneThread(DiffusionModule):
+    def setup(self, stage):
+        torch.set_num_threads(1)
+
+
+def _callbacks():
+    return [GeneralizationMonitor(num_eval=24, batch_size=24, num_loss_samples=8, image_every_n_epochs=0),
+            MemorizationMonitor(num_samples=16, criterion="nn_ratio"),
+            RegimeMonitor(window=3, confirm=2, verbose=False)]
+
+
+def _fit(root: Path, epochs: int, ckpt_path=None):
+    torch.manual_seed(0)
+    model = OneThread(MLPNet(3, hidden=16, depth=1, emb_dim=8), precond="edm", num_steps=6)
+    ck = ModelCheckpoint(dirpath=str(root / "ck"), save_last=True, save_top_k=0)
+    cbs = _callbacks()
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, limit_train_batches=2,
+                         num_sanity_val_steps=0, logger=CSVLogger(str(root), name="csv"),
+                         callbacks=[*cbs, ck], enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=str(root), log_every_n_steps=1)
+    trainer.fit(model, datamodule=GaussianTeacherDM(), ckpt_path=ckpt_path)
+    return trainer, cbs
+
+
+def test_records_standard_errors_resume_and_report(tmp_path, capsys):
+    trainer, cbs = _fit(tmp_path, 3)
+    store = PerUnitStore(tmp_path / "per_unit")
+    recs, problems = store.read()
+    assert problems == [] and set(recs) == {"pfd/e_gen", "pfd/e_mem", "mem/ratio"}
+    gen = cbs[0].history
+    for row, rec in zip(gen, recs["pfd/e_gen"]):
+        e, se = value_and_se(rec.values, "sq_dist")
+        assert row["pfd/e_gen"] == pytest.approx(e, rel=1e-12) and row["pfd/e_gen_se"] == pytest.approx(se, rel=1e-9)
+        assert rec.values.size == 24 and list(rec.units) == list(range(7000, 7024))  # the evaluation seeds
+    mem = cbs[1].history
+    for row, rec in zip(mem, recs["mem/ratio"]):
+        assert row["mem/ratio"] == pytest.approx(rec.values.mean()) and set(np.unique(rec.values)) <= {0.0, 1.0}
+        assert row["mem/ratio_se"] == pytest.approx(value_and_se(rec.values, "indicator")[1], nan_ok=True)
+    # resume from the last checkpoint for two more epochs: every epoch's record exactly once
+    before = {p.name: p.read_bytes() for p in (store.root / "pfd_e_gen").iterdir()}
+    _fit(tmp_path, 5, ckpt_path=str(tmp_path / "ck" / "last.ckpt"))
+    names = sorted(p.name for p in (store.root / "pfd_e_gen").iterdir())
+    assert names == [f"epoch_{e:06d}.npz" for e in range(5)]
+    assert all((store.root / "pfd_e_gen" / n).read_bytes() == b for n, b in before.items())
+    assert not list(tmp_path.glob("per_unit.prev-*"))  # a resume keeps the records
+    # report on the run's files: the same final answer as the monitor, read from the records
+    assert report_main([str(tmp_path / "csv"), "--out", str(tmp_path / "rep")]) == 0
+    js = json.loads((tmp_path / "rep" / "events.json").read_text())
+    assert set(js["per_unit"]["metrics"]) >= {"pfd/e_gen", "pfd/e_mem", "mem/ratio"} and js["per_unit"]["problems"] == []
+    assert "per-unit records" in capsys.readouterr().out
+    # a fresh fit into the same directory moves the earlier records aside (never mixed)
+    _fit(tmp_path, 1)
+    prev = list(tmp_path.glob("per_unit.prev-*"))
+    assert len(prev) == 1 and len(list((prev[0] / "pfd_e_gen").iterdir())) == 5
+    assert sorted(p.name for p in (store.root / "pfd_e_gen").iterdir()) == ["epoch_000000.npz"]
+
+
+def test_online_events_are_settled_by_the_final_analysis(tmp_path):
+    trainer, cbs = _fit(tmp_path, 4)
+    regime = cbs[2]
+    final = regime.analyze(final=True)
+    assert {e.name for e in final.events} == {n for n, d in regime.final.items()
+                                               if d["status"] in ("confirmed", "found at the end")}
+    for name, d in regime.emitted.items():
+        if name != "memorization_lead":
+            assert regime.final[name]["status"] in ("confirmed", "retracted")
+    rep = json.loads((Path(regime.report_paths["json"])).read_text())
+    assert [(e["name"], e["epoch"]) for e in rep["events"]] == [(e.name, e.epoch) for e in final.events]
+
+
+def test_damaged_record_is_reported_not_used(tmp_path, capsys):
+    _fit(tmp_path, 3)
+    p = tmp_path / "per_unit" / "pfd_e_gen" / "epoch_000001.npz"
+    p.write_bytes(p.read_bytes()[:100])
+    assert report_main([str(tmp_path / "csv"), "--out", str(tmp_path / "rep")]) == 1
+    err = capsys.readouterr().err
+    assert "epoch_000001.npz" in err and "not used" in err
+    js = json.loads((tmp_path / "rep" / "events.json").read_text())
+    assert "pfd/e_gen" not in js["per_unit"]["metrics"] and any("epoch_000001" in q for q in js["per_unit"]["problems"])
+    assert "Per-unit records not used" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def _jack(epoch, values, value):
+    return UnitRecord("icr/icr", epoch, epoch, "jackknife", np.asarray(values, float), np.arange(len(values)), value)
+
+
+def test_icr_early_stopping_requires_a_significant_rise(tmp_path):
+    store = PerUnitStore(tmp_path / "per_unit")
+    rng = np.random.default_rng(0)
+    base = 0.5 + 0.01 * rng.standard_normal(16)
+    store.write(_jack(2, base, 0.5))
+    store.write(_jack(7, base + 0.002 + 0.0001 * rng.standard_normal(16), 0.502))
+    trainer = SimpleNamespace(default_root_dir=str(tmp_path), ckpt_path="resume", is_global_zero=True,
+                              current_epoch=7, state=SimpleNamespace(fn="fit"))
+    es = ICREarlyStopping(min_rise_z=3.0)
+    es.best_epoch = 2
+    z = es._rise_z(trainer, 0.502, {})
+    b = np.load(store.path("icr/icr", 7))["values"] - base  # the brute-force paired jackknife
+    se = math.sqrt(15 / 16 * np.sum((b - b.mean()) ** 2))
+    assert z == pytest.approx(0.002 / se, rel=1e-9)
+    assert z > 3  # a small but paired-significant rise stops; unpaired (se 0.01 each) it would not:
+    es2 = ICREarlyStopping(min_rise_z=3.0)
+    es2.best_epoch, es2._best_value, es2._best_se = 3, 0.5, 0.01  # no record at epoch 3
+    assert es2._rise_z(trainer, 0.502, {"icr/icr_se": torch.tensor(0.01)}) == pytest.approx(0.002 / math.sqrt(2e-4))
+    with pytest.raises(Exception, match="min_rise_z"):
+        ICREarlyStopping(min_rise_z=-1)
