@@ -158,11 +158,13 @@ def _read_one(path: Path) -> UnitRecord:
                       value=float(meta.get("value", math.nan)))
 
 
-def read_records(root) -> Tuple[Dict[str, List[UnitRecord]], List[str]]:
+def read_records(root, cache: Optional[dict] = None) -> Tuple[Dict[str, List[UnitRecord]], List[str]]:
     """``({key: records sorted by epoch}, problems)``: every readable record below ``root``, and
     one line per file that was *not* used (unreadable or truncated archive, wrong shapes, unknown
     kind, metadata that contradicts the file name, units that differ from the metric's other
-    epochs). A metric with any bad file is listed in the problems; its good files are returned."""
+    epochs). A metric with any bad file is listed in the problems; its good files are returned.
+    ``cache`` (a dict kept by the caller): records of files unchanged since the last call (same
+    size and modification time) are not read again."""
     root = Path(root)
     out: Dict[str, List[UnitRecord]] = {}
     problems: List[str] = []
@@ -170,7 +172,12 @@ def read_records(root) -> Tuple[Dict[str, List[UnitRecord]], List[str]]:
         return out, problems
     for path in sorted(root.glob("*/epoch_*.npz")):
         try:
-            rec = _read_one(path)
+            st = path.stat()
+            stamp = (st.st_size, st.st_mtime_ns)
+            hit = cache.get(str(path)) if cache is not None else None
+            rec = hit[1] if hit is not None and hit[0] == stamp else _read_one(path)
+            if cache is not None:
+                cache[str(path)] = (stamp, rec)
         except Exception as e:  # noqa: BLE001 - any damage is reported, never used
             problems.append(f"{path}: unreadable per-unit record ({type(e).__name__}: {e})")
             continue
@@ -224,13 +231,14 @@ class UnitSeries:
                    np.array([r.value for r in recs], dtype=np.float64))
 
 
-def load_units(root, keys: Optional[Sequence[str]] = None) -> Tuple[Dict[str, UnitSeries], List[str]]:
+def load_units(root, keys: Optional[Sequence[str]] = None,
+               cache: Optional[dict] = None) -> Tuple[Dict[str, UnitSeries], List[str]]:
     """``({key: UnitSeries}, problems)`` of the store at ``root`` (None: nothing). A metric with a
     bad record is left out entirely (its events then come from the logged curve alone) and named
     in the problems, so a damaged file is never used."""
     if root is None:
         return {}, []
-    records, problems = read_records(root)
+    records, problems = read_records(root, cache)
     bad_keys = {k for k in records if any(f"/{_slug(k)}/" in p for p in problems)}
     bad_dirs = {Path(p.split(":", 1)[0]).parent.name for p in problems}
     out = {}

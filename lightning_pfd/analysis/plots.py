@@ -43,11 +43,21 @@ def _figure(nrows: int, height: float):
     return fig, axes
 
 
-def _curve(ax, xy, color, label, window, ls="-"):
+def _curve(ax, xy, color, label, window, ls="-", se=None):
+    """Raw values faint, the smoothed curve solid (labelled so), and a ±1 standard-error band
+    around the raw values when ``se`` = (epochs, s.e.) was logged."""
     x, y = (np.asarray(a, dtype=np.float64) for a in xy)
     ax.plot(x, y, color=color, alpha=0.3, lw=0.8, ls=ls)
-    s = smooth(y, window) if (window > 1 and y.size >= 3) else y
-    return ax.plot(x, s, color=color, lw=1.8, ls=ls, label=label)[0]
+    if se is not None:
+        xe, e = (np.asarray(a, dtype=np.float64) for a in se)
+        common, i, j = np.intersect1d(x, xe, return_indices=True)
+        if common.size:
+            ax.fill_between(common, y[i] - e[j], y[i] + e[j], color=color, alpha=0.15, lw=0,
+                            label=None)
+    smoothed = window > 1 and y.size >= 3
+    s = smooth(y, window) if smoothed else y
+    return ax.plot(x, s, color=color, lw=1.8, ls=ls,
+                   label=f"{label} (smoothed)" if smoothed else label)[0]
 
 
 def _mark_events(axes, events: Sequence, names: Sequence[str]):
@@ -95,10 +105,12 @@ def plot_dynamics(series: Mapping[str, tuple], events: Sequence = (), path="dyna
     ax = axes[0]
     lines = []
     if have["e_gen"] is not None:
-        lines.append(_curve(ax, have["e_gen"], "tab:blue", r"$\mathcal{E}_{gen}$", window))
+        lines.append(_curve(ax, have["e_gen"], "tab:blue", r"$\mathcal{E}_{gen}$", window,
+                            se=series.get(k["e_gen"] + "_se")))
     if have["e_mem"] is not None:
-        lines.append(_curve(ax, have["e_mem"], "tab:orange", r"$\mathcal{E}_{mem}$", window))
-    ax.set_ylabel("PFD")
+        lines.append(_curve(ax, have["e_mem"], "tab:orange", r"$\mathcal{E}_{mem}$", window,
+                            se=series.get(k["e_mem"] + "_se")))
+    ax.set_ylabel("PFD (band: ±1 s.e. over seeds)")
     if have["loss_train"] is not None or have["loss_test"] is not None:
         ax2 = ax.twinx()
         if have["loss_train"] is not None:
@@ -133,11 +145,12 @@ def plot_icr_memorization(series: Mapping[str, tuple], events: Sequence = (),
     ax = axes[0]
     lines = []
     if icr is not None:
-        lines.append(_curve(ax, icr, "tab:blue", "ICR", window))
+        lines.append(_curve(ax, icr, "tab:blue", "ICR", window, se=series.get(k["icr"] + "_se")))
         ax.set_ylabel("ICR", color="tab:blue")
     if ratio is not None:
         ax2 = ax.twinx() if icr is not None else ax
-        lines.append(_curve(ax2, ratio, "tab:red", "memorization ratio", window))
+        lines.append(_curve(ax2, ratio, "tab:red", "memorization ratio", window,
+                            se=series.get(k["mem_ratio"] + "_se")))
         ax2.set_ylabel("memorization ratio", color="tab:red")
     marks = _mark_events(axes, events, ("icr_minimum", "memorization_onset"))
     ax.legend(lines + [h for h, _ in marks],

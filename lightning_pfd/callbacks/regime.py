@@ -124,6 +124,7 @@ class RegimeMonitor(Callback):
         self.report_paths: Optional[dict] = None
         self._snapshot: dict = {}
         self._unit_problems: list = []
+        self._unit_cache: dict = {}
         self._store_root = None
 
     # ------------------------------------------------------------------ state
@@ -208,7 +209,8 @@ class RegimeMonitor(Callback):
         without a role that lists event detectors (:mod:`lightning_pfd.keys`; read at every
         validation, so a user metric registered after this monitor was built is included)."""
         user = [k.key for k in keys_registry.all_keys() if k.role is None and k.detectors]
-        return list(dict.fromkeys(list(self.keys.values()) + user))
+        se = [f"{k}_se" for k in self.keys.values()]  # error bands of the report's figures
+        return list(dict.fromkeys(list(self.keys.values()) + user + se))
 
     def series(self) -> dict:
         """{metric name: (epochs, values)} of the recorded history."""
@@ -219,7 +221,7 @@ class RegimeMonitor(Callback):
         ``report`` reads too); a damaged record leaves its metric out, with a warning."""
         if self._store_root is None:
             return {}
-        units, problems = load_units(self._store_root, self.watched())
+        units, problems = load_units(self._store_root, self.watched(), cache=self._unit_cache)
         for p in problems:
             if p not in self._unit_problems:
                 self._unit_problems.append(p)
