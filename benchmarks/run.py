@@ -69,9 +69,9 @@ import torch  # noqa: E402
 
 RESULTS_JSON = ROOT / "benchmarks" / "results.json"
 RESULTS_MD = ROOT / "benchmarks" / "results.md"
-DEFAULT_SECTIONS = ("empirical", "monitors", "training", "quickstart", "budget")
+DEFAULT_SECTIONS = ("empirical", "monitors", "per_unit", "training", "quickstart", "budget")
 ALL_SECTIONS = DEFAULT_SECTIONS + ("compile", "memory")
-GOALS = {"monitor": 1.2, "training": 0.95}  # monitor time / floor <= 1.2; training speed / plain >= 0.95
+GOALS = {"monitor": 1.2, "training": 0.95, "per_unit": 0.05}  # monitor time / floor <= 1.2; training speed / plain >= 0.95; per-seed records <= 5 % of the measurement
 
 #: the quickstart's model, data and monitor arguments (lightning_pfd/configs/quickstart.yaml)
 QS_NET = dict(dim=64, hidden=256, depth=4)
@@ -439,6 +439,44 @@ def section_monitors(args) -> dict:
     return {"config": {"net": QS_NET, "data": QS_DATA, "generalization": QS_GEN, "icr": QS_ICR,
                        "memorization": QS_MEM, "tail": QS_TAIL, "rounds": rounds},
             "rows": rows, "once": {k: rec.summary(k) for k in ("tail_setup_once",) if k in rec.rows}}
+
+
+# ----------------------------------------------------------------------------- section: per_unit
+def section_per_unit(args) -> dict:
+    """What keeping the per-seed values costs the GeneralizationMonitor's measurement: the per-seed
+    squared distances of E_gen and E_mem, their standard errors and the two record files
+    (``FlowEvaluation._per_seed`` + ``pfd_standard_error`` + ``PerUnitStore.write``), against the
+    whole ``FlowEvaluation.measure`` (student flow, metrics, losses, per-seed part included), on
+    the quickstart (M = 256). Goal: <= 0.05."""
+    from lightning_pfd.analysis.per_unit import PerUnitStore, UnitRecord
+    from lightning_pfd.evaluation.flow import FlowEvaluation, pfd_standard_error
+
+    root = tempfile.mkdtemp(prefix="pfd_bench_per_unit_")
+    dm, model = _quickstart_parts(50 if args.quick else 250, root)
+    dm.setup("fit")
+    ev = FlowEvaluation.from_datamodule(dm, model, num_eval=QS_GEN["num_eval"],
+                                        num_loss_samples=QS_GEN["num_loss_samples"])
+    ev.prepare("cpu")
+    den = model.denoiser
+    store = PerUnitStore(Path(root) / "per_unit")
+    feats = ev.features(ev.sample_student(den))
+    shard = torch.arange(ev.num_eval)
+
+    def per_unit_part(epoch: int) -> None:
+        per = ev._per_seed(feats, shard, False, torch.device("cpu"))
+        for k, sq in per.items():
+            store.write(UnitRecord(k, epoch, epoch, "sq_dist", sq.numpy(), ev.seeds.numpy(),
+                                   float(pfd_standard_error(sq))))
+
+    rec = Record()
+    for r in range(4 if args.quick else 8):
+        rec.measure("measure", ev.measure, den, loss_fn=model.loss_fn)
+        rec.measure("per_unit", per_unit_part, r)
+    rows = [rec.ratio("per_unit", "measure", GOALS.get("per_unit", 0.05),
+                      "per-seed d² of E_gen and E_mem, their s.e. and two record files",
+                      f"FlowEvaluation.measure (quickstart, M = {QS_GEN['num_eval']})")]
+    shutil.rmtree(root, ignore_errors=True)
+    return {"config": {"generalization": QS_GEN}, "rows": rows}
 
 
 # ----------------------------------------------------------------------------- section: training
@@ -902,7 +940,8 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-SECTION_FUNCS = {"empirical": section_empirical, "monitors": section_monitors, "training": section_training,
+SECTION_FUNCS = {"empirical": section_empirical, "monitors": section_monitors, "per_unit": section_per_unit,
+                 "training": section_training,
                  "quickstart": section_quickstart, "compile": section_compile, "memory": section_memory,
                  "budget": section_budget}
 
