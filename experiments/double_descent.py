@@ -106,12 +106,16 @@ def extrema(epochs, s, threshold):
 def analyse(cfg: dict) -> dict:
     from lightning_pfd.analysis import (analyze_history, detect_double_descent, detect_early_learning,
                                         estimate_noise, load_history, smooth)
-    from lightning_pfd.analysis.events import noise_threshold
+    from lightning_pfd.analysis.events import MIN_SIGMA, noise_unit
+    from lightning_pfd.analysis.inference import curves_from_units, scalar_curves
+    from lightning_pfd.analysis.per_unit import find_store, load_units
     from lightning_pfd.analysis.smoothing import moving_average
 
     rm = callback_args(cfg, "RegimeMonitor")
-    p = {k: rm.get(k, d) for k, d in (("window", 5), ("min_sigma", 4.0), ("min_rel", 0.02), ("confirm", 3))}
+    p = {k: rm.get(k, d) for k, d in (("window", 5), ("min_sigma", MIN_SIGMA), ("min_rel", 0.0), ("confirm", 3))}
+    p["min_sigma"] = float(p["min_sigma"])
     h = load_history(csv_dir(cfg), source="csv")
+    units, unit_problems = load_units(find_store(csv_dir(cfg)))
     curves = {}
     for role, key in METRICS.items():
         if key in h.keys():
@@ -120,10 +124,14 @@ def analyse(cfg: dict) -> dict:
     ep = np.asarray(curves["e_gen"]["epoch"], float)
     y = np.asarray(curves["e_gen"]["value"], float)
     s = smooth(y, p["window"])
-    thr, unit, sigma = noise_threshold(y, s, p["window"], p["min_sigma"], p["min_rel"])
-    a = analyze_history(h.series_dict(), **p)
-    dd = detect_double_descent(ep, y, **p)
-    el = detect_early_learning(ep, y, **p)
+    sigma = estimate_noise(y)  # the former detectors' white-noise estimate, for comparison
+    g_units = units.get(METRICS["e_gen"])
+    full = (curves_from_units(g_units) if g_units is not None else scalar_curves(ep, y))[2]
+    unit = noise_unit(full, p["window"])  # s.e. of a leg between adjacent windows (seed + training)
+    thr = p["min_sigma"] * unit
+    a = analyze_history(h.series_dict(), units=units, **p)
+    dd = detect_double_descent(ep, y, units=g_units, **p)
+    el = detect_early_learning(ep, y, units=g_units, **p)
     i_min = int(np.argmin(s))
     # noise: detector's sigma-hat (2nd differences) vs the scatter around a wide running mean
     # (after the first descent, epoch >= 50, and away from the shrinking windows at the end)
@@ -138,7 +146,8 @@ def analyse(cfg: dict) -> dict:
     late = ep >= 50
     res = {
         "settings": p, "curves": curves, "smoothed_e_gen": [float(v) for v in s],
-        "noise": {"sigma_hat_2nd_diff": float(sigma), "unit_sqrt2_sigma_s": float(unit),
+        "per_unit": {"metrics": sorted(units), "problems": unit_problems},
+        "noise": {"sigma_hat_2nd_diff": float(sigma), "leg_se_adjacent_windows": float(unit),
                   "threshold": float(thr),
                   "resid_std_vs_25_epoch_mean": float(np.std(core)),
                   "resid_epochs": "epoch >= 50" if keep.sum() > 40 else "all",
