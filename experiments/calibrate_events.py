@@ -56,7 +56,7 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.time()
     out = {"min_sigma": MIN_SIGMA, "runs": args.runs, "nulls": {}, "power": {}}
-    print(f"| null family (500 evaluations) | early learning | double descent |\n|---|---|---|")
+    print("| null family (500 evaluations) | early learning | double descent |\n|---|---|---|")
     for name, spec in NULLS.items():
         row = {}
         for det_name, det in DETECTORS.items():
@@ -66,7 +66,7 @@ def main() -> None:
         out["nulls"][name] = row
         cells = [f"{row[d]['events']}/{row[d]['runs']} ({100 * row[d]['rate']:.1f} %)" for d in DETECTORS]
         print(f"| {name} | {cells[0]} | {cells[1]} |", flush=True)
-    print(f"\n| planted height | " + " | ".join(f"{h:g}" for h in HEIGHTS) + " |\n|---|" + "---|" * len(HEIGHTS))
+    print("\n| planted height | " + " | ".join(f"{h:g}" for h in HEIGHTS) + " |\n|---|" + "---|" * len(HEIGHTS))
     for m in (2048, 256):
         spec = NullSpec("seed_flip", num_seeds=m)
         for det_name, det in DETECTORS.items():

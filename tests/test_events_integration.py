@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from lightning_pfd.analysis.per_unit import PerUnitStore, UnitRecord, load_units, value_and_se
+from lightning_pfd.analysis.per_unit import PerUnitStore, UnitRecord, value_and_se
 from lightning_pfd.callbacks import GeneralizationMonitor, ICREarlyStopping, MemorizationMonitor, RegimeMonitor
 from lightning_pfd.commands.report import main as report_main
 from lightning_pfd.modules import DiffusionModule
