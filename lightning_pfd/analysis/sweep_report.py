@@ -9,14 +9,18 @@ finite E_gen/E_mem enter the fits; the others are listed with their errors. Writ
 
 - ``egen_emem_vs_logN.png`` — PFD paper Fig. 2 left: E_gen, E_mem vs log₂N, one curve per model
   size (mean over seeds, shaded min–max);
-- ``egen_emem_collapsed.png`` — Fig. 2 right: the same against log₂(N/|θ|^γ̂) and log₂(N/√|θ|);
+- ``egen_emem_collapsed.png`` — Fig. 2 right: E_gen less the fitted floors and E_mem against
+  log₂(N/|θ|^γ̂) (γ̂ of E_gen − floor) and log₂(N/√|θ|);
 - ``practical_metrics.png`` — Fig. 7 (App. C.4): E_gen, E_mem, KID, FID, ℓ_train, ℓ_test vs log₂N
   for one model size (the largest by default);
 - ``bias_variance.png`` — §4.3, Def. 3: E_bias², E_var, mean E_gen² vs N per |θ| and vs |θ| per N
   (cells with K ≥ 2 repeats that saved endpoints);
-- ``report.md`` and ``analysis.json`` — per-cell table, γ̂ with its bootstrap interval, collapse
-  spreads at γ̂ / 0 / ½, MtoG transition points, bias–variance table with the identity error per
-  cell, failed trials. Definitions: ``docs/sweeps_analysis.md``.
+- ``report.md`` and ``analysis.json`` — per-cell table; for each collapse quantity
+  (:data:`COLLAPSE_QUANTITIES`: E_gen less per-width floors, log(E_gen/E_mem) and E_mem less
+  per-width levels of the widths that cross, the raw curves) γ̂ with its bootstrap interval and sd,
+  the residual S in standard errors at γ̂ / 0 / ½ with intervals and the within-noise verdict;
+  MtoG transition points, bias–variance table with the identity error per cell, failed trials.
+  Definitions: ``docs/sweeps_analysis.md``.
 
 **Never destroys**: when the output directory holds a report, the first free ``<out>-2``,
 ``<out>-3``, ... is used (as the run report does); ``--force`` overwrites.
@@ -42,7 +46,8 @@ from .scaling import (bias_variance_cell, bootstrap_collapse, cell_means,
                       collapse_coordinate, group_cells, psi_fid, psi_kid, transition_point)
 
 __all__ = ["RESULTS_FILE", "SPEC_FILE", "SWEEP_REPORT_FILES", "SweepData", "load_sweep",
-           "is_sweep_dir", "free_sweep_report_dir", "write_sweep_report", "build_parser", "main"]
+           "is_sweep_dir", "free_sweep_report_dir", "write_sweep_report", "build_parser", "main",
+           "CollapseQuantity", "COLLAPSE_QUANTITIES", "PRIMARY"]
 
 RESULTS_FILE = "sweep_results.json"
 SPEC_FILE = "sweep.json"
@@ -540,13 +545,14 @@ def _verdict(f) -> str:
     return f"deviate by {f.score.spread:.2f} s.e. RMS, beyond noise (≤ {f.critical:.2f} at 95 %)"
 
 
-def _half_md(f) -> str:
+def _half_md(f, noun: str = "") -> str:
     """Where γ = ½ lies against the interval, in bootstrap standard errors of γ̂."""
     if f is None or f.gamma is None or f.interval is None:
         return "—"
     inside = f.interval[0] <= 0.5 <= f.interval[1]
     z = f.z_of(0.5)
-    return ("inside" if inside else "outside") + ("" if z is None else f" ({z:+.1f} s.e.)")
+    where = "" if z is None else f", {abs(z):.1f} s.e. {'below' if z < 0 else 'above'} γ̂"
+    return ("inside" if inside else "outside") + noun + where
 
 
 def _render(sweep, cells_tab, collapse, trans, tspread, bv, consistency, figs, opts) -> str:
@@ -601,8 +607,8 @@ def _collapse_md(collapse: dict, opts: dict) -> list:
     else:
         sd = "" if j.gamma_se is None else f", bootstrap sd {j.gamma_se:.3f}"
         out += [f"**{q0.label}: γ̂ = {j.gamma:.3f}, {100 * j.level:g} % interval {_md_interval(j)}** "
-                f"({j.method} bootstrap, B = {j.bootstrap.size}{sd}); the paper's γ = ½ is "
-                f"{_half_md(j)}. At γ̂ the curves {_verdict(j)}; S(½) = {_md_spread(j, '0.5', j.references.get(0.5))}, "
+                f"({j.method} bootstrap, B = {j.bootstrap.size}{sd}); the paper's γ = ½ lies "
+                f"{_half_md(j, ' the interval')}. At γ̂ the curves {_verdict(j)}; S(½) = {_md_spread(j, '0.5', j.references.get(0.5))}, "
                 f"S(0) = {_md_spread(j, '0.0', j.references.get(0.0))}.", ""]
     warn = [w for k, f in fits.items() if f is not None for w in _collapse_warnings(f, opts["bounds"], k)]
     out += [f"> {w}" for w in warn] + [""] * bool(warn)
