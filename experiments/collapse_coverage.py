@@ -10,9 +10,10 @@ the largest N of each width) runs with B bootstrap resamples; the study records 
 of γ̂, the coverage of the nominal 90 % percentile interval, and how often S(γ̂) stays under the
 within-noise threshold (the curves do collapse, so that is the rate of a correct "within noise").
 
-    python experiments/collapse_coverage.py --sweeps 200 --bootstrap 200 --out experiments/results/collapse_coverage.json
+    python experiments/collapse_coverage.py --sweeps 200 --bootstrap 200 --gammas 0.3 0.5 0.7 --out experiments/results/collapse_coverage.json
 
-Runs single-threaded; about 1.3 s per sweep and quantity at B = 200.
+Single-threaded; per sweep 1 + B fits of ≈ 10 ms each. The recorded run (three processes, one per
+γ, on the shared 2-core machine) took 26–27 min per γ. Results: docs/sweeps_analysis.md.
 """
 from __future__ import annotations
 

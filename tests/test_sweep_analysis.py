@@ -128,7 +128,7 @@ def test_interval_has_width_and_covers_on_synthetic_sweeps():
 def test_objective_is_continuous_in_gamma():
     """S(γ) on a 0.001 grid has no jump larger than a small fraction of the noise unit (S is in
     standard errors: noise alone gives S ≈ 1), on a synthetic sweep and on the recorded one,
-    where the hard overlap set (taper = 0) jumps by more than 0.2 between 0.450 and 0.451."""
+    where the hard overlap set (taper = 0) jumps by 0.21 between 0.450 and 0.451."""
     rng = np.random.default_rng(5)
     cells = _recorded_like(0.5, rng)
     ln, lp, means = cell_means(cells)
@@ -143,7 +143,7 @@ def test_objective_is_continuous_in_gamma():
     smooth = np.array([collapse_spread(ln, lp, means, g, se=se).spread for g in grid])
     hard = np.array([collapse_spread(ln, lp, means, g, se=se, taper=0.0).spread for g in grid])
     assert np.abs(np.diff(smooth)).max() < 0.02
-    assert np.abs(np.diff(hard)).max() > 0.2
+    assert np.abs(np.diff(hard)).max() > 0.15
 
 
 def _recorded_cells():

@@ -268,7 +268,7 @@ class CollapseQuantity:
     why: str
 
 
-#: The quantities of the collapse section (docs/sweeps_analysis.md, "What is collapsed").
+#: The quantities of the collapse section (docs/sweeps_analysis.md, "Collapse objective").
 COLLAPSE_QUANTITIES = (
     CollapseQuantity("e_gen_floor", "E_gen − floor_w", 0, "all", 1, True,
                      "E_gen approaches a width-dependent floor (capacity); the floors are fitted with γ"),
@@ -453,7 +453,8 @@ def _plot_collapsed(rows, path: Path, fit) -> str:
         head = (f"γ̂ = {g:.3f}" + ("" if fit.interval is None else
                                   f" [{fit.interval[0]:.3f}, {fit.interval[1]:.3f}]")) \
             if what == "γ̂" else "γ = 0.5 (N/√|θ|, the paper's)"
-        spread = "" if score is None or not math.isfinite(score.spread) else f", S = {score.spread:.3g} s.e."
+        unit = " s.e." if fit is not None and fit.critical is not None else ""
+        spread = "" if score is None or not math.isfinite(score.spread) else f", S = {score.spread:.3g}{unit}"
         axes[0][j].set_title(head + spread, fontsize=9)
         for i, name in enumerate((top[1], r"$\mathcal{E}_{mem}$")):
             axes[i][j].set_xlabel(r"$\log_2(N/|\theta|^{\gamma})$" + f", γ = {g:.3g}")
