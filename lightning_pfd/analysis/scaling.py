@@ -31,7 +31,9 @@ from ..errors import ConfigError
 
 __all__ = [
     "Cell", "CollapseScore", "CollapseFit", "group_cells", "cell_means", "collapse_coordinate",
-    "collapse_spread", "fit_collapse", "bootstrap_collapse", "crossings", "transition_point",
+    "overlap_weight", "collapse_spread", "fit_collapse", "within_noise_threshold",
+    "cell_standard_errors", "subtract_floors", "bootstrap_collapse", "BOOTSTRAP_METHODS",
+    "crossings", "transition_point",
     "bias_variance_cell", "psi_fid", "psi_kid", "REFERENCE_GAMMAS",
 ]
 
@@ -94,102 +96,166 @@ def collapse_coordinate(log2_n, log2_params, gamma: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class CollapseScore:
-    """The collapse objective at one γ.
+    """The collapse objective at one γ (:func:`collapse_spread`).
 
-    ``spread``: normalised leave-one-curve-out residual (see :func:`collapse_spread`), inf when
-    too few points overlap another curve; ``rms``: the un-normalised RMS residual of each
-    quantity; ``n_overlap``/``n_points``: points that lie inside another curve's range / all."""
+    ``spread``: S(γ), the weighted root-mean-square of the residuals in standard-error units
+    (≈ 1 when the curves agree within their noise), inf when too few points overlap another
+    curve; ``rms``: the weighted RMS residual of each quantity in its own units;
+    ``n_overlap``: the effective number of overlapping points Σ_i ω_i (continuous in γ);
+    ``n_points``: all points; ``max_abs_z``: the largest |residual| / s.e. among overlapping points."""
 
     gamma: float
     spread: float
     rms: Tuple[float, ...]
-    n_overlap: int
+    n_overlap: float
     n_points: int
+    max_abs_z: float = math.nan
+    shifts: Optional[Tuple[Tuple[float, ...], ...]] = None
 
     def to_dict(self) -> dict:
         return {"gamma": self.gamma, "spread": _finite_or_none(self.spread),
                 "rms": [_finite_or_none(r) for r in self.rms], "n_overlap": self.n_overlap,
-                "n_points": self.n_points}
+                "n_points": self.n_points, "max_abs_z": _finite_or_none(self.max_abs_z),
+                "shifts": None if self.shifts is None else [list(s) for s in self.shifts]}
+
+
+def _smoothstep(t: np.ndarray) -> np.ndarray:
+    t = np.clip(t, 0.0, 1.0)
+    return t * t * (3.0 - 2.0 * t)
+
+
+def overlap_weight(u, lo: float, hi: float, taper: float) -> np.ndarray:
+    """Weight of curve l at its own abscissa u: 0 outside [lo, hi], 1 deeper than ``taper`` inside,
+    a C¹ smoothstep ramp 3t² − 2t³ in between (t = distance to the nearer end / taper).
+    ``taper = 0``: the hard indicator of [lo, hi] (the overlap set then jumps with γ)."""
+    u = np.asarray(u, dtype=np.float64)
+    if taper <= 0:
+        return ((u >= lo - _EPS) & (u <= hi + _EPS)).astype(np.float64)
+    return _smoothstep((u - lo) / taper) * _smoothstep((hi - u) / taper)
 
 
 class _Curves:
     """The points grouped by model size, each curve sorted by log₂N (its order does not depend on
-    γ: within one model size the shift γ·log₂|θ| is a constant)."""
+    γ: within one model size the shift γ·log₂|θ| is a constant). ``var`` (P, Q): the variance
+    of each point (its squared standard error), or None for unit variance."""
 
-    def __init__(self, log2_n: np.ndarray, log2_params: np.ndarray, y: np.ndarray):
-        self.size, self.n_points, self.q = [], y.shape[0], y.shape[1]
-        self.x, self.y, self._cache = [], [], {}
-        for v in np.unique(log2_params):
-            idx = np.flatnonzero(log2_params == v)
+    def __init__(self, log2_n, log2_params, y, var, taper: float, shifts: bool = False):
+        self.size, self.n_points, self.q, self.taper = [], y.shape[0], y.shape[1], float(taper)
+        self.shifts = bool(shifts)
+        self.x, self.y, self.v, self._cache = [], [], [], {}
+        self.unit = var is None
+        var = np.ones_like(y) if var is None else var
+        self.order = []
+        for s in np.unique(log2_params):
+            idx = np.flatnonzero(log2_params == s)
             idx = idx[np.argsort(log2_n[idx], kind="stable")]
-            self.size.append(float(v))
+            self.order.append(idx)
+            self.size.append(float(s))
             self.x.append(log2_n[idx])
             self.y.append(y[idx])
+            self.v.append(var[idx])
 
-    def _interpolant(self, m: int):
-        """Curve m's interpolant on its own log₂N nodes (built once): PCHIP (shape-preserving
-        piecewise cubic, no overshoot), linear for two nodes, constant for one."""
+    def _interpolants(self, m: int):
+        """Curve m's PCHIP (shape-preserving piecewise cubic, no overshoot) and linear
+        interpolants of the values and the linear interpolant of the variances, on its own log₂N
+        nodes (built once); a curve with one node is a constant."""
         if m not in self._cache:
             from scipy.interpolate import PchipInterpolator
 
-            x, y = self.x[m], self.y[m]
-            if x.size >= 3:
-                self._cache[m] = PchipInterpolator(x, y, axis=0, extrapolate=True)
-            elif x.size == 2:
-                self._cache[m] = lambda u, x=x, y=y: y[0] + ((u - x[0]) / (x[1] - x[0]))[..., None] * (y[1] - y[0])
-            else:
-                self._cache[m] = lambda u, y=y: np.broadcast_to(y[0], (*np.shape(u), y.shape[1]))
+            x, y, v = self.x[m], self.y[m], self.v[m]
+
+            def lin(u, a, x=x):
+                if x.size == 1:
+                    return np.broadcast_to(a[0], (*np.shape(u), a.shape[1]))
+                return np.stack([np.interp(u, x, a[:, j]) for j in range(a.shape[1])], axis=-1)
+
+            cubic = PchipInterpolator(x, y, axis=0) if x.size >= 3 else (lambda u: lin(u, y))
+            self._cache[m] = (cubic, lambda u: lin(u, y), lambda u: lin(u, v))
         return self._cache[m]
 
     def usable(self) -> int:
         """Number of curves with at least two distinct N (a curve needs two to interpolate)."""
         return sum(1 for x in self.x if np.unique(x).size >= 2)
 
-    def residuals(self, gammas: np.ndarray):
-        """Leave-one-curve-out residuals for every γ at once: ``(r (G, P, Q), covered (G, P))``.
+    def terms(self, gammas: np.ndarray):
+        """For every γ at once: ``(r (G, P, Q), Var r (G, P, Q), ω (G, P), A (G, P, C))`` with the
+        points in the order of the curves (see :func:`collapse_spread` for the definitions); A
+        maps per-curve vertical shifts a (C,) to the change of the residuals, r(a) = r − A a:
+        A_ik = 1 for the point's own curve k, A_il = −w_il / W_i for the others.
 
         A point of curve k at x = log₂N_k − γ s_k is compared with curve l at the same x, i.e. at
-        log₂N = log₂N_k − γ (s_k − s_l) on l's own (γ-independent) nodes: one vectorised
+        u = log₂N_k − γ (s_k − s_l) on l's own (γ-independent) nodes: one vectorised
         interpolation per pair of curves covers the whole γ grid."""
-        G = gammas.size
-        r_all, cov_all = [], []
-        for k, (xk, yk) in enumerate(zip(self.x, self.y)):
+        G, C = gammas.size, len(self.x)
+        r_all, v_all, om_all, a_all = [], [], [], []
+        for k, (xk, yk, vk) in enumerate(zip(self.x, self.y, self.v)):
             acc = np.zeros((G, xk.size, self.q))
-            cnt = np.zeros((G, xk.size))
-            for m, (xl, yl) in enumerate(zip(self.x, self.y)):
-                if m == k:
+            wk = np.zeros((G, xk.size, C))
+            w2v = np.zeros((G, xk.size, self.q))
+            model = np.zeros((G, xk.size, self.q))
+            for m, xl in enumerate(self.x):
+                if m == k or xl.size < 2:
                     continue
                 u = xk[None, :] - gammas[:, None] * (self.size[k] - self.size[m])
-                inside = (u >= xl[0] - _EPS) & (u <= xl[-1] + _EPS)
-                if not inside.any():
+                w = overlap_weight(u, xl[0], xl[-1], self.taper)
+                if not w.any():
                     continue
-                val = self._interpolant(m)(np.clip(u, xl[0], xl[-1]))
-                acc += np.where(inside[..., None], val, 0.0)
-                cnt += inside
-            cov = cnt > 0
-            r_all.append(np.where(cov[..., None], yk[None] - acc / np.maximum(cnt, 1)[..., None], 0.0))
-            cov_all.append(cov)
-        return np.concatenate(r_all, axis=1), np.concatenate(cov_all, axis=1)
+                cubic, lin, lin_v = self._interpolants(m)
+                uc = np.clip(u, xl[0], xl[-1])
+                fc = cubic(uc)
+                acc += w[..., None] * fc
+                wk[..., m] = w
+                w2v += (w ** 2)[..., None] * lin_v(uc)
+                model += w[..., None] * (fc - lin(uc)) ** 2
+            w_sum = wk.sum(2)
+            cov = w_sum > 0
+            W = np.where(cov, w_sum, 1.0)[..., None]
+            r_all.append(np.where(cov[..., None], yk[None] - acc / W, 0.0))
+            v_all.append(np.ones_like(acc) if self.unit else vk[None] + w2v / W ** 2 + model / W)
+            om_all.append(np.minimum(w_sum, 1.0))
+            A = -wk / W
+            A[..., k] = 1.0
+            a_all.append(np.where(cov[..., None], A, 0.0))
+        return (np.concatenate(r_all, 1), np.concatenate(v_all, 1), np.concatenate(om_all, 1),
+                np.concatenate(a_all, 1))
 
-    def scores(self, gammas, scale: np.ndarray, min_overlap: float) -> List[CollapseScore]:
+    def _fit_shifts(self, r, var, om, A):
+        """Per-curve vertical shifts a (G, C, Q) with Σ_k a_k = 0 that minimise
+        Σ_i ω_i (r_i − (A a)_i)² / Var_i at every γ (weighted least squares, closed form)."""
+        G, P, C = A.shape
+        Z = np.vstack([np.eye(C - 1), -np.ones((1, C - 1))])        # sum-zero basis (C, C-1)
+        AZ = A @ Z                                                   # (G, P, C-1)
+        out = np.zeros((G, C, self.q))
+        for q in range(self.q):
+            wt = om / np.maximum(var[..., q], 1e-300)                # (G, P)
+            M = np.einsum("gpi,gp,gpj->gij", AZ, wt, AZ)
+            rhs = np.einsum("gpi,gp,gp->gi", AZ, wt, r[..., q])
+            b = np.einsum("gij,gj->gi", np.linalg.pinv(M, hermitian=True), rhs)
+            out[..., q] = b @ Z.T
+        return out
+
+    def scores(self, gammas, min_overlap: float) -> List[CollapseScore]:
         """:class:`CollapseScore` of every γ in ``gammas``."""
         gammas = np.atleast_1d(np.asarray(gammas, dtype=np.float64))
-        r, cov = self.residuals(gammas)
-        n_cov = cov.sum(1)
-        ms = (r ** 2).sum(1) / np.maximum(n_cov, 1)[:, None]
-        enough = n_cov >= max(3, min_overlap * self.n_points)
-        spread = np.where(enough, np.sqrt((ms / scale ** 2).mean(1)), np.inf)
-        rms = np.where(enough[:, None], np.sqrt(ms), np.inf)
-        return [CollapseScore(float(g), float(s), tuple(rr.tolist()), int(c), self.n_points)
-                for g, s, rr, c in zip(gammas, spread, rms, n_cov)]
+        r, var, om, A = self.terms(gammas)
+        shifts = None
+        if self.shifts and len(self.x) >= 2:
+            shifts = self._fit_shifts(r, var, om, A)
+            r = r - np.einsum("gpc,gcq->gpq", A, shifts)
+        z2 = np.where(om[..., None] > 0, r ** 2 / np.maximum(var, 1e-300), 0.0)
+        n_eff = om.sum(1)
+        enough = n_eff >= max(3.0, min_overlap * self.n_points)
+        den = np.maximum(n_eff, _EPS)
+        spread = np.where(enough, np.sqrt((om[..., None] * z2).sum(1).mean(1) / den), np.inf)
+        rms = np.where(enough[:, None], np.sqrt((om[..., None] * r ** 2).sum(1) / den[:, None]), np.inf)
+        zmax = np.where(om > 0, z2.max(2), 0.0).max(1)
+        sh = [None] * gammas.size if shifts is None else [tuple(map(tuple, s.tolist())) for s in shifts]
+        return [CollapseScore(float(g), float(s), tuple(rr.tolist()), float(c), self.n_points,
+                              float(math.sqrt(zm)) if e else math.nan, h)
+                for g, s, rr, c, zm, e, h in zip(gammas, spread, rms, n_eff, zmax, enough, sh)]
 
 
-def _scales(y: np.ndarray) -> np.ndarray:
-    s = y.std(axis=0)
-    return np.where(s > 0, s, 1.0)
-
-
-def _as_points(log2_n, log2_params, values):
+def _as_points(log2_n, log2_params, values, se=None):
     x0 = np.asarray(log2_n, dtype=np.float64)
     lp = np.asarray(log2_params, dtype=np.float64)
     y = np.asarray(values, dtype=np.float64)
@@ -199,32 +265,52 @@ def _as_points(log2_n, log2_params, values):
                           value=(x0.shape, lp.shape, y.shape))
     if not (np.isfinite(x0).all() and np.isfinite(lp).all() and np.isfinite(y).all()):
         raise ConfigError("values", "must be finite (drop failed or diverged repeats first)")
-    return x0, lp, y
+    var = None
+    if se is not None:
+        s = np.asarray(se, dtype=np.float64)
+        s = s[:, None] if s.ndim == 1 else s
+        if s.shape != y.shape or not np.isfinite(s).all() or np.any(s < 0):
+            raise ConfigError("se", "must be finite standard errors >= 0 of the same shape as values",
+                              value=s.shape)
+        var = s ** 2
+    return x0, lp, y, var
 
 
-def collapse_spread(log2_n, log2_params, values, gamma: float, *, min_overlap: float = 0.25,
-                    scale: Optional[Sequence[float]] = None) -> CollapseScore:
+def _check_taper(taper):
+    if isinstance(taper, bool) or not isinstance(taper, (int, float)) or not 0 <= taper <= 4:
+        raise ConfigError("taper", "must be a number of octaves in [0, 4]", value=taper)
+    return float(taper)
+
+
+def collapse_spread(log2_n, log2_params, values, gamma: float, *, se=None, taper: float = 0.5,
+                    min_overlap: float = 0.25, shifts: bool = False) -> CollapseScore:
     """The collapse objective S(γ) (docs/sweeps_analysis.md, "Collapse objective").
 
-    Points are cell means (one per (N, |θ|)); ``values`` is (P,) or (P, Q). With x = log₂N −
-    γ·log₂|θ|, every point of curve k is compared with the master curve made of the *other*
-    curves: the mean of their interpolants (PCHIP: shape-preserving piecewise cubic) at its x,
-    over the curves whose x-range contains it (no extrapolation; points outside every other
-    curve do not count). Then
+    Points are cell means ȳ_i (one per (N, |θ|)) with standard errors ``se`` (P,) or (P, Q)
+    (None: unit, S is then the RMS residual in the quantities' own units); ``values`` is (P,) or
+    (P, Q). With x = log₂N − γ·log₂|θ|, every point i of curve k is compared with the master curve
+    made of the *other* curves l, each weighted by how deep x_i lies inside its range,
+    w_il = :func:`overlap_weight` (1 inside, a C¹ ramp of width ``taper`` octaves at the ends,
+    0 outside: no extrapolation):
 
-        S(γ) = ( (1/Q) Σ_q  mean_overlap r_q² / s_q² )^{1/2},
+        M_i = Σ_l w_il f_l(x_i) / W_i,   W_i = Σ_l w_il,   r_i = ȳ_i − M_i,
+        Var r_i = se_i² + Σ_l w_il² se_l(x_i)² / W_i² + Σ_l w_il (f_l − g_l)(x_i)² / W_i,
 
-    s_q = the standard deviation of quantity q over all points (``scale``), so S is
-    dimensionless, 0 for a perfect collapse and ≈ 1 when the curves disagree by their own spread;
-    with Q > 1 the quantities are collapsed jointly (one γ for E_gen and E_mem, as in Fig. 2).
-    S = inf when fewer than max(3, ``min_overlap``·P) points overlap another curve: a γ that
-    pushes the curves apart cannot win by comparing a few points of flat tails. (The idea of
-    comparing each curve with the others inside their overlap follows Bhattacharjee & Seno 2001,
-    "A measure of data collapse for scaling".)
+    f_l = PCHIP interpolant of curve l (shape-preserving piecewise cubic), g_l its linear
+    interpolant, se_l(x)² the linear interpolant of its variances: the last term is the model
+    (interpolation) term, the size of the disagreement of two interpolants. With z = r/√Var and
+    ω_i = min(1, W_i),
+
+        S(γ)² = Σ_i ω_i (1/Q) Σ_q z_iq² / Σ_i ω_i.
+
+    S is continuous in γ (every term is); S ≈ 1 when the curves collapse within their noise,
+    S = k when they deviate by k standard errors (RMS). S = inf when the effective overlap
+    Σ ω_i < max(3, ``min_overlap``·P): a γ that pushes the curves apart cannot win by comparing a
+    few points of flat tails. (Comparing each curve with the others inside their overlap follows
+    Bhattacharjee & Seno 2001, "A measure of data collapse for scaling".)
     """
-    x0, lp, y = _as_points(log2_n, log2_params, values)
-    s = _scales(y) if scale is None else np.asarray(scale, dtype=np.float64).reshape(-1)
-    return _Curves(x0, lp, y).scores(float(gamma), s, float(min_overlap))[0]
+    x0, lp, y, var = _as_points(log2_n, log2_params, values, se)
+    return _Curves(x0, lp, y, var, _check_taper(taper), shifts).scores(float(gamma), float(min_overlap))[0]
 
 
 @dataclass
@@ -232,7 +318,13 @@ class CollapseFit:
     """Result of :func:`fit_collapse` (+ :func:`bootstrap_collapse` when ``interval`` is set).
 
     ``gamma`` is None when no γ in the bounds leaves enough overlap (or fewer than two model
-    sizes with two N each). ``references`` maps each γ of :data:`REFERENCE_GAMMAS` to its score."""
+    sizes with two N each). ``references`` maps each γ of :data:`REFERENCE_GAMMAS` to its score.
+    From the bootstrap: ``interval`` (percentile, ``level``), ``gamma_se`` (sd of the refits),
+    ``spread_intervals`` ({"gamma_hat" | "0.0" | "0.5": (lo, hi)} of S), ``critical`` (the
+    S below which the residuals are within noise, see :func:`within_noise_threshold`),
+    ``floors`` ({log₂|θ|: {"data_rich": [per quantity], "se": [...], "fitted": [...]}} when a floor
+    was subtracted: the floor from the largest N, its standard error, and that floor plus the
+    jointly fitted shift at γ̂ when ``shifts``)."""
 
     gamma: Optional[float]
     score: Optional[CollapseScore]
@@ -245,13 +337,34 @@ class CollapseFit:
     method: Optional[str] = None
     bootstrap: np.ndarray = field(default_factory=lambda: np.zeros(0))
     bootstrap_failed: int = 0
+    gamma_se: Optional[float] = None
+    spread_intervals: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+    critical: Optional[float] = None
+    floors: Dict[float, dict] = field(default_factory=dict)
+
+    @property
+    def within_noise(self) -> Optional[bool]:
+        """S(γ̂) ≤ ``critical``: the curves collapse within their noise (None when unknown)."""
+        if self.score is None or self.critical is None or not math.isfinite(self.score.spread):
+            return None
+        return bool(self.score.spread <= self.critical)
+
+    def z_of(self, gamma: float) -> Optional[float]:
+        """(γ − γ̂) / ``gamma_se``: how many bootstrap standard errors γ lies from γ̂."""
+        if self.gamma is None or not self.gamma_se:
+            return None
+        return (float(gamma) - self.gamma) / self.gamma_se
 
     def to_dict(self) -> dict:
         return {"gamma": self.gamma, "score": None if self.score is None else self.score.to_dict(),
                 "references": {str(g): s.to_dict() for g, s in self.references.items()},
                 "reason": self.reason, "interval": None if self.interval is None else list(self.interval),
                 "level": self.level, "method": self.method, "bootstrap_size": int(self.bootstrap.size),
-                "bootstrap_failed": self.bootstrap_failed}
+                "bootstrap_failed": self.bootstrap_failed, "gamma_se": self.gamma_se,
+                "spread_intervals": {k: list(v) for k, v in self.spread_intervals.items()},
+                "critical": self.critical, "within_noise": self.within_noise,
+                "z_of_half": self.z_of(0.5),
+                "floors": {str(k): v for k, v in self.floors.items()}}
 
 
 def _check_fit_options(bounds, step, min_overlap):
@@ -270,28 +383,27 @@ def _check_fit_options(bounds, step, min_overlap):
 
 
 #: zoom levels of the refinement: each searches ±1 step of the previous level on a finer grid.
-_REFINE = (50, 50)
+_REFINE = (25, 25)
 
 
-def fit_collapse(log2_n, log2_params, values, *, bounds=(-0.5, 1.5), step: float = 0.025,
-                 min_overlap: float = 0.25) -> CollapseFit:
-    """γ̂ = argmin over ``bounds`` of the collapse spread S(γ) (:func:`collapse_spread`).
+def fit_collapse(log2_n, log2_params, values, *, se=None, bounds=(-0.5, 1.5), step: float = 0.025,
+                 taper: float = 0.5, min_overlap: float = 0.25, shifts: bool = False) -> CollapseFit:
+    """γ̂ = argmin over ``bounds`` of the collapse objective S(γ) (:func:`collapse_spread`).
 
     A grid of ``step`` (81 points on the default [−0.5, 1.5]) locates the best γ; two zooms then
-    search ±1 step around it on grids 50× finer each (resolution step/2500 = 1e-5 by default).
-    The objective is piecewise smooth (the overlap set changes with γ), so a grid, not a
-    derivative-based search, is used throughout. ``values`` (P,) fits one quantity, (P, Q) the
-    quantities jointly. The spreads at γ = 0 and γ = ½ are reported alongside.
+    search ±1 step around it on grids 25× finer each (resolution step/625 = 4e-5 by default; S
+    is continuous in γ, so the zooms converge to the minimum, not to a jump). ``values`` (P,) fits one quantity, (P, Q)
+    the quantities jointly. The scores at γ = 0 and γ = ½ are reported alongside.
     """
     lo, hi = _check_fit_options(bounds, step, min_overlap)
-    x0, lp, y = _as_points(log2_n, log2_params, values)
-    curves, s, mo = _Curves(x0, lp, y), _scales(y), float(min_overlap)
-    refs = dict(zip(REFERENCE_GAMMAS, curves.scores(np.array(REFERENCE_GAMMAS), s, mo)))
+    x0, lp, y, var = _as_points(log2_n, log2_params, values, se)
+    curves, mo = _Curves(x0, lp, y, var, _check_taper(taper), shifts), float(min_overlap)
+    refs = dict(zip(REFERENCE_GAMMAS, curves.scores(np.array(REFERENCE_GAMMAS), mo)))
     grid = np.linspace(lo, hi, int(round((hi - lo) / step)) + 1)
     if curves.usable() < 2:
         return CollapseFit(None, None, refs, grid, np.full(grid.size, np.inf),
                            reason="needs at least two model sizes with two or more N each")
-    scores = curves.scores(grid, s, mo)
+    scores = curves.scores(grid, mo)
     obj = np.array([sc.spread for sc in scores])
     if not np.isfinite(obj).any():
         return CollapseFit(None, None, refs, grid, obj,
@@ -300,10 +412,22 @@ def fit_collapse(log2_n, log2_params, values, *, bounds=(-0.5, 1.5), step: float
     h = grid[1] - grid[0] if grid.size > 1 else hi - lo
     for factor in _REFINE:
         fine = np.linspace(max(lo, best.gamma - h), min(hi, best.gamma + h), 2 * factor + 1)
-        cand = min(curves.scores(fine, s, mo), key=lambda sc: sc.spread)
+        cand = min(curves.scores(fine, mo), key=lambda sc: sc.spread)
         best = cand if cand.spread < best.spread else best
         h /= factor
     return CollapseFit(best.gamma, best, refs, grid, obj)
+
+
+def within_noise_threshold(n_eff: float, level: float = 0.95, n_fitted: int = 1) -> float:
+    """S below which the residuals are consistent with noise: √(χ²_level(ν)/ν), ν = n_eff −
+    n_fitted (the effective number of overlapping points less the fitted γ). Under a perfect
+    collapse with correct standard errors, n_eff·S² is approximately χ²(ν) (the residuals of
+    neighbouring curves are correlated, so this is a guide; its calibration on synthetic sweeps
+    is in docs/sweeps_analysis.md)."""
+    from scipy.stats import chi2
+
+    nu = max(float(n_eff) - n_fitted, 1.0)
+    return float(math.sqrt(chi2.ppf(level, nu) / nu))
 
 
 def _check_bootstrap(B, level, method):
@@ -311,74 +435,195 @@ def _check_bootstrap(B, level, method):
         raise ConfigError("B", "must be a positive integer (bootstrap resamples)", value=B)
     if not (isinstance(level, (int, float)) and 0 < level < 1):
         raise ConfigError("level", "must be a probability in (0, 1)", value=level)
-    if method not in ("auto", "seeds", "curves"):
-        raise ConfigError("method", "unknown bootstrap method", value=method,
-                          accepted=["auto", "seeds", "curves"])
+    if method not in BOOTSTRAP_METHODS:
+        raise ConfigError("method", "unknown bootstrap method", value=method, accepted=list(BOOTSTRAP_METHODS))
+
+
+#: ``auto`` = ``normal`` when some cell has K ≥ 2 repeats, else ``curves``.
+BOOTSTRAP_METHODS = ("auto", "seeds", "normal", "curves")
+
+
+def cell_standard_errors(cells: Sequence[Cell], prior_dof: float = 4.0) -> Optional[np.ndarray]:
+    """Standard errors (P, Q) of the cell means from the repeats, moderated towards the pooled
+    variance: s̃_i² = ((K_i − 1) s_i² + d₀ s₀²) / (K_i − 1 + d₀), se_i = s̃_i / √K_i, with s₀² the
+    pooled within-cell variance of the quantity and d₀ = ``prior_dof`` (the moderated variance of
+    Smyth 2004, "Linear models and empirical Bayes methods for assessing differential expression",
+    eq. 6, with a fixed d₀): with K = 2 a cell's own variance has one degree of freedom and can be
+    0 by chance. d₀ = 0: each cell's own variance. None when no cell has K ≥ 2."""
+    K = np.array([c.samples.shape[0] for c in cells], dtype=np.float64)
+    dof = K - 1
+    if not (dof > 0).any():
+        return None
+    s2 = np.array([c.samples.var(0, ddof=1) if c.samples.shape[0] > 1 else np.zeros(c.samples.shape[1])
+                   for c in cells])
+    s0 = (dof[:, None] * s2).sum(0) / dof.sum()
+    d0 = float(prior_dof)
+    if d0 == 0:
+        mod = np.where(dof[:, None] > 0, s2, s0[None])
+    else:
+        mod = (dof[:, None] * s2 + d0 * s0[None]) / (dof[:, None] + d0)
+    return np.sqrt(mod / K[:, None])
+
+
+def subtract_floors(log2_n, log2_params, means, var, floor_points: int = 1):
+    """Per-width floor from the data-rich end: f_w = mean of the cell means at the
+    ``floor_points`` largest N of width w; returns ``(means − f_w, var', floors)`` with
+    var'_i = se_i² + Var f_w − 2 Cov(ȳ_i, f_w) (exact for independent cells) and
+    floors = {log₂|θ|: (f_w, se f_w)}."""
+    ln = np.asarray(log2_n, dtype=np.float64)
+    lp = np.asarray(log2_params, dtype=np.float64)
+    y = np.array(means, dtype=np.float64)
+    v = np.zeros_like(y) if var is None else np.array(var, dtype=np.float64)
+    out_y, out_v, floors = y.copy(), v.copy(), {}
+    for s in np.unique(lp):
+        idx = np.flatnonzero(lp == s)
+        top = idx[np.argsort(ln[idx], kind="stable")][-int(floor_points):]
+        nf = top.size
+        f = y[top].mean(0)
+        vf = v[top].sum(0) / nf ** 2
+        out_y[idx] = y[idx] - f
+        out_v[idx] = v[idx] + vf
+        out_v[top] = v[top] + vf - 2 * v[top] / nf
+        floors[float(s)] = (f, np.sqrt(vf))
+    return out_y, np.maximum(out_v, 0.0), floors
+
+
+def _fitted_floors(floors: dict, score: Optional[CollapseScore]) -> Dict[float, dict]:
+    """{log₂|θ|: {"data_rich", "se", "fitted"}}: the floor from the largest N, its s.e., and the
+    floor + the shift fitted at γ̂ (shifts are in the order of the sorted sizes)."""
+    out = {}
+    for j, (k, (f, s)) in enumerate(sorted(floors.items())):
+        rec = {"data_rich": np.asarray(f).tolist(), "se": np.asarray(s).tolist(), "fitted": None}
+        if score is not None and score.shifts is not None:
+            rec["fitted"] = (np.asarray(f) + np.asarray(score.shifts[j])).tolist()
+        out[k] = rec
+    return out
+
+
+def _check_floor_points(floor_points):
+    if floor_points is None:
+        return None
+    if isinstance(floor_points, bool) or not isinstance(floor_points, (int, np.integer)) or floor_points < 1:
+        raise ConfigError("floor_points", "must be None or a positive integer (largest N per width)",
+                          value=floor_points)
+    return int(floor_points)
 
 
 def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] = None, *,
-                       B: int = 200, seed: int = 0, level: float = 0.95, method: str = "auto",
+                       B: int = 200, seed: int = 0, level: float = 0.90, method: str = "auto",
+                       floor_points: Optional[int] = None, prior_dof: float = 4.0,
                        **fit_kwargs) -> CollapseFit:
-    """:func:`fit_collapse` on the cell means plus a percentile bootstrap interval for γ̂.
+    """:func:`fit_collapse` on the cell means, in standard-error units, with a bootstrap.
 
-    ``columns`` picks the quantities of ``Cell.samples`` (default all, fitted jointly).
-    ``method``: ``"seeds"`` resamples the K repeats of every cell with replacement (cells with
-    K = 1 stay fixed) and recomputes the cell means (deviations scaled by √(K/(K−1)), see
-    :func:`_resampled_mean`); ``"curves"`` resamples whole model sizes with
-    replacement and keeps the distinct ones drawn (a duplicate curve collapses onto itself and
-    carries no information; draws with fewer than two distinct sizes are redrawn);
-    ``"auto"`` = seeds when some cell has K ≥ 2, else curves. The interval is the
-    ((1−level)/2, (1+level)/2) percentile interval of the B refits; refits that find no γ are
-    counted in ``bootstrap_failed``. ``seed`` seeds a ``numpy.random.Generator``.
+    ``columns`` picks the quantities of ``Cell.samples`` (default all, fitted jointly). The
+    standard errors come from the repeats (:func:`cell_standard_errors`, ``prior_dof``);
+    ``floor_points``: subtract each width's floor estimated from its ``floor_points`` largest N
+    (:func:`subtract_floors`; recomputed in every resample). ``method``:
+
+    - ``"seeds"``: the K repeats of every cell are drawn with replacement, their deviations from
+      the cell mean scaled by √(K/(K−1)) (:func:`_resampled_repeats`);
+    - ``"normal"``: K repeats of every cell are redrawn from N(ȳ_i, K se_i²) (parametric);
+    - ``"curves"``: whole model sizes are drawn with replacement and the distinct ones refitted;
+    - ``"auto"``: normal when some cell has K ≥ 2, else curves (with K = 2 the seed resampling
+      draws the pair itself half of the time and its intervals are too narrow, see
+      docs/sweeps_analysis.md).
+
+    In every resample the cell means, their standard errors and the floors are recomputed from
+    the drawn repeats and γ is refitted. Returned: the percentile
+    interval of γ̂ at ``level``, its bootstrap sd ``gamma_se``, percentile intervals of S at γ̂
+    (refitted), 0 and ½, and the within-noise threshold of S (:func:`within_noise_threshold`).
+    Refits that find no γ are counted in ``bootstrap_failed``. ``seed`` seeds a
+    ``numpy.random.Generator``.
     """
     _check_bootstrap(B, level, method)
+    floor_points = _check_floor_points(floor_points)
+    if isinstance(prior_dof, bool) or not isinstance(prior_dof, (int, float)) or prior_dof < 0:
+        raise ConfigError("prior_dof", "must be a number >= 0", value=prior_dof)
     cells = list(cells)
     if not cells:
         raise ConfigError("cells", "no cell to fit (no successful repeat)")
     cols = list(range(cells[0].samples.shape[1])) if columns is None else list(columns)
+    cells = [Cell(c.n_train, c.n_params, c.samples[:, cols]) for c in cells]
     ln, lp, means = cell_means(cells)
-    fit = fit_collapse(ln, lp, means[:, cols], **fit_kwargs)
+    se = cell_standard_errors(cells, prior_dof)
+    var0 = None if se is None else se ** 2
+
+    def prepare(m, v):
+        if floor_points is None:
+            return m, v, {}
+        return subtract_floors(ln, lp, m, v, floor_points)
+
+    y, var, floors = prepare(means, var0)
+    sd = None if var is None else np.sqrt(var)
+    fit = fit_collapse(ln, lp, y, se=sd, **fit_kwargs)
+    fit.floors = _fitted_floors(floors, fit.score)
     if method == "auto":
-        method = "seeds" if any(c.samples.shape[0] >= 2 for c in cells) else "curves"
+        method = "normal" if se is not None else "curves"
+    if method == "normal" and se is None:
+        raise ConfigError("method", "'normal' needs standard errors: no cell has K >= 2 repeats",
+                          value=method)
     fit.method, fit.level = method, float(level)
     if fit.gamma is None:
         return fit
+    n_fitted = 1 + (np.unique(lp).size - 1) * len(cols) * bool(fit_kwargs.get("shifts", False))
+    fit.critical = within_noise_threshold(fit.score.n_overlap, n_fitted=n_fitted) if sd is not None else None
     rng = np.random.default_rng(seed)
     sizes = np.unique(lp)
-    gammas, failed = [], 0
+    gammas, s_hat, s_ref, failed = [], [], [], 0
     for _ in range(int(B)):
-        if method == "seeds":
-            m = np.array([_resampled_mean(c.samples, rng) for c in cells])
+        if method in ("seeds", "normal"):
+            drawn_cells = [Cell(c.n_train, c.n_params, _resampled_repeats(c.samples, rng, method, s))
+                           for c, s in zip(cells, se if se is not None else [None] * len(cells))]
+            m = cell_means(drawn_cells)[2]
+            se_b = cell_standard_errors(drawn_cells, prior_dof)
             sel = np.ones(len(cells), dtype=bool)
         else:
             drawn = np.unique(rng.choice(sizes, size=sizes.size, replace=True))
             while drawn.size < 2 and sizes.size >= 2:
                 drawn = np.unique(rng.choice(sizes, size=sizes.size, replace=True))
-            sel, m = np.isin(lp, drawn), means
-        refit = fit_collapse(ln[sel], lp[sel], m[sel][:, cols], **fit_kwargs)
+            sel, m, se_b = np.isin(lp, drawn), means, se
+        yb, vb, _ = prepare(m, None if se_b is None else se_b ** 2)
+        sdb = None if vb is None else np.sqrt(vb[sel])
+        refit = fit_collapse(ln[sel], lp[sel], yb[sel], se=sdb, **fit_kwargs)
         if refit.gamma is None:
             failed += 1
-        else:
-            gammas.append(refit.gamma)
+            continue
+        gammas.append(refit.gamma)
+        s_hat.append(refit.score.spread)
+        if method != "curves":
+            s_ref.append([refit.references[g].spread for g in REFERENCE_GAMMAS])
     fit.bootstrap = np.array(gammas)
     fit.bootstrap_failed = failed
+    qs = [(1 - level) / 2, (1 + level) / 2]
     if gammas:
-        q = np.quantile(fit.bootstrap, [(1 - level) / 2, (1 + level) / 2])
+        q = np.quantile(fit.bootstrap, qs)
         fit.interval = (float(q[0]), float(q[1]))
+        fit.gamma_se = float(np.std(fit.bootstrap, ddof=1)) if len(gammas) > 1 else None
+        fit.spread_intervals["gamma_hat"] = tuple(float(v) for v in np.quantile(s_hat, qs))
+        if s_ref:
+            arr = np.array(s_ref)
+            for j, g in enumerate(REFERENCE_GAMMAS):
+                col = arr[:, j][np.isfinite(arr[:, j])]
+                if col.size:
+                    fit.spread_intervals[str(g)] = tuple(float(v) for v in np.quantile(col, qs))
     return fit
 
 
-def _resampled_mean(samples: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Mean of K repeats drawn with replacement, its deviation from the cell mean scaled by
-    √(K/(K−1)): the plain resampled mean has variance (K−1)/K · s²/K, too small for the few
-    seeds of a sweep; the scaled one has the unbiased s²/K (the small-sample correction of
-    Davison & Hinkley 1997, §3.3)."""
+def _resampled_repeats(samples: np.ndarray, rng: np.random.Generator, method: str,
+                       se: np.ndarray) -> np.ndarray:
+    """K new repeats of one cell. ``seeds``: drawn with replacement, their deviations from the
+    cell mean scaled by √(K/(K−1)) so that their mean has the unbiased variance s²/K (Davison &
+    Hinkley 1997, §3.3; a K = 1 cell stays fixed); ``normal``: drawn from N(ȳ, K·se²), se the
+    moderated standard error of the mean (:func:`cell_standard_errors`). The standard errors of
+    the resample are then recomputed from these repeats, so the noise of the weights is part of
+    the bootstrap distribution."""
     K = samples.shape[0]
-    if K < 2:
-        return samples[0]
     mean = samples.mean(0)
-    draw = samples[rng.integers(0, K, K)].mean(0)
-    return mean + math.sqrt(K / (K - 1)) * (draw - mean)
+    if method == "normal":
+        return mean + math.sqrt(K) * se * rng.standard_normal(samples.shape)
+    if K < 2:
+        return samples
+    return mean + math.sqrt(K / (K - 1)) * (samples[rng.integers(0, K, K)] - mean)
 
 
 # ----------------------------------------------------------------------------- transition

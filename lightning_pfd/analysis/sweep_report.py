@@ -9,14 +9,18 @@ finite E_gen/E_mem enter the fits; the others are listed with their errors. Writ
 
 - ``egen_emem_vs_logN.png`` — PFD paper Fig. 2 left: E_gen, E_mem vs log₂N, one curve per model
   size (mean over seeds, shaded min–max);
-- ``egen_emem_collapsed.png`` — Fig. 2 right: the same against log₂(N/|θ|^γ̂) and log₂(N/√|θ|);
+- ``egen_emem_collapsed.png`` — Fig. 2 right: E_gen less the fitted floors and E_mem against
+  log₂(N/|θ|^γ̂) (γ̂ of E_gen − floor) and log₂(N/√|θ|);
 - ``practical_metrics.png`` — Fig. 7 (App. C.4): E_gen, E_mem, KID, FID, ℓ_train, ℓ_test vs log₂N
   for one model size (the largest by default);
 - ``bias_variance.png`` — §4.3, Def. 3: E_bias², E_var, mean E_gen² vs N per |θ| and vs |θ| per N
   (cells with K ≥ 2 repeats that saved endpoints);
-- ``report.md`` and ``analysis.json`` — per-cell table, γ̂ with its bootstrap interval, collapse
-  spreads at γ̂ / 0 / ½, MtoG transition points, bias–variance table with the identity error per
-  cell, failed trials. Definitions: ``docs/sweeps_analysis.md``.
+- ``report.md`` and ``analysis.json`` — per-cell table; for each collapse quantity
+  (:data:`COLLAPSE_QUANTITIES`: E_gen less per-width floors, log(E_gen/E_mem) and E_mem less
+  per-width levels of the widths that cross, the raw curves) γ̂ with its bootstrap interval and sd,
+  the residual S in standard errors at γ̂ / 0 / ½ with intervals and the within-noise verdict;
+  MtoG transition points, bias–variance table with the identity error per cell, failed trials.
+  Definitions: ``docs/sweeps_analysis.md``.
 
 **Never destroys**: when the output directory holds a report, the first free ``<out>-2``,
 ``<out>-3``, ... is used (as the run report does); ``--force`` overwrites.
@@ -42,7 +46,8 @@ from .scaling import (bias_variance_cell, bootstrap_collapse, cell_means,
                       collapse_coordinate, group_cells, psi_fid, psi_kid, transition_point)
 
 __all__ = ["RESULTS_FILE", "SPEC_FILE", "SWEEP_REPORT_FILES", "SweepData", "load_sweep",
-           "is_sweep_dir", "free_sweep_report_dir", "write_sweep_report", "build_parser", "main"]
+           "is_sweep_dir", "free_sweep_report_dir", "write_sweep_report", "build_parser", "main",
+           "CollapseQuantity", "COLLAPSE_QUANTITIES", "PRIMARY"]
 
 RESULTS_FILE = "sweep_results.json"
 SPEC_FILE = "sweep.json"
@@ -246,12 +251,76 @@ def _cell_table(sweep: SweepData) -> List[dict]:
     return out
 
 
+@dataclass(frozen=True)
+class CollapseQuantity:
+    """One quantity whose curves the report collapses: ``column`` of (E_gen, E_mem,
+    log(E_gen/E_mem)) per repeat, the ``widths`` it uses (``all`` or ``crossing``: the model sizes
+    whose mean curves cross from E_gen > E_mem to E_gen ≤ E_mem), ``floor_points`` (None or the
+    number of largest N that anchor each width's floor) and ``shifts`` (per-width vertical
+    shifts fitted jointly with γ)."""
+
+    key: str
+    label: str
+    column: int
+    widths: str
+    floor_points: Optional[int]
+    shifts: bool
+    why: str
+
+
+#: The quantities of the collapse section (docs/sweeps_analysis.md, "Collapse objective").
+COLLAPSE_QUANTITIES = (
+    CollapseQuantity("e_gen_floor", "E_gen − floor_w", 0, "all", 1, True,
+                     "E_gen approaches a width-dependent floor (capacity); the floors are fitted with γ"),
+    CollapseQuantity("log_ratio", "log(E_gen/E_mem)", 2, "crossing", None, False,
+                     "the transition variable: 0 at the MtoG crossing"),
+    CollapseQuantity("e_mem_ceiling", "E_mem − ceiling_w", 1, "crossing", 1, True,
+                     "E_mem of the widths that memorize; its data-rich level differs by width"),
+    CollapseQuantity("raw", "E_gen, E_mem (raw, jointly)", -1, "all", None, False,
+                     "no floor: curves with different asymptotes cannot collapse by a horizontal shift"),
+)
+#: The fit whose γ̂ the figure and the transition table use.
+PRIMARY = "e_gen_floor"
+
+
+def _crossing_widths(cells) -> Dict[int, Optional[float]]:
+    """{|θ|: log₂N* or None} of the transition on each width's mean curves."""
+    ln, lp, means = cell_means(cells)
+    return {int(round(2 ** s)): transition_point(ln[lp == s], means[lp == s, 0], means[lp == s, 1])
+            for s in np.unique(lp)}
+
+
 def _collapse(sweep: SweepData, B: int, seed: int, level: float, bounds) -> dict:
-    cells = group_cells([r["n_train"] for r in sweep.ok], [r["n_params"] for r in sweep.ok],
-                        [[r["e_gen"], r["e_mem"]] for r in sweep.ok])
-    fits = {name: bootstrap_collapse(cells, cols, B=B, seed=seed, level=level, bounds=bounds)
-            for name, cols in (("joint", [0, 1]), ("e_gen", [0]), ("e_mem", [1]))}
-    return {"cells": cells, "fits": fits}
+    g = np.array([r["e_gen"] for r in sweep.ok])
+    m = np.array([r["e_mem"] for r in sweep.ok])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where((g > 0) & (m > 0), np.log(g / m), np.nan)
+    n, p = [r["n_train"] for r in sweep.ok], [r["n_params"] for r in sweep.ok]
+    cells = group_cells(n, p, np.c_[g, m])
+    ratio_cells = group_cells(n, p, ratio)
+    crossing = _crossing_widths(cells)
+    n_range = f"N = {min(n)}…{max(n)}"
+    fits, used, excluded = {}, {}, {}
+    for q in COLLAPSE_QUANTITIES:
+        src = ratio_cells if q.column == 2 else cells
+        keep = sorted(crossing) if q.widths == "all" else sorted(w for w, x in crossing.items() if x is not None)
+        excluded[q.key] = {w: f"E_gen − E_mem does not change sign from > 0 to ≤ 0 over {n_range}: no "
+                              "transition (a curve that never crosses cannot be aligned with those that do)"
+                           for w in sorted(crossing) if w not in keep}
+        used[q.key] = keep
+        sel = [c for c in src if c.n_params in keep]
+        cols = [0, 1] if q.column == -1 else [0 if q.column == 2 else q.column]
+        if len(keep) < 2 or not sel:
+            fits[q.key] = None
+            continue
+        fits[q.key] = bootstrap_collapse(sel, cols, B=B, seed=seed, level=level, bounds=bounds,
+                                         floor_points=q.floor_points, shifts=q.shifts)
+    return {"cells": cells, "fits": fits, "used": used, "excluded": excluded, "crossing": crossing}
+
+
+def _primary(collapse: dict):
+    f = collapse["fits"].get(PRIMARY)
+    return f if f is not None else next((f for f in collapse["fits"].values() if f is not None), None)
 
 
 def _transitions(cells, gamma: Optional[float]) -> List[dict]:
@@ -363,28 +432,37 @@ def _plot_vs_logn(rows, path: Path, trans: List[dict]) -> str:
 
 
 def _plot_collapsed(rows, path: Path, fit) -> str:
-    gammas = [(fit.gamma, "γ̂")] if fit.gamma is not None else []
+    """E_gen − fitted floor (top; raw E_gen without floors) and E_mem (bottom) against
+    log₂(N/|θ|^γ) at γ̂ of the primary fit and at the paper's γ = ½."""
+    gammas = [(fit.gamma, "γ̂")] if fit is not None and fit.gamma is not None else []
     gammas.append((0.5, "paper"))
+    floors = {}
+    if fit is not None:
+        floors = {int(round(2 ** s)): rec["fitted"][0] if rec["fitted"] is not None else rec["data_rich"][0]
+                  for s, rec in fit.floors.items()}
+    rows = [dict(r, e_gen_floor=r["e_gen"] - floors.get(r["n_params"], 0.0)) for r in rows]
+    top = ("e_gen_floor", r"$\mathcal{E}_{gen}$ − floor$_w$") if floors else ("e_gen", r"$\mathcal{E}_{gen}$")
     fig, axes = _figure(2, len(gammas), 5.0 * len(gammas), 7.0)
     sizes = _by_size(rows)
     for j, (g, what) in enumerate(gammas):
         for color, (p, rs) in zip(_colors(len(sizes)), sizes.items()):
-            for i, key in enumerate(("e_gen", "e_mem")):
+            for i, key in enumerate((top[0], "e_mem")):
                 _plot_band(axes[i][j], rs, key, lambda n, p=p, g=g: math.log2(n) - g * math.log2(p),
                            color, _size_label(_label(rs), p))
-        score = fit.score if what == "γ̂" else fit.references.get(0.5)
+        score = None if fit is None else (fit.score if what == "γ̂" else fit.references.get(0.5))
         head = (f"γ̂ = {g:.3f}" + ("" if fit.interval is None else
                                   f" [{fit.interval[0]:.3f}, {fit.interval[1]:.3f}]")) \
             if what == "γ̂" else "γ = 0.5 (N/√|θ|, the paper's)"
-        spread = "" if score is None or not math.isfinite(score.spread) else f", S = {score.spread:.3g}"
+        unit = " s.e." if fit is not None and fit.critical is not None else ""
+        spread = "" if score is None or not math.isfinite(score.spread) else f", S = {score.spread:.3g}{unit}"
         axes[0][j].set_title(head + spread, fontsize=9)
-        for i, name in enumerate((r"$\mathcal{E}_{gen}$", r"$\mathcal{E}_{mem}$")):
+        for i, name in enumerate((top[1], r"$\mathcal{E}_{mem}$")):
             axes[i][j].set_xlabel(r"$\log_2(N/|\theta|^{\gamma})$" + f", γ = {g:.3g}")
             axes[i][j].set_ylabel(name)
             axes[i][j].grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7, loc="best")
-    fig.suptitle("Collapse of the MtoG curves (PFD paper Fig. 2 right); S = collapse spread "
-                 "(docs/sweeps_analysis.md)", fontsize=9)
+    fig.suptitle("Collapse of the MtoG curves (PFD paper Fig. 2 right); top: E_gen less each width's "
+                 "fitted floor; S = RMS residual in standard errors (docs/sweeps_analysis.md)", fontsize=9)
     return _save(fig, path)
 
 
@@ -446,15 +524,36 @@ def _md_escape(text) -> str:
 def _md_interval(f) -> str:
     if f.interval is None:
         return "—" if f.gamma is None else f"— ({f.method}: no variability to resample)"
-    return (f"[{f.interval[0]:.4f}, {f.interval[1]:.4f}] ({100 * f.level:g} %, {f.method}, "
-            f"B = {f.bootstrap.size}" + (f", {f.bootstrap_failed} refits without γ" if f.bootstrap_failed else "")
-            + ")")
+    return f"[{f.interval[0]:.3f}, {f.interval[1]:.3f}]"
 
 
-def _md_spread(sc) -> str:
+def _md_spread(f, key: str, sc) -> str:
+    """S at one γ with its bootstrap percentile interval."""
     if sc is None or not math.isfinite(sc.spread):
         return "— (too little overlap)"
-    return f"{sc.spread:.4g} ({sc.n_overlap}/{sc.n_points} pts)"
+    iv = f.spread_intervals.get(key)
+    return f"{sc.spread:.3g}" + ("" if iv is None else f" [{iv[0]:.3g}, {iv[1]:.3g}]")
+
+
+def _verdict(f) -> str:
+    """'within noise' or 'deviates by k s.e.' at γ̂ (the RMS residual in standard errors)."""
+    if f is None or f.score is None:
+        return "—"
+    if f.within_noise is None:
+        return f"RMS residual {f.score.spread:.3g} (no standard errors: K = 1)"
+    if f.within_noise:
+        return f"collapse within noise (S ≤ {f.critical:.2f})"
+    return f"deviate by {f.score.spread:.2f} s.e. RMS, beyond noise (≤ {f.critical:.2f} at 95 %)"
+
+
+def _half_md(f, noun: str = "") -> str:
+    """Where γ = ½ lies against the interval, in bootstrap standard errors of γ̂."""
+    if f is None or f.gamma is None or f.interval is None:
+        return "—"
+    inside = f.interval[0] <= 0.5 <= f.interval[1]
+    z = f.z_of(0.5)
+    where = "" if z is None else f", {abs(z):.1f} s.e. {'below' if z < 0 else 'above'} γ̂"
+    return ("inside" if inside else "outside") + noun + where
 
 
 def _render(sweep, cells_tab, collapse, trans, tspread, bv, consistency, figs, opts) -> str:
@@ -476,8 +575,9 @@ def _render(sweep, cells_tab, collapse, trans, tspread, bv, consistency, figs, o
             "Fréchet distance of the Gaussian fits; KID = unbiased paired MMD², cubic kernel, "
             + ("all seeds" if opts["kid_max_samples"] is None else f"first {opts['kid_max_samples']} seeds at most")
             + ").", ""]
-    out += _collapse_md(collapse["fits"], opts)
-    out += _transition_md(trans, tspread, collapse["fits"]["joint"].gamma)
+    out += _collapse_md(collapse, opts)
+    prim = _primary(collapse)
+    out += _transition_md(trans, tspread, None if prim is None else prim.gamma)
     out += _bv_md(bv, sweep.spec)
     if consistency:
         out += ["## Endpoint consistency", ""] + [f"- {c}" for c in consistency] + [""]
@@ -498,41 +598,67 @@ def _render(sweep, cells_tab, collapse, trans, tspread, bv, consistency, figs, o
     return "\n".join(out)
 
 
-def _collapse_md(fits: dict, opts: dict) -> list:
-    j = fits["joint"]
+def _collapse_md(collapse: dict, opts: dict) -> list:
+    fits = collapse["fits"]
     out = ["## Collapse: x = log₂(N/|θ|^γ) (PFD paper §4.1, Fig. 2)", ""]
-    if j.gamma is None:
-        out += [f"No γ̂: {j.reason}.", ""]
+    j = fits.get(PRIMARY)
+    q0 = next(q for q in COLLAPSE_QUANTITIES if q.key == PRIMARY)
+    if j is None or j.gamma is None:
+        out += [f"No γ̂ for {q0.label}: {'fewer than two widths' if j is None else j.reason}.", ""]
     else:
-        inside = j.interval is not None and j.interval[0] <= 0.5 <= j.interval[1]
-        out += [f"**γ̂ = {j.gamma:.4f}** (E_gen and E_mem jointly), interval {_md_interval(j)}; "
-                f"the paper's γ = 0.5 is {'inside' if inside else 'outside'} the interval.", ""]
-        out += [f"> {w}" for w in _collapse_warnings(j, opts["bounds"])] + [""] * bool(_collapse_warnings(j, opts["bounds"]))
-    out += ["| fit | γ̂ | interval | S(γ̂) | S(0): N alone | S(0.5): N/√\\|θ\\| |", "|---|---|---|---|---|---|"]
-    for name, label in (("joint", "E_gen + E_mem"), ("e_gen", "E_gen"), ("e_mem", "E_mem")):
-        f = fits[name]
-        out.append(f"| {label} | {'—' if f.gamma is None else f'{f.gamma:.4f}'} | {_md_interval(f)} | "
-                   f"{_md_spread(f.score)} | {_md_spread(f.references.get(0.0))} | "
-                   f"{_md_spread(f.references.get(0.5))} |")
+        sd = "" if j.gamma_se is None else f", bootstrap sd {j.gamma_se:.3f}"
+        out += [f"**{q0.label}: γ̂ = {j.gamma:.3f}, {100 * j.level:g} % interval {_md_interval(j)}** "
+                f"({j.method} bootstrap, B = {j.bootstrap.size}{sd}); the paper's γ = ½ lies "
+                f"{_half_md(j, ' the interval')}. At γ̂ the curves {_verdict(j)}; S(½) = {_md_spread(j, '0.5', j.references.get(0.5))}, "
+                f"S(0) = {_md_spread(j, '0.0', j.references.get(0.0))}.", ""]
+    warn = [w for k, f in fits.items() if f is not None for w in _collapse_warnings(f, opts["bounds"], k)]
+    out += [f"> {w}" for w in warn] + [""] * bool(warn)
+    out += ["| quantity | widths \|θ\| | γ̂ | interval | sd | γ = ½ | S(γ̂) | S(0): N alone | S(½): N/√\|θ\| | at γ̂ |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for q in COLLAPSE_QUANTITIES:
+        f = fits.get(q.key)
+        widths = ", ".join(str(w) for w in collapse["used"][q.key])
+        if f is None or f.gamma is None:
+            why = "fewer than two widths" if f is None else f.reason
+            out.append(f"| {q.label} | {widths} | — | — | — | — | — | — | — | {_md_escape(why)} |")
+            continue
+        out.append(f"| {q.label} | {widths} | {f.gamma:.3f} | {_md_interval(f)} | "
+                   f"{'—' if f.gamma_se is None else f'{f.gamma_se:.3f}'} | {_half_md(f)} | "
+                   f"{_md_spread(f, 'gamma_hat', f.score)} | {_md_spread(f, '0.0', f.references.get(0.0))} | "
+                   f"{_md_spread(f, '0.5', f.references.get(0.5))} | {_verdict(f)} |")
+    out.append("")
+    for q in COLLAPSE_QUANTITIES:
+        for w, why in collapse["excluded"][q.key].items():
+            out.append(f"- {q.label}: width \|θ\| = {w} excluded — {why}.")
+    out += [f"- {q.label}: {q.why}." for q in COLLAPSE_QUANTITIES] + [""]
+    for q in COLLAPSE_QUANTITIES:
+        f = fits.get(q.key)
+        if f is None or not f.floors:
+            continue
+        out += [f"Per-width levels subtracted in {q.label} (data-rich end: the mean at the largest N ± "
+                "s.e.; fitted: plus the shift fitted jointly with γ̂, the shifts summing to 0):", "",
+                "| \|θ\| | at the largest N | fitted |", "|---|---|---|"]
+        for s, rec in sorted(f.floors.items()):
+            fit_v = "—" if rec["fitted"] is None else _fmt(rec["fitted"][0])
+            out.append(f"| {int(round(2 ** s))} | {_fmt(rec['data_rich'][0])} ± {_fmt(rec['se'][0], 2)} | {fit_v} |")
+        out.append("")
     lo, hi = opts["bounds"]
-    return out + ["", f"S = normalised leave-one-curve-out residual of the cell means (0 = perfect "
-                  f"collapse; pts = points overlapping another curve / all); γ searched in [{lo:g}, {hi:g}].", ""]
+    level = next((f.level for f in fits.values() if f is not None and f.level), None)
+    return out + [f"S = RMS residual of each cell mean against the other widths' interpolated curves, in "
+                  "standard errors (from the K repeats, moderated, plus the master curve's and an "
+                  f"interpolation term); [..] = {'' if level is None else f'{100 * level:g} % '}bootstrap "
+                  "percentile interval; sd = bootstrap sd of γ̂; γ = ½ column: inside/outside the interval and "
+                  f"(½ − γ̂)/sd; γ searched in [{lo:g}, {hi:g}]. Definitions: docs/sweeps_analysis.md.", ""]
 
 
-#: S(γ̂) above this: the residual is comparable to the variation of the curves themselves.
-POOR_COLLAPSE = 0.5
-
-
-def _collapse_warnings(fit, bounds) -> list:
-    """Reasons not to trust γ̂: a minimum on the edge of the search range, or no real collapse."""
+def _collapse_warnings(fit, bounds, key: str = "") -> list:
+    """Reasons not to trust γ̂: a minimum on the edge of the search range."""
     out = []
     near = 0.05  # two steps of the coarse grid
     if fit.gamma is not None and min(abs(fit.gamma - bounds[0]), abs(fit.gamma - bounds[1])) < near:
-        out.append(f"γ̂ lies at the edge of the search range [{bounds[0]:g}, {bounds[1]:g}]: the minimum "
-                   "may be outside it (widen --gamma-bounds) or the curves may not collapse at all.")
-    if fit.score is not None and fit.score.spread >= POOR_COLLAPSE:
-        out.append(f"S(γ̂) = {fit.score.spread:.3g} ≥ {POOR_COLLAPSE}: the curves disagree by a sizeable "
-                   "fraction of their own variation at the best γ — no collapse; γ̂ is not meaningful.")
+        out.append(f"{key + ': ' if key else ''}γ̂ lies at the edge of the search range [{bounds[0]:g}, "
+                   f"{bounds[1]:g}]: the minimum may be outside it (widen --gamma-bounds) or the curves may "
+                   "not collapse at all.")
     return out
 
 
@@ -647,7 +773,7 @@ def _consistency(sweep, per_trial, mismatch) -> list:
 
 
 def write_sweep_report(sweep_dir, out_dir=None, force: bool = False, *, model_size=None,
-                       bootstrap: int = 200, bootstrap_seed: int = 0, level: float = 0.95,
+                       bootstrap: int = 200, bootstrap_seed: int = 0, level: float = 0.90,
                        gamma_bounds=(-0.5, 1.5), which: str = "final",
                        kid_max_samples: Optional[int] = 4096) -> dict:
     """Analyse a sweep and write the figures, ``report.md`` and ``analysis.json``.
@@ -684,14 +810,14 @@ def write_sweep_report(sweep_dir, out_dir=None, force: bool = False, *, model_si
         r.update({k: per_trial.get(r["trial_id"], {}).get(k) for k in ("fid", "kid")})
     cells_tab = _cell_table(sweep)
     collapse = _collapse(sweep, bootstrap, bootstrap_seed, level, bounds)
-    joint = collapse["fits"]["joint"]
-    trans = _transitions(collapse["cells"], joint.gamma)
+    prim = _primary(collapse)
+    trans = _transitions(collapse["cells"], None if prim is None else prim.gamma)
     tspread = _transition_spread(trans)
     opts = {"which": which, "bounds": bounds, "kid_max_samples": kid_max_samples}
 
     out.mkdir(parents=True, exist_ok=True)
     sizes = _by_size(sweep.ok)
-    figs = [_plot_vs_logn(sweep.ok, out / FIGURES[0], trans), _plot_collapsed(sweep.ok, out / FIGURES[1], joint),
+    figs = [_plot_vs_logn(sweep.ok, out / FIGURES[0], trans), _plot_collapsed(sweep.ok, out / FIGURES[1], prim),
             _plot_practical(sizes[size], out / FIGURES[2], _size_label(_label(sizes[size]), size)),
             _plot_bias_variance(bv, out / FIGURES[3])]
     figs = [f for f in figs if f is not None]
@@ -704,7 +830,12 @@ def write_sweep_report(sweep_dir, out_dir=None, force: bool = False, *, model_si
         "n_used": len(sweep.ok), "n_excluded": len(sweep.excluded), "incomplete": sweep.incomplete,
         "warnings": sweep.warnings, "practical_model_size": size,
         "cells": cells_tab,
-        "collapse": {k: dict(f.to_dict(), warnings=_collapse_warnings(f, bounds)) for k, f in collapse["fits"].items()},
+        "collapse": {k: None if f is None else dict(f.to_dict(), warnings=_collapse_warnings(f, bounds),
+                                                    widths=collapse["used"][k],
+                                                    excluded={str(w): why for w, why in collapse["excluded"][k].items()},
+                                                    verdict=_verdict(f))
+                     for k, f in collapse["fits"].items()},
+        "collapse_primary": PRIMARY,
         "transitions": trans, "transition_spread": tspread, "bias_variance": bv,
         "trials": {str(k): v for k, v in per_trial.items()}, "consistency": consistency,
         "excluded": [{"trial_id": r.get("trial_id"), "status": r.get("status"), "reason": r["_reason"]}
@@ -739,9 +870,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="|θ| or model label of the Fig. 7 panel (default: the largest model)")
     p.add_argument("--which", choices=("final", "best"), default="final",
                    help="E_gen/E_mem of each trial: at the end of training (default) or the best epoch")
-    p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for γ̂ (default 200)")
+    p.add_argument("--bootstrap", type=int, default=200,
+                   help="bootstrap resamples for γ̂ and S (default 200; parametric from the repeats)")
     p.add_argument("--bootstrap-seed", type=int, default=0, help="seed of the bootstrap generator")
-    p.add_argument("--level", type=float, default=0.95, help="interval level (default 0.95)")
+    p.add_argument("--level", type=float, default=0.90, help="interval level (default 0.90)")
     p.add_argument("--gamma-bounds", type=float, nargs=2, default=(-0.5, 1.5), metavar=("LO", "HI"),
                    help="search range of γ (default -0.5 1.5)")
     p.add_argument("--kid-max-samples", type=int, default=4096,
@@ -771,12 +903,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if Path(res["out_dir"]) != want:
         print(f"note: {want} already holds a report (kept); writing to {res['out_dir']} (--force overwrites)",
               file=sys.stderr)
-    j = res["analysis"]["collapse"]["joint"]
     a = res["analysis"]
     print(f"sweep {a['sweep']}: {a['n_used']} trials used, {a['n_excluded']} excluded")
-    if j["gamma"] is not None:
+    labels = {q.key: q.label for q in COLLAPSE_QUANTITIES}
+    for key, j in a["collapse"].items():
+        if j is None or j["gamma"] is None:
+            continue
         iv = "" if j["interval"] is None else f" [{j['interval'][0]:.3f}, {j['interval'][1]:.3f}]"
-        print(f" - collapse: γ̂ = {j['gamma']:.4f}{iv} (paper: 0.5)")
+        print(f" - collapse of {labels.get(key, key)}: γ̂ = {j['gamma']:.3f}{iv} (paper: 0.5); {j['verdict']}")
         for w in j["warnings"]:
             print(f"   note: {w}")
     print(f"wrote {res['markdown']}" + "".join(f", {f}" for f in res["figures"]))
