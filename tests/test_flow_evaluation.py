@@ -222,11 +222,15 @@ def test_two_simulated_processes_give_the_numbers_of_one(nan_odd):
     (single,) = _run_world(1, make, measure)
     pair = _run_world(2, make, measure)
     assert single.metrics["nonfinite"] == (6 / 13 if nan_odd else 0.0)
-    assert set(single.metrics) == {"e_gen", "e_mem", "sw/e_gen", "nonfinite", "train_fixed", "test_fixed", "gap"}
+    assert set(single.metrics) == {"e_gen", "e_mem", "e_gen_se", "e_mem_se", "sw/e_gen", "nonfinite", "train_fixed",
+                                   "test_fixed", "gap"}
+    assert set(single.per_seed) == {"e_gen", "e_mem"}  # the PFD metrics keep their per-seed d²
     for res in pair:
         assert set(res.metrics) == set(single.metrics)
+        for k, sq in single.per_seed.items():  # gathered in global seed order on every process
+            torch.testing.assert_close(res.per_seed[k], sq, rtol=1e-12, atol=1e-15, equal_nan=True)
         for k, v in single.metrics.items():
-            if nan_odd and k in ("e_gen", "e_mem", "sw/e_gen"):
+            if nan_odd and k in ("e_gen", "e_mem", "sw/e_gen", "e_gen_se", "e_mem_se"):
                 assert math.isnan(float(res.metrics[k])) and math.isnan(float(v)), k
             else:
                 assert float(res.metrics[k]) == pytest.approx(float(v), rel=1e-12, abs=1e-15), k
@@ -362,7 +366,7 @@ def test_monitor_logs_what_measure_returns_including_a_yaml_user_metric(tmp_path
     ev.add_metric("sw/e_mem", SlicedW2, reference="empirical")
     got = ev.measure(model.denoiser, loss_fn=model.loss_fn).metrics  # its own sampler, not model.generate
     want = {cb.key(k): float(v) for k, v in got.items()}  # pfd/e_gen, loss/gap, ...; user keys as they are
-    assert set(logged) == set(want) and "pfd/e_gen" in want and "loss/gap" in want and len(want) == 8
+    assert set(logged) == set(want) and "pfd/e_gen" in want and "loss/gap" in want and len(want) == 10  # + pfd/e_gen_se, pfd/e_mem_se
     for k, v in want.items():
         assert logged[k] == pytest.approx(v, rel=1e-12, abs=1e-15), k
     assert logged["pfd_rms/e_gen"] == pytest.approx(logged["pfd/e_gen"] / math.sqrt(3), rel=1e-12)

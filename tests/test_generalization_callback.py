@@ -148,8 +148,8 @@ def test_ddp_spawn_two_ranks_equal_single_process(tmp_path):
     t2 = _trainer(tmp_path, GeneralizationMonitor(use_cache=True, **kw), devices=2, strategy="ddp_spawn")
     t2.validate(_module(), datamodule=TeacherDM(), verbose=False)
     double = _metrics(t2)
-    assert set(single) == {"pfd/e_gen", "pfd/e_mem", "pfd/nonfinite", "loss/train_fixed", "loss/test_fixed",
-                           "loss/gap"}
+    assert set(single) == {"pfd/e_gen", "pfd/e_mem", "pfd/e_gen_se", "pfd/e_mem_se", "pfd/nonfinite",
+                           "loss/train_fixed", "loss/test_fixed", "loss/gap"}
     assert single["pfd/nonfinite"] == double["pfd/nonfinite"] == 0.0
     assert set(double) == set(single)
     for k in single:

@@ -16,7 +16,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from lightning_pfd.analysis.events import analyze_history
+from lightning_pfd.analysis.events import MIN_SIGMA, analyze_history
 from lightning_pfd.analysis.history import load_history, scan_wandb_log
 from lightning_pfd.analysis.report import (
     SETTINGS_FILE,
@@ -105,7 +105,7 @@ def test_report_without_events_says_so(tmp_path):
     series = {"pfd/e_gen": (T, 2 + 2 * np.exp(-T / 10)), "pfd/e_mem": (T, 3 + 0 * T)}
     res = write_report(series, tmp_path)
     md = Path(res["markdown"]).read_text()
-    assert "No event detected" in md and "**generalization**" in md
+    assert "No event passed its test" in md and "**generalization**" in md
     assert res["figures"] == [str(tmp_path / "dynamics.png")]  # no ICR / ratio: one figure
 
 
@@ -176,7 +176,7 @@ SET_CURVES = {
     "pfd/e_mem": 3.0 + 0.0 * T_SET,
     "custom/ratio": 0.8 / (1.0 + np.exp(-(T_SET - 8.0))),
 }
-SAVED = dict(keys={"mem_ratio": "custom/ratio"}, window=3, confirm=2)
+SAVED = dict(keys={"mem_ratio": "custom/ratio"}, window=1, confirm=2)
 
 
 def _onset(series, **kw):
@@ -187,9 +187,9 @@ def test_saved_settings_are_used(tmp_path, capsys):
     run = _write_csv(tmp_path / "run", epochs=range(N_SET), curves=SET_CURVES)
     ver = run / "lightning_logs" / "version_0"
     series = {k: (T_SET, v) for k, v in SET_CURVES.items()}
-    saved_on = _onset(series, keys=SAVED["keys"], window=3, confirm=2)
+    saved_on = _onset(series, keys=SAVED["keys"], window=1, confirm=2)
     default_on = _onset(series, keys=SAVED["keys"])
-    assert (saved_on.epoch, default_on.epoch) == (6, 5)  # the settings move the onset
+    assert (saved_on.epoch, default_on.epoch) == (5, 7)  # the settings move the onset
     assert _onset(series) is None  # without the saved keys no ratio, flat E_mem: no onset
     f = save_detector_settings(ver / "report", dict(SAVED, require_descent=True),
                                written_by="test")
@@ -197,12 +197,12 @@ def test_saved_settings_are_used(tmp_path, capsys):
     data = json.loads((tmp_path / "a" / "events.json").read_text())
     onset = [e for e in data["events"] if e["name"] == "memorization_onset"]
     assert [e["epoch"] for e in onset] == [saved_on.epoch]
-    assert data["settings"]["window"] == 3 and data["settings"]["confirm"] == 2
+    assert data["settings"]["window"] == 1 and data["settings"]["confirm"] == 2
     assert data["settings"]["keys"]["mem_ratio"] == "custom/ratio"
     assert data["settings_source"]["window"] == f"run: {f}"
     assert data["settings_source"]["min_sigma"] == "default"
     md = (tmp_path / "a" / "report.md").read_text()
-    assert f"| window | `3` | run: {f} |" in md and "| min_rel | `0.02` | default |" in md
+    assert f"| window | `1` | run: {f} |" in md and "| min_rel | `0` | default |" in md
     assert f"(run: {f})" in capsys.readouterr().out
     # flags given explicitly win over the saved settings; the saved keys stay
     assert main([str(ver), "--out", str(tmp_path / "b"), "--window", "5", "--confirm", "3"]) == 0
@@ -326,13 +326,13 @@ def _fit(tmp_path, callbacks, epochs, logger=False, ckpt_path=None, checkpoint=F
 
 
 def test_in_run_report_kept_and_its_settings_used(tmp_path, capsys):
-    mon = RegimeMonitor(window=3, confirm=2, verbose=False)
+    mon = RegimeMonitor(window=1, confirm=2, verbose=False)
     logger = CSVLogger(str(tmp_path), name="csv")
     _fit(tmp_path, [mon], N_SET, logger=logger)
     ver = Path(logger.log_dir)
     rep = ver / "report"
     saved = json.loads((rep / SETTINGS_FILE).read_text())
-    assert saved["settings"] == dict(mon.detector_settings, min_sigma=4.0)
+    assert saved["settings"] == dict(mon.detector_settings, min_sigma=MIN_SIGMA)
     assert saved["state_key"] == mon.state_key
     assert json.loads((ver / SETTINGS_FILE).read_text()) == saved  # copy in the logger's dir
     before = {p.name: p.read_bytes() for p in rep.iterdir()}
@@ -345,7 +345,7 @@ def test_in_run_report_kept_and_its_settings_used(tmp_path, capsys):
     assert new["settings_source"]["window"] == f"run: {ver / SETTINGS_FILE}"
     series = {k.replace("custom/ratio", "mem/ratio"): (T_SET, v) for k, v in SET_CURVES.items()}
     assert [e["epoch"] for e in new["events"] if e["name"] == "memorization_onset"] == \
-        [_onset(series, window=3, confirm=2).epoch] != [_onset(series).epoch]
+        [_onset(series, window=1, confirm=2).epoch] != [_onset(series).epoch]
 
 
 @pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")

@@ -41,7 +41,7 @@ CURVES = {
     "loss/train_fixed": 1.0 / (1.0 + T / 3.0),
     "loss/test_fixed": 1.0 / (1.0 + T / 3.0) + 0.004 * T,
 }
-PARAMS = dict(window=3, min_sigma=4.0, min_rel=0.02, confirm=2)
+PARAMS = dict(window=3, min_sigma=3.0, min_rel=0.0, confirm=2)
 
 
 class Scripted(LightningModule):
@@ -178,13 +178,16 @@ def test_wandb_events_metrics_table_and_images(wandb_run):
     el, icr, onset = _oracle()
     h = load_history(run_dir)
     # events logged as metrics, once, with the oracle's epochs
+    # (once provisional when found, once more when the final test confirms it at fit end)
     x, y = h.series("events/early_learning_epoch")
-    assert y.tolist() == [el.epoch]
+    assert y.tolist() == [el.epoch, el.epoch]
     assert x[0] >= el.detected_epoch  # emitted when confirmed, not before
-    assert h.series("events/icr_minimum_epoch")[1].tolist() == [icr.epoch]
-    assert h.series("events/memorization_onset_epoch")[1].tolist() == [onset.epoch]
-    lead = h.series("events/memorization_lead_epochs")[1]
-    assert lead.tolist() == [onset.epoch - icr.epoch]
+    assert h.series("events/early_learning_confirmed")[1].tolist() == [1.0]
+    assert h.series("events/icr_minimum_epoch")[1].tolist() == [icr.epoch, icr.epoch]
+    on_epochs = h.series("events/memorization_onset_epoch")[1].tolist()  # provisional (history so far), final
+    assert len(on_epochs) == 2 and on_epochs[-1] == onset.epoch
+    lead = h.series("events/memorization_lead_epochs")[1]  # provisional, then the final events'
+    assert lead.tolist()[-1] == onset.epoch - icr.epoch
     assert h.series("events/regime_code")[1].tolist() == [2.0]  # ratio 0.8 at the end
     assert h.summary["events/regime"] == "memorization"
     # events table: one row per event + the regime row
@@ -192,11 +195,11 @@ def test_wandb_events_metrics_table_and_images(wandb_run):
     assert table is not None
     rows = {r[0]: r for r in table["data"]}
     assert set(rows) == {"early_learning", "icr_minimum", "memorization_onset", "regime"}
-    assert rows["early_learning"][1] == el.epoch
+    assert rows["early_learning"][1] == "confirmed" and rows["early_learning"][2] == el.epoch
+    assert rows["early_learning"][3] == pytest.approx(el.significance, rel=1e-6)  # the final test
     # significance as known online: the detector on the history up to the emission epoch
     k = int(x[0]) + 1
     online = detect_early_learning(T[:k], CURVES["pfd/e_gen"][:k], **PARAMS)
-    assert rows["early_learning"][2] == pytest.approx(online.significance, rel=1e-6)
     assert h.series("events/early_learning_significance")[1][0] == pytest.approx(
         online.significance, rel=1e-6)
     # figures logged as images and present on disk as PNG
@@ -235,8 +238,10 @@ def test_csv_logger_events_and_report(tmp_path):
     h = load_history(tmp_path / "csv")
     assert h.source == "csv"
     np.testing.assert_allclose(h.series("pfd/e_gen")[1], CURVES["pfd/e_gen"], rtol=1e-6)
-    assert h.series("events/early_learning_epoch")[1].tolist() == [el.epoch]
-    assert h.series("events/memorization_onset_epoch")[1].tolist() == [onset.epoch]
+    assert h.series("events/early_learning_epoch")[1].tolist() == [el.epoch, el.epoch]  # provisional, final
+    on_epochs = h.series("events/memorization_onset_epoch")[1].tolist()  # provisional (history so far), final
+    assert len(on_epochs) == 2 and on_epochs[-1] == onset.epoch
+    assert h.series("events/memorization_onset_confirmed")[1].tolist() == [1.0]
     rep = Path(logger.log_dir) / "report"
     assert (rep / "dynamics.png").is_file() and (rep / "icr_memorization.png").is_file()
     data = json.loads((rep / "events.json").read_text())

@@ -77,7 +77,7 @@ DEFAULT_KEYS = keys_registry.roles()
 REGIMES = ("generalization", "transition", "memorization")
 
 #: default z every leg of an event must reach on the held-out half (calibrated: docs/events.md)
-MIN_SIGMA = 3.0
+MIN_SIGMA = 2.5
 #: hysteresis of the candidate search on the selection half, in noise units of a leg
 PROPOSE_SIGMA = 2.0
 #: added to ``min_sigma`` when a curve has no held-out half (proposed and tested on the same

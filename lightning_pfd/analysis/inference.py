@@ -20,7 +20,7 @@ training, a peak and a minimum, ...). Each place is the mean of the curve over a
    variogram (white noise, AR(1) with φ > 0, random walks) V(2h) <= 2V(h) and V(3h) >= V(h),
    hence V(h) <= Var(D_h)/4 — the bound used (white noise gets 2.5x its true variance, a
    random walk 1.5x). Var(D_h) is estimated robustly (MAD) over t, the seed part of D_h (term
-   1, its median over t) is subtracted when per-unit values exist, every lag up to a short lag
+   1, its mean over t: the per-t estimates are right-skewed, a median under-subtracts) is subtracted when per-unit values exist, every lag up to a short lag
    h_s is estimated, and beyond h_s V is the smaller of the estimate on longer lags and the
    secant extension from h_s/2 to h_s (:func:`variogram`). Then
    Var_train(c·y) = -1/2 sum_{s,t} c_s c_t V(|s-t|) (the variogram identity for sum c = 0).
@@ -182,7 +182,7 @@ def _lag_values(curve: Curve, lags, order: int = DIFF_ORDER) -> np.ndarray:
         total = _robust_var(d)
         if curve.units is not None:
             q = _diff(curve.units, h, order)
-            total = max(0.0, total - float(np.median(curve.unit_var(q))))
+            total = max(0.0, total - float(np.mean(curve.unit_var(q))))
         vals.append(bound * total)
     return _isotonic(np.asarray(vals, dtype=np.float64))
 

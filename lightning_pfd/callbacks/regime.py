@@ -335,6 +335,11 @@ class RegimeMonitor(Callback):
                 metrics.update({f"events/{name}_confirmed": 1.0, f"events/{name}_epoch": float(e.epoch),
                                 f"events/{name}_significance": float(min(e.significance, 1e30))})
                 lines.append(f"[bold magenta]event (final)[/] {e.describe()}")
+        on, icr = final.get("memorization_onset"), final.get("icr_minimum")
+        if on is not None and icr is not None:  # the lead of the final events
+            lead = float(on.epoch) - float(icr.epoch)
+            if self.emitted.get("memorization_lead", {}).get("lead_epochs") != lead:
+                metrics["events/memorization_lead_epochs"] = lead
         if metrics:
             log_to_loggers(trainer, metrics)
         if trainer.is_global_zero and self.verbose:
