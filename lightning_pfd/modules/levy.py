@@ -106,6 +106,24 @@ def _check_rho(rho) -> float:
     return float(rho)
 
 
+def _check_truncations(alpha, reject_A, clamp_A, generate_reject_A, generate_clamp_A) -> None:
+    """ConfigError for a bad truncation of A (``check_truncation``) in training or generation."""
+    from ..diffusion.levy import check_truncation
+
+    if isinstance(generate_reject_A, str) and generate_reject_A != "train":
+        raise ConfigError("model.init_args.generate_reject_A", "must be a number > 0, \"train\" "
+                          "(= reject_A) or null (off)", value=generate_reject_A)
+    g_reject = reject_A if generate_reject_A == "train" else generate_reject_A
+    for phase, (rA, cA) in (("", (reject_A, clamp_A)), ("generate_", (g_reject, generate_clamp_A))):
+        try:
+            check_truncation(float(alpha), cA, rA, prefix=f"model.init_args.{phase}")
+        except ValueError as e:
+            field, _, problem = str(e).partition(": ")
+            hint = (" (reject_A defaults to 20, the reference's rejection: set reject_A: null to "
+                    "clamp instead)") if cA is not None and rA is not None else ""
+            raise ConfigError(field, problem + hint) from None
+
+
 class LevyItoModule(EMAModule):
     """Train a Lévy–Itō model with fractional denoising score matching; keep EMA weights.
 
@@ -113,8 +131,14 @@ class LevyItoModule(EMAModule):
         net: raw network ``net(x_in, c_noise)`` with ``data_shape`` (UNet, MLPNet, ...).
         alpha: stability index in (1, 2]; alpha = 2 is the Gaussian VP model with N(0, 2) noise.
         loss: "squared" (LIM), "huber" (smooth L1, ``huber_delta``) or "l2" (non-squared, DLPM).
-        clamp_A: clamp of the heavy-tailed factor A of the training noise (None = off; the
-            LIM reference uses ~20). clamp_eps: clamp of |eps| per coordinate (None = off).
+        reject_A: rejection threshold of the heavy-tailed factor A = c_alpha A' of the training
+            noise: A >= reject_A is redrawn, so A has the law of A given A < reject_A (default 20,
+            the Lévy–Itō model's reference code: ``torchlevy`` ``reject_threshold=20``; None =
+            exact alpha-stable noise). A hyperparameter: at alpha = 1.7, P(A >= 20) = 2.5 %;
+            DLPM's copy bounds A' at 20, i.e. A at 20 c_alpha = 7.22 (docs/levy.md, "Truncating A").
+        clamp_A: the clamping variant, A <- min(A, clamp_A) (a point mass at the threshold; not
+            what the reference codes do). At most one of ``clamp_A`` and ``reject_A``.
+        clamp_eps: clamp of |eps| per coordinate (None = off).
         isotropic: sub-Gaussian isotropic noise (one A per example) or per-coordinate A.
         gradient_clip_val: global grad-norm clip applied in ``on_before_optimizer_step``
             (None/0 = off; Lightning's ``trainer.gradient_clip_val`` works as well).
@@ -129,10 +153,11 @@ class LevyItoModule(EMAModule):
             (sampler "ode" (first order in t) / "ddim" / "heun" / "sde"; time grid "uniform" in t or
             "edm" = EDM's rho-grid in r = sigma/gamma).
         trim_fraction: fraction cut on each side for the logged trimmed-mean loss.
-        generate_clamp_A: clamp of A in the prior x_T and the SDE noise of ``generate`` (None =
-            exact alpha-stable law). Setting it equal to ``clamp_A`` samples the process the
-            network was trained on (the LIM reference code clamps at sampling as well); the
-            prior is then no longer exactly alpha-stable.
+        generate_reject_A: rejection threshold of A in the prior x_T and the SDE noise of
+            ``generate``: ``"train"`` (default) = ``reject_A``, so training, prior and SDE noise
+            share one truncation as in the reference code; a number; or None (exact law).
+        generate_clamp_A: the clamping variant for ``generate`` (None = off; at most one of
+            ``generate_clamp_A`` and a resolved ``generate_reject_A``).
         train_seed, divergence_patience, on_divergence: seeded per-batch randomness and divergence
             events (see ``lightning_pfd.modules.base.ResumableModule``).
         sample_compile: ``generate`` runs the score network through ``torch.compile`` for every
@@ -147,7 +172,8 @@ class LevyItoModule(EMAModule):
     TRAINED = "score_net"
 
     def __init__(self, net: nn.Module, alpha: float = 1.7, loss: str = "squared",
-                 huber_delta: float = 1.0, clamp_A: Optional[float] = None,
+                 huber_delta: float = 1.0, reject_A: Optional[float] = 20.0,
+                 clamp_A: Optional[float] = None,
                  clamp_eps: Optional[float] = None, isotropic: bool = True,
                  gradient_clip_val: Optional[float] = 1.0, schedule_s: float = 0.008,
                  T: float = 0.9946, t_min: float = 1e-5, sigma_data: float = 0.5, M: int = 1000,
@@ -156,6 +182,7 @@ class LevyItoModule(EMAModule):
                  ema_halflife_kimg: Optional[float] = None, ema_rampup: bool = True,
                  num_steps: int = 100,
                  sampler: str = "ode", sde_drift_factor: float = 2.0, trim_fraction: float = 0.1,
+                 generate_reject_A: Union[float, str, None] = "train",
                  generate_clamp_A: Optional[float] = None, train_seed: Optional[int] = None,
                  divergence_patience: int = 10, on_divergence: str = "stop",
                  parameterization: str = "eps", time_grid: str = "uniform", rho: float = 7.0,
@@ -168,10 +195,9 @@ class LevyItoModule(EMAModule):
         check_choice("time_grid", time_grid, LEVY_TIME_GRIDS)
         _check_rho(rho)
         check_compile(sample_compile, "model.init_args.sample_compile")
-        for name, v in (("clamp_A", clamp_A), ("clamp_eps", clamp_eps),
-                        ("generate_clamp_A", generate_clamp_A)):
-            if v is not None and not v > 0:
-                raise ConfigError(f"model.init_args.{name}", "must be > 0 or null (off)", value=v)
+        if clamp_eps is not None and not clamp_eps > 0:
+            raise ConfigError("model.init_args.clamp_eps", "must be > 0 or null (off)", value=clamp_eps)
+        _check_truncations(alpha, reject_A, clamp_A, generate_reject_A, generate_clamp_A)
         if not huber_delta > 0:
             raise ConfigError("model.init_args.huber_delta", "must be > 0", value=huber_delta)
         check_training_args(net, lr, betas, weight_decay, warmup_steps, ema_decay, ema_halflife_kimg,
@@ -193,6 +219,18 @@ class LevyItoModule(EMAModule):
         self._init_ema(train_seed, divergence_patience, on_divergence)
 
     # -- public interface ----------------------------------------------------------------------
+    def truncation(self, phase: str = "train") -> dict:
+        """The truncation of A for ``phase`` "train" (training and validation noise) or
+        "generate" (prior and SDE noise), as ``sample_alpha_stable`` keyword arguments
+        ``{"clamp_A": ..., "reject_A": ...}``."""
+        check_choice("phase", phase, ("train", "generate"))
+        hp = self.hparams
+        rA, cA = hp.get("reject_A"), hp.get("clamp_A")
+        if phase == "train":
+            return {"clamp_A": cA, "reject_A": rA}
+        g = hp.get("generate_reject_A")
+        return {"clamp_A": hp.get("generate_clamp_A"), "reject_A": rA if g == "train" else g}
+
     @property
     def alpha(self) -> float:
         return self.schedule.alpha
@@ -213,11 +251,11 @@ class LevyItoModule(EMAModule):
         if seeds is None:
             t = self.schedule.sample_t(y.shape[0], device=y.device)
             eps = sample_alpha_stable(self.alpha, y.shape, hp.isotropic, device=y.device,
-                                      clamp_A=hp.clamp_A)
+                                      **self.truncation("train"))
         else:
             t = self.schedule.sample_t(len(seeds), device=y.device, seeds=seeds, stream=_T_STREAM)
             eps = sample_alpha_stable(self.alpha, y.shape[1:], hp.isotropic, device=y.device,
-                                      seeds=seeds, stream=_EPS_STREAM, clamp_A=hp.clamp_A)
+                                      seeds=seeds, stream=_EPS_STREAM, **self.truncation("train"))
         if hp.clamp_eps is not None:
             eps = eps.clamp(-hp.clamp_eps, hp.clamp_eps)
         return t, eps
@@ -270,7 +308,7 @@ class LevyItoModule(EMAModule):
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
         model = self.score_model if model is None else model
         seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
-        iso, a, cA = self.hparams.isotropic, self.alpha, self.hparams.generate_clamp_A
+        iso, a, trunc = self.hparams.isotropic, self.alpha, self.truncation("generate")
         score = model.fractional_score
         if self.sample_compile and len(seeds):  # fixed shapes: one graph for every batch and epoch
             score = pad_rows(compile_denoiser(score, self.sample_compile, self.sample_compile_backend, self.device),
@@ -278,10 +316,10 @@ class LevyItoModule(EMAModule):
         out = []
         for chunk in seeds.split(int(batch_size)):
             x_T = self.schedule.sigma(self.schedule.T) * sample_alpha_stable(
-                a, self.data_shape, iso, device=self.device, seeds=chunk, stream=alpha_stable_stream("levy.sampler", 0), clamp_A=cA)
+                a, self.data_shape, iso, device=self.device, seeds=chunk, stream=alpha_stable_stream("levy.sampler", 0), **trunc)
             noise_fn = (lambda i, c=chunk: sample_alpha_stable(
                 a, self.data_shape, iso, device=self.device, seeds=c, stream=alpha_stable_stream("levy.sampler", 1 + i),
-                clamp_A=cA))
+                **trunc))
             out.append(levy_sample(score, x_T, self.schedule, num_steps, sampler,
                                    noise_fn, drift_factor=self.hparams.sde_drift_factor,
                                    time_grid=time_grid, rho=rho))
