@@ -96,7 +96,7 @@ __all__ = [
     "rmsqe", "loader", "same_law_floor", "matched_score", "reference_splits", "loader_settings",
     "rmsqe_options", "loader_options",
     "kde_density", "integrate_abs_log_ratio", "bandwidth_rule", "quantile_step_integral",
-    "quantile_step_contributions", "matched_rmsqe_contributions", "top_share",
+    "quantile_step_contributions", "matched_rmsqe_contributions", "top_share", "hill_tail_index",
     "RootMeanSquaredQuantileError", "LogAbsoluteDensityRatio", "QUANTILE_METHOD",
     "RMSQE_DEFINITIONS", "BANDWIDTH_RULES", "QUANTILE_CONVENTION",
 ]
@@ -723,6 +723,28 @@ def top_share(contributions) -> float:
     c = torch.as_tensor(contributions, dtype=torch.float64).reshape(-1)
     tot = float(c.sum()) if c.numel() else 0.0
     return float(c.max()) / tot if tot > 0 and math.isfinite(tot) else math.nan
+
+
+def hill_tail_index(x, k: int) -> dict:
+    """Hill's estimator of the tail index from the k largest values (Hill 1975):
+    alpha_hat = k / sum_{i=1}^{k} log(X_(n-i+1) / X_(n-k)), X_(j) the order statistics, with its
+    asymptotic standard error alpha_hat / sqrt(k). For P(X > x) ~ x^(-alpha), alpha_hat -> alpha;
+    comparable with the stability index alpha of alpha-stable noise (P(|eps| > x) ~ x^(-alpha)).
+    Returns ``{"k", "alpha", "se", "threshold"}``; alpha is NaN when X_(n-k) <= 0 (the estimator
+    needs positive order statistics) or all k values equal the threshold."""
+    v = np.sort(np.asarray(torch.as_tensor(x, dtype=torch.float64).reshape(-1).cpu()))
+    v = v[np.isfinite(v)]
+    n = v.size
+    if isinstance(k, bool) or not float(k).is_integer() or not 1 <= int(k) <= n - 1:
+        raise ConfigError("k", f"must be an integer in [1, n - 1] = [1, {n - 1}] (the number of "
+                          "upper order statistics)", value=k)
+    k = int(k)
+    thr = float(v[n - k - 1])
+    if not thr > 0:
+        return {"k": k, "alpha": math.nan, "se": math.nan, "threshold": thr}
+    s = float(np.sum(np.log(v[n - k:] / thr)))
+    a = k / s if s > 0 else math.nan
+    return {"k": k, "alpha": a, "se": a / math.sqrt(k), "threshold": thr}
 
 
 def rmsqe_options(eta: float = 0.975, u_max: float | None = None, num_levels: int = 200,
