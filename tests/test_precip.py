@@ -217,6 +217,25 @@ def test_pite_config_builds_through_the_cli(tmp_path):
         assert m.hparams.lr == lim.hparams.lr
 
 
+def test_pite_scale_aware_row_and_alpha(tmp_path):
+    import sys
+    from unittest import mock
+
+    from lightning_pfd.commands.pite import _cli_args, _label, _rows, build_parser
+    from lightning_pfd.lightning_cli import PFDLightningCLI
+
+    a = build_parser().parse_args(["--out", str(tmp_path), "--crop-size", "8", "--n-train", "16",
+                                   "--scale-aware-row", "--alpha", "1.5"])
+    rows = _rows(a)
+    assert [r[0] for r in rows] == ["sbm_edm", "lim", "lim_x0A"]
+    name, cfg, extra = rows[2]
+    with mock.patch.object(sys, "argv", ["x"]):
+        m = PFDLightningCLI(args=_cli_args(a, cfg, name, extra), run=False).model
+    assert m.parameterization == "x0_A" and m.alpha == 1.5
+    assert m.truncation("generate") == {"clamp_A": None, "reject_A": 20.0}
+    assert "scale-aware" in _label({"alpha": 1.5}, "lim_x0A")
+
+
 def test_pite_table_and_observable_parsing():
     from lightning_pfd.commands.pite import RUN_METRICS, claims, summarize, verdict
     from lightning_pfd.experiments_cli import format_table, parse_observable

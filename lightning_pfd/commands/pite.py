@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated training seeds: every row is trained once per seed "
                         "(network initialisation, batch order, training noise); the table "
                         "reports mean ± sd [min, max] over them")
+    p.add_argument("--scale-aware-row", action="store_true",
+                   help="add the row lim_x0A: the LIM config with parameterization x0_A (EDM's "
+                        "preconditioning at the per-image level r sqrt(A), docs/levy.md)")
     p.add_argument("--alpha", type=float, default=1.7,
                    help="stability index of the LIM row, in (1, 2] (the blog: 1.7); the data's "
                         "Hill tail index is recorded next to it")
@@ -259,7 +262,10 @@ def _rows(a) -> list:
     rows = [(f"sbm_{q}", a.sbm_config, [f"--model.init_args.precond={q}", *a.sbm_override])
             for q in _preconds(a)]
     lim = [f"--model.init_args.alpha={a.alpha}"] + list(a.lim_override) + _overrides(a, _LIM_OVERRIDES)
-    return rows + [("lim", a.lim_config, lim)]
+    rows.append(("lim", a.lim_config, lim))
+    if getattr(a, "scale_aware_row", False):
+        rows.append(("lim_x0A", a.lim_config, lim + ["--model.init_args.parameterization=x0_A"]))
+    return rows
 
 
 def build_one(a, config: str, name: str, extra: Sequence[str] = ()):
@@ -336,9 +342,10 @@ def _check_out(a) -> None:
 def _label(res: dict, row: str) -> str:
     """``SBM (EDM)``, ``SBM (VP)``, ... for the SBM rows ``sbm_<family>``; ``LIM (alpha = a)``
     (with its truncation of A when recorded)."""
-    if row == "lim":
+    if row in ("lim", "lim_x0A"):
         t = res.get("lim_truncation") or ""
-        return f"LIM (alpha = {res.get('alpha', float('nan')):g}{', ' + t if t else ''})"
+        extra = ", scale-aware x0_A" if row == "lim_x0A" else ""
+        return f"LIM (alpha = {res.get('alpha', float('nan')):g}{', ' + t if t else ''}{extra})"
     return f"SBM ({row[4:].upper()})" if row.startswith("sbm_") else row
 
 
@@ -402,20 +409,25 @@ CLAIMS = (("lim_rmsqe", "LIM better in RMSQE", "rmsqe", True),
 
 
 def claims(res: dict) -> dict:
-    """observable -> claim key -> {"claim", "verdict", "lim", "sbm"} (``verdict``)."""
+    """observable -> claim key -> {"claim", "verdict", "lim_row", "lim", "sbm_row", "sbm"}
+    (``verdict``), for every LIM row ("lim", "lim_x0A") against the first SBM row; the keys of
+    the lim_x0A row end in ``@lim_x0A``."""
     rows = res["rows"]
-    if "lim" not in rows or not any(r.startswith("sbm_") for r in rows):
+    lims = [r for r in rows if r in ("lim", "lim_x0A")]
+    if not lims or not any(r.startswith("sbm_") for r in rows):
         return {}
     sbm = next(r for r in rows if r.startswith("sbm_"))
     out = {}
     for o in res["observables"]:
         sm = res["summary"][o]
         out[o] = {}
-        for key, text, m, lim_better in CLAIMS:
-            lv, sv = sm["lim"][m]["values"], sm[sbm][m]["values"]
-            out[o][key] = {"claim": text, "sbm_row": sbm,
-                           "verdict": verdict(lv, sv) if lim_better else verdict(sv, lv),
-                           "lim": sm["lim"][m], "sbm": sm[sbm][m]}
+        for lim in lims:
+            for key, text, m, lim_better in CLAIMS:
+                lv, sv = sm[lim][m]["values"], sm[sbm][m]["values"]
+                out[o][key if lim == "lim" else f"{key}@{lim}"] = {
+                    "claim": text, "sbm_row": sbm, "lim_row": lim,
+                    "verdict": verdict(lv, sv) if lim_better else verdict(sv, lv),
+                    "lim": sm[lim][m], "sbm": sm[sbm][m]}
     return out
 
 
@@ -464,8 +476,8 @@ def format_table(res: dict) -> str:
             out.append("The blog's claims across training seeds (holds = every seed of the better "
                        "row below every seed of the other; undecided = the ranges overlap):")
             for c in cl.values():
-                out.append(f"- {c['claim']}: **{c['verdict']}** (LIM {_ms(c['lim'])}, "
-                           f"{_label(res, c['sbm_row'])} {_ms(c['sbm'])})")
+                out.append(f"- {c['claim']}: **{c['verdict']}** ({_label(res, c['lim_row'])} "
+                           f"{_ms(c['lim'])}, {_label(res, c['sbm_row'])} {_ms(c['sbm'])})")
             out.append("")
         q = res["quantiles"][obs]
         out.append("Quantiles q50 / q90 / q97.5 / q99 / max (generated: all seeds pooled):")

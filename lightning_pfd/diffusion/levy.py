@@ -58,7 +58,8 @@ LEVY_SAMPLERS = ("ode", "ddim", "heun", "sde")
 #: time grids: "uniform" in t, "edm" = EDM's rho-grid in r = sigma/gamma
 LEVY_TIME_GRIDS = ("uniform", "edm")
 #: network output: "eps" (regresses -eps/alpha, LIM) or "x0" (EDM-preconditioned denoiser)
-PARAMETERIZATIONS = ("eps", "x0")
+#: "x0_A" = x0 with EDM preconditioning at the per-example level r sqrt(A) (docs/levy.md)
+PARAMETERIZATIONS = ("eps", "x0", "x0_A")
 
 _EPS_V = 1e-12  # keeps V strictly inside (-pi/2, pi/2)
 
@@ -217,7 +218,7 @@ def sample_alpha_stable(alpha: float, shape: Sequence[int], isotropic: bool = Tr
                         generator: torch.Generator | None = None,
                         dtype: torch.dtype = torch.float64, device=None, seeds=None,
                         stream: int = 0, clamp_A: float | None = None,
-                        reject_A: float | None = None) -> torch.Tensor:
+                        reject_A: float | None = None, return_factor: bool = False):
     """Symmetric alpha-stable noise with scale 1 per coordinate (E e^{iu eps} = e^{-|u|^alpha}).
 
     ``isotropic=True``: sub-Gaussian construction eps = sqrt(A) G with one A = c_alpha A'
@@ -230,6 +231,9 @@ def sample_alpha_stable(alpha: float, shape: Sequence[int], isotropic: bool = Tr
     seeds[i] and ``stream`` (counter-based ``seeded_uniform`` / ``seeded_noise``), so samples
     are reproducible whatever the batch, device or world size. ``stream`` k uses the seeded
     streams 2k (uniforms of A) and 2k + 1 (Gaussian factor): avoid them for other draws.
+
+    ``return_factor=True`` returns ``(eps, A)`` with A of shape (rows, 1) (isotropic) or
+    (rows, numel), float64.
 
     Truncation of the heavy-tailed factor A (at most one of the two; the result is then no
     longer exactly alpha-stable; docs/levy.md, "Truncating A"):
@@ -266,7 +270,8 @@ def sample_alpha_stable(alpha: float, shape: Sequence[int], isotropic: bool = Tr
     A = sample_subgaussian_factor(a, rows, 1 if isotropic else numel, generator, G.device, seeds,
                                   stream, clamp_A, reject_A)
     eps = A.sqrt() * G
-    return eps.reshape(rows, *per).to(dtype)
+    eps = eps.reshape(rows, *per).to(dtype)
+    return (eps, A) if return_factor else eps
 
 
 class CosineSchedule:

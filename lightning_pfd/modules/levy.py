@@ -70,8 +70,10 @@ class LevyScoreNet(nn.Module):
         r = self.schedule.nsr(t)
         return r * self.sigma_data / (r.square() + self.sigma_data**2).sqrt()
 
-    def forward(self, x: torch.Tensor, t) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, t, A=None) -> torch.Tensor:
         t, g, s = self._coef(t, x)
+        if self.parameterization == "x0_A":
+            return self._forward_scaled(x, g, s, A)
         c_in = (g.square() * self.sigma_data**2 + s.square()).rsqrt()
         c_noise = ((self.M - 1) * t).to(torch.float32)
         F = self.net((c_in * x.to(torch.float64)).to(torch.float32), c_noise)
@@ -83,19 +85,49 @@ class LevyScoreNet(nn.Module):
         c_out = r * self.sigma_data / (r.square() + sd2).sqrt()
         return c_skip * (x.to(torch.float64) / g) + c_out * F.to(torch.float64)
 
-    def fractional_score(self, x: torch.Tensor, t) -> torch.Tensor:
-        """S_theta(x, t), float64 (eps: sigma^(1-alpha) s_theta; x0: -(x - gamma D)/(alpha sigma^alpha))."""
+    def level(self, t, A, x: torch.Tensor) -> torch.Tensor:
+        """The Gaussian noise level of y = x/gamma given the factor A: r(t) sqrt(A), float64,
+        shaped to broadcast against x (``x0_A``)."""
         _, g, s = self._coef(t, x)
-        out = self(x, t).to(torch.float64)
+        return (s / g) * self._A(A, x).sqrt()
+
+    @staticmethod
+    def _A(A, x: torch.Tensor) -> torch.Tensor:
+        if A is None:
+            raise ValueError("A: the x0_A parameterization needs the per-example factor A of the "
+                             "noise (sample_alpha_stable(..., return_factor=True))")
+        A = torch.as_tensor(A, dtype=torch.float64, device=x.device).reshape(-1)
+        if A.numel() != x.shape[0]:
+            raise ValueError(f"A: need one factor per example ({x.shape[0]}), got {A.numel()}")
+        return A.reshape((-1,) + (1,) * (x.ndim - 1))
+
+    def _forward_scaled(self, x, g, s, A) -> torch.Tensor:
+        """``x0_A``: EDM's preconditioning at the per-example level L = r sqrt(A) of y = x/gamma
+        (given A, y = x_0 + L G is a Gaussian corruption at level L; docs/levy.md): c_in =
+        1/sqrt(L^2 + sigma_data^2), c_skip = sigma_data^2/(L^2 + sigma_data^2), c_out =
+        L sigma_data/sqrt(L^2 + sigma_data^2), c_noise = ln(L)/4 (EDM Table 1)."""
+        L = (s / g) * self._A(A, x).sqrt()
+        sd2 = self.sigma_data**2
+        y = x.to(torch.float64) / g
+        c_in = (L.square() + sd2).rsqrt()
+        c_noise = (L.reshape(-1).log() / 4).to(torch.float32)
+        F = self.net((c_in * y).to(torch.float32), c_noise)
+        return sd2 / (L.square() + sd2) * y + L * self.sigma_data * c_in * F.to(torch.float64)
+
+    def fractional_score(self, x: torch.Tensor, t, A=None) -> torch.Tensor:
+        """S_theta(x, t), float64 (eps: sigma^(1-alpha) s_theta; x0, x0_A: -(x - gamma D)/(alpha
+        sigma^alpha); x0_A needs the per-example factor ``A``)."""
+        _, g, s = self._coef(t, x)
+        out = self(x, t, A).to(torch.float64)
         if self.parameterization == "eps":
             return s.pow(1 - self.schedule.alpha) * out
         return denoiser_to_score(out, x, g, s, self.schedule.alpha)
 
-    def denoised(self, x: torch.Tensor, t) -> torch.Tensor:
+    def denoised(self, x: torch.Tensor, t, A=None) -> torch.Tensor:
         """The implied clean sample D(x, t) = (x - sigma eps_hat)/gamma, float64."""
         _, g, s = self._coef(t, x)
-        out = self(x, t).to(torch.float64)
-        if self.parameterization == "x0":
+        out = self(x, t, A).to(torch.float64)
+        if self.parameterization != "eps":
             return out
         return (x.to(torch.float64) + s * self.schedule.alpha * out) / g
 
@@ -146,9 +178,12 @@ class LevyItoModule(EMAModule):
         sigma_data, M: input scaling and noise conditioning of the network (``LevyScoreNet``).
         lr, betas, weight_decay, warmup_steps: Adam settings and linear LR warm-up.
         ema_decay / ema_halflife_kimg: EMA of the weights (the half-life overrides the decay).
-        parameterization: "eps" (the network regresses -eps/alpha, LIM) or "x0" (an
+        parameterization: "eps" (the network regresses -eps/alpha, LIM), "x0" (an
             EDM-preconditioned denoiser in r = sigma/gamma; the score is derived from it, see
-            ``LevyScoreNet`` and docs/levy.md).
+            ``LevyScoreNet`` and docs/levy.md) or "x0_A" (noise-scale-aware: EDM's
+            preconditioning at the per-example level r sqrt(A), A known in training and, drawn
+            with the prior, at every step of the ODE samplers; isotropic noise, ode/ddim/heun,
+            no sample_compile).
         num_steps, sampler, sde_drift_factor, time_grid, rho: defaults of ``generate``
             (sampler "ode" (first order in t) / "ddim" / "heun" / "sde"; time grid "uniform" in t or
             "edm" = EDM's rho-grid in r = sigma/gamma).
@@ -198,6 +233,13 @@ class LevyItoModule(EMAModule):
         if clamp_eps is not None and not clamp_eps > 0:
             raise ConfigError("model.init_args.clamp_eps", "must be > 0 or null (off)", value=clamp_eps)
         _check_truncations(alpha, reject_A, clamp_A, generate_reject_A, generate_clamp_A)
+        if parameterization == "x0_A":
+            for bad, field, why in ((not isotropic, "isotropic", "needs one factor A per example"),
+                                    (sampler == "sde", "sampler", "the reverse SDE draws fresh "
+                                     "noise with other factors A; use ode, ddim or heun"),
+                                    (bool(sample_compile), "sample_compile", "is not supported")):
+                if bad:
+                    raise ConfigError(f"model.init_args.{field}", f"parameterization x0_A {why}")
         if not huber_delta > 0:
             raise ConfigError("model.init_args.huber_delta", "must be > 0", value=huber_delta)
         check_training_args(net, lr, betas, weight_decay, warmup_steps, ema_decay, ema_halflife_kimg,
@@ -245,20 +287,22 @@ class LevyItoModule(EMAModule):
         """The EMA score network (eval mode): use it for every evaluation."""
         return self.ema.shadow
 
-    def draw(self, y: torch.Tensor, seeds=None):
-        """(t (B,) float64, eps like y float64): training noise, or frozen per-sample with seeds."""
+    def draw(self, y: torch.Tensor, seeds=None, return_factor: bool = False):
+        """(t (B,) float64, eps like y float64): training noise, or frozen per-sample with seeds;
+        with ``return_factor`` also the sub-Gaussian factor A ((B, 1) when isotropic)."""
         hp = self.hparams
         if seeds is None:
             t = self.schedule.sample_t(y.shape[0], device=y.device)
-            eps = sample_alpha_stable(self.alpha, y.shape, hp.isotropic, device=y.device,
-                                      **self.truncation("train"))
+            eps, A = sample_alpha_stable(self.alpha, y.shape, hp.isotropic, device=y.device,
+                                         return_factor=True, **self.truncation("train"))
         else:
             t = self.schedule.sample_t(len(seeds), device=y.device, seeds=seeds, stream=_T_STREAM)
-            eps = sample_alpha_stable(self.alpha, y.shape[1:], hp.isotropic, device=y.device,
-                                      seeds=seeds, stream=_EPS_STREAM, **self.truncation("train"))
+            eps, A = sample_alpha_stable(self.alpha, y.shape[1:], hp.isotropic, device=y.device,
+                                         seeds=seeds, stream=_EPS_STREAM, return_factor=True,
+                                         **self.truncation("train"))
         if hp.clamp_eps is not None:
             eps = eps.clamp(-hp.clamp_eps, hp.clamp_eps)
-        return t, eps
+        return (t, eps, A) if return_factor else (t, eps)
 
     @property
     def parameterization(self) -> str:
@@ -268,10 +312,16 @@ class LevyItoModule(EMAModule):
         """Per-sample loss (B,), x_t = gamma y + sigma eps. "eps": fractional DSM, target
         -eps/alpha; "x0": ``denoiser_dsm_loss`` of D = model(x_t, t) against y (the same
         regression weighted by alpha^2 (1 + r^2/sigma_data^2), docs/levy.md)."""
-        t, eps = self.draw(y, seeds)
+        t, eps, A = self.draw(y, seeds, return_factor=True)
         shape = (-1,) + (1,) * (y.ndim - 1)
         x_t = self.schedule.gamma(t).reshape(shape) * y.to(torch.float64) \
             + self.schedule.sigma(t).reshape(shape) * eps
+        if self.parameterization == "x0_A":  # EDM's loss at the level L = r sqrt(A)
+            L = model.level(t, A, x_t).reshape(-1)
+            sd = float(self.hparams.sigma_data)
+            c_out = L * sd / (L.square() + sd**2).sqrt()
+            return denoiser_dsm_loss(model(x_t, t, A), y, c_out, self.hparams.loss,
+                                     self.hparams.huber_delta)
         if self.parameterization == "x0":
             r = self.schedule.nsr(t)
             sd = float(self.hparams.sigma_data)
@@ -313,10 +363,18 @@ class LevyItoModule(EMAModule):
         if self.sample_compile and len(seeds):  # fixed shapes: one graph for every batch and epoch
             score = pad_rows(compile_denoiser(score, self.sample_compile, self.sample_compile_backend, self.device),
                              min(int(batch_size), len(seeds)))
+        scaled = self.parameterization == "x0_A"
+        if scaled and sampler == "sde":
+            raise ValueError("sampler: parameterization x0_A samples with ode, ddim or heun (the "
+                             "reverse SDE draws fresh noise with other factors A)")
         out = []
         for chunk in seeds.split(int(batch_size)):
-            x_T = self.schedule.sigma(self.schedule.T) * sample_alpha_stable(
-                a, self.data_shape, iso, device=self.device, seeds=chunk, stream=alpha_stable_stream("levy.sampler", 0), **trunc)
+            eps_T, A_T = sample_alpha_stable(
+                a, self.data_shape, iso, device=self.device, seeds=chunk,
+                stream=alpha_stable_stream("levy.sampler", 0), return_factor=True, **trunc)
+            x_T = self.schedule.sigma(self.schedule.T) * eps_T
+            if scaled:  # the ODE given A: EDM's flow at the level r sqrt(A) (docs/levy.md)
+                score = (lambda x, t, A=A_T: model.fractional_score(x, t, A))
             noise_fn = (lambda i, c=chunk: sample_alpha_stable(
                 a, self.data_shape, iso, device=self.device, seeds=c, stream=alpha_stable_stream("levy.sampler", 1 + i),
                 **trunc))
