@@ -293,7 +293,8 @@ def test_monitor_bad_arguments_name_the_callback_field():
 
 
 def test_diagnostics_against_brute_force():
-    """out_of_range = the fraction of fields with a value outside the data range; the clipped
+    """above_range / below_range = the fractions of fields with a value above / below the data
+    range; the clipped
     scores = the matched scores of the clipped fields' observables; rmsqe_top_share = the
     largest per-sample part of the matched RMSQE / the RMSQE (brute force over the splits)."""
     from test_tails import _contributions_fraction
@@ -301,11 +302,12 @@ def test_diagnostics_against_brute_force():
     rng = np.random.default_rng(0)
     data = torch.as_tensor(rng.uniform(-1, 1, (300, 4)))
     x = torch.as_tensor(rng.uniform(-1, 1, (60, 4)))
-    x[5, 2], x[9, 0], x[9, 1], x[30, 3] = 25.0, 3.0, -4.0, -1.5  # 3 fields leave [-1, 1]
+    x[5, 2], x[9, 0], x[9, 1], x[30, 3] = 25.0, 3.0, -4.0, -1.5  # 2 fields above, 2 below
     ev = TailEvaluation(data, num_samples=60, eta=0.9, num_splits=3, split_seed=1,
                         inverse_transform=lambda y: torch.expm1(2 * y), value_range=(-1.0, 1.0))
     got = ev.measure_rows(ev.observe_rows(x))
-    assert got["out_of_range"] == pytest.approx(3 / 60, rel=1e-15)
+    assert got["above_range"] == pytest.approx(2 / 60, rel=1e-15)
+    assert got["below_range"] == pytest.approx(2 / 60, rel=1e-15)
     obs = torch.expm1(2 * x).amax(1)
     clipped = torch.expm1(2 * x.clamp(-1, 1)).amax(1)
     ref = torch.expm1(2 * data).amax(1)

@@ -3,8 +3,8 @@
 
 Logs ``<name>/rmsqe``, ``/loader`` (NaN when a sample's observable is non-finite),
 ``/rmsqe_floor``, ``/loader_floor`` (same-law floors), ``/nonfinite``, the diagnostics
-``/rmsqe_clipped``, ``/loader_clipped`` (samples clipped to the data range), ``/out_of_range``
-(fraction of samples outside it) and ``/rmsqe_top_share`` (the RMSQE's share from its largest
+``/rmsqe_clipped``, ``/loader_clipped`` (samples clipped to the data range), ``/above_range``,
+``/below_range`` (fractions of samples with a value above / below it) and ``/rmsqe_top_share`` (the RMSQE's share from its largest
 single-sample contribution), and the density figure
 ``/density`` (``log_figure``). Seeds are sharded over ranks, the observables gathered, so the
 values are those of :meth:`TailEvaluation.measure` on the same model under any world size.
@@ -20,7 +20,7 @@ from .base import MeasurementCallback, callback_field, check_metric_prefix, chec
 
 __all__ = ["TailMonitor"]
 _LEAVES = ("rmsqe", "loader", "rmsqe_floor", "loader_floor", "nonfinite", "rmsqe_clipped",
-           "loader_clipped", "out_of_range", "rmsqe_top_share", "density")
+           "loader_clipped", "above_range", "below_range", "rmsqe_top_share", "density")
 
 
 class TailMonitor(MeasurementCallback):

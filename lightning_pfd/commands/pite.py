@@ -359,14 +359,14 @@ def _truncation_label(tr: dict) -> str:
 
 #: per (row, seed, observable): the blog's scores, the diagnostics and the bulk quantile error
 RUN_METRICS = ("rmsqe", "loader", "rmsqe_clipped", "loader_clipped", "rmsqe_top_share",
-               "out_of_range", "bulk_qe", "nonfinite")
+               "above_range", "bulk_qe", "below_range", "nonfinite")
 _METRIC_NAMES = {
     "rmsqe": "RMSQE (blog, no root)", "loader": "LOADER",
     "rmsqe_clipped": "RMSQE, samples clipped to the data range",
     "loader_clipped": "LOADER, samples clipped to the data range",
     "bulk_qe": "bulk QE (int_0^eta of the squared quantile difference)",
     "rmsqe_top_share": "share of RMSQE from its largest single sample",
-    "out_of_range": "samples with a value outside the data range",
+    "above_range": "samples with a value above the data range",
 }
 
 
@@ -453,8 +453,8 @@ def format_table(res: dict) -> str:
     for obs in res["observables"]:
         sm, fl = res["summary"][obs], res["floor"][obs]
         out += [f"**Observable `{obs}`**", "", head, sep]
-        for m in RUN_METRICS[:-1]:
-            pct = m in ("rmsqe_top_share", "out_of_range")
+        for m in RUN_METRICS[:-2]:
+            pct = m in ("rmsqe_top_share", "above_range")
             floor = f"{fl[m]:.4g}" if m in fl else ("" if m != "rmsqe_clipped" else f"{fl['rmsqe']:.4g}")
             if m == "loader_clipped":
                 floor = f"{fl['loader']:.4g}"
@@ -488,7 +488,8 @@ def format_table(res: dict) -> str:
             out.append("")
             out.append(f"Tail index of the data's observable (Hill, n = {res['n_ref']}): " + "; ".join(
                 f"k = {e['k']}: {e['alpha']:.3g} ± {e['se']:.2g}" for e in h)
-                + f" (alpha of the LIM noise: {res.get('alpha', float('nan')):g})")
+                + f" (alpha of the LIM noise: {res.get('alpha', float('nan')):g}; Hill assumes a "
+                "Pareto-type upper tail: not meaningful for a bounded observable such as a fraction)")
         out.append("")
     out += [f"**Out of the training range** (generated pixels outside it, in training space; "
             f"precipitation: [-1, 1] = [0, log_max] mm/h), mean over the training seeds:", "",

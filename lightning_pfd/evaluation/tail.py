@@ -28,8 +28,9 @@ fraction is reported as ``nonfinite``.
 
 Diagnostics next to the blog's scores (:meth:`TailEvaluation.diagnostics`): a heavy-tailed
 model's no-root RMSQE can be decided by one sample far outside the data, so every measurement
-also reports ``out_of_range`` (the fraction of samples with a value outside the data range
-``value_range`` in model space: the datamodule's declared range, else the reference's min/max),
+also reports ``above_range`` / ``below_range`` (the fractions of samples with a value above /
+below the data range ``value_range`` in model space: the datamodule's declared range, else the
+reference's min/max; NaN counts as above),
 ``rmsqe_clipped`` / ``loader_clipped`` (the scores with the samples clipped to that range before
 the inverse transform -- what the reference codes of the Lévy–Itō model and DLPM do when they
 save images) and ``rmsqe_top_share`` (the share of the RMSQE due to its single largest
@@ -39,7 +40,8 @@ From a notebook::
 
     ev = TailEvaluation.from_datamodule(dm, observable="max", num_samples=512)
     ev.measure(model)        # {'rmsqe', 'loader', 'nonfinite', 'rmsqe_floor', 'loader_floor',
-                             #  'rmsqe_clipped', 'loader_clipped', 'out_of_range', 'rmsqe_top_share'}
+                             #  'rmsqe_clipped', 'loader_clipped', 'above_range', 'below_range',
+                             #  'rmsqe_top_share'}
     ev.density_figure(ev.observe(ev.sample(model)))   # the blog's Fig. 9 (log-density KDEs)
 """
 from __future__ import annotations
@@ -66,7 +68,7 @@ NONFINITE_POLICIES = ("nan", "drop")
 REFERENCE_SPLITS = ("train", "val")
 METRICS = ("rmsqe", "loader")
 #: the diagnostics of :meth:`TailEvaluation.diagnostics` (keys of ``measure``)
-DIAGNOSTICS = ("rmsqe_clipped", "loader_clipped", "out_of_range", "rmsqe_top_share")
+DIAGNOSTICS = ("rmsqe_clipped", "loader_clipped", "above_range", "below_range", "rmsqe_top_share")
 
 
 def _integer(name: str, v: Any, lo: int) -> int:
@@ -263,14 +265,16 @@ class TailEvaluation:
 
     def observe_rows(self, x: torch.Tensor, inverse_transform: Optional[Callable] = None,
                      chunk: int = 1024) -> torch.Tensor:
-        """Per sample (float64 (B, 3), x's device): the observable, the observable of the sample
-        clipped to ``value_range``, and 1.0 when a value of the sample lies outside it (NaN
-        counts as outside). Gather these rows over ranks, then :meth:`measure_rows`."""
+        """Per sample (float64 (B, 4), x's device): the observable, the observable of the sample
+        clipped to ``value_range``, 1.0 when a value of the sample lies above the range (NaN
+        counts as above) and 1.0 when one lies below it. Gather these rows over ranks, then
+        :meth:`measure_rows`."""
         lo, hi = self.value_range
-        outside = ~((x >= lo) & (x <= hi)).flatten(1).all(1)
+        above = ~(x <= hi).flatten(1).all(1)
+        below = (x < lo).flatten(1).any(1)
         return torch.stack([self.observe(x, inverse_transform, chunk),
                             self.observe(x.clamp(lo, hi), inverse_transform, chunk),
-                            outside.to(torch.float64)], 1)
+                            above.to(torch.float64), below.to(torch.float64)], 1)
 
     @property
     def reference_observable(self) -> torch.Tensor:
@@ -354,12 +358,14 @@ class TailEvaluation:
 
     def diagnostics(self, rows: torch.Tensor) -> Dict[str, float]:
         """From :meth:`observe_rows` of all ``num_samples`` samples: ``rmsqe_clipped``,
-        ``loader_clipped`` (the scores of the clipped samples), ``out_of_range`` (fraction of
-        samples with a value outside ``value_range``) and ``rmsqe_top_share``."""
+        ``loader_clipped`` (the scores of the clipped samples), ``above_range`` / ``below_range``
+        (fractions of samples with a value above / below ``value_range``) and
+        ``rmsqe_top_share``."""
         rows = torch.as_tensor(rows).detach().to(torch.float64).cpu()
         clipped = self.scores(rows[:, 1])
         return {"rmsqe_clipped": clipped["rmsqe"], "loader_clipped": clipped["loader"],
-                "out_of_range": float(rows[:, 2].mean()), "rmsqe_top_share": self.top_share(rows[:, 0])}
+                "above_range": float(rows[:, 2].mean()), "below_range": float(rows[:, 3].mean()),
+                "rmsqe_top_share": self.top_share(rows[:, 0])}
 
     def measure_rows(self, rows: torch.Tensor) -> Dict[str, float]:
         """:meth:`scores`, :meth:`floors` and :meth:`diagnostics` of :meth:`observe_rows` output."""
