@@ -47,6 +47,10 @@ class LevyScoreNet(nn.Module):
       regresses x_0; the score is S = -(x_t - gamma D)/(alpha sigma^alpha). A network error
       delta gives a clean-image error c_out delta <= sigma_data delta at every t, where an error
       delta in s_theta gives alpha r delta (r(T) = 119 for the cosine schedule, docs/levy.md).
+    * ``parameterization="x0_A"``: ``forward(x_t, t, A)`` returns the denoiser with EDM's
+      coefficients at the per-example level L = r sqrt(A) (A: the factor of the example's
+      isotropic noise) and c_noise = ln(L)/4; given A, y = x_0 + L G is a Gaussian corruption
+      (``_forward_scaled``; docs/levy.md, "Noise-scale-aware preconditioning").
     """
 
     def __init__(self, net: nn.Module, schedule: CosineSchedule, sigma_data: float = 0.5,
