@@ -317,7 +317,9 @@ def tail_evaluations(a, dm, specs) -> dict:
     """One :class:`~lightning_pfd.evaluation.tail.TailEvaluation` per observable (label ->
     evaluation) against the training crops: seeds 0..num_samples-1, ``NUM_SPLITS`` reference
     splits, RMSQE over [eta, 1], LOADER over the real line with ``--floor`` x the reference
-    KDE's peak; non-finite sample observables dropped (and counted). Checks
+    KDE's peak; non-finite sample observables dropped (and counted); the clipped scores and the
+    above/below-range fractions use the datamodule's declared ``value_range`` (precipitation:
+    [-1, 1], what the reference codes clamp to when saving), else the data's range. Checks
     ``--num-samples`` < the number of training crops (the same-law floor's n_gen)."""
     from ..evaluation.tail import TailEvaluation
 
@@ -325,7 +327,8 @@ def tail_evaluations(a, dm, specs) -> dict:
         evs = {label: TailEvaluation(dm.train_data, observable=name, observable_kwargs=kw,
                                      num_samples=a.num_samples, eta=a.eta, floor=a.floor,
                                      num_splits=NUM_SPLITS, seed_offset=0, batch_size=256,
-                                     nonfinite="drop", inverse_transform=_inverse(dm, a.out_of_range))
+                                     nonfinite="drop", inverse_transform=_inverse(dm, a.out_of_range),
+                                     value_range=getattr(dm, "value_range", None))
                for label, name, kw in specs}
         for ev in evs.values():
             ev.check_sizes()
