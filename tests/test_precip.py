@@ -348,6 +348,8 @@ def test_pite_table_is_the_functional_metrics_of_its_observables(tmp_path):
                     want = float(matched_score(g, ref, k, 8, 0, 16, **kw[k])) if g.numel() else math.nan
                     assert got[k] == pytest.approx(want, rel=1e-12, nan_ok=True)
                 assert got["nonfinite"] == 1 - g.numel() / 16
+                # the range diagnostics use the datamodule's declared range [-1, 1]
+                assert got["above_range"] == res["runs"][r][str(sd)]["out_of_range"]["samples_above"]
                 if g.numel():
                     bulk = np.mean([quantile_step_integral(g.numpy(), ref[b].numpy(), 0, 0.975) for b in rest])
                     assert got["bulk_qe"] == pytest.approx(bulk, rel=1e-12)
