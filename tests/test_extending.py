@@ -310,7 +310,9 @@ def test_user_metric_every_epoch_next_to_e_gen(ext, tmp_path, monkeypatch):
     assert {"e_mem", "nonfinite", "train_fixed", "test_fixed", "gap"} <= set(nb["flow_metrics"])
     assert nb["features"]["empirical"].shape == (32, 64)
     assert math.isfinite(nb["icr"]["icr"]) and nb["icr"]["d"] == 16
-    assert set(nb["tails"]) == {"rmsqe", "loader", "nonfinite", "rmsqe_floor", "loader_floor"}
+    assert set(nb["tails"]) == {"rmsqe", "loader", "nonfinite", "rmsqe_floor", "loader_floor",
+                                "rmsqe_clipped", "loader_clipped", "above_range", "below_range",
+                                "rmsqe_top_share"}
     assert all(math.isfinite(v) for v in nb["tails"].values())
 
 

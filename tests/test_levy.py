@@ -100,6 +100,117 @@ def test_bad_shape_and_clamp_raise():
         sample_alpha_stable(1.5, (4, 2), clamp_A=0.0)
 
 
+# ----------------------------------------------------------------------------- truncation of A
+def test_reject_A_is_the_law_of_A_given_A_below_c():
+    """reject_A = c gives A | A < c: two-sample KS (scipy) against unconditioned seeded draws
+    filtered below c (independent seeds), at c = 7.22 (DLPM's bound 20 c_alpha at alpha 1.7)
+    and c = 2.5; every A < c. A clamped sample fails the same test (its 2.5 % point mass)."""
+    from lightning_pfd.diffusion.levy import sample_subgaussian_factor
+
+    alpha, n = 1.7, 40_000
+    free = sample_subgaussian_factor(alpha, n, seeds=range(10**6, 10**6 + 3 * n))[:, 0].numpy()
+    for c in (7.22, 2.5):
+        rej = sample_subgaussian_factor(alpha, n, seeds=range(n), reject_A=c)[:, 0].numpy()
+        assert rej.max() < c
+        assert stats.ks_2samp(rej, free[free < c]).pvalue > 1e-3
+    clamped = sample_subgaussian_factor(alpha, n, seeds=range(n), clamp_A=20.0)[:, 0].numpy()
+    assert stats.ks_2samp(clamped, free[free < 20.0]).pvalue < 1e-6
+    assert 0.015 < float(np.mean(clamped == 20.0)) < 0.035  # the clamp's point mass (~2.5 %)
+
+
+def test_reject_A_generator_path_has_the_conditional_law():
+    """Without seeds (training noise) the rejected entries are redrawn from the generator; the
+    per-coordinate (non-isotropic) factors have the conditional law as well."""
+    from lightning_pfd.diffusion.levy import sample_subgaussian_factor
+
+    g = torch.Generator().manual_seed(1)
+    rej = sample_subgaussian_factor(1.5, 2000, 10, generator=g, reject_A=5.0).reshape(-1).numpy()
+    g = torch.Generator().manual_seed(2)
+    free = sample_subgaussian_factor(1.5, 6000, 10, generator=g).reshape(-1).numpy()
+    assert rej.max() < 5.0
+    assert stats.ks_2samp(rej, free[free < 5.0]).pvalue > 1e-3
+
+
+def test_reject_A_is_seed_reproducible_and_batch_independent():
+    """A row depends on its seed only (any batch, any position), and equals the unconditioned
+    draw whenever that one was accepted; the noise eps shares its Gaussian factor with the
+    unconditioned eps."""
+    from lightning_pfd.diffusion.levy import sample_subgaussian_factor
+
+    seeds = list(range(3000))
+    A = sample_subgaussian_factor(1.7, len(seeds), seeds=seeds, reject_A=3.0)
+    sub = [2999, 7, 1234, 7]
+    torch.testing.assert_close(sample_subgaussian_factor(1.7, 4, seeds=sub, reject_A=3.0),
+                               A[sub], rtol=0, atol=0)
+    free = sample_subgaussian_factor(1.7, len(seeds), seeds=seeds)
+    kept = free < 3.0
+    assert 0.1 < float(kept.float().mean()) < 0.95
+    assert torch.equal(A[kept], free[kept]) and not torch.equal(A, free)
+    e = sample_alpha_stable(1.7, (5,), seeds=seeds, stream=2, reject_A=3.0)
+    e_sub = sample_alpha_stable(1.7, (5,), seeds=sub, stream=2, reject_A=3.0)
+    torch.testing.assert_close(e_sub, e[sub], rtol=0, atol=0)
+    A2 = sample_subgaussian_factor(1.7, len(seeds), seeds=seeds, stream=2, reject_A=3.0)
+    G = sample_alpha_stable(2.0, (5,), seeds=seeds, stream=2) / math.sqrt(2.0)  # A = 2 at alpha 2
+    torch.testing.assert_close(e, A2.sqrt() * G)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(reject_A=0.0), "reject_A"), (dict(reject_A=-3.0), "reject_A"),
+    (dict(reject_A=float("inf")), "reject_A"), (dict(clamp_A=0.0), "clamp_A"),
+    (dict(clamp_A=20.0, reject_A=20.0), "at most one"),
+])
+def test_bad_truncation_raises(kw, match):
+    with pytest.raises(ValueError, match=match):
+        sample_alpha_stable(1.5, (4, 2), **kw)
+
+
+def test_reject_A_at_alpha_2_and_too_rare_acceptance():
+    """alpha = 2: A = 2, so reject_A <= 2 is refused up front (every draw would be rejected); a
+    threshold that almost never accepts stops with a clear error, not an endless loop."""
+    with pytest.raises(ValueError, match="reject_A.*> 2"):
+        sample_alpha_stable(2.0, (4, 2), reject_A=2.0)
+    torch.testing.assert_close(sample_alpha_stable(2.0, (3,), seeds=[1], reject_A=2.5),
+                               sample_alpha_stable(2.0, (3,), seeds=[1]))
+    with pytest.raises(ValueError, match="accepts too rarely"):
+        sample_alpha_stable(1.7, (2,), seeds=range(4), reject_A=1e-3)
+
+
+def test_module_truncation_defaults_follow_the_reference():
+    """LevyItoModule rejects A >= 20 by default in training, prior and SDE noise; clamp is the
+    named variant; clamp + reject together is a ConfigError naming both fields."""
+    from lightning_pfd.modules import LevyItoModule
+
+    m = LevyItoModule(_Dummy(2))
+    assert m.truncation("train") == {"clamp_A": None, "reject_A": 20.0}
+    assert m.truncation("generate") == {"clamp_A": None, "reject_A": 20.0}
+    m = LevyItoModule(_Dummy(2), reject_A=None, clamp_A=20.0, generate_reject_A=7.22)
+    assert m.truncation("train") == {"clamp_A": 20.0, "reject_A": None}
+    assert m.truncation("generate") == {"clamp_A": None, "reject_A": 7.22}
+    with pytest.raises(ConfigError, match="clamp_A.*reject_A.*reject_A: null"):
+        LevyItoModule(_Dummy(2), clamp_A=20.0)
+    with pytest.raises(ConfigError, match="generate_clamp_A.*generate_reject_A"):
+        LevyItoModule(_Dummy(2), generate_clamp_A=20.0)
+    with pytest.raises(ConfigError, match="generate_reject_A"):
+        LevyItoModule(_Dummy(2), generate_reject_A="same")
+    with pytest.raises(ConfigError, match="reject_A"):
+        LevyItoModule(_Dummy(2), reject_A=0.0)
+
+
+def test_module_draw_and_generate_use_the_rejection():
+    """The seeded training noise and the prior of ``generate`` are sample_alpha_stable with the
+    module's rejection (row by row, same streams)."""
+    from lightning_pfd.diffusion.streams import alpha_stable_stream
+    from lightning_pfd.modules import LevyItoModule
+
+    m = LevyItoModule(_Dummy(3), reject_A=4.0)
+    _, eps = m.draw(torch.zeros(50, 3), seeds=list(range(50)))
+    ref = sample_alpha_stable(1.7, (3,), seeds=range(50),
+                              stream=alpha_stable_stream("levy.loss_eps"), reject_A=4.0)
+    torch.testing.assert_close(eps, ref)
+    free = sample_alpha_stable(1.7, (3,), seeds=range(50), stream=alpha_stable_stream("levy.loss_eps"))
+    assert not torch.allclose(eps, free)
+
+
 def test_clamp_A_bounds_the_factor():
     g = torch.Generator().manual_seed(0)
     eps = sample_alpha_stable(1.2, (5000, 1), isotropic=False, generator=g, clamp_A=4.0)
@@ -507,7 +618,7 @@ def test_module_bad_config_raises():
     with pytest.raises(ValueError, match="loss"):
         LevyItoModule(_Dummy(2), loss="abs")
     with pytest.raises(ValueError, match="clamp_A"):
-        LevyItoModule(_Dummy(2), clamp_A=-1.0)
+        LevyItoModule(_Dummy(2), clamp_A=-1.0, reject_A=None)
     with pytest.raises(ValueError, match="sampler"):
         LevyItoModule(_Dummy(2), sampler="rk4")
     for kw, field in ((dict(parameterization="x_0"), "parameterization"),
@@ -575,7 +686,7 @@ def test_x0_training_finite_and_heun_generate(tmp_path):
     data = torch.distributions.StudentT(2.5).sample((256, 2)).float()
     dm = TensorDataModule(train_data=data, batch_size=64, value_range=None)
     m = LevyItoModule(MLPNet(dim=2, hidden=32, depth=2, emb_dim=16), alpha=1.7, lr=1e-3,
-                      parameterization="x0", clamp_A=20.0, ema_decay=0.9, num_steps=12,
+                      parameterization="x0", reject_A=20.0, ema_decay=0.9, num_steps=12,
                       sampler="heun", time_grid="edm")
     pl.Trainer(max_steps=100, accelerator="cpu", logger=False, enable_checkpointing=False,
                enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
@@ -586,3 +697,110 @@ def test_x0_training_finite_and_heun_generate(tmp_path):
     b = m.generate([5], batch_size=1)
     assert a.shape == (3, 2) and bool(torch.isfinite(a).all())
     torch.testing.assert_close(a[2], b[0], rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- x0_A (scale-aware)
+class _GaussianScaledOracle(torch.nn.Module):
+    """The exact F of the x0_A parameterization for data N(0, v I): given A, y = x_0 + L G with
+    L = r sqrt(A), so D = v/(v + L^2) y; F = (D - c_skip y)/c_out from the net's inputs
+    (c_in y, c_noise = ln(L)/4), sigma_data = 0.5."""
+
+    def __init__(self, v, d=3):
+        super().__init__()
+        self.v, self.data_shape = v, (d,)
+        self.dummy = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, x_in, c_noise):
+        L = torch.exp(4 * c_noise.double()).reshape(-1, 1)
+        sd2 = 0.25
+        y = x_in.double() * (L.square() + sd2).sqrt()
+        D = self.v / (self.v + L.square()) * y
+        c_skip, c_out = sd2 / (L.square() + sd2), L * 0.5 / (L.square() + sd2).sqrt()
+        return ((D - c_skip * y) / c_out).float() + 0 * self.dummy
+
+
+def test_x0_A_preconditioning_and_loss_are_edm_at_the_level_r_sqrt_A():
+    """forward = c_skip y + c_out F with EDM's coefficients at L = r(t) sqrt(A) and c_noise =
+    ln(L)/4 (brute force); the seeded loss is ||(D - x_0)/c_out(L)||^2 with the A that the seeded
+    draw used."""
+    from lightning_pfd.diffusion.levy import sample_subgaussian_factor
+    from lightning_pfd.diffusion.streams import alpha_stable_stream
+    from lightning_pfd.modules import LevyItoModule
+
+    seen = {}
+
+    class Rec(_Dummy):
+        def forward(self, x, c_noise):
+            seen["x"], seen["c"] = x.clone(), c_noise.clone()
+            return self.lin(x)
+
+    m = LevyItoModule(Rec(3), parameterization="x0_A", sampler="heun", reject_A=None)
+    net = m.score_net
+    x = torch.randn(4, 3, dtype=torch.float64)
+    t = torch.tensor([0.1, 0.4, 0.7, 0.95], dtype=torch.float64)
+    A = torch.tensor([0.5, 1.0, 3.0, 30.0], dtype=torch.float64)
+    D = net(x, t, A)
+    g, r = m.schedule.gamma(t)[:, None], m.schedule.nsr(t)[:, None]
+    L = r * A.sqrt()[:, None]
+    y = x / g
+    c_in, c_skip, c_out = (L**2 + 0.25).rsqrt(), 0.25 / (L**2 + 0.25), L * 0.5 / (L**2 + 0.25).sqrt()
+    torch.testing.assert_close(seen["x"], (c_in * y).float())
+    torch.testing.assert_close(seen["c"], (L[:, 0].log() / 4).float())
+    F = net.net.lin(seen["x"]).double()
+    torch.testing.assert_close(D, c_skip * y + c_out * F)
+    with pytest.raises(ValueError, match="A:"):
+        net(x, t)
+    # the loss with the seeded draw's own A
+    y0 = torch.randn(6, 3)
+    seeds = list(range(6))
+    loss = m.loss_fn(net, y0, seeds=seeds)
+    tt = m.schedule.sample_t(6, seeds=seeds, stream=stream("levy.loss_t"))
+    k = alpha_stable_stream("levy.loss_eps")
+    eps = sample_alpha_stable(1.7, (3,), seeds=seeds, stream=k)
+    A6 = sample_subgaussian_factor(1.7, 6, seeds=seeds, stream=k)
+    xt = m.schedule.gamma(tt)[:, None] * y0.double() + m.schedule.sigma(tt)[:, None] * eps
+    L6 = m.schedule.nsr(tt)[:, None] * A6.sqrt()
+    want = ((net(xt, tt, A6) - y0.double()) / (L6 * 0.5 / (L6**2 + 0.25).sqrt())).square().sum(1)
+    torch.testing.assert_close(loss.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_x0_A_flow_given_A_is_edm_flow_at_level_r_sqrt_A():
+    """With the exact denoiser of N(0, v I) data, generate (Heun, EDM grid) follows the closed-form
+    flow given each sample's prior factor A: y(r) = y_T sqrt(v + r^2 A)/sqrt(v + r_T^2 A)."""
+    from lightning_pfd.diffusion.levy import sample_subgaussian_factor
+    from lightning_pfd.modules import LevyItoModule
+
+    v = 0.3
+    m = LevyItoModule(_GaussianScaledOracle(v), parameterization="x0_A", sampler="heun",
+                      time_grid="edm", num_steps=200, ema_decay=0.0)
+    m.ema.shadow.load_state_dict(m.score_net.state_dict())
+    seeds = list(range(40))
+    x, x100 = m.generate(seeds, batch_size=16), m.generate(seeds, num_steps=100)
+    k = alpha_stable_stream_("levy.sampler", 0)
+    eps = sample_alpha_stable(1.7, (3,), seeds=seeds, stream=k, reject_A=20.0)
+    A = sample_subgaussian_factor(1.7, 40, seeds=seeds, stream=k, reject_A=20.0)
+    sch = m.schedule
+    yT = sch.sigma(sch.T) * eps / sch.gamma(sch.T)
+    rT, r0 = float(sch.nsr(sch.T)), float(sch.nsr(sch.t_min))
+    want = yT * ((v + r0**2 * A) / (v + rT**2 * A)).sqrt() * sch.gamma(sch.t_min)
+    err200, err100 = (float(((y - want) / want).abs().max()) for y in (x, x100))
+    assert err200 < 1e-3 and err100 / err200 > 3.5  # Heun's second-order convergence to it
+    assert float(A.max()) > 4 * float(A.min())  # the levels differ by sample
+    with pytest.raises(ValueError, match="sampler"):
+        m.generate(seeds[:2], sampler="sde")
+    for kw, field in ((dict(isotropic=False), "isotropic"), (dict(sampler="sde"), "sampler"),
+                      (dict(sample_compile=True), "sample_compile")):
+        with pytest.raises(ConfigError, match=field):
+            LevyItoModule(_Dummy(3), parameterization="x0_A", **kw)
+
+
+def alpha_stable_stream_(name, i):
+    from lightning_pfd.diffusion.streams import alpha_stable_stream
+
+    return alpha_stable_stream(name, i)
+
+
+def stream(name):
+    from lightning_pfd.diffusion.streams import stream as _s
+
+    return _s(name)

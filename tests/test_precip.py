@@ -217,7 +217,27 @@ def test_pite_config_builds_through_the_cli(tmp_path):
         assert m.hparams.lr == lim.hparams.lr
 
 
+def test_pite_scale_aware_row_and_alpha(tmp_path):
+    import sys
+    from unittest import mock
+
+    from lightning_pfd.commands.pite import _cli_args, _label, _rows, build_parser
+    from lightning_pfd.lightning_cli import PFDLightningCLI
+
+    a = build_parser().parse_args(["--out", str(tmp_path), "--crop-size", "8", "--n-train", "16",
+                                   "--scale-aware-row", "--alpha", "1.5"])
+    rows = _rows(a)
+    assert [r[0] for r in rows] == ["sbm_edm", "lim", "lim_x0A"]
+    name, cfg, extra = rows[2]
+    with mock.patch.object(sys, "argv", ["x"]):
+        m = PFDLightningCLI(args=_cli_args(a, cfg, name, extra), run=False).model
+    assert m.parameterization == "x0_A" and m.alpha == 1.5
+    assert m.truncation("generate") == {"clamp_A": None, "reject_A": 20.0}
+    assert "scale-aware" in _label({"alpha": 1.5}, "lim_x0A")
+
+
 def test_pite_table_and_observable_parsing():
+    from lightning_pfd.commands.pite import RUN_METRICS, claims, summarize, verdict
     from lightning_pfd.experiments_cli import format_table, parse_observable
 
     assert parse_observable("max") == ("max", "max", {})
@@ -226,18 +246,38 @@ def test_pite_table_and_observable_parsing():
     for bad in ("maxx", "exceedance:threshold"):
         with pytest.raises(ConfigError, match="--observable"):
             parse_observable(bad)
-    rows = ["sbm_edm", "lim"]
+    # verdicts: every seed of one row below every seed of the other, else undecided
+    assert verdict([1.0, 2.0], [3.0, 2.5]) == "holds" and verdict([3.0, 4.0], [1.0, 2.9]) == "reversed"
+    assert verdict([1.0, 3.0], [2.0, 4.0]) == "undecided" and verdict([1.0, math.nan], [5.0]) == "undecided"
+    sm = summarize([1.0, 2.0, 6.0])
+    assert sm["mean"] == 3.0 and sm["sd"] == pytest.approx(math.sqrt(7.0)) and sm["median"] == 2.0
+    assert (sm["min"], sm["max"], sm["values"]) == (1.0, 6.0, [1.0, 2.0, 6.0])
+    rows, seeds = ["sbm_edm", "lim"], [0, 1]
     oor = {"pixels_above": 0.001, "pixels_below": 0.1, "samples_above": 0.05, "nonfinite": 0.0,
            "max": 2.5, "n_pixels": 10}
+    vals = {"sbm_edm": {"rmsqe": [1.0, 2.0], "loader": [5.0, 6.0], "bulk_qe": [0.1, 0.2]},
+            "lim": {"rmsqe": [3.0, 4.0], "loader": [1.0, 2.0], "bulk_qe": [0.15, 0.3]}}
+    runs = {r: {str(sd): {"out_of_range": oor, "metrics": {"max": {
+        m: vals[r].get(m, [0.5, 0.5])[i] for m in RUN_METRICS}}} for i, sd in enumerate(seeds)}
+        for r in rows}
     res = {"rows": rows, "observables": ["max"], "eta": 0.975, "alpha": 1.7, "out_of_range": "keep",
-           "metrics": {"max": {"sbm_edm": {"rmsqe": 1.0, "loader": 2.0}, "lim": {"rmsqe": 3.0, "loader": 4.0},
-                               "floor": {"rmsqe": 0.5, "loader": 1.5}}},
+           "train_seeds": seeds, "num_samples": 16, "n_ref": 40, "runs": runs,
+           "lim_truncation": "A >= 20 rejected",
+           "summary": {"max": {r: {m: summarize(runs[r][str(sd)]["metrics"]["max"][m] for sd in seeds)
+                                   for m in RUN_METRICS} for r in rows}},
+           "floor": {"max": {"rmsqe": 0.5, "loader": 1.5, "bulk_qe": 0.01}},
            "quantiles": {"max": {k: [1.0, 2.0, 3.0, 4.0, 5.0] for k in ["data"] + rows}},
-           "models": {r: {"nonfinite": {"max": 0.0}, "out_of_range": oor} for r in rows}}
+           "hill": {"max": [{"k": 2, "alpha": 2.5, "se": 0.5, "threshold": 1.0}]}}
+    res["claims"] = claims(res)
+    c = res["claims"]["max"]
+    assert c["lim_rmsqe"]["verdict"] == "reversed" and c["lim_loader"]["verdict"] == "holds"
+    assert c["sbm_bulk"]["verdict"] == "undecided"
     t = format_table(res)
-    assert "| RMSQE (eta = 0.975) | 1 | 3 | 0.5 |" in t and "SBM (EDM)" in t
+    assert "| RMSQE (blog, no root) (eta = 0.975) | 1.5 ± 0.707 [1, 2] | 3.5 ± 0.707 [3, 4] | 0.5 |" in t
+    assert "SBM (EDM)" in t and "LIM (alpha = 1.7, A >= 20 rejected)" in t
+    assert "- LIM better in LOADER: **holds**" in t and "k = 2: 2.5 ± 0.5" in t
     assert "| pixels > +1 | 0.1 % | 0.1 % |" in t and "| samples with a pixel > +1 | 5 % | 5 % |" in t
-    res["models"]["lim"]["out_of_range"] = None  # data without a training range
+    res["runs"]["lim"]["1"]["out_of_range"] = None  # data without a training range
     assert "| pixels > +1 | 0.1 % | n/a |" in format_table(res)
 
 
@@ -256,7 +296,8 @@ def test_pite_out_of_range_uses_the_datamodules_range():
 @pytest.mark.parametrize("argv", [["--eta", "1.5"], ["--max-steps", "0"], ["--num-samples", "0"],
                                   ["--crop-size", "-1"], ["--sbm-preconds", "edn"],
                                   ["--sbm-preconds", "edm,edm"], ["--observable", "maxx"],
-                                  ["--lim-steps", "0"]])
+                                  ["--lim-steps", "0"], ["--seeds", "1,1"], ["--seeds", "a"],
+                                  ["--alpha", "0.9"]])
 def test_pite_cli_rejects_bad_args(argv, capsys):
     from lightning_pfd.cli import main
 
@@ -266,34 +307,57 @@ def test_pite_cli_rejects_bad_args(argv, capsys):
 
 @pytest.mark.slow
 def test_pite_table_is_the_functional_metrics_of_its_observables(tmp_path):
-    """A tiny end-to-end pite run: every number of its table is recomputed from the saved
-    observables with the functional metrics (same-law floors on 8 seeded reference splits with
-    n_gen = --num-samples, models scored against the same splits' rest; non-finite dropped)."""
+    """A tiny end-to-end pite run with two training seeds: every score of its table is
+    recomputed from the saved observables with the functional metrics (same-law floors on 8
+    seeded reference splits with n_gen = --num-samples, models scored against the same splits'
+    rest; non-finite dropped), the summaries are the mean / sd over the seeds."""
     import json
 
     from lightning_pfd.cli import main
     from lightning_pfd.experiments_cli import format_table
-    from lightning_pfd.metrics.tails import loader_settings, matched_score, same_law_floor
+    from lightning_pfd.metrics.tails import (loader_settings, matched_rmsqe_contributions,
+                                             matched_score, quantile_step_integral,
+                                             reference_splits, same_law_floor)
 
     out = tmp_path / "pite"
     argv = ["pite", "--crop-size", "8", "--n-train", "40", "--num-samples", "16", "--max-steps", "2",
             "--model-channels", "8", "--num-blocks", "1", "--lim-steps", "3", "--floor", "2e-3",
+            "--seeds", "0,3", "--alpha", "1.6",
             "--override=--model.init_args.num_steps=3", "--out", str(out)]
     assert main(argv) == 0
     res = json.loads((out / "results.json").read_text())
     obs = torch.load(out / "observables.pt")
-    assert res["rows"] == ["sbm_edm", "lim"] and res["n_ref"] == 40
+    assert res["rows"] == ["sbm_edm", "lim"] and res["n_ref"] == 40 and res["train_seeds"] == [0, 3]
+    assert res["alpha"] == 1.6
     for o in res["observables"]:
         ref = obs[o]["data"]
         assert ref.shape == (40,)
         kw = {"rmsqe": dict(eta=0.975), "loader": loader_settings(ref, floor=2e-3)}
         for k in ("rmsqe", "loader"):
-            assert res["metrics"][o]["floor"][k] == pytest.approx(
+            assert res["floor"][o][k] == pytest.approx(
                 float(same_law_floor(ref, k, 8, 0, 16, **kw[k])), rel=1e-12)
-            for r in res["rows"]:
-                g = obs[o][r]
-                want = float(matched_score(g, ref, k, 8, 0, 16, **kw[k])) if g.numel() else math.nan
-                assert res["metrics"][o][r][k] == pytest.approx(want, rel=1e-12, nan_ok=True)
-                assert res["models"][r]["nonfinite"][o] == 1 - g.numel() / 16
+        splits = reference_splits(40, 16, 8, 0)
+        rest = [b for _, b in splits]
+        assert res["floor"][o]["bulk_qe"] == pytest.approx(np.mean(
+            [quantile_step_integral(ref[a].numpy(), ref[b].numpy(), 0, 0.975) for a, b in splits]), rel=1e-12)
+        for r in res["rows"]:
+            for sd in (0, 3):
+                g = obs[o][f"{r}/seed{sd}"]
+                got = res["runs"][r][str(sd)]["metrics"][o]
+                for k in ("rmsqe", "loader"):
+                    want = float(matched_score(g, ref, k, 8, 0, 16, **kw[k])) if g.numel() else math.nan
+                    assert got[k] == pytest.approx(want, rel=1e-12, nan_ok=True)
+                assert got["nonfinite"] == 1 - g.numel() / 16
+                # the range diagnostics use the datamodule's declared range [-1, 1]
+                assert got["above_range"] == res["runs"][r][str(sd)]["out_of_range"]["samples_above"]
+                if g.numel():
+                    bulk = np.mean([quantile_step_integral(g.numpy(), ref[b].numpy(), 0, 0.975) for b in rest])
+                    assert got["bulk_qe"] == pytest.approx(bulk, rel=1e-12)
+                    c = matched_rmsqe_contributions(g, ref, 8, 0, 16, eta=0.975)
+                    assert got["rmsqe_top_share"] == pytest.approx(float(c.max() / c.sum()), rel=1e-12,
+                                                                   nan_ok=True)
+            vals = [res["runs"][r][str(sd)]["metrics"][o]["loader"] for sd in (0, 3)]
+            assert res["summary"][o][r]["loader"]["mean"] == pytest.approx(np.mean(vals), rel=1e-12)
+            assert res["summary"][o][r]["loader"]["sd"] == pytest.approx(np.std(vals, ddof=1), abs=1e-12)
     assert (out / "table.md").read_text() == format_table(res) + "\n"
     assert (out / "density.png").stat().st_size > 0

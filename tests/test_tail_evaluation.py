@@ -290,3 +290,42 @@ def test_monitor_bad_arguments_name_the_callback_field():
         with pytest.raises(ConfigError) as err:
             TailMonitor_(**kw)
         assert err.value.field == f"trainer.callbacks[TailMonitor].{field}", kw
+
+
+def test_diagnostics_against_brute_force():
+    """above_range / below_range = the fractions of fields with a value above / below the data
+    range; the clipped
+    scores = the matched scores of the clipped fields' observables; rmsqe_top_share = the
+    largest per-sample part of the matched RMSQE / the RMSQE (brute force over the splits)."""
+    from test_tails import _contributions_fraction
+
+    rng = np.random.default_rng(0)
+    data = torch.as_tensor(rng.uniform(-1, 1, (300, 4)))
+    x = torch.as_tensor(rng.uniform(-1, 1, (60, 4)))
+    x[5, 2], x[9, 0], x[9, 1], x[30, 3] = 25.0, 3.0, -4.0, -1.5  # 2 fields above, 2 below
+    ev = TailEvaluation(data, num_samples=60, eta=0.9, num_splits=3, split_seed=1,
+                        inverse_transform=lambda y: torch.expm1(2 * y), value_range=(-1.0, 1.0))
+    got = ev.measure_rows(ev.observe_rows(x))
+    assert got["above_range"] == pytest.approx(2 / 60, rel=1e-15)
+    assert got["below_range"] == pytest.approx(2 / 60, rel=1e-15)
+    obs = torch.expm1(2 * x).amax(1)
+    clipped = torch.expm1(2 * x.clamp(-1, 1)).amax(1)
+    ref = torch.expm1(2 * data).amax(1)
+    rest = [b for _, b in reference_splits(300, 60, 3, 1)]
+    assert got["rmsqe"] == pytest.approx(np.mean([float(rmsqe(obs, ref[b], eta=0.9)) for b in rest]), rel=1e-12)
+    assert got["rmsqe_clipped"] == pytest.approx(
+        np.mean([float(rmsqe(clipped, ref[b], eta=0.9)) for b in rest]), rel=1e-12)
+    ls = loader_settings(ref)
+    assert got["loader_clipped"] == pytest.approx(
+        np.mean([float(loader(clipped, ref[b], **ls)) for b in rest]), rel=1e-12)
+    per = np.mean([_contributions_fraction(obs.numpy(), ref[b].numpy(), 0.9) for b in rest], 0)
+    assert got["rmsqe_top_share"] == pytest.approx(per.max() / per.sum(), rel=1e-12)
+    assert got["rmsqe_top_share"] > 0.99  # the field at 25 (e^50) decides the score
+    assert got["rmsqe_clipped"] < got["rmsqe"] * 1e-10
+    # default value_range: the reference's min/max; from_datamodule: the declared range
+    assert TailEvaluation(data, num_samples=60).value_range == (float(data.min()), float(data.max()))
+    dm = _DM(data)
+    dm.value_range = (-2.0, 2.0)
+    assert TailEvaluation.from_datamodule(dm, num_samples=60).value_range == (-2.0, 2.0)
+    with pytest.raises(ConfigError, match="value_range"):
+        TailEvaluation(data, num_samples=60, value_range=(1.0, -1.0))

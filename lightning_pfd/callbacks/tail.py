@@ -2,7 +2,10 @@
 :class:`lightning_pfd.evaluation.tail.TailEvaluation`; when and where to log: the base).
 
 Logs ``<name>/rmsqe``, ``/loader`` (NaN when a sample's observable is non-finite),
-``/rmsqe_floor``, ``/loader_floor`` (same-law floors), ``/nonfinite`` and the density figure
+``/rmsqe_floor``, ``/loader_floor`` (same-law floors), ``/nonfinite``, the diagnostics
+``/rmsqe_clipped``, ``/loader_clipped`` (samples clipped to the data range), ``/above_range``,
+``/below_range`` (fractions of samples with a value above / below it) and ``/rmsqe_top_share`` (the RMSQE's share from its largest
+single-sample contribution), and the density figure
 ``/density`` (``log_figure``). Seeds are sharded over ranks, the observables gathered, so the
 values are those of :meth:`TailEvaluation.measure` on the same model under any world size.
 """
@@ -16,7 +19,8 @@ from ..evaluation.tail import TailEvaluation, TailSettings, check_generate, chec
 from .base import MeasurementCallback, callback_field, check_metric_prefix, check_unique_metric_names
 
 __all__ = ["TailMonitor"]
-_LEAVES = ("rmsqe", "loader", "rmsqe_floor", "loader_floor", "nonfinite", "density")
+_LEAVES = ("rmsqe", "loader", "rmsqe_floor", "loader_floor", "nonfinite", "rmsqe_clipped",
+           "loader_clipped", "above_range", "below_range", "rmsqe_top_share", "density")
 
 
 class TailMonitor(MeasurementCallback):
@@ -73,9 +77,10 @@ class TailMonitor(MeasurementCallback):
     def _measure_and_log(self, trainer: Any, pl_module: Any) -> None:
         ev = self.evaluation = (self.evaluation or TailEvaluation.from_datamodule(
             trainer.datamodule, self.reference, self.settings))
-        obs = ev.observe(ev.sample(pl_module, self.shard(ev.seeds(), trainer)))
-        obs = self.gather(obs, trainer, n=ev.settings.num_samples).cpu()
-        vals = ev.measure_observables(obs)
+        rows = ev.observe_rows(ev.sample(pl_module, self.shard(ev.seeds(), trainer)))
+        rows = self.gather(rows, trainer, n=ev.settings.num_samples).cpu()
+        obs = rows[:, 0]
+        vals = ev.measure_rows(rows)
         self._warn_nonfinite(trainer, vals["nonfinite"], "sample observables",
                              [self.key("rmsqe"), self.key("loader")], self.key("nonfinite"))
         self.log_metrics(trainer, pl_module, {self.key(k): v for k, v in vals.items()}, extra=vals)

@@ -1,21 +1,33 @@
-"""``python -m lightning_pfd pite``: train SBM(s) and a LIM on the same data and U-Net, print the
-blog's table (RMSQE, LOADER, same-law floor) for physical observables (PITE: the blog post "A
-Physically Interpretable Evaluation Strategy" for heavy-tailed diffusion models).
+"""``python -m lightning_pfd pite``: train SBM(s) and a LIM on the same data and U-Net, each with
+several training seeds, and print the blog's table (RMSQE, LOADER, same-law floor) for physical
+observables, with its spread over the seeds and the diagnostics that show what decides a score
+(PITE: the blog post "A Physically Interpretable Evaluation Strategy" for heavy-tailed diffusion
+models).
 
 Defaults (docs/levy.md, "PITE at CPU scale"): the configs ``experiments/pite_sbm`` (EDM
-preconditioning) and ``experiments/pite_lim`` (alpha = 1.7, x0 parameterisation, Heun in
-r = sigma/gamma on EDM's grid, 100 steps): 16x16 crops, a 78k-parameter U-Net, 1500 steps each.
-``--sbm-preconds edm,vp`` adds an SBM row with VP preconditioning (its network error is
-multiplied by sigma, up to 80, in the denoised image); any registered diffusion family
-(:func:`lightning_pfd.diffusion.families.family_names`: edm, vp, ve, ...) can be a row. Each model generates ``--num-samples``
-seeded samples; the observables (default: crop maximum and the fraction of pixels above
-25 mm/h, after the inverse log1p transform) are compared with those of the training crops. The
-fraction of generated pixels outside the training range [-1, 1] (= [0, log_max] mm/h) is
-always counted and reported; ``--out-of-range clip`` caps them at log_max before the inverse
-transform (default ``keep``: faithful). Writes ``results.json``, ``table.md``,
-``observables.pt`` (the finite observables per row) and ``density.png`` (the blog's Fig. 9)
-under ``--out``. Bad arguments and configs fail before anything is trained (one block, exit
-status 2; ``--debug`` shows the traceback).
+preconditioning) and ``experiments/pite_lim`` (alpha = ``--alpha`` = 1.7, x0 parameterisation,
+Heun in r = sigma/gamma on EDM's grid, 100 steps, A = c_alpha A' >= 20 rejected as in the LIM
+reference code): 16x16 crops, a 78k-parameter U-Net, 1500 steps each, training seeds
+``--seeds 0,1,2`` (initialisation, batch order and training noise). ``--sbm-preconds edm,vp``
+adds an SBM row with VP preconditioning; any registered diffusion family
+(:func:`lightning_pfd.diffusion.families.family_names`: edm, vp, ve, ...) can be a row. Every
+(row, seed) generates ``--num-samples`` samples from the same evaluation seeds 0..n-1; the
+observables (default: crop maximum and the fraction of pixels above 25 mm/h, after the inverse
+log1p transform) are compared with those of the training crops.
+
+Per (row, seed) and observable: the blog's RMSQE (no root) and LOADER against matched same-law
+floors, the scores of the samples clipped to the training range [-1, 1] (what the reference
+codes do when saving), the fraction of samples outside that range, the share of the RMSQE from
+its largest single-sample contribution, and the bulk quantile error (the same integral over
+[0, eta]). The table gives mean ± sd [min, max] over the seeds and, for each of the blog's
+claims (LIM better in RMSQE / in LOADER, SBM better in the bulk), whether it holds for every
+seed ("holds"), for none ("reversed") or neither ("undecided"). The data's tail index (Hill) is
+recorded next to alpha. ``--out-of-range clip`` caps generated values at log_max before the
+inverse transform for every score (default ``keep``: faithful; the clipped scores are reported
+either way). Writes ``results.json``, ``table.md``, ``observables.pt`` (the finite observables
+per row and seed) and ``density.png`` (the blog's Fig. 9, seeds pooled) under ``--out``. Bad
+arguments and configs fail before anything is trained (one block, exit status 2; ``--debug``
+shows the traceback).
 """
 from __future__ import annotations
 
@@ -31,7 +43,8 @@ from ..errors import ConfigError, ShortErrorParser, renamed_fields
 from . import COMMANDS, run_guarded
 
 __all__ = ["main", "build_parser", "format_table", "tail_evaluations", "NUM_SPLITS",
-           "parse_observable", "sbm_preconds"]
+           "parse_observable", "sbm_preconds", "summarize", "verdict", "claims", "bulk_qe",
+           "bulk_qe_floor", "train_seeds", "RUN_METRICS", "CLAIMS"]
 
 PROG = COMMANDS["pite"].prog
 DEFAULT_OBSERVABLES = ("max", "exceedance:threshold=25")
@@ -60,7 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="EMA decay of all models; < 0 = config")
     p.add_argument("--n-train", type=int, default=0, help="training crops; 0 = config")
     p.add_argument("--batch-size", type=int, default=0, help="training batch; 0 = config")
-    p.add_argument("--num-samples", type=int, default=1024, help="generated samples per model")
+    p.add_argument("--num-samples", type=int, default=512,
+                   help="generated samples per model and training seed (evaluation seeds "
+                        "0..num_samples-1, the same for every model)")
+    p.add_argument("--seeds", default="0,1,2",
+                   help="comma-separated training seeds: every row is trained once per seed "
+                        "(network initialisation, batch order, training noise); the table "
+                        "reports mean ± sd [min, max] over them")
+    p.add_argument("--scale-aware-row", action="store_true",
+                   help="add the row lim_x0A: the LIM config with parameterization x0_A (EDM's "
+                        "preconditioning at the per-image level r sqrt(A), docs/levy.md)")
+    p.add_argument("--alpha", type=float, default=1.7,
+                   help="stability index of the LIM row, in (1, 2] (the blog: 1.7); the data's "
+                        "Hill tail index is recorded next to it")
     p.add_argument("--lim-steps", type=int, default=None,
                    help="LIM sampler steps (default: the config's num_steps)")
     p.add_argument("--lim-sampler", default=None, choices=list(_LIM_SAMPLERS),
@@ -167,8 +192,33 @@ def _validate(a) -> None:
         raise ValueError(f"--num-samples: must be < --n-train ({a.n_train}) for the same-law "
                          f"floor (n_gen = num_samples), got {a.num_samples}")
     _preconds(a)
+    train_seeds(a)
+    from ..diffusion.levy import check_alpha
+
+    try:
+        check_alpha(a.alpha)
+    except ValueError:
+        raise ValueError(f"--alpha: must lie in (1, 2], got {a.alpha}") from None
     for spec in a.observable or DEFAULT_OBSERVABLES:
         parse_observable(spec)
+
+
+def train_seeds(a) -> list:
+    """The ``--seeds`` list (distinct integers >= 0, at least one)."""
+    try:
+        out = [int(x) for x in str(a.seeds).split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError("--seeds", "must be comma-separated integers >= 0", value=a.seeds) from None
+    if not out or any(x < 0 for x in out) or len(set(out)) != len(out):
+        raise ConfigError("--seeds", "needs distinct integers >= 0", value=a.seeds)
+    return out
+
+
+def _seed_overrides(seed: int) -> list:
+    """One training seed: the network's initialisation (seed_everything), the batch order (the
+    datamodule's seed) and the training noise (the module's train_seed)."""
+    return [f"--seed_everything={seed}", f"--data.init_args.seed={seed}",
+            f"--model.init_args.train_seed={seed}"]
 
 
 def _cli_args(a, config: str, name: str, extra: Sequence[str] = ()) -> list[str]:
@@ -211,8 +261,11 @@ def _rows(a) -> list:
     """(row name, config, extra overrides) of every model: one SBM per preconditioning, the LIM."""
     rows = [(f"sbm_{q}", a.sbm_config, [f"--model.init_args.precond={q}", *a.sbm_override])
             for q in _preconds(a)]
-    lim = list(a.lim_override) + _overrides(a, _LIM_OVERRIDES)
-    return rows + [("lim", a.lim_config, lim)]
+    lim = [f"--model.init_args.alpha={a.alpha}"] + list(a.lim_override) + _overrides(a, _LIM_OVERRIDES)
+    rows.append(("lim", a.lim_config, lim))
+    if getattr(a, "scale_aware_row", False):
+        rows.append(("lim_x0A", a.lim_config, lim + ["--model.init_args.parameterization=x0_A"]))
+    return rows
 
 
 def build_one(a, config: str, name: str, extra: Sequence[str] = ()):
@@ -264,7 +317,9 @@ def tail_evaluations(a, dm, specs) -> dict:
     """One :class:`~lightning_pfd.evaluation.tail.TailEvaluation` per observable (label ->
     evaluation) against the training crops: seeds 0..num_samples-1, ``NUM_SPLITS`` reference
     splits, RMSQE over [eta, 1], LOADER over the real line with ``--floor`` x the reference
-    KDE's peak; non-finite sample observables dropped (and counted). Checks
+    KDE's peak; non-finite sample observables dropped (and counted); the clipped scores and the
+    above/below-range fractions use the datamodule's declared ``value_range`` (precipitation:
+    [-1, 1], what the reference codes clamp to when saving), else the data's range. Checks
     ``--num-samples`` < the number of training crops (the same-law floor's n_gen)."""
     from ..evaluation.tail import TailEvaluation
 
@@ -272,7 +327,8 @@ def tail_evaluations(a, dm, specs) -> dict:
         evs = {label: TailEvaluation(dm.train_data, observable=name, observable_kwargs=kw,
                                      num_samples=a.num_samples, eta=a.eta, floor=a.floor,
                                      num_splits=NUM_SPLITS, seed_offset=0, batch_size=256,
-                                     nonfinite="drop", inverse_transform=_inverse(dm, a.out_of_range))
+                                     nonfinite="drop", inverse_transform=_inverse(dm, a.out_of_range),
+                                     value_range=getattr(dm, "value_range", None))
                for label, name, kw in specs}
         for ev in evs.values():
             ev.check_sizes()
@@ -287,45 +343,174 @@ def _check_out(a) -> None:
 
 
 def _label(res: dict, row: str) -> str:
-    """``SBM (EDM)``, ``SBM (VP)``, ... for the SBM rows ``sbm_<family>``; ``LIM (alpha = a)``."""
-    if row == "lim":
-        return f"LIM (alpha = {res.get('alpha', float('nan')):g})"
+    """``SBM (EDM)``, ``SBM (VP)``, ... for the SBM rows ``sbm_<family>``; ``LIM (alpha = a)``
+    (with its truncation of A when recorded)."""
+    if row in ("lim", "lim_x0A"):
+        t = res.get("lim_truncation") or ""
+        extra = ", scale-aware x0_A" if row == "lim_x0A" else ""
+        return f"LIM (alpha = {res.get('alpha', float('nan')):g}{', ' + t if t else ''}{extra})"
     return f"SBM ({row[4:].upper()})" if row.startswith("sbm_") else row
 
 
-def format_table(res: dict) -> str:
-    """Markdown: per observable, RMSQE and LOADER of every row next to the same-law floor, the
-    quantiles (q50 / q90 / q97.5 / q99 / max) and the out-of-range fractions."""
+def _truncation_label(tr: dict) -> str:
+    if tr.get("reject_A") is not None:
+        return f"A >= {tr['reject_A']:g} rejected"
+    if tr.get("clamp_A") is not None:
+        return f"A clamped at {tr['clamp_A']:g}"
+    return "A not truncated"
+
+
+#: per (row, seed, observable): the blog's scores, the diagnostics and the bulk quantile error
+RUN_METRICS = ("rmsqe", "loader", "rmsqe_clipped", "loader_clipped", "rmsqe_top_share",
+               "above_range", "bulk_qe", "below_range", "nonfinite")
+_METRIC_NAMES = {
+    "rmsqe": "RMSQE (blog, no root)", "loader": "LOADER",
+    "rmsqe_clipped": "RMSQE, samples clipped to the data range",
+    "loader_clipped": "LOADER, samples clipped to the data range",
+    "bulk_qe": "bulk QE (int_0^eta of the squared quantile difference)",
+    "rmsqe_top_share": "share of RMSQE from its largest single sample",
+    "above_range": "samples with a value above the data range",
+}
+
+
+def summarize(values: Sequence[float]) -> dict:
+    """mean, sd (ddof 1; 0 for one value), median, min, max and the values (non-finite kept)."""
+    import numpy as np
+
+    v = np.asarray(list(values), dtype=np.float64)
+    f = v[np.isfinite(v)]
+    if not f.size:
+        nan = float("nan")
+        return {"mean": nan, "sd": nan, "median": nan, "min": nan, "max": nan, "values": v.tolist()}
+    return {"mean": float(f.mean()), "sd": float(f.std(ddof=1)) if f.size > 1 else 0.0,
+            "median": float(np.median(f)), "min": float(f.min()), "max": float(f.max()),
+            "values": v.tolist()}
+
+
+def verdict(better: Sequence[float], worse: Sequence[float]) -> str:
+    """Whether "``better`` < ``worse``" (lower is better) holds across training seeds:
+    "holds" when every value of ``better`` is below every value of ``worse``, "reversed" when
+    every one is above, "undecided" otherwise (the seed ranges overlap) or with a NaN."""
+    import math
+
+    b, w = list(better), list(worse)
+    if not b or not w or any(not math.isfinite(x) for x in b + w):
+        return "undecided"
+    if max(b) < min(w):
+        return "holds"
+    if min(b) > max(w):
+        return "reversed"
+    return "undecided"
+
+
+#: the blog's claims (the LIM row against the first SBM row): (key, text, metric, LIM better?)
+CLAIMS = (("lim_rmsqe", "LIM better in RMSQE", "rmsqe", True),
+          ("lim_rmsqe_clipped", "LIM better in RMSQE (samples clipped to the data range)",
+           "rmsqe_clipped", True),
+          ("lim_loader", "LIM better in LOADER", "loader", True),
+          ("sbm_bulk", "SBM better in the bulk (bulk QE)", "bulk_qe", False))
+
+
+def claims(res: dict) -> dict:
+    """observable -> claim key -> {"claim", "verdict", "lim_row", "lim", "sbm_row", "sbm"}
+    (``verdict``), for every LIM row ("lim", "lim_x0A") against the first SBM row; the keys of
+    the lim_x0A row end in ``@lim_x0A``."""
     rows = res["rows"]
+    lims = [r for r in rows if r in ("lim", "lim_x0A")]
+    if not lims or not any(r.startswith("sbm_") for r in rows):
+        return {}
+    sbm = next(r for r in rows if r.startswith("sbm_"))
+    out = {}
+    for o in res["observables"]:
+        sm = res["summary"][o]
+        out[o] = {}
+        for lim in lims:
+            for key, text, m, lim_better in CLAIMS:
+                lv, sv = sm[lim][m]["values"], sm[sbm][m]["values"]
+                out[o][key if lim == "lim" else f"{key}@{lim}"] = {
+                    "claim": text, "sbm_row": sbm, "lim_row": lim,
+                    "verdict": verdict(lv, sv) if lim_better else verdict(sv, lv),
+                    "lim": sm[lim][m], "sbm": sm[sbm][m]}
+    return out
+
+
+def _ms(d: dict, pct: bool = False) -> str:
+    """``mean ± sd [min, max]`` (3 significant digits; percentages with pct)."""
+    f = (lambda x: f"{100 * x:.3g} %") if pct else (lambda x: f"{x:.3g}")
+    if len(d["values"]) == 1:
+        return f(d["values"][0])
+    return f"{f(d['mean'])} ± {f(d['sd'])} [{f(d['min'])}, {f(d['max'])}]"
+
+
+def format_table(res: dict) -> str:
+    """Markdown: per observable, mean ± sd [min, max] over the training seeds of every score
+    and diagnostic of every row next to the same-law floor, the per-seed values, the claims'
+    verdicts, the quantiles and the data's Hill tail index."""
+    rows, seeds = res["rows"], res["train_seeds"]
     head = "| Metric | " + " | ".join(_label(res, r) for r in rows) + " | same-law floor |"
     sep = "|---" * (len(rows) + 2) + "|"
-    out = []
+    out = [f"Training seeds {', '.join(map(str, seeds))} per row; evaluation seeds 0..."
+           f"{res['num_samples'] - 1} (the same for every model); cells: mean ± sd [min, max] "
+           f"over the training seeds. Out-of-range policy of the inverse transform: "
+           f"`{res['out_of_range']}`.", ""]
     for obs in res["observables"]:
-        m = res["metrics"][obs]
+        sm, fl = res["summary"][obs], res["floor"][obs]
         out += [f"**Observable `{obs}`**", "", head, sep]
-        for key, name in (("rmsqe", f"RMSQE (eta = {res['eta']})"), ("loader", "LOADER")):
-            out.append(f"| {name} | " + " | ".join(f"{m[r][key]:.4g}" for r in rows)
-                       + f" | {m['floor'][key]:.4g} |")
+        for m in RUN_METRICS[:-2]:
+            pct = m in ("rmsqe_top_share", "above_range")
+            floor = f"{fl[m]:.4g}" if m in fl else ("" if m != "rmsqe_clipped" else f"{fl['rmsqe']:.4g}")
+            if m == "loader_clipped":
+                floor = f"{fl['loader']:.4g}"
+            name = _METRIC_NAMES[m] + (f" (eta = {res['eta']})" if m == "rmsqe" else "")
+            out.append(f"| {name} | " + " | ".join(_ms(sm[r][m], pct) for r in rows) + f" | {floor} |")
+        out.append("")
+        out.append("Per training seed (RMSQE / clipped RMSQE / LOADER / bulk QE / top share):")
+        for r in rows:
+            cells = []
+            for i, sd in enumerate(seeds):
+                v = [sm[r][m]["values"][i] for m in ("rmsqe", "rmsqe_clipped", "loader", "bulk_qe",
+                                                      "rmsqe_top_share")]
+                cells.append(f"seed {sd}: {v[0]:.4g} / {v[1]:.4g} / {v[2]:.4g} / {v[3]:.4g} / "
+                             f"{100 * v[4]:.0f} %")
+            out.append(f"- {_label(res, r)}: " + "; ".join(cells))
+        out.append("")
+        cl = res.get("claims", {}).get(obs)
+        if cl:
+            out.append("The blog's claims across training seeds (holds = every seed of the better "
+                       "row below every seed of the other; undecided = the ranges overlap):")
+            for c in cl.values():
+                out.append(f"- {c['claim']}: **{c['verdict']}** ({_label(res, c['lim_row'])} "
+                           f"{_ms(c['lim'])}, {_label(res, c['sbm_row'])} {_ms(c['sbm'])})")
+            out.append("")
         q = res["quantiles"][obs]
-        out.append("| q50 / q90 / q99 | " + " | ".join(
-            " / ".join(f"{q[r][i]:.3g}" for i in (0, 1, 3)) for r in rows)
-            + " | data: " + " / ".join(f"{q['data'][i]:.3g}" for i in (0, 1, 3)) + " |")
-        out.append("")
-        out.append("Quantiles q50 / q90 / q97.5 / q99 / max:")
+        out.append("Quantiles q50 / q90 / q97.5 / q99 / max (generated: all seeds pooled):")
         for k in ["data"] + list(rows):
-            bad = "" if k == "data" else \
-                f" (non-finite: {100 * res['models'][k]['nonfinite'][obs]:.1f} %)"
-            out.append(f"- {k}: " + " / ".join(f"{x:.4g}" for x in q[k]) + bad)
+            out.append(f"- {k}: " + " / ".join(f"{x:.4g}" for x in q[k]))
+        h = res.get("hill", {}).get(obs)
+        if h:
+            out.append("")
+            out.append(f"Tail index of the data's observable (Hill, n = {res['n_ref']}): " + "; ".join(
+                f"k = {e['k']}: {e['alpha']:.3g} ± {e['se']:.2g}" for e in h)
+                + f" (alpha of the LIM noise: {res.get('alpha', float('nan')):g}; Hill assumes a "
+                "Pareto-type upper tail: not meaningful for a bounded observable such as a fraction)")
         out.append("")
-    out += [f"**Out of the training range** (generated values outside it, in training space; "
-            f"precipitation: [-1, 1] = [0, log_max] mm/h; policy `{res['out_of_range']}`):", "",
+    out += [f"**Out of the training range** (generated pixels outside it, in training space; "
+            f"precipitation: [-1, 1] = [0, log_max] mm/h), mean over the training seeds:", "",
             "| | " + " | ".join(_label(res, r) for r in rows) + " |", "|---" * (len(rows) + 1) + "|"]
-    oors = [res["models"][r]["out_of_range"] for r in rows]
     for key, name in (("pixels_above", "pixels > +1"), ("samples_above", "samples with a pixel > +1"),
                       ("pixels_below", "pixels < -1 (-> 0 mm/h)")):
-        out.append(f"| {name} | " + " | ".join(_pct(o, key) for o in oors) + " |")
-    out.append("| largest value (training space) | " + " | ".join(
-        "n/a" if o is None else f"{o['max']:.3g}" for o in oors) + " |")
+        cells = []
+        for r in rows:
+            oors = [res["runs"][r][str(sd)]["out_of_range"] for sd in seeds]
+            cells.append("n/a" if any(o is None for o in oors) else
+                         f"{100 * sum(o[key] for o in oors) / len(oors):.3g} %")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    cells = []
+    for r in rows:
+        oors = [res["runs"][r][str(sd)]["out_of_range"] for sd in seeds]
+        cells.append("n/a" if any(o is None for o in oors) else
+                     " / ".join(f"{o['max']:.3g}" for o in oors))
+    out.append("| largest value per seed (training space) | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -358,77 +543,141 @@ def _pct(oor: Optional[dict], key: str) -> str:
     return "n/a" if oor is None else f"{100 * oor[key]:.3g} %"
 
 
+def bulk_qe(ev, obs) -> float:
+    """The bulk counterpart of the blog's RMSQE: int_0^eta (Q_gen - Q_ref)^2 du, matched to the
+    evaluation's reference splits (mean over the splits' rest) on the finite observables."""
+    import math
+
+    import torch
+
+    from ..metrics.tails import quantile_step_integral, reference_splits
+
+    s = ev.settings
+    g = torch.as_tensor(obs, dtype=torch.float64).reshape(-1)
+    g = g[torch.isfinite(g)]
+    if not g.numel():
+        return math.nan
+    ref = ev.reference_observable
+    sp = reference_splits(len(ref), s.num_samples, s.num_splits, s.split_seed)
+    return sum(quantile_step_integral(g.numpy(), ref[b].numpy(), 0.0, s.eta) for _, b in sp) / len(sp)
+
+
+def bulk_qe_floor(ev) -> float:
+    """Same-law floor of :func:`bulk_qe` (reference subset vs the rest, the same splits)."""
+    from ..metrics.tails import quantile_step_integral, reference_splits
+
+    s = ev.settings
+    ref = ev.reference_observable
+    sp = reference_splits(len(ref), s.num_samples, s.num_splits, s.split_seed)
+    return sum(quantile_step_integral(ref[a].numpy(), ref[b].numpy(), 0.0, s.eta)
+               for a, b in sp) / len(sp)
+
+
+def _hill(ref) -> list:
+    """Hill tail index of the data's observable at k = 2 %, 5 %, 10 % of n (when >= 2 points)."""
+    from ..metrics.tails import hill_tail_index
+
+    n = int(ref.numel())
+    ks = sorted({k for k in (n // 50, n // 20, n // 10) if 2 <= k <= n - 1})
+    return [hill_tail_index(ref, k) for k in ks]
+
+
 def run(a) -> dict:
+    import lightning.pytorch as pl
     import torch
 
     if a.threads:
         torch.set_num_threads(a.threads)
     t_start = time.time()
     specs = [parse_observable(s) for s in (a.observable or DEFAULT_OBSERVABLES)]
+    seeds = train_seeds(a)
     _check_out(a)
     rows = _rows(a)
-    clis = {name: build_one(a, cfg, name, extra) for name, cfg, extra in rows}
-    evs = tail_evaluations(a, clis[rows[0][0]].datamodule, specs)
+    # every (row, seed) is built (and validated) before anything is trained
+    clis = {(name, sd): build_one(a, cfg, f"{name}_seed{sd}", list(extra) + _seed_overrides(sd))
+            for name, cfg, extra in rows for sd in seeds}
+    evs = tail_evaluations(a, clis[(rows[0][0], seeds[0])].datamodule, specs)
     os.makedirs(a.out, exist_ok=True)
     sampler = next(iter(evs.values()))  # every evaluation draws the same seeds
     res: dict = {"eta": a.eta, "observables": list(evs), "rows": [r[0] for r in rows],
-                 "out_of_range": a.out_of_range, "args": vars(a), "models": {},
-                 "n_ref": sampler.n_ref, "metrics": {o: {} for o in evs}}
+                 "train_seeds": seeds, "num_samples": a.num_samples,
+                 "out_of_range": a.out_of_range, "args": vars(a), "runs": {},
+                 "n_ref": sampler.n_ref}
     gen_obs = {o: {} for o in evs}
     for name, _, _ in rows:
-        model, dm, t_fit = train_one(clis[name])
-        t0 = time.time()
-        model.eval()
-        x = sampler.sample(model)
-        t_sample = time.time() - t0
-        hp = model.hparams
-        info = {"fit_s": round(t_fit, 1), "sample_s": round(t_sample, 1),
-                "out_of_range": _out_of_range(dm, x.cpu()), "nonfinite": {}}
-        if hasattr(model, "alpha"):  # LevyItoModule
-            res["alpha"] = float(model.alpha)
-            info["sampler"] = (f"{hp.sampler}, {hp.num_steps} steps, time grid "
-                               f"{hp.get('time_grid', 'uniform')}, parameterization "
-                               f"{hp.get('parameterization', 'eps')}")
-        else:
-            info["sampler"] = f"{hp.sampler}, {hp.num_steps} steps, precond {hp.precond}"
-        for o, ev in evs.items():
-            v = ev.observe(x, inverse_transform=_inverse(dm, a.out_of_range)).cpu()
-            vals = ev.scores(v)
-            gen_obs[o][name] = v[torch.isfinite(v)]
-            info["nonfinite"][o] = vals["nonfinite"]
-            res["metrics"][o][name] = {k: vals[k] for k in ("rmsqe", "loader")}
-            if vals["nonfinite"] == 1.0:
-                print(f"[pite] {name} / {o}: rmsqe and loader undefined (every sample non-finite)",
-                      flush=True)
-        res["models"][name] = info
-        print(f"[pite] {name}: trained {model.global_step} steps in {t_fit:.0f} s, sampled "
-              f"{a.num_samples} in {t_sample:.0f} s ({info['sampler']}); pixels above the "
-              f"training range: {_pct(info['out_of_range'], 'pixels_above')}", flush=True)
-    res["quantiles"] = {}
+        res["runs"][name] = {}
+        for sd in seeds:
+            pl.seed_everything(sd, workers=True, verbose=False)  # this run's training randomness
+            model, dm, t_fit = train_one(clis[(name, sd)])
+            t0 = time.time()
+            model.eval()
+            x = sampler.sample(model)
+            t_sample = time.time() - t0
+            hp = model.hparams
+            info = {"fit_s": round(t_fit, 1), "sample_s": round(t_sample, 1), "steps": model.global_step,
+                    "out_of_range": _out_of_range(dm, x.cpu()), "metrics": {}}
+            if hasattr(model, "alpha"):  # LevyItoModule
+                res["alpha"] = float(model.alpha)
+                tr = model.truncation("train")
+                res["lim_truncation"] = _truncation_label(tr)
+                info["truncation"] = {"train": tr, "generate": model.truncation("generate")}
+                info["sampler"] = (f"{hp.sampler}, {hp.num_steps} steps, time grid "
+                                   f"{hp.get('time_grid', 'uniform')}, parameterization "
+                                   f"{hp.get('parameterization', 'eps')}")
+            else:
+                info["sampler"] = f"{hp.sampler}, {hp.num_steps} steps, precond {hp.precond}"
+            for o, ev in evs.items():
+                rws = ev.observe_rows(x, inverse_transform=_inverse(dm, a.out_of_range)).cpu()
+                vals = ev.measure_rows(rws)
+                vals["bulk_qe"] = bulk_qe(ev, rws[:, 0])
+                v = rws[:, 0]
+                gen_obs[o].setdefault(name, []).append(v[torch.isfinite(v)])
+                info["metrics"][o] = {k: vals[k] for k in RUN_METRICS}
+                if vals["nonfinite"] == 1.0:
+                    print(f"[pite] {name} seed {sd} / {o}: rmsqe and loader undefined (every "
+                          "sample non-finite)", flush=True)
+            res["runs"][name][str(sd)] = info
+            m0 = info["metrics"][next(iter(evs))]
+            print(f"[pite] {name} seed {sd}: trained {model.global_step} steps in {t_fit:.0f} s, "
+                  f"sampled {a.num_samples} in {t_sample:.0f} s ({info['sampler']}); "
+                  f"{next(iter(evs))}: RMSQE {m0['rmsqe']:.4g} (clipped {m0['rmsqe_clipped']:.4g}, "
+                  f"top share {100 * m0['rmsqe_top_share']:.0f} %), LOADER {m0['loader']:.4g}; "
+                  f"pixels above the training range: {_pct(info['out_of_range'], 'pixels_above')}",
+                  flush=True)
+            del clis[(name, sd)]
+    res["summary"] = {o: {r: {m: summarize(res["runs"][r][str(sd)]["metrics"][o][m] for sd in seeds)
+                              for m in RUN_METRICS} for r in res["rows"]} for o in evs}
+    res["floor"], res["quantiles"], res["hill"] = {}, {}, {}
     qs = torch.tensor([0.5, 0.9, 0.975, 0.99], dtype=torch.float64)
     for o, ev in evs.items():
         fl = ev.floors()
-        res["metrics"][o]["floor"] = {k: fl[f"{k}_floor"] for k in ("rmsqe", "loader")}
+        res["floor"][o] = {"rmsqe": fl["rmsqe_floor"], "loader": fl["loader_floor"],
+                           "bulk_qe": bulk_qe_floor(ev)}
+        pooled = {r: torch.cat(gen_obs[o][r]) for r in res["rows"]}
         res["quantiles"][o] = {
             k: (torch.quantile(v.double(), qs).tolist() + [float(v.max())]) if v.numel()
             else [float("nan")] * 5
-            for k, v in [("data", ev.reference_observable)] + [(r, gen_obs[o][r]) for r in res["rows"]]}
+            for k, v in [("data", ev.reference_observable)] + list(pooled.items())}
+        res["hill"][o] = _hill(ev.reference_observable)
+    res["claims"] = claims(res)
     res["floor_method"] = (f"same_law_floor: {NUM_SPLITS} splits, n_gen = {a.num_samples} vs the "
                            f"other {res['n_ref'] - a.num_samples} reference points; models scored "
                            f"against the same {NUM_SPLITS} reference subsets (matched_score); "
-                           f"RMSQE = the blog's integral over [eta, 1], LOADER over the real line")
-    res["window"] = None
+                           f"RMSQE = the blog's integral over [eta, 1], LOADER over the real line, "
+                           f"bulk QE = the same integral over [0, eta]")
     res["wall_s"] = round(time.time() - t_start, 1)
     table = format_table(res)
     out = Path(a.out)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
-    torch.save({o: {"data": evs[o].reference_observable, **gen_obs[o]} for o in evs},
-               out / "observables.pt")
+    torch.save({o: {"data": evs[o].reference_observable,
+                    **{f"{r}/seed{sd}": v for r, vs in gen_obs[o].items() for sd, v in zip(seeds, vs)}}
+                for o in evs}, out / "observables.pt")
     labels = {r: _label(res, r) for r in res["rows"]}
     _density_plot(out / "density.png", evs,
-                  {o: {labels[k]: v for k, v in gen_obs[o].items()} for o in evs},
-                  f"PITE (StageIV crops, {a.num_samples} samples per model)")
+                  {o: {labels[k]: torch.cat(v) for k, v in gen_obs[o].items()} for o in evs},
+                  f"PITE (StageIV crops, {a.num_samples} samples per model and seed, "
+                  f"{len(seeds)} training seeds pooled)")
     print(table)
     print(f"[pite] wrote {out / 'table.md'}, {out / 'results.json'}, {out / 'density.png'} "
           f"({res['wall_s']:.0f} s)")

@@ -45,7 +45,8 @@ from .streams import stream as _stream
 from .noise import seeded_noise, seeded_uniform
 
 __all__ = [
-    "sample_alpha_stable", "sample_positive_stable", "subgaussian_constant", "check_alpha",
+    "sample_alpha_stable", "sample_positive_stable", "check_truncation", "sample_subgaussian_factor",
+    "MAX_REJECTION_ROUNDS", "subgaussian_constant", "check_alpha",
     "CosineSchedule", "fractional_dsm_loss", "denoiser_dsm_loss", "levy_time_grid",
     "levy_ode_step", "levy_ddim_step", "levy_sde_step", "levy_sample", "score_to_eps",
     "denoiser_to_score", "LEVY_SAMPLERS", "LEVY_TIME_GRIDS", "PARAMETERIZATIONS",
@@ -57,7 +58,8 @@ LEVY_SAMPLERS = ("ode", "ddim", "heun", "sde")
 #: time grids: "uniform" in t, "edm" = EDM's rho-grid in r = sigma/gamma
 LEVY_TIME_GRIDS = ("uniform", "edm")
 #: network output: "eps" (regresses -eps/alpha, LIM) or "x0" (EDM-preconditioned denoiser)
-PARAMETERIZATIONS = ("eps", "x0")
+#: "x0_A" = x0 with EDM preconditioning at the per-example level r sqrt(A) (docs/levy.md)
+PARAMETERIZATIONS = ("eps", "x0", "x0_A")
 
 _EPS_V = 1e-12  # keeps V strictly inside (-pi/2, pi/2)
 
@@ -109,6 +111,68 @@ def _draw_uw(n_rows: int, numel: int, generator, device, seeds, stream: int):
     return u, w
 
 
+#: the most redraws of one factor A before ``sample_alpha_stable(reject_A=c)`` gives up
+MAX_REJECTION_ROUNDS = 1000
+
+
+def check_truncation(alpha: float, clamp_A=None, reject_A=None, prefix: str = "") -> None:
+    """ValueError for a bad truncation of A: a threshold <= 0 (or not a number), both a clamp and
+    a rejection, or ``reject_A`` <= 2 at alpha = 2 (A = 2 always: every draw would be rejected)."""
+    for name, v in (("clamp_A", clamp_A), ("reject_A", reject_A)):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or math.isinf(v):
+            raise ValueError(f"{prefix}{name}: must be a finite number > 0 or None (off), got {v!r}")
+    if clamp_A is not None and reject_A is not None:
+        raise ValueError(f"{prefix}clamp_A, {prefix}reject_A: give at most one truncation of A "
+                         f"(clamp = point mass at the threshold, reject = redraw above it), "
+                         f"got clamp_A={clamp_A} and reject_A={reject_A}")
+    if reject_A is not None and alpha == 2.0 and not reject_A > 2.0:
+        raise ValueError(f"{prefix}reject_A: at alpha = 2 the factor is A = 2, so reject_A must "
+                         f"be > 2 (or None), got {reject_A}")
+
+
+def _seeded_uniform_at(seeds, start: int, numel: int, device, stream: int) -> torch.Tensor:
+    """Elements [start, start + numel) of ``seeded_uniform(seeds, start + numel, stream=stream)``
+    without computing the first ``start`` (the same counter-based formula, offset index)."""
+    from .noise import _GOLDEN, _STREAM, _as_seed_tensor, _lshr, splitmix64
+
+    s = _as_seed_tensor(seeds, device)
+    idx = torch.arange(int(start), int(start) + int(numel), dtype=torch.int64, device=s.device)
+    key = splitmix64(s * _STREAM + stream)
+    bits = splitmix64(key[:, None] + idx[None, :] * _GOLDEN)
+    return (_lshr(bits, 11).to(torch.float64) + 0.5) * (1.0 / 9007199254740992.0)
+
+
+def _redraw_above(alpha: float, A: torch.Tensor, c: float, generator, seeds,
+                  stream: int) -> torch.Tensor:
+    """Redraw every entry A >= c until A < c (``sample_alpha_stable(reject_A=c)``).
+
+    Only the rows with a rejected entry are recomputed in each round (vectorised). With
+    ``seeds``, round k uses the uniforms [2 k n, 2 (k+1) n) of the row's seed (n = A.shape[1]):
+    the result of a row depends on its seed only."""
+    A = A.clone()
+    n = A.shape[1]
+    seed_t = None if seeds is None else torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
+    for k in range(1, MAX_REJECTION_ROUNDS + 1):
+        bad = A >= c
+        if not bool(bad.any()):
+            return A
+        if seed_t is None:
+            m = int(bad.sum())
+            u, w = _draw_uw(1, m, generator, A.device, None, 0)
+            A[bad] = _cms_A(alpha, u, w)[0]
+        else:
+            rows = bad.any(1).nonzero().reshape(-1)
+            uu = _seeded_uniform_at(seed_t[rows.cpu()], 2 * n * k, 2 * n, A.device, stream)
+            fresh = _cms_A(alpha, uu[:, :n], -torch.log(uu[:, n:]))
+            sub = A[rows]
+            A[rows] = torch.where(bad[rows], fresh, sub)
+    raise ValueError(f"reject_A: {c} accepts too rarely at alpha = {alpha}: some factors A were "
+                     f"still >= {c} after {MAX_REJECTION_ROUNDS} redraws (P(A < c) is tiny; use "
+                     f"a larger threshold)")
+
+
 def sample_positive_stable(alpha: float, n: int, generator: torch.Generator | None = None,
                            device=None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """A' ~ S_{alpha/2}(scale 1, beta = 1, 0) in the S1 parameterization, shape (n,).
@@ -124,10 +188,37 @@ def sample_positive_stable(alpha: float, n: int, generator: torch.Generator | No
     return (_cms_A(a, u, w)[0] / subgaussian_constant(a)).to(dtype)
 
 
+def sample_subgaussian_factor(alpha: float, rows: int, per_row: int = 1,
+                              generator: torch.Generator | None = None, device=None, seeds=None,
+                              stream: int = 0, clamp_A: float | None = None,
+                              reject_A: float | None = None) -> torch.Tensor:
+    """The factor A = c_alpha A' of ``sample_alpha_stable`` (float64, shape (rows, per_row)),
+    truncated by ``clamp_A`` / ``reject_A`` as documented there.
+
+    With ``seeds`` (``rows`` = len(seeds)) it uses the seeded stream 2 ``stream``, so
+    ``sample_alpha_stable(..., seeds=seeds, stream=k)`` has exactly
+    ``sample_subgaussian_factor(alpha, len(seeds), per_row, seeds=seeds, stream=k)`` as its A;
+    without, ``generator`` (drawn before nothing else: ``sample_alpha_stable`` draws G first).
+    At alpha = 2, A = 2."""
+    a = check_alpha(alpha)
+    check_truncation(a, clamp_A, reject_A)
+    if a == 2.0:
+        A = torch.full((int(rows), int(per_row)), 2.0, dtype=torch.float64, device=device)
+    else:
+        u, w = _draw_uw(int(rows), int(per_row), generator, device, seeds, 2 * stream)
+        A = _cms_A(a, u, w)
+        if reject_A is not None:
+            A = _redraw_above(a, A, float(reject_A), generator, seeds, 2 * stream)
+    if clamp_A is not None:
+        A = A.clamp_max(float(clamp_A))
+    return A
+
+
 def sample_alpha_stable(alpha: float, shape: Sequence[int], isotropic: bool = True,
                         generator: torch.Generator | None = None,
                         dtype: torch.dtype = torch.float64, device=None, seeds=None,
-                        stream: int = 0, clamp_A: float | None = None) -> torch.Tensor:
+                        stream: int = 0, clamp_A: float | None = None,
+                        reject_A: float | None = None, return_factor: bool = False):
     """Symmetric alpha-stable noise with scale 1 per coordinate (E e^{iu eps} = e^{-|u|^alpha}).
 
     ``isotropic=True``: sub-Gaussian construction eps = sqrt(A) G with one A = c_alpha A'
@@ -141,15 +232,29 @@ def sample_alpha_stable(alpha: float, shape: Sequence[int], isotropic: bool = Tr
     are reproducible whatever the batch, device or world size. ``stream`` k uses the seeded
     streams 2k (uniforms of A) and 2k + 1 (Gaussian factor): avoid them for other draws.
 
-    ``clamp_A``: optional upper clamp of the heavy-tailed factor A (a training trick of the
-    Lévy–Itō model's reference code; the result is then no longer exactly alpha-stable).
+    ``return_factor=True`` returns ``(eps, A)`` with A of shape (rows, 1) (isotropic) or
+    (rows, numel), float64.
+
+    Truncation of the heavy-tailed factor A (at most one of the two; the result is then no
+    longer exactly alpha-stable; docs/levy.md, "Truncating A"):
+
+    * ``reject_A = c``: every A >= c is *redrawn* until A < c, so A has the law of A
+      conditioned on A < c (independent of G). This is what the Lévy–Itō model's reference
+      code does (``torchlevy`` ``LevyStable.sample(reject_threshold=20)``, used for the training
+      noise, the prior and the SDE noise). With ``seeds`` the redraws are counter-based: draw k
+      of row i uses the uniforms with element indices [2 k n, 2 (k+1) n) of (seeds[i], stream 2
+      ``stream``) (n = factors per row; k = 0 are the unconditioned draw's own uniforms), so a
+      row still depends only on its seed, and equals the unconditioned draw whenever that one
+      is accepted. Without ``seeds`` the rejected entries are redrawn from ``generator``.
+    * ``clamp_A = c``: A <- min(A, c), a point mass at c (at alpha = 1.7 and c = 20: P(A >= 20)
+      = 2.5 %). Not what either reference code does: DLPM clamps A' at 20 *before* the factor
+      c_alpha (i.e. A at 20 c_alpha = 7.22 at alpha = 1.7). Kept as a named variant.
     """
     a = check_alpha(alpha)
     shape = tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         raise ValueError(f"shape: dimensions must be >= 0, got {shape}")
-    if clamp_A is not None and not clamp_A > 0:
-        raise ValueError(f"clamp_A: must be > 0 or None, got {clamp_A}")
+    check_truncation(a, clamp_A, reject_A)
     if seeds is None:
         if len(shape) == 0:
             raise ValueError("shape: needs at least one dimension (the example axis)")
@@ -162,16 +267,11 @@ def sample_alpha_stable(alpha: float, shape: Sequence[int], isotropic: bool = Tr
         G = torch.randn(rows, numel, generator=generator, dtype=torch.float64, device=device)
     else:
         G = seeded_noise(seeds, (numel,), device=device, stream=2 * stream + 1)
-    n_A = 1 if isotropic else numel
-    if a == 2.0:
-        A = torch.full((rows, n_A), 2.0, dtype=torch.float64, device=G.device)
-    else:
-        u, w = _draw_uw(rows, n_A, generator, G.device, seeds, 2 * stream)
-        A = _cms_A(a, u, w)
-    if clamp_A is not None:
-        A = A.clamp_max(float(clamp_A))
+    A = sample_subgaussian_factor(a, rows, 1 if isotropic else numel, generator, G.device, seeds,
+                                  stream, clamp_A, reject_A)
     eps = A.sqrt() * G
-    return eps.reshape(rows, *per).to(dtype)
+    eps = eps.reshape(rows, *per).to(dtype)
+    return (eps, A) if return_factor else eps
 
 
 class CosineSchedule:

@@ -26,10 +26,22 @@ exactly the largest values the tail metrics are about; with ``nonfinite="drop"``
 the finite ones are scored against the floors of ``num_samples`` samples. Either way the
 fraction is reported as ``nonfinite``.
 
+Diagnostics next to the blog's scores (:meth:`TailEvaluation.diagnostics`): a heavy-tailed
+model's no-root RMSQE can be decided by one sample far outside the data, so every measurement
+also reports ``above_range`` / ``below_range`` (the fractions of samples with a value above /
+below the data range ``value_range`` in model space: the datamodule's declared range, else the
+reference's min/max; NaN counts as above),
+``rmsqe_clipped`` / ``loader_clipped`` (the scores with the samples clipped to that range before
+the inverse transform -- what the reference codes of the Lévy–Itō model and DLPM do when they
+save images) and ``rmsqe_top_share`` (the share of the RMSQE due to its single largest
+per-sample contribution, :func:`~lightning_pfd.metrics.tails.matched_rmsqe_contributions`).
+
 From a notebook::
 
     ev = TailEvaluation.from_datamodule(dm, observable="max", num_samples=512)
-    ev.measure(model)        # {'rmsqe', 'loader', 'nonfinite', 'rmsqe_floor', 'loader_floor'}
+    ev.measure(model)        # {'rmsqe', 'loader', 'nonfinite', 'rmsqe_floor', 'loader_floor',
+                             #  'rmsqe_clipped', 'loader_clipped', 'above_range', 'below_range',
+                             #  'rmsqe_top_share'}
     ev.density_figure(ev.observe(ev.sample(model)))   # the blog's Fig. 9 (log-density KDEs)
 """
 from __future__ import annotations
@@ -45,15 +57,18 @@ import torch
 from ..contracts import GENERATING_MODELS, check_on_samples
 from ..errors import ConfigError
 from ..metrics.observables import get_observable
-from ..metrics.tails import (kde_density, loader_options, loader_settings, matched_score,
-                             rmsqe_options, same_law_floor)
+from ..metrics.tails import (kde_density, loader_options, loader_settings,
+                             matched_rmsqe_contributions, matched_score, rmsqe_options,
+                             same_law_floor, top_share)
 
-__all__ = ["TailSettings", "TailEvaluation", "NONFINITE_POLICIES", "REFERENCE_SPLITS",
+__all__ = ["TailSettings", "TailEvaluation", "NONFINITE_POLICIES", "REFERENCE_SPLITS", "DIAGNOSTICS",
            "check_generate", "check_reference", "kde_curves", "density_figure"]
 
 NONFINITE_POLICIES = ("nan", "drop")
 REFERENCE_SPLITS = ("train", "val")
 METRICS = ("rmsqe", "loader")
+#: the diagnostics of :meth:`TailEvaluation.diagnostics` (keys of ``measure``)
+DIAGNOSTICS = ("rmsqe_clipped", "loader_clipped", "above_range", "below_range", "rmsqe_top_share")
 
 
 def _integer(name: str, v: Any, lo: int) -> int:
@@ -158,6 +173,8 @@ class TailEvaluation:
         settings: a :class:`TailSettings`; or its fields as keyword arguments (both: the keyword
             arguments replace the settings' fields).
         inverse_transform: maps fields to physical units before the observable (None: identity).
+        value_range: the data range (lo, hi) in model space for the out-of-range count and the
+            clipped scores (None: the reference data's min and max).
 
     The reference observable, the metric settings frozen on it and the floors are computed once,
     on first use, and cached (``num_samples`` < len(data) is checked then, or by :meth:`check`).
@@ -165,7 +182,7 @@ class TailEvaluation:
 
     def __init__(self, data: torch.Tensor, settings: Optional[TailSettings] = None, *,
                  inverse_transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-                 **kwargs: Any):
+                 value_range: Optional[Sequence[float]] = None, **kwargs: Any):
         if settings is None:
             settings = TailSettings(**kwargs)
         elif kwargs:
@@ -174,6 +191,13 @@ class TailEvaluation:
             raise ConfigError("data", "need a non-empty batch of reference fields (N, ...)",
                               value=type(data).__name__)
         self.settings, self.data, self.inverse_transform = settings, data, inverse_transform
+        if value_range is not None:
+            lo, hi = (float(v) for v in value_range)
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                raise ConfigError("value_range", "needs finite bounds with low < high",
+                                  value=value_range)
+            value_range = (lo, hi)
+        self._value_range = value_range
         self.observable = get_observable(settings.observable, **settings.observable_kwargs)
         self._ref: Optional[torch.Tensor] = None
         self._metric_settings: Optional[Dict[str, dict]] = None
@@ -190,6 +214,7 @@ class TailEvaluation:
             have = [r for r in REFERENCE_SPLITS if getattr(datamodule, f"{r}_data", None) is not None]
             raise ConfigError("reference", f"the datamodule has no {reference}_data after setup()",
                               value=reference, accepted=have)
+        kwargs.setdefault("value_range", getattr(datamodule, "value_range", None))
         return cls(data, settings, inverse_transform=getattr(datamodule, "inverse_transform", None),
                    **kwargs)
 
@@ -229,6 +254,27 @@ class TailEvaluation:
         outs = [self.observable((inv(c) if inv is not None else c).to(torch.float64))
                 for c in x.split(int(chunk))]
         return torch.cat(outs).to(torch.float64)
+
+    @property
+    def value_range(self) -> tuple:
+        """(lo, hi): the data range in model space (given, or the reference's min and max)."""
+        if self._value_range is None:
+            d = torch.as_tensor(self.data)
+            self._value_range = (float(d.min()), float(d.max()))
+        return self._value_range
+
+    def observe_rows(self, x: torch.Tensor, inverse_transform: Optional[Callable] = None,
+                     chunk: int = 1024) -> torch.Tensor:
+        """Per sample (float64 (B, 4), x's device): the observable, the observable of the sample
+        clipped to ``value_range``, 1.0 when a value of the sample lies above the range (NaN
+        counts as above) and 1.0 when one lies below it. Gather these rows over ranks, then
+        :meth:`measure_rows`."""
+        lo, hi = self.value_range
+        above = ~(x <= hi).flatten(1).all(1)
+        below = (x < lo).flatten(1).any(1)
+        return torch.stack([self.observe(x, inverse_transform, chunk),
+                            self.observe(x.clamp(lo, hi), inverse_transform, chunk),
+                            above.to(torch.float64), below.to(torch.float64)], 1)
 
     @property
     def reference_observable(self) -> torch.Tensor:
@@ -294,9 +340,42 @@ class TailEvaluation:
         """:meth:`scores` and :meth:`floors` of given sample observables."""
         return {**self.scores(observables), **self.floors()}
 
+    def top_share(self, observables: torch.Tensor) -> float:
+        """Share of the (blog, matched) RMSQE due to its single largest per-sample contribution
+        (:func:`~lightning_pfd.metrics.tails.matched_rmsqe_contributions`; NaN for the
+        ``root_mean_levels`` variant, without finite observables, or with ``nonfinite="nan"``
+        and a non-finite one)."""
+        obs = torch.as_tensor(observables).detach().to(torch.float64).reshape(-1).cpu()
+        finite = torch.isfinite(obs)
+        s = self.settings
+        if s.definition != "blog" or not bool(finite.any()) or \
+                (s.nonfinite == "nan" and not bool(finite.all())):
+            return math.nan
+        st = self.metric_settings()["rmsqe"]
+        return top_share(matched_rmsqe_contributions(
+            obs[finite], self.reference_observable, *self._split_args(), eta=st["eta"],
+            u_max=st["u_max"]))
+
+    def diagnostics(self, rows: torch.Tensor) -> Dict[str, float]:
+        """From :meth:`observe_rows` of all ``num_samples`` samples: ``rmsqe_clipped``,
+        ``loader_clipped`` (the scores of the clipped samples), ``above_range`` / ``below_range``
+        (fractions of samples with a value above / below ``value_range``) and
+        ``rmsqe_top_share``."""
+        rows = torch.as_tensor(rows).detach().to(torch.float64).cpu()
+        clipped = self.scores(rows[:, 1])
+        return {"rmsqe_clipped": clipped["rmsqe"], "loader_clipped": clipped["loader"],
+                "above_range": float(rows[:, 2].mean()), "below_range": float(rows[:, 3].mean()),
+                "rmsqe_top_share": self.top_share(rows[:, 0])}
+
+    def measure_rows(self, rows: torch.Tensor) -> Dict[str, float]:
+        """:meth:`scores`, :meth:`floors` and :meth:`diagnostics` of :meth:`observe_rows` output."""
+        rows = torch.as_tensor(rows).detach().to(torch.float64).cpu()
+        return {**self.measure_observables(rows[:, 0]), **self.diagnostics(rows)}
+
     def measure(self, model: Any) -> Dict[str, float]:
-        """Sample ``model``, observe, score: rmsqe, loader, nonfinite, rmsqe_floor, loader_floor."""
-        return self.measure_observables(self.observe(self.sample(model)))
+        """Sample ``model``, observe, score: rmsqe, loader, nonfinite, rmsqe_floor, loader_floor
+        and the diagnostics (module docstring)."""
+        return self.measure_rows(self.observe_rows(self.sample(model)))
 
     # ------------------------------------------------------------------ density plot (blog Fig. 9)
     def density_data(self, samples: Union[torch.Tensor, Mapping[str, torch.Tensor]],

@@ -96,6 +96,7 @@ __all__ = [
     "rmsqe", "loader", "same_law_floor", "matched_score", "reference_splits", "loader_settings",
     "rmsqe_options", "loader_options",
     "kde_density", "integrate_abs_log_ratio", "bandwidth_rule", "quantile_step_integral",
+    "quantile_step_contributions", "matched_rmsqe_contributions", "top_share", "hill_tail_index",
     "RootMeanSquaredQuantileError", "LogAbsoluteDensityRatio", "QUANTILE_METHOD",
     "RMSQE_DEFINITIONS", "BANDWIDTH_RULES", "QUANTILE_CONVENTION",
 ]
@@ -149,13 +150,26 @@ def _check_definition(definition: str) -> str:
 
 # ----------------------------------------------------------------------------- RMSQE
 def quantile_step_integral(gen, ref, lo: float, hi: float = 1.0) -> float:
-    """Exact int_lo^hi (Q_gen(u) - Q_ref(u))^2 du of the empirical quantile functions.
+    """Exact int_lo^hi (Q_gen(u) - Q_ref(u))^2 du of the empirical quantile functions: the sum
+    of :func:`quantile_step_contributions` (see there)."""
+    with np.errstate(over="ignore"):  # astronomically large observables: inf is the honest value
+        return float(np.sum(quantile_step_contributions(gen, ref, lo, hi)))
+
+
+def quantile_step_contributions(gen, ref, lo: float, hi: float = 1.0) -> np.ndarray:
+    """Exact int_lo^hi (Q_gen(u) - Q_ref(u))^2 du of the empirical quantile functions, split by
+    generated sample.
 
     Q(u) = x_(ceil(n u)), the left-continuous inverse of the empirical CDF (step function with
     jumps at k/n). In units of 1/L, L = lcm(n, m), the breakpoints k L/n (gen, n samples) and
     j L/m (ref, m samples) are integers, so the segments on which both steps are constant are
     found exactly; the integral is sum over segments of (difference^2 x length).
     O((1 - lo)(n + m)) after sorting.
+
+    Returns the integral split by generated sample: entry k (float64, length n) is the part of
+    the integral over the u-cell ((k-1)/n, k/n] of the k-th smallest generated value (0 below
+    lo), so the entries sum to the integral and the largest entry / the sum is the share of
+    the score due to one generated sample.
     """
     g = np.sort(np.asarray(gen, dtype=np.float64).reshape(-1))
     r = np.sort(np.asarray(ref, dtype=np.float64).reshape(-1))
@@ -177,7 +191,7 @@ def quantile_step_integral(gen, ref, lo: float, hi: float = 1.0) -> float:
     ig = np.clip(np.floor(mid / sg).astype(np.int64), 0, n - 1)  # ceil(u n) - 1 (0-based)
     ir = np.clip(np.floor(mid / sr).astype(np.int64), 0, m - 1)
     with np.errstate(over="ignore"):  # astronomically large observables: inf is the honest value
-        return float(np.sum((g[ig] - r[ir]) ** 2 * np.diff(edges)) / L)
+        return np.bincount(ig, weights=(g[ig] - r[ir]) ** 2 * np.diff(edges), minlength=n) / L
 
 
 def rmsqe(gen, ref, eta: float = 0.975, u_max: float | None = None, num_levels: int = 200,
@@ -681,6 +695,56 @@ def _matched_compute(gen: torch.Tensor, ref: torch.Tensor, metric: str, num_spli
     fn, kwargs = _metric_fn(metric, n_gen, kwargs, r)
     vals = [fn(g, r[b], **kwargs) for _, b in reference_splits(r.numel(), n_gen, num_splits, seed)]
     return torch.stack(vals).mean()
+
+
+def matched_rmsqe_contributions(gen, ref, num_splits: int = 8, seed: int = 0,
+                                n_gen: int | None = None, eta: float = 0.975,
+                                u_max: float | None = None, **_ignored) -> torch.Tensor:
+    """The blog RMSQE of :func:`matched_score` split by generated sample (float64, length
+    len(gen), in the order of ``gen``): entry i is the mean over the splits of the part of
+    int_eta^u_max (Q_gen - Q_ref[rest])^2 du over generated sample i's quantile cell
+    (:func:`quantile_step_contributions`; ties share by order). The entries sum to the matched
+    blog RMSQE, so ``max / sum`` is the share of the score due to its single largest
+    contribution."""
+    g, r = _check_sample(_tail_update(gen, "gen"), "gen"), _check_sample(_tail_update(ref, "ref"), "ref")
+    eta = _check_eta(eta)
+    hi = 1.0 if u_max is None else float(u_max)
+    n_gen = _check_n_gen(r.numel(), g.numel() if n_gen is None else n_gen)
+    order = np.argsort(g.numpy(), kind="stable")
+    total = np.zeros(g.numel())
+    splits = reference_splits(r.numel(), n_gen, num_splits, seed)
+    for _, b in splits:
+        total[order] += quantile_step_contributions(g.numpy(), r[b].numpy(), eta, hi)
+    return torch.from_numpy(total / len(splits))
+
+
+def top_share(contributions) -> float:
+    """Largest entry / sum of non-negative contributions (NaN when the sum is 0 or not finite)."""
+    c = torch.as_tensor(contributions, dtype=torch.float64).reshape(-1)
+    tot = float(c.sum()) if c.numel() else 0.0
+    return float(c.max()) / tot if tot > 0 and math.isfinite(tot) else math.nan
+
+
+def hill_tail_index(x, k: int) -> dict:
+    """Hill's estimator of the tail index from the k largest values (Hill 1975):
+    alpha_hat = k / sum_{i=1}^{k} log(X_(n-i+1) / X_(n-k)), X_(j) the order statistics, with its
+    asymptotic standard error alpha_hat / sqrt(k). For P(X > x) ~ x^(-alpha), alpha_hat -> alpha;
+    comparable with the stability index alpha of alpha-stable noise (P(|eps| > x) ~ x^(-alpha)).
+    Returns ``{"k", "alpha", "se", "threshold"}``; alpha is NaN when X_(n-k) <= 0 (the estimator
+    needs positive order statistics) or all k values equal the threshold."""
+    v = np.sort(np.asarray(torch.as_tensor(x, dtype=torch.float64).reshape(-1).cpu()))
+    v = v[np.isfinite(v)]
+    n = v.size
+    if isinstance(k, bool) or not float(k).is_integer() or not 1 <= int(k) <= n - 1:
+        raise ConfigError("k", f"must be an integer in [1, n - 1] = [1, {n - 1}] (the number of "
+                          "upper order statistics)", value=k)
+    k = int(k)
+    thr = float(v[n - k - 1])
+    if not thr > 0:
+        return {"k": k, "alpha": math.nan, "se": math.nan, "threshold": thr}
+    s = float(np.sum(np.log(v[n - k:] / thr)))
+    a = k / s if s > 0 else math.nan
+    return {"k": k, "alpha": a, "se": a / math.sqrt(k), "threshold": thr}
 
 
 def rmsqe_options(eta: float = 0.975, u_max: float | None = None, num_levels: int = 200,

@@ -47,6 +47,10 @@ class LevyScoreNet(nn.Module):
       regresses x_0; the score is S = -(x_t - gamma D)/(alpha sigma^alpha). A network error
       delta gives a clean-image error c_out delta <= sigma_data delta at every t, where an error
       delta in s_theta gives alpha r delta (r(T) = 119 for the cosine schedule, docs/levy.md).
+    * ``parameterization="x0_A"``: ``forward(x_t, t, A)`` returns the denoiser with EDM's
+      coefficients at the per-example level L = r sqrt(A) (A: the factor of the example's
+      isotropic noise) and c_noise = ln(L)/4; given A, y = x_0 + L G is a Gaussian corruption
+      (``_forward_scaled``; docs/levy.md, "Noise-scale-aware preconditioning").
     """
 
     def __init__(self, net: nn.Module, schedule: CosineSchedule, sigma_data: float = 0.5,
@@ -70,8 +74,10 @@ class LevyScoreNet(nn.Module):
         r = self.schedule.nsr(t)
         return r * self.sigma_data / (r.square() + self.sigma_data**2).sqrt()
 
-    def forward(self, x: torch.Tensor, t) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, t, A=None) -> torch.Tensor:
         t, g, s = self._coef(t, x)
+        if self.parameterization == "x0_A":
+            return self._forward_scaled(x, g, s, A)
         c_in = (g.square() * self.sigma_data**2 + s.square()).rsqrt()
         c_noise = ((self.M - 1) * t).to(torch.float32)
         F = self.net((c_in * x.to(torch.float64)).to(torch.float32), c_noise)
@@ -83,19 +89,49 @@ class LevyScoreNet(nn.Module):
         c_out = r * self.sigma_data / (r.square() + sd2).sqrt()
         return c_skip * (x.to(torch.float64) / g) + c_out * F.to(torch.float64)
 
-    def fractional_score(self, x: torch.Tensor, t) -> torch.Tensor:
-        """S_theta(x, t), float64 (eps: sigma^(1-alpha) s_theta; x0: -(x - gamma D)/(alpha sigma^alpha))."""
+    def level(self, t, A, x: torch.Tensor) -> torch.Tensor:
+        """The Gaussian noise level of y = x/gamma given the factor A: r(t) sqrt(A), float64,
+        shaped to broadcast against x (``x0_A``)."""
         _, g, s = self._coef(t, x)
-        out = self(x, t).to(torch.float64)
+        return (s / g) * self._A(A, x).sqrt()
+
+    @staticmethod
+    def _A(A, x: torch.Tensor) -> torch.Tensor:
+        if A is None:
+            raise ValueError("A: the x0_A parameterization needs the per-example factor A of the "
+                             "noise (sample_alpha_stable(..., return_factor=True))")
+        A = torch.as_tensor(A, dtype=torch.float64, device=x.device).reshape(-1)
+        if A.numel() != x.shape[0]:
+            raise ValueError(f"A: need one factor per example ({x.shape[0]}), got {A.numel()}")
+        return A.reshape((-1,) + (1,) * (x.ndim - 1))
+
+    def _forward_scaled(self, x, g, s, A) -> torch.Tensor:
+        """``x0_A``: EDM's preconditioning at the per-example level L = r sqrt(A) of y = x/gamma
+        (given A, y = x_0 + L G is a Gaussian corruption at level L; docs/levy.md): c_in =
+        1/sqrt(L^2 + sigma_data^2), c_skip = sigma_data^2/(L^2 + sigma_data^2), c_out =
+        L sigma_data/sqrt(L^2 + sigma_data^2), c_noise = ln(L)/4 (EDM Table 1)."""
+        L = (s / g) * self._A(A, x).sqrt()
+        sd2 = self.sigma_data**2
+        y = x.to(torch.float64) / g
+        c_in = (L.square() + sd2).rsqrt()
+        c_noise = (L.reshape(-1).log() / 4).to(torch.float32)
+        F = self.net((c_in * y).to(torch.float32), c_noise)
+        return sd2 / (L.square() + sd2) * y + L * self.sigma_data * c_in * F.to(torch.float64)
+
+    def fractional_score(self, x: torch.Tensor, t, A=None) -> torch.Tensor:
+        """S_theta(x, t), float64 (eps: sigma^(1-alpha) s_theta; x0, x0_A: -(x - gamma D)/(alpha
+        sigma^alpha); x0_A needs the per-example factor ``A``)."""
+        _, g, s = self._coef(t, x)
+        out = self(x, t, A).to(torch.float64)
         if self.parameterization == "eps":
             return s.pow(1 - self.schedule.alpha) * out
         return denoiser_to_score(out, x, g, s, self.schedule.alpha)
 
-    def denoised(self, x: torch.Tensor, t) -> torch.Tensor:
+    def denoised(self, x: torch.Tensor, t, A=None) -> torch.Tensor:
         """The implied clean sample D(x, t) = (x - sigma eps_hat)/gamma, float64."""
         _, g, s = self._coef(t, x)
-        out = self(x, t).to(torch.float64)
-        if self.parameterization == "x0":
+        out = self(x, t, A).to(torch.float64)
+        if self.parameterization != "eps":
             return out
         return (x.to(torch.float64) + s * self.schedule.alpha * out) / g
 
@@ -106,6 +142,24 @@ def _check_rho(rho) -> float:
     return float(rho)
 
 
+def _check_truncations(alpha, reject_A, clamp_A, generate_reject_A, generate_clamp_A) -> None:
+    """ConfigError for a bad truncation of A (``check_truncation``) in training or generation."""
+    from ..diffusion.levy import check_truncation
+
+    if isinstance(generate_reject_A, str) and generate_reject_A != "train":
+        raise ConfigError("model.init_args.generate_reject_A", "must be a number > 0, \"train\" "
+                          "(= reject_A) or null (off)", value=generate_reject_A)
+    g_reject = reject_A if generate_reject_A == "train" else generate_reject_A
+    for phase, (rA, cA) in (("", (reject_A, clamp_A)), ("generate_", (g_reject, generate_clamp_A))):
+        try:
+            check_truncation(float(alpha), cA, rA, prefix=f"model.init_args.{phase}")
+        except ValueError as e:
+            field, _, problem = str(e).partition(": ")
+            hint = (" (reject_A defaults to 20, the reference's rejection: set reject_A: null to "
+                    "clamp instead)") if cA is not None and rA is not None else ""
+            raise ConfigError(field, problem + hint) from None
+
+
 class LevyItoModule(EMAModule):
     """Train a Lévy–Itō model with fractional denoising score matching; keep EMA weights.
 
@@ -113,8 +167,14 @@ class LevyItoModule(EMAModule):
         net: raw network ``net(x_in, c_noise)`` with ``data_shape`` (UNet, MLPNet, ...).
         alpha: stability index in (1, 2]; alpha = 2 is the Gaussian VP model with N(0, 2) noise.
         loss: "squared" (LIM), "huber" (smooth L1, ``huber_delta``) or "l2" (non-squared, DLPM).
-        clamp_A: clamp of the heavy-tailed factor A of the training noise (None = off; the
-            LIM reference uses ~20). clamp_eps: clamp of |eps| per coordinate (None = off).
+        reject_A: rejection threshold of the heavy-tailed factor A = c_alpha A' of the training
+            noise: A >= reject_A is redrawn, so A has the law of A given A < reject_A (default 20,
+            the Lévy–Itō model's reference code: ``torchlevy`` ``reject_threshold=20``; None =
+            exact alpha-stable noise). A hyperparameter: at alpha = 1.7, P(A >= 20) = 2.5 %;
+            DLPM's copy bounds A' at 20, i.e. A at 20 c_alpha = 7.22 (docs/levy.md, "Truncating A").
+        clamp_A: the clamping variant, A <- min(A, clamp_A) (a point mass at the threshold; not
+            what the reference codes do). At most one of ``clamp_A`` and ``reject_A``.
+        clamp_eps: clamp of |eps| per coordinate (None = off).
         isotropic: sub-Gaussian isotropic noise (one A per example) or per-coordinate A.
         gradient_clip_val: global grad-norm clip applied in ``on_before_optimizer_step``
             (None/0 = off; Lightning's ``trainer.gradient_clip_val`` works as well).
@@ -122,17 +182,21 @@ class LevyItoModule(EMAModule):
         sigma_data, M: input scaling and noise conditioning of the network (``LevyScoreNet``).
         lr, betas, weight_decay, warmup_steps: Adam settings and linear LR warm-up.
         ema_decay / ema_halflife_kimg: EMA of the weights (the half-life overrides the decay).
-        parameterization: "eps" (the network regresses -eps/alpha, LIM) or "x0" (an
+        parameterization: "eps" (the network regresses -eps/alpha, LIM), "x0" (an
             EDM-preconditioned denoiser in r = sigma/gamma; the score is derived from it, see
-            ``LevyScoreNet`` and docs/levy.md).
+            ``LevyScoreNet`` and docs/levy.md) or "x0_A" (noise-scale-aware: EDM's
+            preconditioning at the per-example level r sqrt(A), A known in training and, drawn
+            with the prior, at every step of the ODE samplers; isotropic noise, ode/ddim/heun,
+            no sample_compile).
         num_steps, sampler, sde_drift_factor, time_grid, rho: defaults of ``generate``
             (sampler "ode" (first order in t) / "ddim" / "heun" / "sde"; time grid "uniform" in t or
             "edm" = EDM's rho-grid in r = sigma/gamma).
         trim_fraction: fraction cut on each side for the logged trimmed-mean loss.
-        generate_clamp_A: clamp of A in the prior x_T and the SDE noise of ``generate`` (None =
-            exact alpha-stable law). Setting it equal to ``clamp_A`` samples the process the
-            network was trained on (the LIM reference code clamps at sampling as well); the
-            prior is then no longer exactly alpha-stable.
+        generate_reject_A: rejection threshold of A in the prior x_T and the SDE noise of
+            ``generate``: ``"train"`` (default) = ``reject_A``, so training, prior and SDE noise
+            share one truncation as in the reference code; a number; or None (exact law).
+        generate_clamp_A: the clamping variant for ``generate`` (None = off; at most one of
+            ``generate_clamp_A`` and a resolved ``generate_reject_A``).
         train_seed, divergence_patience, on_divergence: seeded per-batch randomness and divergence
             events (see ``lightning_pfd.modules.base.ResumableModule``).
         sample_compile: ``generate`` runs the score network through ``torch.compile`` for every
@@ -147,7 +211,8 @@ class LevyItoModule(EMAModule):
     TRAINED = "score_net"
 
     def __init__(self, net: nn.Module, alpha: float = 1.7, loss: str = "squared",
-                 huber_delta: float = 1.0, clamp_A: Optional[float] = None,
+                 huber_delta: float = 1.0, reject_A: Optional[float] = 20.0,
+                 clamp_A: Optional[float] = None,
                  clamp_eps: Optional[float] = None, isotropic: bool = True,
                  gradient_clip_val: Optional[float] = 1.0, schedule_s: float = 0.008,
                  T: float = 0.9946, t_min: float = 1e-5, sigma_data: float = 0.5, M: int = 1000,
@@ -156,6 +221,7 @@ class LevyItoModule(EMAModule):
                  ema_halflife_kimg: Optional[float] = None, ema_rampup: bool = True,
                  num_steps: int = 100,
                  sampler: str = "ode", sde_drift_factor: float = 2.0, trim_fraction: float = 0.1,
+                 generate_reject_A: Union[float, str, None] = "train",
                  generate_clamp_A: Optional[float] = None, train_seed: Optional[int] = None,
                  divergence_patience: int = 10, on_divergence: str = "stop",
                  parameterization: str = "eps", time_grid: str = "uniform", rho: float = 7.0,
@@ -168,10 +234,16 @@ class LevyItoModule(EMAModule):
         check_choice("time_grid", time_grid, LEVY_TIME_GRIDS)
         _check_rho(rho)
         check_compile(sample_compile, "model.init_args.sample_compile")
-        for name, v in (("clamp_A", clamp_A), ("clamp_eps", clamp_eps),
-                        ("generate_clamp_A", generate_clamp_A)):
-            if v is not None and not v > 0:
-                raise ConfigError(f"model.init_args.{name}", "must be > 0 or null (off)", value=v)
+        if clamp_eps is not None and not clamp_eps > 0:
+            raise ConfigError("model.init_args.clamp_eps", "must be > 0 or null (off)", value=clamp_eps)
+        _check_truncations(alpha, reject_A, clamp_A, generate_reject_A, generate_clamp_A)
+        if parameterization == "x0_A":
+            for bad, field, why in ((not isotropic, "isotropic", "needs one factor A per example"),
+                                    (sampler == "sde", "sampler", "the reverse SDE draws fresh "
+                                     "noise with other factors A; use ode, ddim or heun"),
+                                    (bool(sample_compile), "sample_compile", "is not supported")):
+                if bad:
+                    raise ConfigError(f"model.init_args.{field}", f"parameterization x0_A {why}")
         if not huber_delta > 0:
             raise ConfigError("model.init_args.huber_delta", "must be > 0", value=huber_delta)
         check_training_args(net, lr, betas, weight_decay, warmup_steps, ema_decay, ema_halflife_kimg,
@@ -193,6 +265,18 @@ class LevyItoModule(EMAModule):
         self._init_ema(train_seed, divergence_patience, on_divergence)
 
     # -- public interface ----------------------------------------------------------------------
+    def truncation(self, phase: str = "train") -> dict:
+        """The truncation of A for ``phase`` "train" (training and validation noise) or
+        "generate" (prior and SDE noise), as ``sample_alpha_stable`` keyword arguments
+        ``{"clamp_A": ..., "reject_A": ...}``."""
+        check_choice("phase", phase, ("train", "generate"))
+        hp = self.hparams
+        rA, cA = hp.get("reject_A"), hp.get("clamp_A")
+        if phase == "train":
+            return {"clamp_A": cA, "reject_A": rA}
+        g = hp.get("generate_reject_A")
+        return {"clamp_A": hp.get("generate_clamp_A"), "reject_A": rA if g == "train" else g}
+
     @property
     def alpha(self) -> float:
         return self.schedule.alpha
@@ -207,20 +291,22 @@ class LevyItoModule(EMAModule):
         """The EMA score network (eval mode): use it for every evaluation."""
         return self.ema.shadow
 
-    def draw(self, y: torch.Tensor, seeds=None):
-        """(t (B,) float64, eps like y float64): training noise, or frozen per-sample with seeds."""
+    def draw(self, y: torch.Tensor, seeds=None, return_factor: bool = False):
+        """(t (B,) float64, eps like y float64): training noise, or frozen per-sample with seeds;
+        with ``return_factor`` also the sub-Gaussian factor A ((B, 1) when isotropic)."""
         hp = self.hparams
         if seeds is None:
             t = self.schedule.sample_t(y.shape[0], device=y.device)
-            eps = sample_alpha_stable(self.alpha, y.shape, hp.isotropic, device=y.device,
-                                      clamp_A=hp.clamp_A)
+            eps, A = sample_alpha_stable(self.alpha, y.shape, hp.isotropic, device=y.device,
+                                         return_factor=True, **self.truncation("train"))
         else:
             t = self.schedule.sample_t(len(seeds), device=y.device, seeds=seeds, stream=_T_STREAM)
-            eps = sample_alpha_stable(self.alpha, y.shape[1:], hp.isotropic, device=y.device,
-                                      seeds=seeds, stream=_EPS_STREAM, clamp_A=hp.clamp_A)
+            eps, A = sample_alpha_stable(self.alpha, y.shape[1:], hp.isotropic, device=y.device,
+                                         seeds=seeds, stream=_EPS_STREAM, return_factor=True,
+                                         **self.truncation("train"))
         if hp.clamp_eps is not None:
             eps = eps.clamp(-hp.clamp_eps, hp.clamp_eps)
-        return t, eps
+        return (t, eps, A) if return_factor else (t, eps)
 
     @property
     def parameterization(self) -> str:
@@ -230,10 +316,16 @@ class LevyItoModule(EMAModule):
         """Per-sample loss (B,), x_t = gamma y + sigma eps. "eps": fractional DSM, target
         -eps/alpha; "x0": ``denoiser_dsm_loss`` of D = model(x_t, t) against y (the same
         regression weighted by alpha^2 (1 + r^2/sigma_data^2), docs/levy.md)."""
-        t, eps = self.draw(y, seeds)
+        t, eps, A = self.draw(y, seeds, return_factor=True)
         shape = (-1,) + (1,) * (y.ndim - 1)
         x_t = self.schedule.gamma(t).reshape(shape) * y.to(torch.float64) \
             + self.schedule.sigma(t).reshape(shape) * eps
+        if self.parameterization == "x0_A":  # EDM's loss at the level L = r sqrt(A)
+            L = model.level(t, A, x_t).reshape(-1)
+            sd = float(self.hparams.sigma_data)
+            c_out = L * sd / (L.square() + sd**2).sqrt()
+            return denoiser_dsm_loss(model(x_t, t, A), y, c_out, self.hparams.loss,
+                                     self.hparams.huber_delta)
         if self.parameterization == "x0":
             r = self.schedule.nsr(t)
             sd = float(self.hparams.sigma_data)
@@ -270,18 +362,26 @@ class LevyItoModule(EMAModule):
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
         model = self.score_model if model is None else model
         seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
-        iso, a, cA = self.hparams.isotropic, self.alpha, self.hparams.generate_clamp_A
+        iso, a, trunc = self.hparams.isotropic, self.alpha, self.truncation("generate")
         score = model.fractional_score
         if self.sample_compile and len(seeds):  # fixed shapes: one graph for every batch and epoch
             score = pad_rows(compile_denoiser(score, self.sample_compile, self.sample_compile_backend, self.device),
                              min(int(batch_size), len(seeds)))
+        scaled = self.parameterization == "x0_A"
+        if scaled and sampler == "sde":
+            raise ValueError("sampler: parameterization x0_A samples with ode, ddim or heun (the "
+                             "reverse SDE draws fresh noise with other factors A)")
         out = []
         for chunk in seeds.split(int(batch_size)):
-            x_T = self.schedule.sigma(self.schedule.T) * sample_alpha_stable(
-                a, self.data_shape, iso, device=self.device, seeds=chunk, stream=alpha_stable_stream("levy.sampler", 0), clamp_A=cA)
+            eps_T, A_T = sample_alpha_stable(
+                a, self.data_shape, iso, device=self.device, seeds=chunk,
+                stream=alpha_stable_stream("levy.sampler", 0), return_factor=True, **trunc)
+            x_T = self.schedule.sigma(self.schedule.T) * eps_T
+            if scaled:  # the ODE given A: EDM's flow at the level r sqrt(A) (docs/levy.md)
+                score = (lambda x, t, A=A_T: model.fractional_score(x, t, A))
             noise_fn = (lambda i, c=chunk: sample_alpha_stable(
                 a, self.data_shape, iso, device=self.device, seeds=c, stream=alpha_stable_stream("levy.sampler", 1 + i),
-                clamp_A=cA))
+                **trunc))
             out.append(levy_sample(score, x_T, self.schedule, num_steps, sampler,
                                    noise_fn, drift_factor=self.hparams.sde_drift_factor,
                                    time_grid=time_grid, rho=rho))
