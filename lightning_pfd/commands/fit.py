@@ -31,6 +31,7 @@ from ..contracts import check_data_shape
 from ..errors import ConfigError, did_you_mean, suggest_option
 from . import (CONFIG_DIR, DEFAULT_CONFIG, LIGHTNING_SUBCOMMANDS, PROG, debug_enabled, pop_flag,
                print_extra_help, run_guarded)
+from .interrupts import interrupt_status, signal_guard
 
 __all__ = ["PFDLightningCLI", "PFDArgumentParser", "RunConfigCallback", "condense_error", "main",
            "run_lightning_cli", "resolve_config_path", "join_negative_values", "ensure_wandb_mode",
@@ -297,6 +298,7 @@ class PFDLightningCLI(LightningCLI):
 
     def validate_run(self) -> None:
         """Every check that needs no training, before any file is written (see module doc)."""
+        _RUNNING["trainer"] = self.trainer  # for the message of a run stopped by a signal
         self._check_shapes()
         self._check_resume()
         with deferred_writes() as pending:  # a run that fails here leaves no cache entry behind
@@ -430,6 +432,10 @@ def join_negative_values(argv: Sequence[str]) -> list:
     return out
 
 
+#: the trainer of the command running in this process (the resume message of a stopped run)
+_RUNNING: dict = {}
+
+
 def run_lightning_cli(argv: Sequence[str], overwrite: bool = False) -> PFDLightningCLI:
     """Run :class:`PFDLightningCLI` on ``argv`` (W&B offline without credentials)."""
     ensure_wandb_mode()
@@ -448,11 +454,19 @@ def _fit(argv: list) -> int:
     if _needs_default_config(argv):
         argv = [argv[0], "--config", str(DEFAULT_CONFIG), *argv[1:]]
         print(f"[lightning_pfd] no --config: using the embedded quickstart ({DEFAULT_CONFIG})")
-    try:
-        run_lightning_cli(join_negative_values(_rewrite_configs(argv)), overwrite=overwrite)
-    finally:
-        if argv[0] in ("-h", "--help"):
-            print_extra_help()
+    _RUNNING.clear()
+    with signal_guard() as received:  # SIGTERM / SIGINT: exit 143 / 130 with the resume command
+        try:
+            run_lightning_cli(join_negative_values(_rewrite_configs(argv)), overwrite=overwrite)
+        except (SystemExit, KeyboardInterrupt):
+            if received.signum is None:
+                raise
+            return interrupt_status(received, _RUNNING.get("trainer"), argv, PROG)
+        finally:
+            if argv[0] in ("-h", "--help"):
+                print_extra_help()
+    if received.signum is not None:  # a signal after the trainer returned (its last hooks)
+        return interrupt_status(received, _RUNNING.get("trainer"), argv, PROG)
     return 0
 
 
