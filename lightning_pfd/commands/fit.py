@@ -29,6 +29,8 @@ from ..callbacks.wandb_setup import LogConfigCallback, has_wandb_credentials
 from ..checkpoint import atomic_write_bytes, load_checkpoint
 from ..contracts import check_data_shape
 from ..errors import ConfigError, did_you_mean, suggest_option
+from ..locks import acquire as acquire_lock
+from ..locks import release_all as release_locks
 from . import (CONFIG_DIR, DEFAULT_CONFIG, LIGHTNING_SUBCOMMANDS, PROG, debug_enabled, pop_flag,
                print_extra_help, run_guarded)
 from .interrupts import interrupt_status, signal_guard
@@ -296,16 +298,36 @@ class PFDLightningCLI(LightningCLI):
             if callable(check):
                 check(self.trainer, self.model, self.datamodule)
 
+    def _lock_run_dirs(self) -> list:
+        """``fit``: one writer per checkpoint directory (:mod:`lightning_pfd.locks`), taken by the
+        launching process only (not by DDP ranks > 0, which run this command again)."""
+        if self.subcommand != "fit" or not _launching_process():
+            return []
+        locks = []
+        for cb in self.trainer.checkpoint_callbacks:
+            d = getattr(cb, "dirpath", None)
+            if d:
+                lock = acquire_lock(d, "run", f"trainer.callbacks[{type(cb).__name__}].dirpath")
+                if lock is not None:
+                    locks.append(lock)
+        return locks
+
     def validate_run(self) -> None:
         """Every check that needs no training, before any file is written (see module doc)."""
         _RUNNING["trainer"] = self.trainer  # for the message of a run stopped by a signal
         self._check_shapes()
-        self._check_resume()
-        with deferred_writes() as pending:  # a run that fails here leaves no cache entry behind
-            self._check_data()
-            self._check_shapes()  # the data shape is known for sure after setup
-            self._check_hparams_merge()
-            self._check_callbacks()
+        locks = self._lock_run_dirs()  # a second writer fails here, before anything else
+        try:
+            self._check_resume()
+            with deferred_writes() as pending:  # a run that fails here leaves no cache entry behind
+                self._check_data()
+                self._check_shapes()  # the data shape is known for sure after setup
+                self._check_hparams_merge()
+                self._check_callbacks()
+        except BaseException:
+            for lock in locks:  # and no directory that the lock created
+                lock.release(remove_created_dir=True)
+            raise
         write_deferred(pending)
         install_verified_io(self.trainer)
         if self.resume_checkpoint is not None:
@@ -432,6 +454,12 @@ def join_negative_values(argv: Sequence[str]) -> list:
     return out
 
 
+def _launching_process() -> bool:
+    """Not a DDP rank > 0 / another node (started by Lightning's launcher, torchrun or SLURM)."""
+    return all(os.environ.get(v, "0") == "0" for v in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK",
+                                                       "SLURM_PROCID"))
+
+
 #: the trainer of the command running in this process (the resume message of a stopped run)
 _RUNNING: dict = {}
 
@@ -463,6 +491,7 @@ def _fit(argv: list) -> int:
                 raise
             return interrupt_status(received, _RUNNING.get("trainer"), argv, PROG)
         finally:
+            release_locks()
             if argv[0] in ("-h", "--help"):
                 print_extra_help()
     if received.signum is not None:  # a signal after the trainer returned (its last hooks)

@@ -1,7 +1,8 @@
 """Run a sweep's trials on Ray Tune (local embedded Ray, or a running cluster).
 
 Order of :func:`run_sweep`: read + validate every trial (nothing written, Ray not started) →
-check the sweep directory (a new sweep must not overwrite an earlier one; ``--resume`` needs
+take the sweep's lock (one driver per sweep name: :mod:`lightning_pfd.locks`) → check the
+sweep directory (a new sweep must not overwrite an earlier one; ``--resume`` needs
 the same trials) → write ``sweep.json`` → start (or join) Ray → one Tune trial per sweep trial
 (``tune.grid_search`` over the trials, ``tune.with_resources`` = CPUs / GPUs per trial, at most
 ``max_concurrent`` at once, ``FailureConfig(max_failures=0)``: a failing trial is recorded and
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..errors import ConfigError
+from ..locks import acquire as acquire_lock
 from .aggregate import aggregate_sweep
 from .spec import Resources, SweepSpec, check_resources, validate_trials
 from .trial import FORWARDED_ENV, RESULT_FILE, execute_trial, read_trial_result
@@ -275,6 +277,20 @@ def run_sweep(spec: SweepSpec, resources: Optional[Resources] = None, resume: bo
         return 0
     _ensure_importable()
     _check_devices(trials, resources, address)
+    # one driver per sweep name: a second one fails here, naming the first (locks.py)
+    lock = acquire_lock(spec.sweep_dir, "sweep", "--name", command=f"sweep {spec.name}")
+    try:
+        rows = _run_locked(spec, trials, resources, resume, retry_failed, address, echo)
+    finally:
+        if lock is not None:  # a sweep that wrote nothing leaves no directory either
+            lock.release(remove_created_dir=not (spec.sweep_dir / "sweep.json").exists())
+    echo(_summary(rows, spec.sweep_dir))
+    return 0 if all(r["status"] in ("ok", "diverged") for r in rows) else 1
+
+
+def _run_locked(spec: SweepSpec, trials: list, resources: Resources, resume: bool, retry_failed: bool,
+                address: Optional[str], echo: Callable[[str], None]) -> list:
+    """The part of :func:`run_sweep` under the sweep's lock; returns the aggregated rows."""
     old = _check_sweep_dir(spec, trials, resume)
     started = _start_ray(address)  # a cluster that cannot be joined fails before anything is written
     try:
@@ -291,9 +307,7 @@ def run_sweep(spec: SweepSpec, resources: Optional[Resources] = None, resume: bo
             import ray
 
             ray.shutdown()
-    rows = aggregate_sweep(spec.sweep_dir, ray_errors=errors)
-    echo(_summary(rows, spec.sweep_dir))
-    return 0 if all(r["status"] in ("ok", "diverged") for r in rows) else 1
+    return aggregate_sweep(spec.sweep_dir, ray_errors=errors)
 
 
 def _write_record(spec: SweepSpec, trials: list, resources: Resources, old: Optional[dict],
