@@ -188,12 +188,51 @@ def _retry_failed(spec: SweepSpec, trials: list) -> list:
 
 
 # ----------------------------------------------------------------------------- Ray
+#: seconds to wait for a TCP answer from ``--address HOST:PORT`` before Ray is asked to join
+ADDRESS_TIMEOUT_S = 10.0
+
+#: what a driver needs to join a cluster with token authentication (Ray >= 2.5x: on by default)
+TOKEN_HINT = ("the cluster uses token authentication: run the driver with RAY_AUTH_MODE=token "
+              "(Ray then reads the token from ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or "
+              "RAY_AUTH_TOKEN; copy the head's ~/.ray/auth_token), or use --address auto on a node "
+              "of the cluster")
+
+
+def check_address(address: Optional[str], timeout: float = ADDRESS_TIMEOUT_S) -> None:
+    """``--address``: ``auto``, ``local``, ``HOST:PORT`` or ``ray://HOST:PORT``; for a host and
+    port, a TCP connection must open within ``timeout`` seconds (Ray itself would retry for
+    minutes when nothing listens there)."""
+    if address is None or address in ("auto", "local"):
+        return
+    target = address[len("ray://"):] if address.startswith("ray://") else address
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError("--address", "not a Ray address", value=address,
+                          accepted="auto, HOST:PORT (the head's GCS port, 6379 by default) or ray://HOST:PORT")
+    import socket
+
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        why = f"no answer within {timeout:g} s" if isinstance(e, TimeoutError) else (e.strerror or str(e)).lower()
+        raise ConfigError("--address", f"no Ray head answers at {target} ({why})", value=address,
+                          suggestion="start the head with `ray start --head --port PORT` on that host, "
+                                     "check the host and port (`ray status` on the head), or pass "
+                                     "--address auto on a node of the cluster") from None
+
+
+def _is_auth_error(e: BaseException) -> bool:
+    text = f"{type(e).__name__} {e}"
+    return "AuthenticationError" in text or "InvalidAuthToken" in text or "auth token" in text.lower()
+
+
 def _start_ray(address: Optional[str]) -> bool:
     """Join or start Ray; returns True when this call started it (and must shut it down)."""
     import ray
 
     if ray.is_initialized():
         return False
+    check_address(address)
     kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                   configure_logging=True)
     try:
@@ -204,7 +243,14 @@ def _start_ray(address: Optional[str]) -> bool:
             # sweep's work, and at 15 any other process on the machine takes their cores
             os.environ.setdefault(WORKER_NICENESS_ENV, "0")
             ray.init(address="local", num_cpus=os.cpu_count() or 1, **kwargs)  # never an older cluster
-    except (ConnectionError, ValueError, RuntimeError) as e:
+    except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RayError, RuntimeError, ...
+        if ray.is_initialized():
+            ray.shutdown()
+        if address and _is_auth_error(e) and os.environ.get("RAY_AUTH_MODE", "") != "token":
+            raise ConfigError("--address", f"Ray refused this driver at {address}: {TOKEN_HINT}",
+                              value=address) from None
+        if not isinstance(e, (ConnectionError, ValueError, RuntimeError)) and not _is_auth_error(e):
+            raise
         raise ConfigError("--address" if address else "ray", f"cannot start / join Ray: "
                           f"{' '.join(str(e).split())[:300]}", value=address,
                           suggestion="start the head with `ray start --head` and pass "
@@ -270,6 +316,8 @@ def run_sweep(spec: SweepSpec, resources: Optional[Resources] = None, resume: bo
     if retry_failed and not resume:
         raise ConfigError("--retry-failed", "only with --resume (it re-runs the failed trials of an "
                                             "existing sweep)")
+    if not dry_run:
+        check_address(address)  # seconds, not the minutes of Ray's own retries
     trials = plan(spec, construct=not dry_run)
     if dry_run:
         echo(format_plan(spec, trials, resources))
