@@ -28,7 +28,8 @@ def build_parser() -> ShortErrorParser:
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted sweep: finished and failed trials are not run again")
     p.add_argument("--retry-failed", action="store_true", help="with --resume: run the failed trials again")
-    p.add_argument("--address", help="join a running Ray cluster (`auto` or HEAD_IP:6379); "
+    p.add_argument("--address", help="join a running Ray cluster (`auto` or HEAD_IP:6379; with a "
+                                     "token in ~/.ray/auth_token, RAY_AUTH_MODE=token is set); "
                                      "default: a local Ray with this machine's cores")
     p.add_argument("--cpus-per-trial", type=float, help="CPUs (and torch threads) per trial")
     p.add_argument("--gpus-per-trial", type=float, help="GPUs per trial (0..1; a fraction shares a GPU)")
@@ -48,6 +49,10 @@ def _sweep(argv: list) -> int:
     from ..sweeps.spec import check_resources, load_sweep
 
     args = build_parser().parse_args(argv)
+    if not (args.dry_run or args.aggregate_only):
+        from ..sweeps.runner import prepare_ray_auth
+
+        prepare_ray_auth(args.address)  # before Ray is imported
     spec = load_sweep(args.config, name=args.name)
     if args.aggregate_only:
         rows = aggregate_sweep(spec.sweep_dir)

@@ -191,11 +191,34 @@ def _retry_failed(spec: SweepSpec, trials: list) -> list:
 #: seconds to wait for a TCP answer from ``--address HOST:PORT`` before Ray is asked to join
 ADDRESS_TIMEOUT_S = 10.0
 
-#: what a driver needs to join a cluster with token authentication (Ray >= 2.5x: on by default)
-TOKEN_HINT = ("the cluster uses token authentication: run the driver with RAY_AUTH_MODE=token "
-              "(Ray then reads the token from ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or "
-              "RAY_AUTH_TOKEN; copy the head's ~/.ray/auth_token), or use --address auto on a node "
-              "of the cluster")
+#: what a driver needs to join a cluster with token authentication (Ray 2.60: on by default)
+TOKEN_HINT = ("the head answers but refused this driver, which sends no authentication token "
+              "(Ray 2.60's `ray start --head` enables token authentication): run the driver with "
+              "RAY_AUTH_MODE=token and the head's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN_PATH / "
+              "RAY_AUTH_TOKEN), or use --address auto on a node of the cluster")
+
+
+def ray_token_available() -> Optional[str]:
+    """Where a Ray authentication token is available to this driver (None: nowhere)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "RAY_AUTH_TOKEN"
+    for path in (os.environ.get("RAY_AUTH_TOKEN_PATH"), os.path.expanduser("~/.ray/auth_token")):
+        if path and os.path.isfile(path) and os.path.getsize(path) > 0:
+            return path
+    return None
+
+
+def prepare_ray_auth(address: Optional[str], echo: Callable[[str], None] = print) -> None:
+    """``--address HOST:PORT`` with a token at hand and RAY_AUTH_MODE unset: set it to ``token``,
+    as ``--address auto`` does by itself (a head without authentication ignores the token). Must
+    run before Ray is imported (Ray reads RAY_AUTH_MODE once)."""
+    if address in (None, "auto", "local") or "RAY_AUTH_MODE" in os.environ:
+        return
+    where = ray_token_available()
+    if where is not None:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        echo(f"[lightning_pfd] RAY_AUTH_MODE=token: joining {address} with the Ray token of {where} "
+             "(set RAY_AUTH_MODE=disabled to join without it)")
 
 
 def check_address(address: Optional[str], timeout: float = ADDRESS_TIMEOUT_S) -> None:
@@ -246,8 +269,9 @@ def _start_ray(address: Optional[str]) -> bool:
     except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RayError, RuntimeError, ...
         if ray.is_initialized():
             ray.shutdown()
-        if address and _is_auth_error(e) and os.environ.get("RAY_AUTH_MODE", "") != "token":
-            raise ConfigError("--address", f"Ray refused this driver at {address}: {TOKEN_HINT}",
+        refused = _is_auth_error(e) or "Failed to connect to Ray cluster" in str(e)  # the port answered
+        if address not in (None, "auto", "local") and refused and os.environ.get("RAY_AUTH_MODE") != "token":
+            raise ConfigError("--address", f"cannot join the Ray cluster at {address}: {TOKEN_HINT}",
                               value=address) from None
         if not isinstance(e, (ConnectionError, ValueError, RuntimeError)) and not _is_auth_error(e):
             raise
