@@ -26,7 +26,8 @@ Usage (from the repository root, in the project's virtualenv; ~10 minutes on 2 C
 Writes ``experiments/results/bad_input_battery.json`` (all results), ``DIR/table.md`` and
 updates the table and the problem list of ``docs/reliability.md`` between its
 ``<!-- battery:... -->`` markers (``--no-docs`` to skip). ``--only ID[,ID...]`` / ``--area AREA``
-run a subset (the JSON and docs are then not rewritten unless ``--write`` is given).
+run a subset (the JSON and docs are then not rewritten unless ``--write`` is given; ``--json
+PATH`` writes the results elsewhere, e.g. a subset's own file).
 """
 from __future__ import annotations
 
@@ -1185,6 +1186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--write", action="store_true", help="write JSON/docs even for a subset")
     ap.add_argument("--no-docs", action="store_true", help="do not update docs/reliability.md")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--json", default=str(RESULTS_JSON),
+                    help="where --write / a full run writes the results (default: %(default)s)")
     args = ap.parse_args(argv)
     root = Path(args.out).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -1228,8 +1231,9 @@ def main(argv=None) -> int:
     if full or args.write:
         import platform
 
-        RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS_JSON.write_text(json.dumps({
+        out_json = Path(args.json)
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        out_json.write_text(json.dumps({
             "summary": summary_md(results, seconds), "seconds": round(seconds, 1),
             "python": sys.version.split()[0], "platform": platform.platform(),
             "tiny_config": TINY,
@@ -1237,7 +1241,7 @@ def main(argv=None) -> int:
         if not args.no_docs:
             update_docs(results, seconds)
     print(summary_md(results, seconds))
-    print(f"table: {root / 'table.md'}" + (f"; json: {RESULTS_JSON}" if full or args.write else ""))
+    print(f"table: {root / 'table.md'}" + (f"; json: {args.json}" if full or args.write else ""))
     return 0
 
 
