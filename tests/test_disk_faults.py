@@ -8,6 +8,8 @@ import resource
 import subprocess
 import sys
 
+import pytest
+
 from lightning_pfd.checkpoint import load_checkpoint
 from lightning_pfd.cli import main
 from test_reliability import _env, _snapshot, _write_config
@@ -56,3 +58,21 @@ def test_an_output_path_through_a_regular_file_is_refused_before_writing(tmp_pat
         assert f"{d / 'afile'} is a regular file, so the directory {d / option[1]} cannot be created" in err
         assert "Traceback" not in err
     assert _snapshot(d) == before and not (d / "run").exists()
+
+
+def test_a_cache_path_that_is_a_file_is_named(tmp_path, monkeypatch):
+    from lightning_pfd.cache import cache_dir
+    from lightning_pfd.errors import ConfigError
+
+    (tmp_path / "cachefile").write_text("")
+    monkeypatch.setenv("LIGHTNING_PFD_CACHE", str(tmp_path / "cachefile"))
+    with pytest.raises(ConfigError, match="LIGHTNING_PFD_CACHE: is \\(or goes through\\) a regular file"):
+        cache_dir()
+
+
+def test_a_hint_names_the_value_the_parser_keeps(monkeypatch):
+    """An option given twice: argparse keeps the last value, so the hint names that one."""
+    from lightning_pfd.commands.fit import _argv_value
+
+    monkeypatch.setattr(sys, "argv", ["x", "fit", "--trainer.max_epochs", "2", "--trainer.max_epochs=two"])
+    assert _argv_value("trainer.max_epochs") == "two"

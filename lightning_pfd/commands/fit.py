@@ -103,14 +103,16 @@ class PFDArgumentParser(LightningArgumentParser):
 
 
 def _argv_value(key: str) -> Optional[str]:
-    """The value given for ``--key`` on this process's command line, if any."""
+    """The value given for ``--key`` on this process's command line, if any (the last one when
+    it is given twice: the one the parser keeps)."""
     argv = sys.argv[1:]
+    found = None
     for i, a in enumerate(argv):
         if a == f"--{key}" or (len(key) == 1 and a == f"-{key}"):
-            return argv[i + 1] if i + 1 < len(argv) else None
-        if a.startswith(f"--{key}="):
-            return a.split("=", 1)[1]
-    return None
+            found = argv[i + 1] if i + 1 < len(argv) else None
+        elif a.startswith(f"--{key}="):
+            found = a.split("=", 1)[1]
+    return found
 
 
 def _is_yaml_list(path: str) -> bool:

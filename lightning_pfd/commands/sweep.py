@@ -9,6 +9,7 @@ traceback).
 """
 from __future__ import annotations
 
+import sys
 from typing import Optional, Sequence
 
 from ..errors import ShortErrorParser
@@ -57,7 +58,11 @@ def _sweep(argv: list) -> int:
     if args.aggregate_only:
         rows = aggregate_sweep(spec.sweep_dir)
         print(f"[lightning_pfd] {len(rows)} rows -> {spec.sweep_dir / 'sweep_results.csv'} (and .json)")
-        return 0
+        pending = [r["trial_id"] for r in rows if r["status"] == "pending"]
+        if pending:  # no result on disk: not run yet, or its files were removed
+            print(f"[lightning_pfd] {len(pending)} trial(s) without a result on disk (pending), e.g. "
+                  f"{pending[0]}: run them with --resume", file=sys.stderr)
+        return 0 if all(r["status"] in ("ok", "diverged") for r in rows) else 1
     given = {k: v for k, v in (("cpus_per_trial", args.cpus_per_trial),
                                ("gpus_per_trial", args.gpus_per_trial),
                                ("max_concurrent", args.max_concurrent)) if v is not None}
