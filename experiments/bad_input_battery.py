@@ -26,7 +26,8 @@ Usage (from the repository root, in the project's virtualenv; ~10 minutes on 2 C
 Writes ``experiments/results/bad_input_battery.json`` (all results), ``DIR/table.md`` and
 updates the table and the problem list of ``docs/reliability.md`` between its
 ``<!-- battery:... -->`` markers (``--no-docs`` to skip). ``--only ID[,ID...]`` / ``--area AREA``
-run a subset (the JSON and docs are then not rewritten unless ``--write`` is given).
+run a subset (the JSON and docs are then not rewritten unless ``--write`` is given; ``--json
+PATH`` writes the results elsewhere, e.g. a subset's own file).
 """
 from __future__ import annotations
 
@@ -254,6 +255,55 @@ def pite_results(out: str) -> Callable[[Path], None]:
     return setup
 
 
+HOLDERS: List[subprocess.Popen] = []  # lock-holding processes started by a case's setup
+HOLD = ("import sys, time\nfrom lightning_pfd.locks import acquire\nacquire(sys.argv[1], 'run', 'dir')\n"
+        "print('held', flush=True)\ntime.sleep(600)\n")
+
+
+def hold_lock(directory: str) -> Callable[[Path], None]:
+    """Another process (started here, stopped after the case) holds the lock of ``directory``."""
+    def setup(d: Path) -> None:
+        p = subprocess.Popen([PY, "-c", HOLD, str(d / directory)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+        p.stdout.readline()
+        HOLDERS.append(p)
+    setup.describe = f"another process holds the lock of {directory}/ (a fit still running)"
+    return setup
+
+
+def stale_lock(directory: str) -> Callable[[Path], None]:
+    """The lock file of a fit that was SIGKILLed: its pid no longer runs on this host."""
+    def setup(d: Path) -> None:
+        import socket
+
+        (d / directory).mkdir(parents=True, exist_ok=True)
+        dead = subprocess.Popen([PY, "-c", "pass"])
+        dead.wait()
+        (d / directory / ".lightning_pfd.lock").write_text(json.dumps(
+            {"pid": dead.pid, "host": socket.gethostname(), "started": time.time() - 60,
+             "command": "python -m lightning_pfd fit --config tiny.yaml", "what": "run"}) + "\n")
+    setup.describe = f"{directory}/.lightning_pfd.lock of a killed fit (its pid is gone)"
+    return setup
+
+
+def stop_holders() -> None:
+    while HOLDERS:
+        p = HOLDERS.pop()
+        p.kill()
+        p.wait()
+
+
+def write_sweep_file(name: str, grid: dict, callbacks: Optional[list] = None) -> Callable[[Path], None]:
+    """A sweep file over the tiny digits config (written next to it as ``sweep_base.yaml``)."""
+    def setup(d: Path) -> None:
+        (d / "sweep_base.yaml").write_text(_yaml_dump(tiny_config(callbacks=callbacks)))
+        (d / name).write_text(_yaml_dump({"name": "sw", "base": "sweep_base.yaml", "root": "runs",
+                                          "grid": grid}))
+    setup.describe = f"{name}: a sweep of the tiny digits config over {grid}" + (
+        f" + {[c[0] for c in callbacks]}" if callbacks else "")
+    return setup
+
+
 WORK = "work"  # every command-line case runs in ROOT/work (the same absolute path as the fixture
 #               run was made in, like a user re-running in the run's directory), then is moved to
 #               ROOT/cases/<id>
@@ -300,6 +350,8 @@ class Case:
     may_change_earlier: bool = False        # e.g. a resume continues the earlier run
     timeout: int = 150
     note: str = ""
+    fsize_limit: Optional[int] = None       # RLIMIT_FSIZE of the subprocess (a full disk), bytes
+    signal_when: Optional[str] = None       # SIGTERM the subprocess once this file exists
 
     def command(self) -> str:
         if self.argv is not None:
@@ -574,6 +626,50 @@ def cases(fx: Path) -> List[Case]:
     t(11, "--threads -1", ["--threads", "-1"], ["--threads"])
     t(12, "--max-steps not a number", ["--max-steps", "1k"], ["--max-steps", "1k"])
 
+    # ---- faults: signals, locks, disk, paths, sweeps (issue 22) --------------------------------
+    def f(i, what, argv, must, setup=None, expect="error", earlier=False, may=False, note="", **kw):
+        add(Case(f"fault-{i:02d}", "faults", what, argv, setup=setup or [], must=must, expect=expect,
+                 earlier=earlier, may_change_earlier=may, note=note, **kw))
+
+    f(1, "SIGTERM (a scheduler) during a fit, after its first checkpoint", fit + [
+        "--trainer.max_epochs", "1000"], ["SIGTERM", "143", "--ckpt_path last"], expect="signal",
+      setup=[write_config()], signal_when="run/checkpoints/last.ckpt", timeout=240,
+      note="exit 143 with the resumable checkpoint and the resume command")
+    f(2, "a second fit into a run directory whose fit is still running", fit,
+      ["another process is writing this run", "pid"], setup=[write_config(), hold_lock("run/checkpoints")])
+    f(3, "a fit into a run directory with the stale lock of a killed fit (allowed: taken over)", fit,
+      [], expect="ok", setup=[write_config(), stale_lock("run/checkpoints")],
+      note="one line 'taking over the stale lock of pid ...'")
+    f(4, "disk full (ulimit -f 300 kB) while a resumed run writes its checkpoint",
+      fit + ["--ckpt_path", "last", "--trainer.max_epochs", "2", "--model.init_args.lr", "2e-3"],
+      ["cannot write", "last.ckpt", "file-size limit", "intact"], expect="env", setup=[E], earlier=True,
+      may=True, fsize_limit=300 * 1024,
+      note="last.ckpt and config.yaml unchanged; Lightning's CSVLogger rewrites hparams.yaml (the new "
+           "lr) and appends the failed epoch's rows to metrics.csv (a resume drops rows after its "
+           "checkpoint)")
+    f(5, "output path through a regular file (default_root_dir afile/run)",
+      fit + ["--trainer.default_root_dir", "afile/run"], ["default_root_dir", "afile", "regular file"],
+      setup=[write_config(), write_text("afile", "not a directory\n")])
+    f(6, "checkpoint dirpath through a regular file",
+      fit + ["--trainer.callbacks.dirpath", "afile/ckpt"], ["dirpath", "afile", "regular file"],
+      setup=[write_config(), write_text("afile", "not a directory\n")])
+    f(7, "sweep --address 127.0.0.1:1 (nothing listens)",
+      ["sweep", "--config", "sw.yaml", "--address", "127.0.0.1:1"], ["--address", "127.0.0.1:1"],
+      setup=[write_sweep_file("sw.yaml", {"data.init_args.n_train": [16, 32]})], timeout=60)
+    f(8, "sweep with trials whose training set is smaller than ICRMonitor.num_images",
+      ["sweep", "--config", "sw.yaml"], ["n_train=32", "n_train=48", "num_images"],
+      setup=[write_sweep_file("sw.yaml", {"data.init_args.n_train": [32, 48, 128]},
+                              callbacks=[("ICRMonitor", ICR_OK)])])
+    f(9, "sweep with grid: {}", ["sweep", "--config", "sw.yaml"], ["grid", "empty"],
+      setup=[write_sweep_file("sw.yaml", {})])
+    f(10, "a second sweep driver with the same name", ["sweep", "--config", "sw.yaml"],
+      ["another process is writing this sweep"],
+      setup=[write_sweep_file("sw.yaml", {"data.init_args.n_train": [16, 32]}), hold_lock("runs/sw")])
+    f(11, "icr-sweep of a vector model (the quickstart's MLP) with image data --data digits (allowed: "
+          "flattened)", ["icr-sweep", "--ckpt", "run/checkpoints/last.ckpt", "--data", "digits",
+                         "--sigmas", "0.29", "--num-images", "64", "--out", "icr"], [], expect="ok",
+      setup=[E], earlier=True, note="a line says the images are flattened; a warning for n < 4d")
+
     # ---- Python API ---------------------------------------------------------------------------
     def a(i, what, code, must, hint=False, note=""):
         add(Case(f"api-{i:02d}", "Python API", what, code=code, must=must, hint=hint, note=note))
@@ -791,15 +887,51 @@ def run_case(c: Case, root: Path) -> dict:
     env = case_env(d, root / "_aux" / c.id)
     t0 = time.time()
     timed_out = False
+    limit = c.fsize_limit
+
+    def preexec():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     try:
-        pr = subprocess.run([PY, "-m", "lightning_pfd", *c.argv], cwd=d, env=env,
-                            capture_output=True, text=True, timeout=c.timeout)
-        rc, out, err = pr.returncode, pr.stdout, pr.stderr
+        if c.signal_when is None:
+            pr = subprocess.run([PY, "-m", "lightning_pfd", *c.argv], cwd=d, env=env, capture_output=True,
+                                text=True, timeout=c.timeout, preexec_fn=preexec if limit else None)
+            rc, out, err = pr.returncode, pr.stdout, pr.stderr
+        else:  # a scheduler's SIGTERM once the file exists
+            rc, out, err = _run_and_signal(c, d, env)
     except subprocess.TimeoutExpired as e:
         timed_out, rc = True, None
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+    finally:
+        stop_holders()
     return finish(c, root, d, before, rc, out, err, time.time() - t0, timed_out)
+
+
+def _run_and_signal(c: Case, d: Path, env: dict):
+    import signal
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
+        p = subprocess.Popen([PY, "-m", "lightning_pfd", *c.argv], cwd=d, env=env, stdout=fo, stderr=fe,
+                             text=True)
+        deadline = time.time() + c.timeout
+        while p.poll() is None and not (d / c.signal_when).exists() and time.time() < deadline:
+            time.sleep(0.2)
+        if p.poll() is None:
+            time.sleep(0.5)  # into the next epoch
+            p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(timeout=max(10, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            raise
+        fo.seek(0)
+        fe.seek(0)
+        return rc, fo.read(), fe.read()
 
 
 def run_api_cases(api_cases: List[Case], root: Path) -> List[dict]:
@@ -879,6 +1011,24 @@ def judge(c: Case, r: dict):
         if missing:
             problems.append(f"no warning mentioning {missing}")
         return ("works" if not problems else "PROBLEM"), problems
+    if c.expect in ("signal", "env"):  # stopped by SIGTERM (143) / the environment failed (1)
+        want = 143 if c.expect == "signal" else 1
+        if rc != want:
+            problems.append(f"exit status {rc}, not {want}")
+        if r["traceback"]:
+            problems.append("traceback printed")
+        if c.earlier and not c.may_change_earlier and earlier_changed:
+            problems.append(f"earlier run's files changed: {earlier_changed[:4]}")
+        if c.expect == "env":
+            damaged = [f for f in earlier_changed if f.endswith((".ckpt", "config.yaml"))]
+            if damaged:
+                problems.append(f"earlier run's checkpoint/config changed: {damaged[:4]}")
+        out_text = (r["stderr_tail"] + r["stdout_tail"]).lower()
+        missing = [m for m in c.must if m.lower() not in out_text]
+        if missing:
+            problems.append(f"message does not name {missing}")
+        return ("fails early + clear" if c.expect == "env" and not problems else
+                "works" if not problems else "PROBLEM"), problems
     if c.expect == "debug":
         if rc in (0, None):
             problems.append("a bad value was accepted")
@@ -1036,6 +1186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--write", action="store_true", help="write JSON/docs even for a subset")
     ap.add_argument("--no-docs", action="store_true", help="do not update docs/reliability.md")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--json", default=str(RESULTS_JSON),
+                    help="where --write / a full run writes the results (default: %(default)s)")
     args = ap.parse_args(argv)
     root = Path(args.out).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -1079,8 +1231,9 @@ def main(argv=None) -> int:
     if full or args.write:
         import platform
 
-        RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS_JSON.write_text(json.dumps({
+        out_json = Path(args.json)
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        out_json.write_text(json.dumps({
             "summary": summary_md(results, seconds), "seconds": round(seconds, 1),
             "python": sys.version.split()[0], "platform": platform.platform(),
             "tiny_config": TINY,
@@ -1088,7 +1241,7 @@ def main(argv=None) -> int:
         if not args.no_docs:
             update_docs(results, seconds)
     print(summary_md(results, seconds))
-    print(f"table: {root / 'table.md'}" + (f"; json: {RESULTS_JSON}" if full or args.write else ""))
+    print(f"table: {root / 'table.md'}" + (f"; json: {args.json}" if full or args.write else ""))
     return 0
 
 

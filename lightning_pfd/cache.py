@@ -32,7 +32,14 @@ def cache_dir() -> Path:
     """The cache root (``$LIGHTNING_PFD_CACHE``, default ``~/.cache/lightning_pfd``), created."""
     root = os.environ.get("LIGHTNING_PFD_CACHE") or os.path.join("~", ".cache", "lightning_pfd")
     path = Path(root).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        from .errors import ConfigError
+
+        raise ConfigError("LIGHTNING_PFD_CACHE", "is (or goes through) a regular file, not a directory",
+                          value=str(root), suggestion="point LIGHTNING_PFD_CACHE at a directory "
+                          "(or unset it for ~/.cache/lightning_pfd)") from e
     return path
 
 

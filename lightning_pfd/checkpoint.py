@@ -99,6 +99,11 @@ def atomic_write_bytes(path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:  # disk full, file-size limit, ...: say which file (the old one is intact)
+        Path(tmp).unlink(missing_ok=True)
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -134,12 +134,21 @@ def renamed_fields(rename: Union[str, Mapping[str, str], Callable[[str], str]],
         raise ConfigError(fn(e.field), e.problem, **kw) from e.__cause__
 
 
+#: the options every command takes (removed from the command line before a command parses it)
+COMMON_OPTIONS_HELP = """options of every command (anywhere on the command line):
+  --debug               show the traceback of an error (also LIGHTNING_PFD_DEBUG=1)
+  --threads N|auto      CPU threads of a computing command (fit, icr-sweep, pite; also
+                        LIGHTNING_PFD_THREADS); auto: the usable cores minus busy ones"""
+
+
 class ShortErrorParser(argparse.ArgumentParser):
     """``argparse`` parser for the extra commands: an error is one short block (no usage dump),
     options are never abbreviated, and the exit status is 2."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("epilog", COMMON_OPTIONS_HELP)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D102 - argparse's hook

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from helpers.rounding import assert_equal_to_rounding
 from lightning_pfd.cache import cache_dir
 from lightning_pfd.callbacks import GeneralizationMonitor
 from lightning_pfd.evaluation import flow as gen_mod
@@ -162,7 +163,9 @@ def test_ddp_spawn_two_ranks_equal_single_process(tmp_path):
     hit = load_tensor_verified(f, payload["key"])
     ref = sample_endpoints(TeacherDM()._teacher.inner, range(GEN_OFFSET, GEN_OFFSET + 13), (2,),
                            sigmas=_module().sigmas)
-    torch.testing.assert_close(hit["endpoints"], ref, rtol=0, atol=0)
+    # shards of 7 and 6 rows in batches of 4 vs 13 rows in one batch: other matmul shapes, so equal
+    # to rounding (measured ~9e-15 on Intel/MKL, bit for bit on AMD/OpenBLAS)
+    assert_equal_to_rounding(hit["endpoints"], ref)
 
 
 # ------------------------------------------------------------------ minimal module, images, NaN

@@ -11,7 +11,7 @@ from lightning_pfd.diffusion import EDMPrecond, VPPrecond
 from lightning_pfd.diffusion.augment import augment, crop_padding, noisy_view
 from lightning_pfd.diffusion.features import extract_features, random_projection, tap_features
 from lightning_pfd.metrics import InvariantContaminationRatio, invariant_contamination_ratio
-from lightning_pfd.metrics.icr import generalized_eigenvalues, icr_from_covariances
+from lightning_pfd.metrics.icr import DEFAULT_COND_MAX, generalized_eigenvalues, icr_from_covariances
 
 F64 = torch.float64
 
@@ -128,7 +128,9 @@ def test_auto_tau_applies_the_relative_ridge_only_when_ill_conditioned():
         invariant_contamination_ratio(h1, h2, tau=0.0)
     auto = invariant_contamination_ratio(h1, h2)
     rel = invariant_contamination_ratio(h1, h2, tau="relative")
-    assert math.isinf(float(auto["cond_xi"])) and float(auto["tau"]) == float(rel["tau"]) > 0
+    # the decision, not an exact inf: rank <= 4 leaves eigenvalues that are zero up to rounding, so
+    # lambda_min is a tiny number of either sign (cond = inf on AMD/OpenBLAS, 5.9e17 on Intel/MKL)
+    assert float(auto["cond_xi"]) > DEFAULT_COND_MAX and float(auto["tau"]) == float(rel["tau"]) > 0
     assert float(auto["icr"]) == float(rel["icr"])
 
 

@@ -159,7 +159,13 @@ def configure_threads(argv: list) -> None:
 
 # ----------------------------------------------------------------------------- dispatch
 def print_extra_help() -> None:
-    """The commands beside LightningCLI's and the embedded configs (after ``--help``)."""
+    """The options of lightning_pfd itself, the commands beside LightningCLI's and the embedded
+    configs (after ``--help``)."""
+    from ..errors import COMMON_OPTIONS_HELP
+
+    print("\n" + COMMON_OPTIONS_HELP)
+    print("  --overwrite           fit: start a fresh run in a checkpoint directory that holds an "
+          "earlier run's\n                        checkpoints (they are replaced)")
     print("\nExtra commands:")
     for c in COMMANDS.values():
         if c.name != "fit":

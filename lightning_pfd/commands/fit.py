@@ -15,9 +15,11 @@ status 2 (:func:`lightning_pfd.commands.run_guarded`).
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -29,8 +31,11 @@ from ..callbacks.wandb_setup import LogConfigCallback, has_wandb_credentials
 from ..checkpoint import atomic_write_bytes, load_checkpoint
 from ..contracts import check_data_shape
 from ..errors import ConfigError, did_you_mean, suggest_option
+from ..locks import acquire as acquire_lock
+from ..locks import release_all as release_locks
 from . import (CONFIG_DIR, DEFAULT_CONFIG, LIGHTNING_SUBCOMMANDS, PROG, debug_enabled, pop_flag,
                print_extra_help, run_guarded)
+from .interrupts import interrupt_status, signal_guard
 
 __all__ = ["PFDLightningCLI", "PFDArgumentParser", "RunConfigCallback", "condense_error", "main",
            "run_lightning_cli", "resolve_config_path", "join_negative_values", "ensure_wandb_mode",
@@ -98,14 +103,16 @@ class PFDArgumentParser(LightningArgumentParser):
 
 
 def _argv_value(key: str) -> Optional[str]:
-    """The value given for ``--key`` on this process's command line, if any."""
+    """The value given for ``--key`` on this process's command line, if any (the last one when
+    it is given twice: the one the parser keeps)."""
     argv = sys.argv[1:]
+    found = None
     for i, a in enumerate(argv):
         if a == f"--{key}" or (len(key) == 1 and a == f"-{key}"):
-            return argv[i + 1] if i + 1 < len(argv) else None
-        if a.startswith(f"--{key}="):
-            return a.split("=", 1)[1]
-    return None
+            found = argv[i + 1] if i + 1 < len(argv) else None
+        elif a.startswith(f"--{key}="):
+            found = a.split("=", 1)[1]
+    return found
 
 
 def _is_yaml_list(path: str) -> bool:
@@ -132,7 +139,14 @@ def _attribute_hint(module: str, name: str) -> Optional[str]:
 
 class RunConfigCallback(LogConfigCallback):
     """Writes ``config.yaml`` atomically (tmp file + rename) on rank 0, after validation, and logs
-    the parsed config to every logger."""
+    the parsed config to every logger.
+
+    A ``config.yaml`` of an earlier run in the same log directory (a resume, possibly with
+    changed values) that differs from this run's is replaced only once this run has written a
+    checkpoint: until then it still describes the newest checkpoint (a run that fails before
+    its first checkpoint, e.g. on a full disk, leaves it as it was)."""
+
+    _pending = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.already_saved:
@@ -140,11 +154,36 @@ class RunConfigCallback(LogConfigCallback):
         log_dir = trainer.log_dir  # a broadcast: every rank must take part
         if trainer.is_global_zero:
             if log_dir is not None and self.save_to_log_dir:
-                text = self.parser.dump(self.config, skip_none=False)
-                atomic_write_bytes(Path(log_dir) / self.config_filename, text.encode())
+                data = self.parser.dump(self.config, skip_none=False).encode()
+                target = Path(log_dir) / self.config_filename
+                if target.is_file() and target.read_bytes() != data:
+                    self._pending = (target, data, time.time_ns())
+                else:
+                    atomic_write_bytes(target, data)
             self.save_config(trainer, pl_module, stage)
             self.already_saved = True
         self.already_saved = trainer.strategy.broadcast(self.already_saved)
+
+    def _write_pending(self, trainer) -> None:
+        """Replace the earlier ``config.yaml`` once a checkpoint of this run is on disk."""
+        if self._pending is None:
+            return
+        target, data, t0 = self._pending
+        for cb in trainer.checkpoint_callbacks:
+            paths = [getattr(cb, "last_model_path", ""), getattr(cb, "best_model_path", "")]
+            if any(p and os.path.isfile(p) and os.stat(p).st_mtime_ns >= t0 for p in paths):
+                atomic_write_bytes(target, data)
+                self._pending = None
+                return
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._write_pending(trainer)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self._write_pending(trainer)
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._write_pending(trainer)
 
 
 class PFDLightningCLI(LightningCLI):
@@ -295,15 +334,57 @@ class PFDLightningCLI(LightningCLI):
             if callable(check):
                 check(self.trainer, self.model, self.datamodule)
 
+    def _check_output_paths(self) -> None:
+        """Every directory the run writes to can be a directory: no part of its path is a
+        regular file (which would fail late, in a logger or checkpoint write)."""
+        places = [("trainer.default_root_dir", getattr(self.trainer, "default_root_dir", None))]
+        for lg in self.trainer.loggers:
+            places.append((f"trainer.logger[{type(lg).__name__}].save_dir", getattr(lg, "save_dir", None)))
+        for cb in self.trainer.checkpoint_callbacks:
+            places.append((f"trainer.callbacks[{type(cb).__name__}].dirpath", getattr(cb, "dirpath", None)))
+        for field, value in places:
+            if not value or "://" in str(value):
+                continue
+            p = Path(value).absolute()
+            for part in (p, *p.parents):
+                if part.exists():
+                    if not part.is_dir():
+                        raise ConfigError(field, f"{part} is a regular file, so the directory {p} cannot "
+                                          "be created", value=str(value),
+                                          suggestion="choose another output path (or move that file)")
+                    break
+
+    def _lock_run_dirs(self) -> list:
+        """``fit``: one writer per checkpoint directory (:mod:`lightning_pfd.locks`), taken by the
+        launching process only (not by DDP ranks > 0, which run this command again)."""
+        if self.subcommand != "fit" or not _launching_process():
+            return []
+        locks = []
+        for cb in self.trainer.checkpoint_callbacks:
+            d = getattr(cb, "dirpath", None)
+            if d:
+                lock = acquire_lock(d, "run", f"trainer.callbacks[{type(cb).__name__}].dirpath")
+                if lock is not None:
+                    locks.append(lock)
+        return locks
+
     def validate_run(self) -> None:
         """Every check that needs no training, before any file is written (see module doc)."""
+        _RUNNING["trainer"] = self.trainer  # for the message of a run stopped by a signal
         self._check_shapes()
-        self._check_resume()
-        with deferred_writes() as pending:  # a run that fails here leaves no cache entry behind
-            self._check_data()
-            self._check_shapes()  # the data shape is known for sure after setup
-            self._check_hparams_merge()
-            self._check_callbacks()
+        self._check_output_paths()
+        locks = self._lock_run_dirs()  # a second writer fails here, before anything else
+        try:
+            self._check_resume()
+            with deferred_writes() as pending:  # a run that fails here leaves no cache entry behind
+                self._check_data()
+                self._check_shapes()  # the data shape is known for sure after setup
+                self._check_hparams_merge()
+                self._check_callbacks()
+        except BaseException:
+            for lock in locks:  # and no directory that the lock created
+                lock.release(remove_created_dir=True)
+            raise
         write_deferred(pending)
         install_verified_io(self.trainer)
         if self.resume_checkpoint is not None:
@@ -430,6 +511,54 @@ def join_negative_values(argv: Sequence[str]) -> list:
     return out
 
 
+_DISK_ERRNOS = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def _disk_error(e: OSError, trainer, argv: list) -> int:
+    """One block for a write that failed for lack of space: which file, what is intact, how to
+    continue; exit status 1."""
+    from .interrupts import _checkpoint_epoch, _last_checkpoint, _resume_command
+
+    what = {errno.ENOSPC: "no space left on the device", errno.EFBIG: "over the file-size limit "
+            "(ulimit -f)"}.get(e.errno, "over the disk quota")
+    lines = [f"{PROG}: error: cannot write {e.filename or 'a file'}: {what} ([Errno {e.errno}] {e.strerror})."]
+    ckpt = _last_checkpoint(trainer) if trainer is not None else None
+    if ckpt is not None:
+        epoch = _checkpoint_epoch(ckpt)
+        lines.append(f"  intact: {ckpt}" + (f" (end of epoch {epoch})" if epoch is not None else "")
+                     + " and the config.yaml that goes with it (checkpoints are replaced atomically)")
+        if argv and argv[0] == "fit":
+            lines.append(f"  free space (or raise the limit), then resume: {_resume_command(argv, PROG)}")
+    else:
+        lines.append("  no checkpoint of this run was written; free space (or raise the limit) and run again")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    return 1
+
+
+def _launching_process() -> bool:
+    """Not a DDP rank > 0 / another node (started by Lightning's launcher, torchrun or SLURM)."""
+    return all(os.environ.get(v, "0") == "0" for v in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK",
+                                                       "SLURM_PROCID"))
+
+
+def check_components(trainer, model, datamodule) -> None:
+    """The checks of :meth:`PFDLightningCLI.validate_run` that need no checkpoint and write
+    nothing (model <-> data shape, the data, shared hyper-parameters, every callback's
+    ``check_setup``), on objects built elsewhere: the sweep pre-flight runs them for every trial
+    (:mod:`lightning_pfd.sweeps.validate`). Cache writes are deferred by the caller."""
+    probe = PFDLightningCLI.__new__(PFDLightningCLI)  # the checks only read these four attributes
+    probe.trainer, probe.model, probe.datamodule, probe.subcommand = trainer, model, datamodule, "fit"
+    probe._check_shapes()
+    probe._check_data()
+    probe._check_shapes()
+    probe._check_hparams_merge()
+    probe._check_callbacks()
+
+
+#: the trainer of the command running in this process (the resume message of a stopped run)
+_RUNNING: dict = {}
+
+
 def run_lightning_cli(argv: Sequence[str], overwrite: bool = False) -> PFDLightningCLI:
     """Run :class:`PFDLightningCLI` on ``argv`` (W&B offline without credentials)."""
     ensure_wandb_mode()
@@ -441,6 +570,22 @@ def run_lightning_cli(argv: Sequence[str], overwrite: bool = False) -> PFDLightn
         sys.argv = saved
 
 
+#: printed before LightningCLI's (long) help of a subcommand: what most runs need
+_SUBCOMMAND_HELP_HEAD = """{prog} {sub}: LightningCLI with lightning_pfd's checks (README: "CLI and configs").
+
+Most runs need only:
+  --config FILE|NAME        a run config, or an embedded one (quickstart, edm_cifar10, ...)
+  --trainer.max_epochs N    any config value, by its dotted key (--model.init_args.lr 1e-3)
+  --ckpt_path last          resume the run of this config from its newest checkpoint
+  --overwrite               fit: replace an earlier run's checkpoints in the same directory
+  --threads N|auto          CPU threads (also LIGHTNING_PFD_THREADS)
+  --debug                   show the traceback of an error (also LIGHTNING_PFD_DEBUG=1)
+  --print_config            print the full config this command line gives, then exit
+
+All options (LightningCLI):
+"""
+
+
 def _fit(argv: list) -> int:
     overwrite = pop_flag(argv, "--overwrite")
     if not argv:
@@ -448,11 +593,26 @@ def _fit(argv: list) -> int:
     if _needs_default_config(argv):
         argv = [argv[0], "--config", str(DEFAULT_CONFIG), *argv[1:]]
         print(f"[lightning_pfd] no --config: using the embedded quickstart ({DEFAULT_CONFIG})")
-    try:
-        run_lightning_cli(join_negative_values(_rewrite_configs(argv)), overwrite=overwrite)
-    finally:
-        if argv[0] in ("-h", "--help"):
-            print_extra_help()
+    if argv[0] in SUBCOMMANDS and any(a in ("-h", "--help") for a in argv[1:]):
+        print(_SUBCOMMAND_HELP_HEAD.format(prog=PROG, sub=argv[0]), flush=True)
+    _RUNNING.clear()
+    with signal_guard() as received:  # SIGTERM / SIGINT: exit 143 / 130 with the resume command
+        try:
+            run_lightning_cli(join_negative_values(_rewrite_configs(argv)), overwrite=overwrite)
+        except (SystemExit, KeyboardInterrupt):
+            if received.signum is None:
+                raise
+            return interrupt_status(received, _RUNNING.get("trainer"), argv, PROG)
+        except OSError as e:  # a full disk or a file-size limit while the run writes
+            if e.errno not in _DISK_ERRNOS or debug_enabled():
+                raise
+            return _disk_error(e, _RUNNING.get("trainer"), argv)
+        finally:
+            release_locks()
+            if argv[0] in ("-h", "--help"):
+                print_extra_help()
+    if received.signum is not None:  # a signal after the trainer returned (its last hooks)
+        return interrupt_status(received, _RUNNING.get("trainer"), argv, PROG)
     return 0
 
 

@@ -43,7 +43,7 @@ from ..evaluation.icr_sweep import DEFAULT_SIGMAS, sweep, sweep_evaluation
 from . import COMMANDS, run_guarded
 
 __all__ = ["main", "validate_args", "check_loaded", "build_datamodule", "load_module", "instantiate",
-           "format_table", "plot", "SHORT_NAMES"]
+           "format_table", "plot", "SHORT_NAMES", "fit_data_to_model", "reliability_warnings"]
 
 SHORT_NAMES = {
     "digits": "lightning_pfd.data.DigitsDataModule",
@@ -126,6 +126,58 @@ def load_module(ckpt: str, net_spec: Optional[dict], module_class: str):
                               suggestion="pass --net with the network's class_path/init_args") from first
         module = cls.load_from_checkpoint(ckpt, net=instantiate(net_spec), **kwargs)
     return module.eval()
+
+
+class _Reshaped:
+    """A datamodule's splits with every sample reshaped to ``shape`` (labels unchanged)."""
+
+    def __init__(self, dm: Any, shape: tuple):
+        for name in ("train_labels", "val_labels"):
+            setattr(self, name, getattr(dm, name, None))
+        for name in ("train_data", "val_data"):
+            x = getattr(dm, name, None)
+            setattr(self, name, None if x is None else x.reshape(x.shape[0], *shape))
+        self.data_shape = shape
+
+
+def fit_data_to_model(module: Any, dm: Any, data_arg: str):
+    """(datamodule, image_shape): images for a model that takes them flattened (the quickstart's
+    MLP on 8x8 digits) are flattened as the model expects, and their (C, H, W) kept for the
+    augmentation (as ``ICRMonitor(image_shape=...)`` does in the run); samples whose size differs
+    from the model's are refused naming ``--data``."""
+    want = getattr(module, "data_shape", None)
+    x = getattr(dm, "train_data", None)
+    if want is None or x is None or tuple(x.shape[1:]) == tuple(want):
+        return dm, None
+    have, want = tuple(int(v) for v in x.shape[1:]), tuple(int(v) for v in want)
+    if math.prod(have) != math.prod(want):
+        raise ConfigError("--data", f"its samples have shape {have} but the checkpoint's model takes "
+                          f"{want}", value=data_arg,
+                          suggestion="use the data the model was trained on (e.g. the run's config.yaml), "
+                                     "or pass --data-args to change the image size")
+    print(f"[icr-sweep] the data's samples {have} are flattened to the model's {want}"
+          + (f"; the augmentation sees them as {have} images" if len(have) == 3 else ""), flush=True)
+    return _Reshaped(dm, want), (have if len(have) == 3 else None)
+
+
+#: ICR needs several view pairs per feature dimension (Sigma_xi and Sigma_s are d x d estimates)
+MIN_PAIRS_PER_DIM = 4
+
+
+def reliability_warnings(rows: List[Dict[str, float]], views_per_image: int = 1) -> List[str]:
+    """Warnings printed with the table: fewer than ``MIN_PAIRS_PER_DIM * d`` view pairs (the d x d
+    covariances are rank-deficient or noisy: ICR is not reliable), no probe (no labels)."""
+    out = []
+    if rows:
+        n_pairs, d = rows[0]["n"] * views_per_image, rows[0]["d"]
+        if n_pairs < MIN_PAIRS_PER_DIM * d:
+            out.append(f"warning: ICR from n = {n_pairs:.0f} view pairs in d = {d:.0f} feature dimensions "
+                       f"(n < {MIN_PAIRS_PER_DIM} d): the d x d covariance estimates are rank-deficient or "
+                       "noisy, so these ICR values are not reliable; use more images (--num-images, a "
+                       "larger training set), more views (--views-per-image) or fewer dimensions (--d-proj)")
+    if rows and all(math.isnan(r["probe_acc"]) for r in rows):
+        out.append("note: no linear probe (probe acc = nan): the data has no labels or no validation split")
+    return out
 
 
 # ----------------------------------------------------------------------------- output
@@ -279,14 +331,19 @@ def _icr_sweep(argv: list) -> int:
         dm, net_spec_cfg = build_datamodule(args.data, data_args)
     with _refusal_names("--net"):
         module = load_module(args.ckpt, net_spec_cli or net_spec_cfg, args.module_class)
+    dm, image_shape = fit_data_to_model(module, dm, args.data)
     settings = dict(level=args.level, d_proj=args.d_proj, views_per_image=args.views_per_image,
                     batch_size=args.batch_size, seed=args.seed)
+    if image_shape is not None:
+        settings["image_shape"] = image_shape
     check_loaded(module, dm, args.sigmas, args.num_images, args.tap, **settings)
     with _flags():
         rows = sweep(module, dm, sorted(args.sigmas), num_images=args.num_images, tap=args.tap,
                      probe_train=args.probe_train, **settings)
     out = Path(args.out)
     print(format_table(rows))
+    for line in reliability_warnings(rows, args.views_per_image):
+        print(line, file=sys.stderr, flush=True)
     _write(rows, out)
     print(f"wrote {out / 'icr_sweep.csv'}, {out / 'icr_sweep.json'}, {out / 'icr_sweep.png'}")
     return 0

@@ -9,6 +9,7 @@ traceback).
 """
 from __future__ import annotations
 
+import sys
 from typing import Optional, Sequence
 
 from ..errors import ShortErrorParser
@@ -28,7 +29,8 @@ def build_parser() -> ShortErrorParser:
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted sweep: finished and failed trials are not run again")
     p.add_argument("--retry-failed", action="store_true", help="with --resume: run the failed trials again")
-    p.add_argument("--address", help="join a running Ray cluster (`auto` or HEAD_IP:6379); "
+    p.add_argument("--address", help="join a running Ray cluster (`auto` or HEAD_IP:6379; with a "
+                                     "token in ~/.ray/auth_token, RAY_AUTH_MODE=token is set); "
                                      "default: a local Ray with this machine's cores")
     p.add_argument("--cpus-per-trial", type=float, help="CPUs (and torch threads) per trial")
     p.add_argument("--gpus-per-trial", type=float, help="GPUs per trial (0..1; a fraction shares a GPU)")
@@ -48,11 +50,19 @@ def _sweep(argv: list) -> int:
     from ..sweeps.spec import check_resources, load_sweep
 
     args = build_parser().parse_args(argv)
+    if not (args.dry_run or args.aggregate_only):
+        from ..sweeps.runner import prepare_ray_auth
+
+        prepare_ray_auth(args.address)  # before Ray is imported
     spec = load_sweep(args.config, name=args.name)
     if args.aggregate_only:
         rows = aggregate_sweep(spec.sweep_dir)
         print(f"[lightning_pfd] {len(rows)} rows -> {spec.sweep_dir / 'sweep_results.csv'} (and .json)")
-        return 0
+        pending = [r["trial_id"] for r in rows if r["status"] == "pending"]
+        if pending:  # no result on disk: not run yet, or its files were removed
+            print(f"[lightning_pfd] {len(pending)} trial(s) without a result on disk (pending), e.g. "
+                  f"{pending[0]}: run them with --resume", file=sys.stderr)
+        return 0 if all(r["status"] in ("ok", "diverged") for r in rows) else 1
     given = {k: v for k, v in (("cpus_per_trial", args.cpus_per_trial),
                                ("gpus_per_trial", args.gpus_per_trial),
                                ("max_concurrent", args.max_concurrent)) if v is not None}

@@ -131,8 +131,9 @@ def sample_endpoints(denoiser: Callable, seeds: Sequence[int] | torch.Tensor, sh
     """PF-ODE endpoints Phi(x_T) for x_T = sigmas[0] * seeded_noise(seeds), in batches.
 
     Working memory is bounded by ``batch_size``; the result (preallocated, float64 on
-    ``out_device``) is the only M-sized tensor. Row i depends only on seeds[i] (not on the batch
-    size or device). ``fixed_batch``: every batch has min(batch_size, len(seeds)) rows, a ragged
+    ``out_device``) is the only M-sized tensor. Row i depends only on seeds[i]: its noise bit for
+    bit; its endpoint up to rounding across batch sizes and devices (a matmul over other shapes may
+    take other BLAS kernels), bit for bit for the same batch size on the same machine. ``fixed_batch``: every batch has min(batch_size, len(seeds)) rows, a ragged
     last one padded with zero rows that are dropped from the result (one input shape for a
     compiled denoiser).
     """

@@ -85,14 +85,16 @@ def _has_labels(dm: Any) -> bool:
 def sweep(module: Any, dm: Any, sigmas: Sequence[float], num_images: Optional[int] = None,
           level: int = 3, tap: Optional[str] = None, d_proj: Optional[int] = None,
           views_per_image: int = 1, probe_train: Optional[int] = None, batch_size: int = 256,
-          seed: int = 0) -> List[Dict[str, float]]:
+          seed: int = 0, image_shape: Optional[Sequence[int]] = None) -> List[Dict[str, float]]:
     """One row per sigma of ``module`` (a sigma-space model with ``.device``) on the datamodule
     ``dm`` (after setup): sigma, icr, trace_s, trace_xi, n (distinct images), d, tau, cond_xi,
     icr_tau_auto, icr_tau_relative, probe_acc (NaN without labels and validation data).
-    ``num_images`` None: min(4096, N); ``probe_train`` None: every training image."""
+    ``num_images`` None: min(4096, N); ``probe_train`` None: every training image;
+    ``image_shape``: (C, H, W) of flattened images, for the augmentation."""
     sigmas = [float(s) for s in sigmas]
+    extra = {} if image_shape is None else {"image_shape": tuple(image_shape)}
     ev = sweep_evaluation(module, dm.train_data, sigmas, num_images, tap, level=level, d_proj=d_proj,
-                          views_per_image=views_per_image, batch_size=batch_size, seed=seed)
+                          views_per_image=views_per_image, batch_size=batch_size, seed=seed, **extra)
     icr = ev.measure(module)
     n_train = dm.train_data.shape[0]
     n_probe = n_train if probe_train is None else min(probe_train, n_train)

@@ -1,7 +1,8 @@
 """Run a sweep's trials on Ray Tune (local embedded Ray, or a running cluster).
 
 Order of :func:`run_sweep`: read + validate every trial (nothing written, Ray not started) →
-check the sweep directory (a new sweep must not overwrite an earlier one; ``--resume`` needs
+take the sweep's lock (one driver per sweep name: :mod:`lightning_pfd.locks`) → check the
+sweep directory (a new sweep must not overwrite an earlier one; ``--resume`` needs
 the same trials) → write ``sweep.json`` → start (or join) Ray → one Tune trial per sweep trial
 (``tune.grid_search`` over the trials, ``tune.with_resources`` = CPUs / GPUs per trial, at most
 ``max_concurrent`` at once, ``FailureConfig(max_failures=0)``: a failing trial is recorded and
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..errors import ConfigError
+from ..locks import acquire as acquire_lock
 from .aggregate import aggregate_sweep
 from .spec import Resources, SweepSpec, check_resources, validate_trials
 from .trial import FORWARDED_ENV, RESULT_FILE, execute_trial, read_trial_result
@@ -186,12 +188,74 @@ def _retry_failed(spec: SweepSpec, trials: list) -> list:
 
 
 # ----------------------------------------------------------------------------- Ray
+#: seconds to wait for a TCP answer from ``--address HOST:PORT`` before Ray is asked to join
+ADDRESS_TIMEOUT_S = 10.0
+
+#: what a driver needs to join a cluster with token authentication (Ray 2.60: on by default)
+TOKEN_HINT = ("the head answers but refused this driver, which sends no authentication token "
+              "(Ray 2.60's `ray start --head` enables token authentication): run the driver with "
+              "RAY_AUTH_MODE=token and the head's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN_PATH / "
+              "RAY_AUTH_TOKEN), or use --address auto on a node of the cluster")
+
+
+def ray_token_available() -> Optional[str]:
+    """Where a Ray authentication token is available to this driver (None: nowhere)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "RAY_AUTH_TOKEN"
+    for path in (os.environ.get("RAY_AUTH_TOKEN_PATH"), os.path.expanduser("~/.ray/auth_token")):
+        if path and os.path.isfile(path) and os.path.getsize(path) > 0:
+            return path
+    return None
+
+
+def prepare_ray_auth(address: Optional[str], echo: Callable[[str], None] = print) -> None:
+    """``--address HOST:PORT`` with a token at hand and RAY_AUTH_MODE unset: set it to ``token``,
+    as ``--address auto`` does by itself (a head without authentication ignores the token). Must
+    run before Ray is imported (Ray reads RAY_AUTH_MODE once)."""
+    if address in (None, "auto", "local") or "RAY_AUTH_MODE" in os.environ:
+        return
+    where = ray_token_available()
+    if where is not None:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        echo(f"[lightning_pfd] RAY_AUTH_MODE=token: joining {address} with the Ray token of {where} "
+             "(set RAY_AUTH_MODE=disabled to join without it)")
+
+
+def check_address(address: Optional[str], timeout: float = ADDRESS_TIMEOUT_S) -> None:
+    """``--address``: ``auto``, ``local``, ``HOST:PORT`` or ``ray://HOST:PORT``; for a host and
+    port, a TCP connection must open within ``timeout`` seconds (Ray itself would retry for
+    minutes when nothing listens there)."""
+    if address is None or address in ("auto", "local"):
+        return
+    target = address[len("ray://"):] if address.startswith("ray://") else address
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError("--address", "not a Ray address", value=address,
+                          accepted="auto, HOST:PORT (the head's GCS port, 6379 by default) or ray://HOST:PORT")
+    import socket
+
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        why = f"no answer within {timeout:g} s" if isinstance(e, TimeoutError) else (e.strerror or str(e)).lower()
+        raise ConfigError("--address", f"no Ray head answers at {target} ({why})", value=address,
+                          suggestion="start the head with `ray start --head --port PORT` on that host, "
+                                     "check the host and port (`ray status` on the head), or pass "
+                                     "--address auto on a node of the cluster") from None
+
+
+def _is_auth_error(e: BaseException) -> bool:
+    text = f"{type(e).__name__} {e}"
+    return "AuthenticationError" in text or "InvalidAuthToken" in text or "auth token" in text.lower()
+
+
 def _start_ray(address: Optional[str]) -> bool:
     """Join or start Ray; returns True when this call started it (and must shut it down)."""
     import ray
 
     if ray.is_initialized():
         return False
+    check_address(address)
     kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                   configure_logging=True)
     try:
@@ -202,7 +266,15 @@ def _start_ray(address: Optional[str]) -> bool:
             # sweep's work, and at 15 any other process on the machine takes their cores
             os.environ.setdefault(WORKER_NICENESS_ENV, "0")
             ray.init(address="local", num_cpus=os.cpu_count() or 1, **kwargs)  # never an older cluster
-    except (ConnectionError, ValueError, RuntimeError) as e:
+    except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RayError, RuntimeError, ...
+        if ray.is_initialized():
+            ray.shutdown()
+        refused = _is_auth_error(e) or "Failed to connect to Ray cluster" in str(e)  # the port answered
+        if address not in (None, "auto", "local") and refused and os.environ.get("RAY_AUTH_MODE") != "token":
+            raise ConfigError("--address", f"cannot join the Ray cluster at {address}: {TOKEN_HINT}",
+                              value=address) from None
+        if not isinstance(e, (ConnectionError, ValueError, RuntimeError)) and not _is_auth_error(e):
+            raise
         raise ConfigError("--address" if address else "ray", f"cannot start / join Ray: "
                           f"{' '.join(str(e).split())[:300]}", value=address,
                           suggestion="start the head with `ray start --head` and pass "
@@ -268,6 +340,8 @@ def run_sweep(spec: SweepSpec, resources: Optional[Resources] = None, resume: bo
     if retry_failed and not resume:
         raise ConfigError("--retry-failed", "only with --resume (it re-runs the failed trials of an "
                                             "existing sweep)")
+    if not dry_run:
+        check_address(address)  # seconds, not the minutes of Ray's own retries
     trials = plan(spec, construct=not dry_run)
     if dry_run:
         echo(format_plan(spec, trials, resources))
@@ -275,6 +349,20 @@ def run_sweep(spec: SweepSpec, resources: Optional[Resources] = None, resume: bo
         return 0
     _ensure_importable()
     _check_devices(trials, resources, address)
+    # one driver per sweep name: a second one fails here, naming the first (locks.py)
+    lock = acquire_lock(spec.sweep_dir, "sweep", "--name", command=f"sweep {spec.name}")
+    try:
+        rows = _run_locked(spec, trials, resources, resume, retry_failed, address, echo)
+    finally:
+        if lock is not None:  # a sweep that wrote nothing leaves no directory either
+            lock.release(remove_created_dir=not (spec.sweep_dir / "sweep.json").exists())
+    echo(_summary(rows, spec.sweep_dir))
+    return 0 if all(r["status"] in ("ok", "diverged") for r in rows) else 1
+
+
+def _run_locked(spec: SweepSpec, trials: list, resources: Resources, resume: bool, retry_failed: bool,
+                address: Optional[str], echo: Callable[[str], None]) -> list:
+    """The part of :func:`run_sweep` under the sweep's lock; returns the aggregated rows."""
     old = _check_sweep_dir(spec, trials, resume)
     started = _start_ray(address)  # a cluster that cannot be joined fails before anything is written
     try:
@@ -291,9 +379,7 @@ def run_sweep(spec: SweepSpec, resources: Optional[Resources] = None, resume: bo
             import ray
 
             ray.shutdown()
-    rows = aggregate_sweep(spec.sweep_dir, ray_errors=errors)
-    echo(_summary(rows, spec.sweep_dir))
-    return 0 if all(r["status"] in ("ok", "diverged") for r in rows) else 1
+    return aggregate_sweep(spec.sweep_dir, ray_errors=errors)
 
 
 def _write_record(spec: SweepSpec, trials: list, resources: Resources, old: Optional[dict],

@@ -394,6 +394,11 @@ def load_sweep(path, name: Optional[str] = None) -> SweepSpec:
         if k not in SWEEP_KEYS:
             raise ConfigError(str(k), "unknown key of a sweep file", value=k, accepted=list(SWEEP_KEYS))
     grid = _overrides("grid", raw.get("grid"))
+    if "grid" in raw and not grid:
+        raise ConfigError("grid", "is empty: the sweep would be a single trial", value=raw.get("grid"),
+                          suggestion="give at least one dotted key with a list of values (e.g. "
+                                     "data.init_args.n_train: [32, 64]), or leave `grid` out and use "
+                                     "`repeats` / `seeds` for repeated runs of the base config")
     for k, v in grid.items():
         if not isinstance(v, list) or not v:
             raise ConfigError(f"grid: {k}", "must be a non-empty list of values", value=v,

@@ -142,6 +142,9 @@ def _run_fit(config: dict, ckpt: Optional[str]):
         raise RuntimeError(f"the fit command exited with status {e.code} (see trial.log)") from None
     finally:
         sys.argv = saved
+        from ..locks import release_all
+
+        release_all()  # the trial's run-directory lock (a reused Ray worker runs the next trial)
 
 
 def _final_metrics(trainer) -> dict:

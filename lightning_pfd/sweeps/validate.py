@@ -6,10 +6,14 @@ its full config parses with the ``fit`` parser of
 are counted (the net built on the ``meta`` device: no memory, no time) and — for a real run —
 each distinct datamodule, model and callback is built once, so a value a class refuses fails
 now. The first problem raises a :class:`~lightning_pfd.errors.ConfigError` naming the trial and
-the key.
+the key. Then :func:`preflight` runs, for every trial, the cross-component checks ``fit`` runs
+before writing (model <-> data shape, the data loaded, every callback's ``check_setup`` against
+the trial's data and model: e.g. ``ICRMonitor.num_images`` larger than a trial's training set)
+and names every trial that fails.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
@@ -19,7 +23,7 @@ from ..errors import ConfigError
 from .spec import (SweepSpec, Trial, _class_name, _leaf, _seed_keys, check_known_key, expand_trials,
                    load_base)
 
-__all__ = ["validate_trials", "FitParser", "default_seed_keys", "build_net_meta"]
+__all__ = ["validate_trials", "FitParser", "default_seed_keys", "build_net_meta", "preflight"]
 
 
 def _parse_only_cli():
@@ -159,6 +163,8 @@ def validate_trials(spec: SweepSpec, trials: Optional[list] = None, construct: b
                                    suggestion=e.suggestion) from None
     parsed_all = [(t, _parse_covering(parser, t, trials, spec)) for t in trials]
     _construct(parsed_all, construct, len(trials))
+    if construct:
+        preflight(parsed_all, spec)
     for t, parsed in parsed_all:
         sv = parsed.get("seed_everything")
         if t.seed is None and isinstance(sv, int) and not isinstance(sv, bool):
@@ -306,3 +312,91 @@ def _group(parsed: dict, where: str):
         if (_class_name(c) or "?").rsplit(".", 1)[-1] == name:
             return c
     return None
+
+
+#: trainer arguments the pre-flight does not pass on (a trial is one process; nothing is logged)
+_PREFLIGHT_SKIP = ("logger", "callbacks", "accelerator", "devices", "strategy", "num_nodes", "plugins",
+                   "default_root_dir", "precision", "profiler")
+
+
+def _preflight_trainer(parsed: dict, callbacks: list):
+    """A CPU Trainer with the trial's callbacks and world size 1 (a trial is one process), for
+    the callbacks' ``check_setup``; it writes nothing."""
+    import warnings
+
+    import lightning.pytorch as pl
+
+    kw = {k: v for k, v in (parsed.get("trainer") or {}).items() if k not in _PREFLIGHT_SKIP}
+    kw.update(accelerator="cpu", devices=1, logger=False, callbacks=callbacks, enable_progress_bar=False,
+              enable_model_summary=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pl.Trainer(**{k: _build(v) if isinstance(v, (dict, list)) else v for k, v in kw.items()})
+
+
+def preflight(parsed_all: list, spec: Optional[SweepSpec] = None, max_listed: int = 20) -> None:
+    """Every trial's cross-component validation (:func:`lightning_pfd.commands.fit.check_components`,
+    what ``fit`` checks before writing), on the trial's own data, model and callbacks; raises one
+    :class:`ConfigError` listing every failing trial (the first ``max_listed``). Each distinct
+    datamodule is set up once (its cache writes are made only when every trial passes, as in
+    ``fit``); models are built once per distinct config."""
+    from ..cache import deferred_writes, write_deferred
+    from ..commands.fit import check_components
+
+    def sig(obj) -> str:
+        return json.dumps(obj, sort_keys=True, default=str)
+
+    own = (lambda t: [(str(spec.sweep_dir / t.trial_id), _DIR), (t.trial_id, _ID)]) if spec else (lambda t: [])
+    order = sorted(parsed_all, key=lambda tp: sig(_substitute(tp[1].get("data"), own(tp[0]))))
+    failures: list = []
+    data_sig, dm, models = None, None, {}
+    with deferred_writes() as pending, _quiet_lightning():
+        for t, parsed in order:
+            try:
+                d_sig = sig(_substitute(parsed.get("data"), own(t)))
+                if d_sig != data_sig:  # one datamodule alive at a time (set up once)
+                    data_sig, dm = d_sig, _build(parsed.get("data")) if parsed.get("data") else None
+                m_sig = sig(_substitute(parsed.get("model"), own(t)))
+                if m_sig not in models:
+                    if sum(_numel(m) for m in models.values()) > 50_000_000:
+                        models.clear()  # bounded memory for large nets
+                    models[m_sig] = _build(parsed.get("model"))
+                cbs = _build((parsed.get("trainer") or {}).get("callbacks") or [])
+                trainer = _preflight_trainer(parsed, cbs if isinstance(cbs, list) else [cbs])
+                check_components(trainer, models[m_sig], dm)
+            except ConfigError as e:
+                failures.append((t.trial_id, e.one_line()))
+            except Exception as e:  # noqa: BLE001 - a class failing on this trial's combination
+                failures.append((t.trial_id, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"))
+    if failures:
+        rank = {t.trial_id: i for i, (t, _p) in enumerate(parsed_all)}
+        failures.sort(key=lambda f: rank[f[0]])
+        listed = "\n".join(f"  trial {tid}: {msg}" for tid, msg in failures[:max_listed])
+        more = f"\n  ... and {len(failures) - max_listed} more" if len(failures) > max_listed else ""
+        raise ConfigError("sweep", f"{len(failures)} of {len(parsed_all)} trials fail the checks `fit` runs "
+                          f"before training (nothing has run):\n{listed}{more}",
+                          suggestion="fix the sweep file or the base config for these trials")
+    write_deferred(pending)
+
+
+@contextlib.contextmanager
+def _quiet_lightning():
+    """Lightning's INFO lines ("GPU available", tips) once per pre-flight Trainer: not shown."""
+    import logging
+
+    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric", "lightning")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
+
+
+def _numel(module) -> int:
+    try:
+        return sum(p.numel() for p in module.parameters())
+    except Exception:  # noqa: BLE001
+        return 0

@@ -16,3 +16,15 @@ class KillAtStep(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SignalAtStep(Callback):
+    """Send ``signum`` (default SIGTERM) to this process right after optimizer step ``step``: what a
+    scheduler or Ctrl+C does, through the real signal handlers."""
+
+    def __init__(self, step: int, signum: int = int(signal.SIGTERM)):
+        self.step, self.signum = int(step), int(signum)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)

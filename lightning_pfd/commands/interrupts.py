@@ -1,0 +1,144 @@
+"""SIGTERM / SIGINT during a command: stop cleanly, say what can be resumed, exit non-zero.
+
+What a scheduler (SLURM, Kubernetes, ``timeout``) or Ctrl+C sends must not read as success.
+Lightning 2.6 turns SIGTERM into :class:`lightning.pytorch.utilities.exceptions.SIGTERMException`
+at the next batch boundary (a ``SystemExit`` *without* a code: exit status 0) and Ctrl+C into
+``sys.exit(1)``, after calling every callback's ``on_exception`` and finalizing the loggers.
+:func:`signal_guard` records which signal arrived (Lightning chains the SIGTERM handler that was
+installed before it, so the record is kept while the trainer runs) and the command then returns
+``128 + signum``: **143** for SIGTERM, **130** for SIGINT, the shell convention.
+
+What is resumable is the last checkpoint written at an epoch end (``last.ckpt``:
+:class:`lightning_pfd.callbacks.EpochCheckpoint` never overwrites it with a half-finished epoch,
+so a resume reproduces the uninterrupted run); the batches after it are recomputed. The message
+names that checkpoint, its epoch and the command that resumes it.
+
+Outside the trainer (while the data loads, before the first batch) a SIGTERM stops the command
+at once, as the default action would, with the same exit status.
+"""
+from __future__ import annotations
+
+import contextlib
+import shlex
+import signal
+import sys
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence
+
+__all__ = ["SignalRecord", "signal_guard", "interrupt_status", "resume_message", "SIGNAL_EXIT"]
+
+#: the exit status of a command stopped by a signal (128 + signal number)
+SIGNAL_EXIT = {signal.SIGTERM: 128 + int(signal.SIGTERM), signal.SIGINT: 128 + int(signal.SIGINT)}
+
+
+class SignalRecord:
+    """Which signal (if any) arrived while :func:`signal_guard` was active."""
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + int(self.signum) if self.signum is not None else 0
+
+
+@contextlib.contextmanager
+def signal_guard() -> Iterator[SignalRecord]:
+    """Record SIGTERM / SIGINT for the duration of the block (restoring the previous handlers).
+
+    SIGTERM: recorded; when no trainer has chained this handler (``signal.getsignal`` still
+    returns it), ``SystemExit(143)`` is raised at once. SIGINT: recorded, then KeyboardInterrupt
+    as Python's default handler does (Lightning stops the trainer on it). Only in the main thread
+    (``signal.signal`` refuses elsewhere); in another thread the block runs unguarded."""
+    record = SignalRecord()
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield record
+        return
+
+    def on_term(signum, frame):
+        first = record.signum is None
+        record.signum = int(signum)
+        if signal.getsignal(signal.SIGTERM) is on_term and first:  # no trainer running: stop now
+            raise SystemExit(SIGNAL_EXIT[signal.SIGTERM])
+
+    def on_int(signum, frame):
+        record.signum = int(signum)
+        raise KeyboardInterrupt
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_int)
+    try:
+        yield record
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+def _last_checkpoint(trainer) -> Optional[Path]:
+    """The newest ``last*.ckpt`` in the trainer's checkpoint directories (None: none written)."""
+    found: List[Path] = []
+    for cb in getattr(trainer, "checkpoint_callbacks", []) or []:
+        d = getattr(cb, "dirpath", None)
+        if d and Path(d).is_dir():
+            found += [p for p in Path(d).glob("last*.ckpt") if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def _resume_command(argv: Sequence[str], prog: str) -> str:
+    """``argv`` with ``--ckpt_path last`` (an earlier ``--ckpt_path`` replaced)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--ckpt_path":
+            skip = True
+            continue
+        if a.startswith("--ckpt_path="):
+            continue
+        out.append(a)
+    return " ".join([prog, *map(shlex.quote, out), "--ckpt_path", "last"])
+
+
+def resume_message(record: SignalRecord, trainer, argv: Sequence[str], prog: str) -> str:
+    """What stopped the run, what is kept and how to continue (several lines)."""
+    where = ""
+    if trainer is not None:
+        where = f" in epoch {trainer.current_epoch} (step {trainer.global_step})"
+    lines = [f"[lightning_pfd] stopped by {record.name}{where}; exit status {record.exit_status}."]
+    fitting = bool(argv) and argv[0] == "fit"
+    ckpt = _last_checkpoint(trainer) if trainer is not None else None
+    if ckpt is not None:
+        epoch = _checkpoint_epoch(ckpt)
+        at = f" (end of epoch {epoch})" if epoch is not None else ""
+        lines.append(f"  resumable: {ckpt}{at}; the batches after it are recomputed on resume "
+                     "(the same numbers as an uninterrupted run)")
+        if fitting:
+            lines.append(f"  resume with: {_resume_command(argv, prog)}")
+    elif fitting:
+        lines.append("  nothing to resume: no checkpoint was written yet (the first epoch did not "
+                     "finish); run the same command again to start over")
+    return "\n".join(lines)
+
+
+def _checkpoint_epoch(path: Path) -> Optional[int]:
+    try:
+        import torch
+
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(ckpt["epoch"])
+    except Exception:  # an unreadable file is reported by the resume itself
+        return None
+
+
+def interrupt_status(record: SignalRecord, trainer, argv: Sequence[str], prog: str) -> int:
+    """Print :func:`resume_message` on stderr and return the exit status (143 / 130)."""
+    print(resume_message(record, trainer, argv, prog), file=sys.stderr, flush=True)
+    return record.exit_status
