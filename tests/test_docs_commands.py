@@ -77,11 +77,12 @@ def test_documented_command_parses(cmd, argv, monkeypatch, tmp_path, capsys):
     if reason:
         pytest.skip(reason)
     monkeypatch.chdir(REPO)  # the docs run from the repository root
+    argv = [a for a in argv if a not in ("--debug",)]
+    if "--threads" in argv:  # taken off by the dispatcher (before or after the command name)
+        i = argv.index("--threads")
+        argv = argv[:i] + argv[i + 2:]
     name = argv[0] if argv and not argv[0].startswith("-") else "fit"
-    rest = [a for a in (argv[1:] if argv and argv[0] == name else argv) if a not in ("--debug",)]
-    if "--threads" in rest:  # taken off by the dispatcher before any command parses
-        i = rest.index("--threads")
-        del rest[i:i + 2]
+    rest = argv[1:] if argv and argv[0] == name else argv
     if name in ("fit", "validate", "test", "predict"):
         from lightning_pfd.commands.fit import main
 
