@@ -266,3 +266,38 @@ def test_pite_has_an_sbm_row_for_every_registered_family(tmp_path):
         _rows(build_parser().parse_args(["--sbm-preconds", "edn"]))
     assert err.value.field == "--sbm-preconds" and err.value.accepted == names
     assert err.value.suggestion == "did you mean 'edm'?"
+
+
+def test_known_start_up_noise_is_silenced_by_exact_message_only():
+    """Lightning's litlogger tip and torch's pytree LeafSpec deprecation are dropped by message;
+    other rank-zero messages and warnings stay."""
+    import io
+    import logging
+    import warnings
+
+    from lightning.pytorch.utilities import rank_zero_info
+
+    from lightning_pfd.commands import quiet_known_noise
+
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            quiet_known_noise()
+            quiet_known_noise()  # idempotent
+            rank_zero_info("💡 Tip: For seamless cloud logging and experiment tracking, try installing litlogger")
+            rank_zero_info("GPU available: False, used: False")
+            warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use TreeSpec", FutureWarning)
+            warnings.warn("another deprecation", FutureWarning)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        for f in [f for f in logger.filters if type(f).__name__ == "_DropMessage"]:
+            logger.removeFilter(f)
+    assert buf.getvalue() == "GPU available: False, used: False\n"
+    assert [str(w.message) for w in caught] == ["another deprecation"]

@@ -507,3 +507,14 @@ def test_memorization_evaluation_bad_input():
         MemorizationEvaluation(train, num_samples=3).check_world(4)
     with pytest.raises(ConfigError, match="generate"):
         MemorizationEvaluation(train).measure(torch.nn.Linear(2, 2))
+
+
+def test_a_one_sample_training_set_is_refused_with_its_own_message():
+    """ICR estimates covariances over images: one sample is a data problem, not a num_images one
+    (the former message offered 'an integer in [2, 1]')."""
+    from lightning_pfd.errors import ConfigError
+    from lightning_pfd.evaluation.representation import RepresentationEvaluation
+
+    with pytest.raises(ConfigError, match="at least 2 training samples") as info:
+        RepresentationEvaluation(torch.randn(1, 64), num_images=2)
+    assert "[2, 1]" not in str(info.value)

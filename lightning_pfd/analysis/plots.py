@@ -110,6 +110,12 @@ def plot_dynamics(series: Mapping[str, tuple], events: Sequence = (), path="dyna
     if have["e_mem"] is not None:
         lines.append(_curve(ax, have["e_mem"], "tab:orange", r"$\mathcal{E}_{mem}$", window,
                             se=series.get(k["e_mem"] + "_se")))
+    if have["e_gen"] is not None:  # the raw E_gen minimum, marked whatever the events
+        xg, yg = (np.asarray(a, dtype=np.float64) for a in have["e_gen"])
+        if np.isfinite(yg).any():
+            i = int(np.nanargmin(yg))
+            lines.append(ax.plot([xg[i]], [yg[i]], "v", color="tab:blue", ms=7,
+                                 label=f"$\\mathcal{{E}}_{{gen}}$ minimum {yg[i]:.3g} (raw, epoch {xg[i]:g})")[0])
     ax.set_ylabel("PFD (band: ±1 s.e. over seeds)")
     if have["loss_train"] is not None or have["loss_test"] is not None:
         ax2 = ax.twinx()

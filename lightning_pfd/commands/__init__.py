@@ -36,7 +36,7 @@ from typing import Callable, Optional, Sequence
 
 __all__ = ["Command", "COMMANDS", "LIGHTNING_SUBCOMMANDS", "PROG", "CONFIG_DIR", "DEFAULT_CONFIG",
            "USER_ERROR", "main", "command_for", "run_guarded", "print_user_error", "debug_enabled",
-           "pop_flag", "configure_threads", "print_extra_help"]
+           "pop_flag", "configure_threads", "print_extra_help", "quiet_known_noise"]
 
 PROG = "python -m lightning_pfd"
 #: the embedded configs (``--config quickstart`` names ``CONFIG_DIR / "quickstart.yaml"``)
@@ -174,7 +174,38 @@ def print_extra_help() -> None:
           + ", ".join(sorted(q.stem for q in CONFIG_DIR.glob('*.yaml'))))
 
 
+#: known start-up messages a user cannot act on: (logger or warning category, message start)
+_NOISE_LOG = ("lightning.pytorch.utilities.rank_zero", "💡 Tip: For seamless cloud logging")
+_NOISE_WARNINGS = (r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",)
+
+
+class _DropMessage:
+    """A logging filter dropping records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def filter(self, record) -> bool:
+        return not str(record.getMessage()).startswith(self.prefix)
+
+
+def quiet_known_noise() -> None:
+    """Silence, by exact message, what the libraries print at start-up that a user cannot act on:
+    Lightning's advertisement for its cloud logger (an INFO record of its rank-zero logger) and
+    torch's pytree ``LeafSpec`` deprecation raised inside Lightning. Every other message and
+    warning is left as it is (idempotent)."""
+    import logging
+    import warnings
+
+    logger = logging.getLogger(_NOISE_LOG[0])
+    if not any(isinstance(f, _DropMessage) for f in logger.filters):
+        logger.addFilter(_DropMessage(_NOISE_LOG[1]))
+    for pattern in _NOISE_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+
+
 def _dispatch(argv: list) -> int:
+    quiet_known_noise()
     configure_threads(argv)
     command = command_for(argv)
     rest = argv if command.name == "fit" else argv[1:]  # LightningCLI wants its subcommand

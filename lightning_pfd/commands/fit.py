@@ -433,7 +433,7 @@ class PFDLightningCLI(LightningCLI):
             lines.append("  plots: " + ", ".join(sorted(set(map(str, plots)))))
         if any("Wandb" in type(lg).__name__ for lg in trainer.loggers):
             if os.environ.get("WANDB_MODE") == "offline":
-                lines.append("  W&B ran offline (no credentials): upload later with `wandb sync <run dir>`")
+                lines.append("  W&B ran offline (no credentials): upload later with `wandb login`, then `wandb sync <run dir>`")
         print("\n".join(lines), flush=True)
 
 

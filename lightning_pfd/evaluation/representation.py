@@ -289,6 +289,9 @@ class RepresentationEvaluation:
             raise ConfigError("train_data", "expected a non-empty tensor (N, ...)",
                               value=tuple(data.shape) if torch.is_tensor(data) else type(data).__name__)
         n, sample = int(data.shape[0]), tuple(data.shape[1:])
+        if n < 2:
+            raise ConfigError("train_data", "ICR needs at least 2 training samples (it estimates covariances "
+                              "over images)", value=n, accepted="a training set of 2 or more samples")
         if self.num_images is not None and self.num_images > n:
             raise ConfigError("num_images", f"larger than the training set ({n} samples)",
                               value=self.num_images, accepted=f"an integer in [2, {n}]")
