@@ -301,3 +301,14 @@ def test_known_start_up_noise_is_silenced_by_exact_message_only():
             logger.removeFilter(f)
     assert buf.getvalue() == "GPU available: False, used: False\n"
     assert [str(w.message) for w in caught] == ["another deprecation"]
+
+
+def test_a_config_without_data_is_refused_before_anything_is_written(tmp_path, capsys):
+    """A model-only config (docs/extending.md's iddpm.yaml alone) used to fail after Lightning
+    had written lightning_logs/version_0, with a train_dataloader traceback."""
+    cfg = yaml.safe_load(_tiny_config(tmp_path).read_text())
+    del cfg["data"]
+    p = tmp_path / "model_only.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    _assert_fails_before_training(tmp_path, p, "no data", capsys)
+    assert not (tmp_path / "run").exists() and not list(tmp_path.rglob("version_0"))

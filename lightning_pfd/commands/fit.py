@@ -302,6 +302,14 @@ class PFDLightningCLI(LightningCLI):
 
         dm = self.datamodule
         if dm is None:
+            import lightning.pytorch as pl
+
+            own = type(self.model).train_dataloader is not pl.LightningModule.train_dataloader
+            if self.subcommand == "fit" and not own:
+                raise ConfigError("data", "no data: the config has no `data:` section and the model "
+                                  f"{type(self.model).__name__} brings no train_dataloader",
+                                  suggestion="add a data section, e.g. start from an embedded config and "
+                                             "override it: --config quickstart --config yours.yaml")
             return
         try:
             dm.prepare_data()
