@@ -167,7 +167,7 @@ def acquire(directory, what: str, field: str, command: Optional[str] = None,
             holder = read_holder(path) or {}
             raise ConfigError(field, f"another process is writing this {what}: {_describe(holder)}; "
                               f"lock {path}", value=str(directory),
-                              suggestion=f"wait for it to finish (or stop it), or write elsewhere") from None
+                              suggestion="wait for it to finish (or stop it), or write elsewhere") from None
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:

@@ -494,8 +494,8 @@ def format_table(res: dict) -> str:
                 + f" (alpha of the LIM noise: {res.get('alpha', float('nan')):g}; Hill assumes a "
                 "Pareto-type upper tail: not meaningful for a bounded observable such as a fraction)")
         out.append("")
-    out += [f"**Out of the training range** (generated pixels outside it, in training space; "
-            f"precipitation: [-1, 1] = [0, log_max] mm/h), mean over the training seeds:", "",
+    out += ["**Out of the training range** (generated pixels outside it, in training space; "
+            "precipitation: [-1, 1] = [0, log_max] mm/h), mean over the training seeds:", "",
             "| | " + " | ".join(_label(res, r) for r in rows) + " |", "|---" * (len(rows) + 1) + "|"]
     for key, name in (("pixels_above", "pixels > +1"), ("samples_above", "samples with a pixel > +1"),
                       ("pixels_below", "pixels < -1 (-> 0 mm/h)")):
