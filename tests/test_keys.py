@@ -16,7 +16,7 @@ from lightning_pfd.errors import ConfigError
 T = np.arange(20, dtype=np.float64)
 #: early learning: an interior minimum near epoch 5, then a sustained rise
 U_CURVE = 2.0 + 2.0 * np.exp(-T / 2.0) + 1.0 * (1.0 - np.exp(-T / 12.0))
-PARAMS = dict(window=3, min_sigma=3.0, min_rel=0.0, confirm=2)
+PARAMS = dict(window=3, min_sigma=2.5, min_rel=0.0, confirm=2)
 
 
 def _user(**kw):

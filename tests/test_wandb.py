@@ -41,7 +41,7 @@ CURVES = {
     "loss/train_fixed": 1.0 / (1.0 + T / 3.0),
     "loss/test_fixed": 1.0 / (1.0 + T / 3.0) + 0.004 * T,
 }
-PARAMS = dict(window=3, min_sigma=3.0, min_rel=0.0, confirm=2)
+PARAMS = dict(window=3, min_sigma=2.5, min_rel=0.0, confirm=2)
 
 
 class Scripted(LightningModule):

@@ -77,12 +77,12 @@ DEFAULT_KEYS = keys_registry.roles()
 REGIMES = ("generalization", "transition", "memorization")
 
 #: default z every leg of an event must reach on the held-out half (calibrated: docs/events.md)
-MIN_SIGMA = 2.5
+MIN_SIGMA = 2.25
 #: hysteresis of the candidate search on the selection half, in noise units of a leg
 PROPOSE_SIGMA = 2.0
 #: added to ``min_sigma`` when a curve has no held-out half (proposed and tested on the same
 #: values): the allowance for choosing the extremes (calibrated on AR(1) nulls: docs/events.md)
-SELECTION_ALLOWANCE = 0.5
+SELECTION_ALLOWANCE = 0.75
 
 
 def _z_needed(min_sigma: float, held: bool) -> float:
