@@ -28,7 +28,7 @@ import torch
 
 from .errors import ConfigError
 
-__all__ = ["CHECKSUM_KEY", "CheckpointError", "content_digest", "atomic_write_bytes",
+__all__ = ["CHECKSUM_KEY", "CheckpointError", "content_digest", "atomic_write_bytes", "truncated_epoch",
            "save_checkpoint", "load_checkpoint", "read_verified_bytes", "verified_stream",
            "VerifiedCheckpointIO"]
 
@@ -225,3 +225,22 @@ class VerifiedCheckpointIO(_lightning_io_base()):
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
         return load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
+
+
+def truncated_epoch(checkpoint: dict) -> Optional[tuple]:
+    """``(epoch, steps done in it)`` when the checkpoint was written before the last batch of the
+    epoch that was running (a ``max_time`` / ``max_steps`` stop, a step-interval checkpoint),
+    else None. Lightning does not resume such an epoch where it stopped: the rest of it is never
+    trained and it is never validated (read from Lightning's saved loop progress; None when the
+    checkpoint has none)."""
+    loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+    batches, epochs = loop.get("epoch_loop.batch_progress"), loop.get("epoch_progress")
+    if not isinstance(batches, dict) or not isinstance(epochs, dict):
+        return None
+    try:
+        done = int(batches["current"]["completed"])
+        cut = not batches["is_last_batch"] and done > 0
+        epoch = int(epochs["current"]["processed"]) - 1
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (epoch, done) if cut else None

@@ -28,7 +28,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from ..cache import deferred_writes, write_deferred
 from ..callbacks.checkpoint import continue_loggers, install_verified_io, run_artifacts
 from ..callbacks.wandb_setup import LogConfigCallback, has_wandb_credentials
-from ..checkpoint import atomic_write_bytes, load_checkpoint
+from ..checkpoint import atomic_write_bytes, load_checkpoint, truncated_epoch
 from ..contracts import check_data_shape
 from ..errors import ConfigError, did_you_mean, suggest_option
 from ..locks import acquire as acquire_lock
@@ -282,6 +282,13 @@ class PFDLightningCLI(LightningCLI):
         self.resume_checkpoint, self.resolved_ckpt_path = ckpt, path
         print(f"[lightning_pfd] resuming from {path} (epoch {ckpt.get('epoch')}, "
               f"step {ckpt.get('global_step')}; content digest verified)", flush=True)
+        cut = truncated_epoch(ckpt)
+        if cut is not None:
+            print(f"[lightning_pfd] warning: this checkpoint was written inside epoch {cut[0]}, after {cut[1]} "
+                  "of its steps (a max_time / max_steps stop, or a step-interval checkpoint); Lightning resumes "
+                  "at the next epoch, so the rest of that epoch is not trained and it is not measured: the "
+                  "continuation differs from an uninterrupted run (a checkpoint at an epoch end, e.g. after "
+                  "SIGTERM, resumes exactly)", file=sys.stderr, flush=True)
 
     def _check_earlier_run(self) -> None:
         if self.subcommand != "fit" or self.overwrite:
