@@ -42,7 +42,7 @@ class DigitsDataModule(TensorDataModule):
         as_vector: flatten each image to a (s*s,) vector (for ``MLPNet``).
         n_val: size of the held-out validation split (seeded by ``split_seed``).
         Remaining arguments: see :class:`TensorDataModule` (``n_train`` picks a seeded subset
-        of the 1797 - n_val training images).
+            of the 1797 - n_val training images).
     """
 
     def __init__(self, image_size: int = 8, resize: str = "bilinear", as_vector: bool = False,
