@@ -35,7 +35,7 @@ from lightning_pfd.diffusion import GaussianDenoiser
 from lightning_pfd.diffusion.families import _FAMILIES, build_family, get_family
 from lightning_pfd.errors import ConfigError
 from lightning_pfd.evaluation.flow import Collective
-from lightning_pfd.lightning_cli import PFDLightningCLI
+from lightning_pfd.commands.fit import PFDLightningCLI
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 _BLOCK = re.compile(r"```(?:python|yaml)\n(# file: (\S+)[^\n]*\n.*?)```", re.S)

@@ -39,7 +39,7 @@ from ..errors import ConfigError
 from .events import DEFAULT_KEYS, MIN_SIGMA, RunAnalysis, analyze_history
 from .history import History
 
-__all__ = ["main", "write_report", "render_markdown", "build_parser", "SETTINGS_FILE",
+__all__ = ["write_report", "render_markdown", "SETTINGS_FILE",
            "DEFAULT_SETTINGS", "check_settings", "save_detector_settings",
            "load_detector_settings", "find_saved_settings", "free_report_dir", "holds_report"]
 
@@ -382,22 +382,3 @@ def write_report(history: History | dict, out_dir, *, keys: Optional[dict] = Non
                                            per_unit=unit_info),
                                       indent=2, default=_json_default))
     return {"markdown": str(md_path), "json": str(js_path), "figures": figs, "analysis": analysis}
-
-
-# ----------------------------------------------------------------------------- command (compat)
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m lightning_pfd report``: :func:`lightning_pfd.commands.report.main`."""
-    from ..commands.report import main as report_main
-
-    return report_main(argv)
-
-
-def build_parser():
-    """The ``report`` command's parser: :func:`lightning_pfd.commands.report.build_parser`."""
-    from ..commands.report import build_parser as report_parser
-
-    return report_parser()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

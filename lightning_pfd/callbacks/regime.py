@@ -149,13 +149,6 @@ class RegimeMonitor(Callback):
         self.regime = state_dict.get("regime")
         self.final = dict(state_dict.get("final", {}))
 
-    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        """Restore a checkpoint saved before :attr:`state_key` existed (key "RegimeMonitor")."""
-        states = checkpoint.get("callbacks") or {}
-        legacy = states.get(type(self).__qualname__)
-        if self.state_key not in states and legacy:
-            self.load_state_dict(legacy)
-
     def setup(self, trainer, pl_module, stage: str) -> None:
         """Refuse two RegimeMonitors with one report directory (they would overwrite each
         other's report and settings)."""
