@@ -1,5 +1,6 @@
 """The CLI: program name, embedded configs, a 2-epoch fit in-process, bad configuration fails early;
-the command registry, one error handling shared by every command, the old module paths."""
+the command registry, one error handling shared by every command, the removed compatibility modules."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -164,15 +165,22 @@ def test_entry_point_imports_neither_torch_nor_lightning():
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
 
 
-@pytest.mark.parametrize("old", ["lightning_pfd.lightning_cli", "lightning_pfd.experiments_cli",
-                                 "lightning_pfd.callbacks.icr_sweep", "lightning_pfd.sweeps.command",
-                                 "lightning_pfd.diffusion.precond", "lightning_pfd.diffusion.loss"])
-def test_removed_compatibility_modules_are_gone(old):
-    """The commands live in lightning_pfd.commands only (no compatibility modules before 1.0)."""
-    import importlib
+REMOVED_MODULES = ["lightning_pfd.lightning_cli", "lightning_pfd.experiments_cli",
+                   "lightning_pfd.callbacks.icr_sweep", "lightning_pfd.sweeps.command",
+                   "lightning_pfd.diffusion.precond", "lightning_pfd.diffusion.loss"]
 
-    with pytest.raises(ModuleNotFoundError, match=old.replace(".", r"\.")):
-        importlib.import_module(old)
+
+def test_removed_compatibility_modules_are_gone_and_unreferenced():
+    """The commands live in lightning_pfd.commands only (no compatibility modules before 1.0):
+    neither the files nor a mention of their import paths in the code, configs or docs."""
+    root = Path(__file__).resolve().parent.parent
+    assert [m for m in REMOVED_MODULES if (root / (m.replace(".", "/") + ".py")).exists()] == []
+    texts = [root / "README.md", *[p for d in ("lightning_pfd", "docs", "configs", "callbacks",
+                                               "experiments", "benchmarks")
+                                  for p in (root / d).rglob("*") if p.suffix in (".py", ".md", ".yaml")]]
+    hits = [f"{p.relative_to(root)}: {m}" for p in texts for m in REMOVED_MODULES
+            if re.search(re.escape(m) + r"\b", p.read_text(errors="replace"))]
+    assert hits == []
 
 
 def test_negative_values_join_their_option():
