@@ -377,7 +377,7 @@ def test_monitor_logs_what_measure_returns_including_a_yaml_user_metric(tmp_path
         assert logged[k] == pytest.approx(v, rel=1e-12, abs=1e-15), k
     assert logged["pfd_rms/e_gen"] == pytest.approx(logged["pfd/e_gen"] / math.sqrt(3), rel=1e-12)
     from lightning_pfd import keys
-    assert keys.get("sw/e_mem").lower_is_better is True and "sw/e_mem" in cb.metric_names()
+    assert keys.collect([cb]).get("sw/e_mem").lower_is_better is True and "sw/e_mem" in cb.metric_names()
 
 
 def test_monitor_refuses_a_user_metric_against_a_missing_reference():
