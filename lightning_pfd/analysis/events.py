@@ -112,7 +112,7 @@ class Event:
     def describe(self) -> str:
         """One human-readable line (console, markdown)."""
         d = self.detail
-        if "detector" in d:  # an event on a registered user key
+        if "detector" in d:  # an event on a user key
             what = d.get("display", d.get("key", "?"))
             if d["detector"] == "double_descent":
                 return (f"double descent of {what}: minimum at epoch {_fmt(d['first_min_epoch'])}, "

@@ -8,8 +8,8 @@ values)}``) and writes into a directory:
 - ``dynamics.png`` — PFD paper Fig. 4: E_gen, E_mem, ℓ_train, ℓ_test and ℓ_test − ℓ_train vs epoch;
 - ``icr_memorization.png`` — ICR paper Fig. 5: ICR and memorization ratio vs epoch;
 - ``report.md`` — input read, regime, detected events (epoch, significance), per-metric summary
-  (the curve of every role plus every other registered metric with a direction or detectors,
-  :mod:`lightning_pfd.keys`: a user metric registered there appears without touching this file),
+  (the curve of every role plus every other key of the run with a direction or detectors,
+  :mod:`lightning_pfd.keys`: a user metric declared there appears without touching this file),
   detector settings with where each came from;
 - ``events.json`` — the same, machine-readable.
 

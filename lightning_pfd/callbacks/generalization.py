@@ -12,7 +12,8 @@ Extra metrics between student and a reference flow come from ``metrics`` (YAML):
     metrics:
       sw/e_gen: {class_path: my_pkg.SlicedWasserstein, init_args: {num_projections: 64}, reference: teacher}
 
-logged under their own key (registered in :mod:`lightning_pfd.keys` unless their module did).
+logged under their own key, whose meaning the metric's class declares
+(:meth:`metric_keys`, :meth:`lightning_pfd.keys.MetricKey.from_metric`).
 The per-seed squared distances of E_gen and E_mem of every measurement are kept in the run's
 ``per_unit/`` directory (:mod:`lightning_pfd.analysis.per_unit`; rank 0 writes), where the event
 tests and ``report`` read them.
