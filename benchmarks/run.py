@@ -485,12 +485,12 @@ def _bare_module(net, lr: float = 1e-3, decay: float = 0.995):
     seeding, gradient guard or logging -- the cost of Lightning's loop alone."""
     import lightning.pytorch as pl
 
-    from lightning_pfd.diffusion import EDMLoss, EDMPrecond
+    from lightning_pfd.diffusion import EDMFamily
 
     class Bare(pl.LightningModule):
         def __init__(self):
             super().__init__()
-            self.precond, self.loss = EDMPrecond(net), EDMLoss()
+            self.precond, self.loss = EDMFamily().precondition(net), EDMFamily().loss()
             self.ema = [p.detach().clone() for p in self.precond.parameters()]
 
         def training_step(self, batch, batch_idx):
@@ -517,7 +517,7 @@ def _training_case(net_args: dict, windows_n: int, every: int = 25, bare: bool =
     from lightning.pytorch.callbacks import Callback
 
     from lightning_pfd.data import TeacherDistillationDataModule
-    from lightning_pfd.diffusion import EDMLoss, EDMPrecond
+    from lightning_pfd.diffusion import EDMFamily
     from lightning_pfd.modules import DiffusionModule
     from lightning_pfd.nets import MLPNet
 
@@ -531,11 +531,11 @@ def _training_case(net_args: dict, windows_n: int, every: int = 25, bare: bool =
     dm.setup("fit")
     data = dm.train_data
     torch.manual_seed(1)
-    precond = EDMPrecond(net)
+    precond = EDMFamily().precondition(net)
     params = list(precond.parameters())
     ema = [p.detach().clone() for p in params]
     opt = torch.optim.Adam(params, lr=1e-3, fused=True)
-    loss_fn, batch = EDMLoss(), QS_DATA["batch_size"]
+    loss_fn, batch = EDMFamily().loss(), QS_DATA["batch_size"]
 
     def plain_steps(k: int) -> None:
         for _ in range(k):
@@ -695,16 +695,16 @@ def _compile_case(name: str, den, shape, m: int, batch: int, evaluations: int) -
 def section_compile(args) -> dict:
     """Compiled vs eager sampling of a student flow; the compile time is that of a first compile
     (a fresh, empty inductor cache: a later process would read its kernels from the cache)."""
-    from lightning_pfd.diffusion import EDMPrecond
+    from lightning_pfd.diffusion import EDMFamily
     from lightning_pfd.nets import MLPNet, UNet
 
     inductor_cache = tempfile.mkdtemp(prefix="pfd_bench_inductor_")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache
     torch.manual_seed(0)
-    mlp = EDMPrecond(MLPNet(**QS_NET)).eval()
+    mlp = EDMFamily().precondition(MLPNet(**QS_NET)).eval()
     rows = [_compile_case("MLP (quickstart net)", mlp, (64,), 256, 256, 3 if args.quick else 6)]
     if not args.quick:
-        unet = EDMPrecond(UNet(img_resolution=16, in_channels=3, preset="unet1")).eval()
+        unet = EDMFamily().precondition(UNet(img_resolution=16, in_channels=3, preset="unet1")).eval()
         rows.append(_compile_case("UNet unet1 at 3x16x16", unet, (3, 16, 16), 32, 32, 3))
     shutil.rmtree(inductor_cache, ignore_errors=True)
     return {"config": {"mode": "default", "backend": "inductor", "threads": args.threads,
@@ -777,11 +777,11 @@ def _net_flops(net_args: dict, shape) -> dict:
     """Forward, forward + backward and forward-to-the-default-tap FLOPs per sample (FlopCounterMode)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from lightning_pfd.diffusion import EDMPrecond
+    from lightning_pfd.diffusion import EDMFamily
     from lightning_pfd.diffusion.features import tap_features
     from lightning_pfd.nets import UNet
 
-    den = EDMPrecond(UNet(**net_args)).eval()
+    den = EDMFamily().precondition(UNet(**net_args)).eval()
     x, sig = torch.randn(2, *shape), torch.tensor(1.0)
     out = {}
     with FlopCounterMode(display=False) as fc, torch.no_grad():

@@ -105,7 +105,7 @@ def onset(mem: list) -> dict:
 
 # ----------------------------------------------------------------------------- diagnostics
 def load(run: Path, ckpt: Path):
-    from lightning_pfd.callbacks.icr_sweep import build_datamodule, load_module
+    from lightning_pfd.commands.icr_sweep import build_datamodule, load_module
 
     dm, net_spec = build_datamodule(str(run / "csv" / "version_0" / "config.yaml"), None)
     return dm, load_module(str(ckpt), net_spec, "lightning_pfd.modules.DiffusionModule")

@@ -9,7 +9,7 @@ names every missing member. Shipped classes and the protocols they satisfy:
 ===============================================  ===========================================
 ``DiffusionModule``                              :class:`SigmaSpaceModel` (hence :class:`GenerativeModel`)
 ``LevyItoModule``                                :class:`GenerativeModel`
-``PreconditionedDenoiser`` (``EDMPrecond``, ...) :class:`FeatureDenoiser` (hence :class:`SigmaSpaceDenoiser`)
+``PreconditionedDenoiser`` (every family)        :class:`FeatureDenoiser` (hence :class:`SigmaSpaceDenoiser`)
 ``GaussianDenoiser``, ``EmpiricalDenoiser``, ...  :class:`SigmaSpaceDenoiser`
 ``TensorDataModule`` and every datamodule         :class:`SampleDataModule`
 ``TeacherDistillationDataModule``                :class:`TeacherDataModule`

@@ -1,11 +1,18 @@
-"""One registry of the logged metric names: what each means and who reads it.
+"""The logged metric names: what each means and who reads it.
 
 A :class:`MetricKey` says, once, everything the rest of the project needs to know about a logged
 name: its display name (progress bar, report), whether lower is better (the W&B summary defaults
 to ``min,last`` or ``max,last`` from it), its family (``group``: the W&B glob ``<group>/*`` on the
 epoch axis), its role in the event analysis (``role``: which curve of
 :func:`lightning_pfd.analysis.events.analyze_history` it is), the event detectors that read it
-(``detectors``) and whether the progress bar shows it. The consumers read this registry:
+(``detectors``) and whether the progress bar shows it.
+
+A :class:`KeySet` is an immutable collection of keys. :data:`BUILTIN` holds the keys of the
+shipped metrics; nothing changes it after import. The keys of a run are collected, not
+registered: every callback that logs metrics declares them with a ``metric_keys()`` method (a
+monitor with its own namespace returns its renamed keys; a flow metric's key comes from its class,
+:meth:`MetricKey.from_metric`), and :func:`collect` builds ``BUILTIN`` plus those keys from the
+trainer's callbacks at setup. The consumers take a :class:`KeySet` (default :data:`BUILTIN`):
 
 - :func:`lightning_pfd.callbacks.wandb_setup.setup_wandb_metrics` (``define_metric``: epoch axis,
   summaries),
@@ -13,27 +20,21 @@ epoch axis), its role in the event analysis (``role``: which curve of
 - :mod:`lightning_pfd.analysis.events` (the role → key map, and the detectors run on user keys),
 - :mod:`lightning_pfd.analysis.report` (display names, direction).
 
-A user metric declares its key once, next to the code that logs it::
-
-    from lightning_pfd import keys
-    keys.register(keys.MetricKey("sw/e_gen", "SW_gen", lower_is_better=True,
-                                 detectors=("early_learning",), progress_bar=True))
-
-Registering an identical definition again is a no-op (a module imported twice); a different
-definition of a registered name is an error (:class:`~lightning_pfd.errors.ConfigError`), so two
-metrics cannot silently share a curve. Pure Python (no torch, no Lightning).
+Two declarations of one name must agree (a different definition is a
+:class:`~lightning_pfd.errors.ConfigError`), so two metrics cannot silently share a curve. Pure
+Python (no torch, no Lightning).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple
+from types import MappingProxyType
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .errors import ConfigError
 
-__all__ = ["MetricKey", "register", "unregister", "registered", "get", "find", "all_keys",
+__all__ = ["MetricKey", "KeySet", "BUILTIN", "collect", "get", "find", "all_keys",
            "groups", "roles", "summaries", "progress_bar_keys", "display", "slug",
            "ROLES", "DETECTORS", "CURVE_DETECTORS", "SUMMARY_OPS", "KINDS"]
 
@@ -129,34 +130,114 @@ class MetricKey:
         the role (a role belongs to one key) and with the group of the new name."""
         return dataclasses.replace(self, key=key, display=display or key, group="", role=None)
 
+    @classmethod
+    def from_metric(cls, key: str, metric: Any) -> "MetricKey":
+        """The key of a metric logged under ``key``, read from the metric's class (its one
+        declaration): the direction from torchmetrics' ``higher_is_better`` (None: no
+        direction), and the optional class attributes ``display_name``, ``detectors``,
+        ``progress_bar``, ``summary``; the description is the first line of its docstring.
+        ``metric`` is the class (or any callable that builds the metric), an instance or a
+        ``functools.partial`` of either."""
+        source = getattr(metric, "func", metric)
+        hib = getattr(source, "higher_is_better", None)
+        doc = (getattr(source, "__doc__", None) or "").strip().splitlines()
+        return cls(key, display=getattr(source, "display_name", "") or key,
+                   lower_is_better=None if hib is None else not hib,
+                   detectors=getattr(source, "detectors", ()), summary=getattr(source, "summary", None),
+                   progress_bar=bool(getattr(source, "progress_bar", False)),
+                   description=doc[0] if doc else "")
 
-_REGISTRY: Dict[str, MetricKey] = {}
+
+class KeySet:
+    """An immutable, ordered set of :class:`MetricKey` (one per name, at most one per role).
+
+    ``KeySet(keys)`` refuses two different definitions of one name and a role held by two keys
+    (:class:`~lightning_pfd.errors.ConfigError`); an identical definition twice is one key.
+    :meth:`with_keys` returns a new set; nothing changes a set once built.
+    """
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, keys: Iterable[MetricKey] = ()) -> None:
+        table: Dict[str, MetricKey] = {}
+        _add(table, keys)
+        object.__setattr__(self, "_keys", MappingProxyType(table))
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a KeySet is immutable: use with_keys()")
+
+    def with_keys(self, *keys: MetricKey) -> "KeySet":
+        """This set plus ``keys`` (checked as in the constructor)."""
+        return KeySet([*self._keys.values(), *keys])
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, KeySet) and list(self._keys.values()) == list(other._keys.values())
+
+    def __repr__(self) -> str:
+        return f"KeySet({list(self._keys)})"
+
+    def get(self, key: str) -> MetricKey:
+        """The definition of ``key``; :class:`ConfigError` (with a close name) when unknown."""
+        k = self._keys.get(key)
+        if k is None:
+            raise ConfigError("keys", "unknown metric name", value=key, accepted=sorted(self._keys))
+        return k
+
+    def find(self, key: str) -> Optional[MetricKey]:
+        """The definition of ``key``, or None."""
+        return self._keys.get(key)
+
+    def all_keys(self, group: Optional[str] = None, kind: Optional[str] = "scalar") -> List[MetricKey]:
+        """Keys in declaration order (of ``group`` / ``kind`` when given; ``kind=None``: every
+        kind)."""
+        return [k for k in self._keys.values()
+                if (group is None or k.group == group) and (kind is None or k.kind == kind)]
+
+    def groups(self) -> List[str]:
+        """The metric families of the scalar keys (order of first declaration)."""
+        return list(dict.fromkeys(k.group for k in self.all_keys()))
+
+    def roles(self) -> Dict[str, str]:
+        """{role: key} of the keys that hold a role in the event analysis."""
+        return {k.role: k.key for k in self.all_keys() if k.role is not None}
+
+    def summaries(self) -> Dict[str, str]:
+        """{key: W&B summary} of the keys that have one."""
+        return {k.key: k.wandb_summary for k in self.all_keys() if k.wandb_summary is not None}
+
+    def progress_bar_keys(self) -> Dict[str, str]:
+        """{display label: key} of the keys shown in the progress bar."""
+        return {k.display: k.key for k in self.all_keys() if k.progress_bar}
+
+    def display(self, key: str) -> str:
+        """The display name of ``key`` (the key itself when unknown)."""
+        k = self._keys.get(key)
+        return key if k is None else k.display
 
 
-def register(*keys: MetricKey) -> MetricKey:
-    """Add ``keys`` to the registry; returns the last one. Identical re-registration is a no-op;
-    a different definition of a registered name, or a second key with a registered role, raises
-    :class:`~lightning_pfd.errors.ConfigError` (nothing is registered then)."""
-    pending: Dict[str, MetricKey] = {}
+def _add(table: Dict[str, MetricKey], keys: Iterable[MetricKey]) -> None:
     for k in keys:
         if not isinstance(k, MetricKey):
-            raise ConfigError("keys", "register() takes MetricKey objects", value=k)
-        old = pending.get(k.key, _REGISTRY.get(k.key))
+            raise ConfigError("keys", "a KeySet holds MetricKey objects", value=k)
+        old = table.get(k.key)
         if old is not None and old != k:
-            raise ConfigError(f"keys[{k.key!r}]", "is already registered with a different "
+            raise ConfigError(f"keys[{k.key!r}]", "is already declared with a different "
                               f"definition ({_diff(old, k)})", value=k.key,
                               suggestion="use another metric name, or the existing definition "
                               "(keys.get(name))")
         if k.role is not None:
-            owner = next((o for o in list(_REGISTRY.values()) + list(pending.values())
-                          if o.role == k.role and o.key != k.key), None)
+            owner = next((o for o in table.values() if o.role == k.role and o.key != k.key), None)
             if owner is not None:
                 raise ConfigError(f"keys[{k.key!r}].role", f"role {k.role!r} already belongs to "
                                   f"{owner.key!r} (one key per role)", value=k.role,
                                   suggestion="leave role unset and list the detectors instead")
-        pending[k.key] = k
-    _REGISTRY.update(pending)
-    return keys[-1] if keys else None
+        table[k.key] = k
 
 
 def _diff(a: MetricKey, b: MetricKey) -> str:
@@ -164,67 +245,54 @@ def _diff(a: MetricKey, b: MetricKey) -> str:
     return ", ".join(f"{f}: {getattr(a, f)!r} vs {getattr(b, f)!r}" for f in fields[:3])
 
 
-def unregister(key: str) -> None:
-    """Remove ``key`` (no error when absent)."""
-    _REGISTRY.pop(key, None)
+def collect(callbacks: Iterable[Any], base: Optional[KeySet] = None) -> KeySet:
+    """``base`` (default :data:`BUILTIN`) plus the keys every object of ``callbacks`` declares
+    with a ``metric_keys()`` method (the trainer's callbacks at setup); a conflict between two
+    declarations is a :class:`~lightning_pfd.errors.ConfigError`."""
+    declared = [k for cb in callbacks if callable(getattr(cb, "metric_keys", None))
+                for k in cb.metric_keys()]
+    return (BUILTIN if base is None else base).with_keys(*declared)
 
 
-@contextlib.contextmanager
-def registered(*keys: MetricKey) -> Iterator[None]:
-    """Context manager: ``keys`` registered inside the block only (tests, notebooks)."""
-    new = [k.key for k in keys if k.key not in _REGISTRY]
-    register(*keys)
-    try:
-        yield
-    finally:
-        for name in new:
-            unregister(name)
-
-
+# the module-level queries read the built-in set
 def get(key: str) -> MetricKey:
-    """The definition of ``key``; :class:`ConfigError` (with a close name) when unknown."""
-    k = _REGISTRY.get(key)
-    if k is None:
-        raise ConfigError("keys", "unknown metric name", value=key, accepted=sorted(_REGISTRY))
-    return k
+    """``BUILTIN.get(key)``."""
+    return BUILTIN.get(key)
 
 
 def find(key: str) -> Optional[MetricKey]:
-    """The definition of ``key``, or None."""
-    return _REGISTRY.get(key)
+    """``BUILTIN.find(key)``."""
+    return BUILTIN.find(key)
 
 
 def all_keys(group: Optional[str] = None, kind: Optional[str] = "scalar") -> List[MetricKey]:
-    """Registered keys in registration order (of ``group`` / ``kind`` when given; ``kind=None``:
-    every kind)."""
-    return [k for k in _REGISTRY.values()
-            if (group is None or k.group == group) and (kind is None or k.kind == kind)]
+    """``BUILTIN.all_keys(group, kind)``."""
+    return BUILTIN.all_keys(group, kind)
 
 
 def groups() -> List[str]:
-    """The metric families of the registered scalar keys (order of first registration)."""
-    return list(dict.fromkeys(k.group for k in all_keys()))
+    """``BUILTIN.groups()``."""
+    return BUILTIN.groups()
 
 
 def roles() -> Dict[str, str]:
-    """{role: key} of the keys that hold a role in the event analysis."""
-    return {k.role: k.key for k in all_keys() if k.role is not None}
+    """``BUILTIN.roles()``."""
+    return BUILTIN.roles()
 
 
 def summaries() -> Dict[str, str]:
-    """{key: W&B summary} of the keys that have one."""
-    return {k.key: k.wandb_summary for k in all_keys() if k.wandb_summary is not None}
+    """``BUILTIN.summaries()``."""
+    return BUILTIN.summaries()
 
 
 def progress_bar_keys() -> Dict[str, str]:
-    """{display label: key} of the keys shown in the progress bar."""
-    return {k.display: k.key for k in all_keys() if k.progress_bar}
+    """``BUILTIN.progress_bar_keys()``."""
+    return BUILTIN.progress_bar_keys()
 
 
 def display(key: str) -> str:
-    """The display name of ``key`` (the key itself when unregistered)."""
-    k = _REGISTRY.get(key)
-    return key if k is None else k.display
+    """``BUILTIN.display(key)``."""
+    return BUILTIN.display(key)
 
 
 def slug(key: str) -> str:
@@ -233,9 +301,9 @@ def slug(key: str) -> str:
 
 
 # ----------------------------------------------------------------------------- built-in keys
-def _builtin() -> None:
+def _builtin() -> List[MetricKey]:
     M = MetricKey
-    register(
+    out = [
         # generalization / memorization errors (PFD paper Def. 2, eq. 8)
         M("pfd/e_gen", "E_gen", True, detectors=("early_learning", "double_descent", "regime"),
           role="e_gen", progress_bar=True,
@@ -295,10 +363,12 @@ def _builtin() -> None:
           description="0 generalization, 1 transition, 2 memorization"),
         M("events/memorization_lead_epochs", "ICR lead", None,
           description="memorization onset minus ICR minimum, in epochs"),
-    )
+    ]
     for ev in ("early_learning", "double_descent", "icr_minimum", "memorization_onset"):
-        register(M(f"events/{ev}_epoch", f"{ev} epoch", None),
-                 M(f"events/{ev}_significance", f"{ev} significance", None))
+        out += [M(f"events/{ev}_epoch", f"{ev} epoch", None),
+                M(f"events/{ev}_significance", f"{ev} significance", None)]
+    return out
 
 
-_builtin()
+#: the keys of the shipped metrics (immutable)
+BUILTIN = KeySet(_builtin())

@@ -22,12 +22,6 @@ def _offline_wandb(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _isolated_process_state():
-    """Each test starts with the built-in metric keys and one thread: monitors with a custom
-    ``name`` and user metrics register keys process-wide, and the CLI sets torch's threads."""
-    from lightning_pfd import keys
-
-    saved = dict(keys._REGISTRY)
+    """Each test starts with one thread: the CLI sets torch's threads."""
     yield
-    keys._REGISTRY.clear()
-    keys._REGISTRY.update(saved)
     torch.set_num_threads(1)

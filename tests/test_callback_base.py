@@ -267,7 +267,7 @@ def test_log_figure_png_under_csv_log_dir_and_arrays(tmp_path):
 
 def test_log_figure_offline_wandb_image_and_user_key_summary(tmp_path):
     """One offline W&B run: a MeasurementCallback logs a user metric and a figure; the run read
-    back from disk has the image, the metric's history and the registry's summary (min)."""
+    back from disk has the image, the metric's history and the summary its key declares (max)."""
     import wandb
 
     from lightning_pfd.analysis.history import load_history, read_wandb_records
@@ -275,17 +275,21 @@ def test_log_figure_offline_wandb_image_and_user_key_summary(tmp_path):
     from lightning_pfd.callbacks.wandb_setup import AutoWandbLogger
 
     user = keys.MetricKey("probe/value", "PROBE", lower_is_better=False, progress_bar=True)
-    with keys.registered(user):
-        mon = Probe(figure=True)
-        bar = PFDProgressBar()
-        logger = AutoWandbLogger(project="pfd-test", save_dir=str(tmp_path))
-        assert logger._offline is True
-        trainer = _trainer(tmp_path, [mon, bar], max_epochs=3, logger=logger,
-                           enable_progress_bar=True)
-        _fit(trainer)
-        assert bar.get_metrics(trainer, trainer.lightning_module)["PROBE"] == "4"
-        run_dir = Path(logger.experiment.dir).parent
-        wandb.finish()
+
+    class DeclaringProbe(Probe):
+        def metric_keys(self):
+            return [user]
+
+    mon = DeclaringProbe(figure=True)
+    bar = PFDProgressBar()
+    logger = AutoWandbLogger(project="pfd-test", save_dir=str(tmp_path))
+    assert logger._offline is True
+    trainer = _trainer(tmp_path, [mon, bar], max_epochs=3, logger=logger,
+                       enable_progress_bar=True)
+    _fit(trainer)
+    assert bar.get_metrics(trainer, trainer.lightning_module)["PROBE"] == "4"
+    run_dir = Path(logger.experiment.dir).parent
+    wandb.finish()
     _wait_for_exit_record(run_dir)
     assert mon.written == [None, None, None]  # W&B took the images: no PNG written
     assert not (tmp_path / "figures").exists()
@@ -298,7 +302,7 @@ def test_log_figure_offline_wandb_image_and_user_key_summary(tmp_path):
     recs, _, _ = read_wandb_records(h.path, use_leet=True)  # as tests/test_wandb.py
     metric = {r.get("name"): r for kind, r in recs if kind == "metric"}
     assert metric["probe/value"]["step_metric"] == "epoch"
-    assert keys.find("probe/value") is None  # registered for the block only
+    assert keys.find("probe/value") is None  # declared by the run's callback, not built in
 
 
 def _wait_for_exit_record(run_dir, timeout=60.0):

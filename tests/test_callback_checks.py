@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_pfd.callbacks import (GeneralizationMonitor, ICREarlyStopping, ICRMonitor,
                                      MemorizationMonitor, TailMonitor)
 from lightning_pfd.data import TeacherDistillationDataModule, TensorDataModule
-from lightning_pfd.diffusion import EDMLoss, EDMPrecond, GaussianDenoiser, karras_sigmas, sample_endpoints
+from lightning_pfd.diffusion import EDMFamily, GaussianDenoiser, karras_sigmas, sample_endpoints
 from lightning_pfd.errors import ConfigError
 from lightning_pfd.metrics import InvariantContaminationRatio, ProbabilityFlowDistance
 from lightning_pfd.metrics.icr import generalized_eigenvalues
@@ -383,8 +383,8 @@ class _OddNaN(pl.LightningModule):
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.precond = EDMPrecond(_RankNaNNet(D, hidden=8, depth=1, emb_dim=8))
-        self.loss_fn = EDMLoss()
+        self.precond = EDMFamily().precondition(_RankNaNNet(D, hidden=8, depth=1, emb_dim=8))
+        self.loss_fn = EDMFamily().loss()
         self.sigmas = karras_sigmas(3)
         self.data_shape = (D,)
 
@@ -470,25 +470,6 @@ def test_two_icr_monitors_log_distinct_keys_and_restore_their_own_state(tmp_path
     assert [h["epoch"] for h in lo2.history] == [0, 1, 2, 3, 4]
     assert [h["epoch"] for h in hi2.history] == [0, 2, 4]
     assert all("icr_hi/icr" in h for h in hi2.history) and all("icr/icr" in h for h in lo2.history)
-
-
-def test_a_checkpoint_of_the_single_monitor_era_still_resumes(tmp_path):
-    """Checkpoints written before state_key existed keep the state under the class name."""
-    mon = ICRMonitor(num_images=12, batch_size=12, every_n_epochs=2)
-    trainer = _trainer(tmp_path, [mon], max_epochs=2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.fit(_module(), datamodule=_dm())
-    path = tmp_path / "old.ckpt"
-    trainer.save_checkpoint(path)
-    ckpt = torch.load(path, weights_only=False)
-    ckpt["callbacks"] = {"ICRMonitor": ckpt["callbacks"][mon.state_key]}
-    torch.save(ckpt, path)
-    resumed = ICRMonitor(num_images=12, batch_size=12, every_n_epochs=2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _trainer(tmp_path, [resumed], max_epochs=3).fit(_module(), datamodule=_dm(), ckpt_path=str(path))
-    assert [h["epoch"] for h in resumed.history] == [0, 2]
 
 
 def test_a_second_default_monitor_is_refused_with_a_config_error_not_lightnings(tmp_path):

@@ -1,5 +1,6 @@
 """The CLI: program name, embedded configs, a 2-epoch fit in-process, bad configuration fails early;
-the command registry, one error handling shared by every command, the old module paths."""
+the command registry, one error handling shared by every command, the removed compatibility modules."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -164,21 +165,27 @@ def test_entry_point_imports_neither_torch_nor_lightning():
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
 
 
-def test_old_module_paths_are_the_commands():
-    from lightning_pfd import commands, experiments_cli, lightning_cli
-    from lightning_pfd.callbacks import icr_sweep
-    from lightning_pfd.commands import fit, pite, sweep
-    from lightning_pfd.commands import icr_sweep as icr_sweep_command
-    from lightning_pfd.evaluation import icr_sweep as icr_sweep_evaluation
-    from lightning_pfd.sweeps import command as sweep_command
+REMOVED_MODULES = ["lightning_pfd.lightning_cli", "lightning_pfd.experiments_cli",
+                   "lightning_pfd.callbacks.icr_sweep", "lightning_pfd.sweeps.command",
+                   "lightning_pfd.diffusion.precond", "lightning_pfd.diffusion.loss"]
 
-    assert main is commands.main and lightning_cli.PFDLightningCLI is fit.PFDLightningCLI
-    assert experiments_cli.main is pite.main and icr_sweep.main is icr_sweep_command.main
-    assert sweep_command.main is sweep.main
-    assert icr_sweep.sweep is icr_sweep_evaluation.sweep
-    from lightning_pfd.cli import ensure_wandb_mode, join_negative_values, resolve_config_path
 
-    assert resolve_config_path is fit.resolve_config_path and ensure_wandb_mode is fit.ensure_wandb_mode
+def test_removed_compatibility_modules_are_gone_and_unreferenced():
+    """The commands live in lightning_pfd.commands only (no compatibility modules before 1.0):
+    neither the files nor a mention of their import paths in the code, configs or docs."""
+    root = Path(__file__).resolve().parent.parent
+    assert [m for m in REMOVED_MODULES if (root / (m.replace(".", "/") + ".py")).exists()] == []
+    texts = [root / "README.md", *[p for d in ("lightning_pfd", "docs", "configs", "callbacks",
+                                               "experiments", "benchmarks")
+                                  for p in (root / d).rglob("*") if p.suffix in (".py", ".md", ".yaml")]]
+    hits = [f"{p.relative_to(root)}: {m}" for p in texts for m in REMOVED_MODULES
+            if re.search(re.escape(m) + r"\b", p.read_text(errors="replace"))]
+    assert hits == []
+
+
+def test_negative_values_join_their_option():
+    from lightning_pfd.commands.fit import join_negative_values
+
     assert join_negative_values(["--lr", "-1e-3"]) == ["--lr=-1e-3"]
 
 
@@ -249,7 +256,7 @@ def test_renamed_fields_names_what_the_user_typed():
 def test_pite_has_an_sbm_row_for_every_registered_family(tmp_path):
     from lightning_pfd.commands.pite import _cli_args, _label, _rows, build_parser
     from lightning_pfd.diffusion.families import family_names
-    from lightning_pfd.lightning_cli import PFDLightningCLI
+    from lightning_pfd.commands.fit import PFDLightningCLI
 
     names = list(family_names())
     assert {"edm", "vp", "ve"} <= set(names)

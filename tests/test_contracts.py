@@ -11,8 +11,7 @@ from lightning_pfd.contracts import (FeatureDenoiser, GenerativeModel, SampleDat
 from lightning_pfd.data.base import TensorDataModule
 from lightning_pfd.data.distill import TeacherDistillationDataModule
 from lightning_pfd.data.gmm import GaussianMixtureDataModule
-from lightning_pfd.diffusion import (EDMPrecond, EmpiricalDenoiser, GaussianDenoiser, VEFamily,
-                                     VPPrecond)
+from lightning_pfd.diffusion import EDMFamily, EmpiricalDenoiser, GaussianDenoiser, VEFamily, VPFamily
 from lightning_pfd.errors import ConfigError
 from lightning_pfd.modules import DiffusionModule, LevyItoModule
 from lightning_pfd.nets import MLPNet
@@ -51,7 +50,7 @@ def test_levy_module_is_generative_but_not_sigma_space():
 
 def test_denoisers():
     net = MLPNet(2, hidden=8, depth=1)
-    for d in (EDMPrecond(net), VPPrecond(net), VEFamily().precondition(net)):
+    for d in (EDMFamily().precondition(net), VPFamily().precondition(net), VEFamily().precondition(net)):
         assert isinstance(d, FeatureDenoiser)
     g = GaussianDenoiser(torch.zeros(2), torch.eye(2))
     e = EmpiricalDenoiser(torch.randn(5, 2))

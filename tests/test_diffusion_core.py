@@ -5,8 +5,8 @@ import pytest
 import scipy.stats
 import torch
 
-from lightning_pfd.diffusion import (EDMLoss, EDMPrecond, GaussianDenoiser, GaussianMixtureDenoiser,
-                                     VPLoss, VPPrecond, euler_sample, heun_sample, karras_sigmas,
+from lightning_pfd.diffusion import (EDMFamily, GaussianDenoiser, GaussianMixtureDenoiser, VPFamily,
+                                     euler_sample, heun_sample, karras_sigmas,
                                      sample_endpoints, seeded_noise, seeded_uniform)
 from lightning_pfd.diffusion.noise import splitmix64
 
@@ -86,7 +86,7 @@ class _Probe(torch.nn.Module):
 
 def test_edm_precond_matches_table1_formulas():
     net, sd = _Probe(), 0.5
-    D = EDMPrecond(net, sigma_data=sd)
+    D = EDMFamily(sigma_data=sd).precondition(net)
     x = torch.randn(5, 3)
     sigma = torch.tensor([0.002, 0.1, 0.5, 3.0, 80.0])
     out = D(x, sigma)
@@ -99,15 +99,16 @@ def test_edm_precond_matches_table1_formulas():
     # unit-variance training target (EDM eq. 11): (1 - c_skip)^2 sd^2 + c_skip^2 s^2 = c_out^2
     torch.testing.assert_close((1 - c_skip) ** 2 * sd**2 + c_skip**2 * s**2, c_out**2)
     # the loss weight is 1 / c_out^2 (EDM eq. 8)
-    torch.testing.assert_close(EDMLoss(sigma_data=sd).weight(s), 1 / c_out**2)
+    torch.testing.assert_close(EDMFamily(sigma_data=sd).loss().weight(s), 1 / c_out**2)
 
 
 def test_vp_precond_matches_table1_and_inverts_schedule():
     net = _Probe()
-    D = VPPrecond(net)
+    fam = VPFamily()
+    D = fam.precondition(net)
     t = torch.tensor([1e-5, 0.01, 0.3, 1.0], dtype=torch.float64)
-    sigma = D.sigma(t)
-    torch.testing.assert_close(D.sigma_inv(sigma), t, rtol=1e-6, atol=1e-9)
+    sigma = fam.sigma(t)
+    torch.testing.assert_close(fam.sigma_inv(sigma), t, rtol=1e-6, atol=1e-9)
     assert D.sigma_min == pytest.approx(0.001, rel=1e-3) and D.sigma_max == pytest.approx(152.0, rel=0.01)
     x = torch.randn(4, 3)
     out = D(x, sigma.float())
@@ -119,13 +120,13 @@ def test_vp_precond_matches_table1_and_inverts_schedule():
 
 def test_precond_bad_parameters():
     with pytest.raises(ValueError, match="sigma_data"):
-        EDMPrecond(_Probe(), sigma_data=0)
+        EDMFamily(sigma_data=0).precondition(_Probe())
     with pytest.raises(ValueError, match="epsilon_t"):
-        VPPrecond(_Probe(), epsilon_t=0)
+        VPFamily(epsilon_t=0).precondition(_Probe())
 
 
 # ---------------------------------------------------------------- losses
-@pytest.mark.parametrize("loss", [EDMLoss(), VPLoss()])
+@pytest.mark.parametrize("loss", [EDMFamily().loss(), VPFamily().loss()])
 def test_frozen_loss_is_a_function_of_the_seed_only(loss):
     g = GaussianDenoiser(torch.zeros(6), 0.25 * torch.eye(6))
     y = torch.randn(8, 6)
@@ -147,7 +148,7 @@ def test_edm_loss_of_exact_denoiser_equals_posterior_variance():
     g = GaussianDenoiser(torch.zeros(d), s2 * torch.eye(d))
     seeds = torch.arange(40000)
     y = g.sample(seeds + 10**6).float()
-    loss = EDMLoss()
+    loss = EDMFamily().loss()
     sigma, _ = loss.draw(y, seeds)
     mse = loss(g, y, seeds=seeds) / loss.weight(sigma)
     expected = d * s2 * sigma**2 / (s2 + sigma**2)

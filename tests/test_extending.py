@@ -35,7 +35,7 @@ from lightning_pfd.diffusion import GaussianDenoiser
 from lightning_pfd.diffusion.families import _FAMILIES, build_family, get_family
 from lightning_pfd.errors import ConfigError
 from lightning_pfd.evaluation.flow import Collective
-from lightning_pfd.lightning_cli import PFDLightningCLI
+from lightning_pfd.commands.fit import PFDLightningCLI
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 _BLOCK = re.compile(r"```(?:python|yaml)\n(# file: (\S+)[^\n]*\n.*?)```", re.S)
@@ -63,15 +63,11 @@ def ext(tmp_path, monkeypatch):
         (d / name).write_text(text)
     monkeypatch.syspath_prepend(str(d))
     saved_families = dict(_FAMILIES)
-    saved_keys = {k.key for k in keys.all_keys(kind=None)}
     yield d
     for mod in ("my_metrics", "my_families", "my_monitor"):
         sys.modules.pop(mod, None)
     _FAMILIES.clear()
     _FAMILIES.update(saved_families)
-    for k in keys.all_keys(kind=None):
-        if k.key not in saved_keys:
-            keys.unregister(k.key)
 
 
 def _run_cli(monkeypatch, runner):
@@ -244,12 +240,13 @@ def test_user_metric_every_epoch_next_to_e_gen(ext, tmp_path, monkeypatch):
     assert code == 0
     trainer, model, dm = cli.trainer, cli.model, cli.datamodule
 
-    # the key is the one my_metrics.py declared (not the monitor's plain fallback)
+    # the key is the one my_metrics.py's class declares (not a plain one)
     import my_metrics
 
-    assert keys.get("sw/e_gen") == keys.MetricKey(
-        "sw/e_gen", "SW_gen", lower_is_better=True, detectors=("early_learning",), progress_bar=True,
-        description="sliced Wasserstein-2, student vs teacher endpoints")
+    declared = keys.MetricKey("sw/e_gen", "SW_gen", lower_is_better=True, detectors=("early_learning",),
+                              progress_bar=True, description="Sliced Wasserstein-2, student vs teacher endpoints.")
+    assert keys.collect(trainer.callbacks).get("sw/e_gen") == declared
+    assert keys.find("sw/e_gen") is None  # nothing process-wide
     monitor = next(c for c in trainer.callbacks if isinstance(c, GeneralizationMonitor))
     ev = monitor.evaluation
     assert ev.flow_metric_keys() == ["e_gen", "e_mem", "sw/e_gen"] and ev.metric_reference("sw/e_gen") == "teacher"
@@ -277,14 +274,19 @@ def test_user_metric_every_epoch_next_to_e_gen(ext, tmp_path, monkeypatch):
     # progress bar, W&B definitions, report
     bar = next(c for c in trainer.callbacks if isinstance(c, PFDProgressBar))
     assert bar.show["SW_gen"] == "sw/e_gen"
-    assert format_pfd_metrics(trainer.callback_metrics)["SW_gen"] == f"{logged[-1]:.4g}"
+    assert format_pfd_metrics(trainer.callback_metrics, bar.show)["SW_gen"] == f"{logged[-1]:.4g}"
     run = _FakeWandbRun()
-    setup_wandb_metrics(run)
+    setup_wandb_metrics(run, metric_keys=keys.collect(trainer.callbacks))
     assert run.defined["sw/e_gen"] == {"step_metric": "epoch", "summary": "min,last"}
     assert run.defined["sw/*"] == {"step_metric": "epoch"}
     regime = next(c for c in trainer.callbacks if isinstance(c, RegimeMonitor))
     report = Path(regime.report_paths["markdown"]).read_text()
     assert "| SW_gen | `sw/e_gen` | 2 |" in report
+    # the `report` command, later: the key comes back from the run's saved detector settings
+    from lightning_pfd.commands.report import main as report_main
+
+    assert report_main([str(root), "--source", "csv", "--out", str(tmp_path / "later")]) == 0
+    assert "| SW_gen | `sw/e_gen` | 2 |" in (tmp_path / "later" / "report.md").read_text()
 
     # section 4: the monitor measured at passes 0 and 1 of its log schedule, logged a scalar
     # and a figure each time

@@ -10,8 +10,7 @@ import scipy.stats
 import torch
 
 from lightning_pfd.data.base import TensorDataModule
-from lightning_pfd.diffusion import (EDMLoss, EDMPrecond, GaussianDenoiser, VPLoss, VPPrecond,
-                                     karras_sigmas, seeded_noise, seeded_uniform)
+from lightning_pfd.diffusion import GaussianDenoiser, karras_sigmas, seeded_noise, seeded_uniform
 from lightning_pfd.diffusion.families import (DenoisingLoss, DiffusionFamily, EDMFamily,
                                               PreconditionedDenoiser, VEFamily, VPFamily,
                                               _FAMILIES, build_family, family_names, get_family,
@@ -38,7 +37,7 @@ def _x_sigma(b=7, d=3, seed=0):
 
 
 # ------------------------------------------------------------------ EDM / VP: today's values
-def test_edm_family_preconditioning_is_bitwise_the_closed_form_and_edmprecond():
+def test_edm_family_preconditioning_is_bitwise_the_closed_form():
     x, sigma = _x_sigma()
     sd = 0.37
     D = EDMFamily(sigma_data=sd).precondition(_Probe())
@@ -48,11 +47,10 @@ def test_edm_family_preconditioning_is_bitwise_the_closed_form_and_edmprecond():
     c_in, c_noise = 1 / (sd**2 + s**2).sqrt(), s.log() / 4
     assert torch.equal(D.net.x_in, c_in * x) and torch.equal(D.net.c_noise, c_noise.flatten())
     assert torch.equal(out, c_skip * x + c_out * (torch.tanh(c_in * x) + c_noise))
-    assert torch.equal(EDMPrecond(_Probe(), sigma_data=sd)(x, sigma), out)
     assert D.sigma_min == 0.0 and D.sigma_max == math.inf  # EDM: no clamping of any grid
 
 
-def test_vp_family_preconditioning_is_bitwise_the_closed_form_and_vpprecond():
+def test_vp_family_preconditioning_is_bitwise_the_closed_form():
     x, sigma = _x_sigma()
     fam = VPFamily()
     D = fam.precondition(_Probe())
@@ -62,7 +60,6 @@ def test_vp_family_preconditioning_is_bitwise_the_closed_form_and_vpprecond():
     t = 2 * L / ((0.1**2 + 2 * 19.9 * L).sqrt() + 0.1)
     c_in, c_noise = 1 / (s**2 + 1).sqrt(), 999 * t
     assert torch.equal(out, torch.ones_like(s) * x + (-s) * (torch.tanh(c_in * x) + c_noise))
-    assert torch.equal(VPPrecond(_Probe())(x, sigma), out)
     # the schedule: sigma(t) = sqrt(exp(beta_d t^2 / 2 + beta_min t) - 1), inverted by sigma_inv
     tt = torch.tensor([1e-5, 0.1, 0.5, 1.0], dtype=torch.float64)
     np.testing.assert_allclose(fam.sigma(tt).numpy(), np.sqrt(np.expm1(19.9 * tt.numpy()**2 / 2 + 0.1 * tt.numpy())))
@@ -74,9 +71,8 @@ def test_vp_family_preconditioning_is_bitwise_the_closed_form_and_vpprecond():
 @pytest.mark.parametrize("name", ["edm", "vp"])
 def test_edm_vp_losses_are_the_historical_draws_bit_for_bit(name):
     """The family's loss draws sigma then n from the global RNG (training) or from the seeded
-    streams loss.sigma / loss.noise (frozen noise) exactly as EDMLoss / VPLoss always did."""
+    streams loss.sigma / loss.noise (frozen noise) in the order fixed by the closed form below."""
     fam = EDMFamily(P_mean=-1.0, P_std=1.1, sigma_data=0.4) if name == "edm" else VPFamily(epsilon_t=1e-4)
-    old = EDMLoss(-1.0, 1.1, 0.4) if name == "edm" else VPLoss(epsilon_t=1e-4)
     den = GaussianDenoiser(torch.zeros(5), 0.3 * torch.eye(5))
     y = torch.randn(16, 5)
     seeds = torch.arange(100, 116)
@@ -95,13 +91,10 @@ def test_edm_vp_losses_are_the_historical_draws_bit_for_bit(name):
         return w * (den(y + sig[:, None] * n, sig).float() - y).square().sum(1)
 
     for global_rng in (True, False):
-        results = []
-        for loss in (fam.loss(), old):
-            torch.manual_seed(7)
-            results.append(loss(den, y, seeds=None if global_rng else seeds))
         torch.manual_seed(7)
-        expected = manual(global_rng)
-        assert torch.equal(results[0], expected) and torch.equal(results[1], expected)
+        result = fam.loss()(den, y, seeds=None if global_rng else seeds)
+        torch.manual_seed(7)
+        assert torch.equal(result, manual(global_rng))
 
 
 # ------------------------------------------------------------------ VE: the paper's column

@@ -28,7 +28,7 @@ from helpers.rounding import assert_equal_to_rounding
 from helpers.teacher import GaussianTeacherDM
 from lightning_pfd.callbacks import GeneralizationMonitor
 from lightning_pfd.data import TensorDataModule
-from lightning_pfd.diffusion import EDMLoss, EmpiricalDenoiser, GaussianDenoiser, seeded_noise
+from lightning_pfd.diffusion import EDMFamily, EmpiricalDenoiser, GaussianDenoiser, seeded_noise
 from lightning_pfd.diffusion.sampling import SamplerSettings, sample_endpoints
 from lightning_pfd.diffusion.streams import stream
 from lightning_pfd.errors import ConfigError
@@ -118,7 +118,7 @@ def test_e_gen_of_two_gaussians_equals_their_exact_flow_maps():
 def test_measure_matches_functional_oracles_and_brute_force():
     ev = _evaluation(use_cache=False)
     ev.add_metric("sw/e_gen", functools.partial(SlicedW2, num_projections=8), reference="teacher")
-    student, loss = GaussianDenoiser(S_MEAN, S_COV), EDMLoss()
+    student, loss = GaussianDenoiser(S_MEAN, S_COV), EDMFamily().loss()
     res = ev.measure(student, loss_fn=loss)
     seeds = range(5_000, 5_024)
     kw = dict(seeds=seeds, shape=(3,), settings=ev.settings)
@@ -217,7 +217,7 @@ def test_two_simulated_processes_give_the_numbers_of_one(nan_odd):
         return x
 
     def measure(ev):
-        return ev.measure(GaussianDenoiser(S_MEAN, S_COV), loss_fn=EDMLoss(), generate=generate, gather=True)
+        return ev.measure(GaussianDenoiser(S_MEAN, S_COV), loss_fn=EDMFamily().loss(), generate=generate, gather=True)
 
     (single,) = _run_world(1, make, measure)
     pair = _run_world(2, make, measure)
@@ -377,7 +377,7 @@ def test_monitor_logs_what_measure_returns_including_a_yaml_user_metric(tmp_path
         assert logged[k] == pytest.approx(v, rel=1e-12, abs=1e-15), k
     assert logged["pfd_rms/e_gen"] == pytest.approx(logged["pfd/e_gen"] / math.sqrt(3), rel=1e-12)
     from lightning_pfd import keys
-    assert keys.get("sw/e_mem").lower_is_better is True and "sw/e_mem" in cb.metric_names()
+    assert keys.collect([cb]).get("sw/e_mem").lower_is_better is True and "sw/e_mem" in cb.metric_names()
 
 
 def test_monitor_refuses_a_user_metric_against_a_missing_reference():

@@ -13,7 +13,7 @@ from lightning_pfd.cache import cache_dir
 from lightning_pfd.callbacks import GeneralizationMonitor
 from lightning_pfd.evaluation import flow as gen_mod
 from lightning_pfd.data import TensorDataModule
-from lightning_pfd.diffusion import EDMLoss, EmpiricalDenoiser, GaussianDenoiser
+from lightning_pfd.diffusion import EDMFamily, EmpiricalDenoiser, GaussianDenoiser
 from lightning_pfd.metrics import probability_flow_distance
 from lightning_pfd.modules import DiffusionModule
 from lightning_pfd.nets import MLPNet
@@ -87,7 +87,7 @@ def test_logged_values_match_functional_oracles(tmp_path):
     e_gen = probability_flow_distance(den, dm.teacher.inner, seeds=seeds, shape=(2,), sigmas=model.sigmas)
     assert got["pfd/e_mem"] == pytest.approx(float(e_mem), rel=1e-9)
     assert got["pfd/e_gen"] == pytest.approx(float(e_gen), rel=1e-9)
-    loss = EDMLoss(sigma_data=0.5)
+    loss = EDMFamily(sigma_data=0.5).loss()
     with torch.no_grad():
         l_tr = loss(den, dm.train_data, seeds=gen_mod.LOSS_TRAIN_SEED_OFFSET + torch.arange(15)).double().mean()
         l_te = loss(den, dm.val_data, seeds=gen_mod.LOSS_TEST_SEED_OFFSET + torch.arange(9)).double().mean()
@@ -177,7 +177,7 @@ class TinyImageModule(pl.LightningModule):
         self.p = nn.Parameter(torch.zeros(()))
         self.nan = nan
         self.den = GaussianDenoiser(torch.zeros(16), 0.3 * torch.eye(16), shape=(1, 4, 4))
-        self.loss_fn = EDMLoss()
+        self.loss_fn = EDMFamily().loss()
         self.data_shape = (1, 4, 4)
 
     @property

@@ -7,7 +7,7 @@ import pytest
 import scipy.linalg
 import torch
 
-from lightning_pfd.diffusion import EDMPrecond, VPPrecond
+from lightning_pfd.diffusion import EDMFamily, VPFamily
 from lightning_pfd.diffusion.augment import augment, crop_padding, noisy_view
 from lightning_pfd.diffusion.features import extract_features, random_projection, tap_features
 from lightning_pfd.metrics import InvariantContaminationRatio, invariant_contamination_ratio
@@ -436,7 +436,7 @@ class _HookOnlyNet(torch.nn.Module):
 
 def test_hook_path_stops_after_the_tap_and_matches_manual():
     net = _HookOnlyNet()
-    den = EDMPrecond(net)
+    den = EDMFamily().precondition(net)
     x = torch.randn(9, 5)
     h = extract_features(den, x, 0.29, batch_size=4)
     x_in, _ = den.network_input(x, 0.29)
@@ -453,7 +453,7 @@ def test_forward_features_equals_hook_path_on_unet_and_mlp():
                 num_blocks=1, attn_resolutions=[])
     mlp = MLPNet(dim=6, hidden=16, depth=2)
     for net, x in ((unet.eval(), torch.randn(3, 1, 8, 8)), (mlp.eval(), torch.randn(3, 6))):
-        for precond in (EDMPrecond(net), VPPrecond(net)):
+        for precond in (EDMFamily().precondition(net), VPFamily().precondition(net)):
             x_in, c_noise = precond.network_input(x, 0.29)
             direct = net.forward_features(x_in, c_noise, net.default_tap)
             captured = {}

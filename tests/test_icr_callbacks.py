@@ -428,7 +428,7 @@ def test_representation_stack_yaml_instantiates():
 def test_icr_sweep_command(tmp_path, capsys):
     import json
 
-    from lightning_pfd.callbacks.icr_sweep import main
+    from lightning_pfd.commands.icr_sweep import main
     from lightning_pfd.data import DigitsDataModule
     from lightning_pfd.modules import DiffusionModule
     from lightning_pfd.nets import MLPNet

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lightning_pfd.callbacks import ICRMonitor
-from lightning_pfd.callbacks.icr_sweep import main
+from lightning_pfd.commands.icr_sweep import main
 from lightning_pfd.commands.icr_sweep import reliability_warnings
 from lightning_pfd.data import DigitsDataModule
 from lightning_pfd.modules import DiffusionModule

@@ -1,13 +1,15 @@
-"""The metric-key registry (lightning_pfd/keys.py) and its consumers.
+"""The metric keys (lightning_pfd/keys.py) and their consumers.
 
-A key declared once reaches the W&B setup (define_metric: epoch axis, summary), the progress bar,
-the event analysis (its detectors run on its curve; oracle: the detector called directly) and the
-report's metric table (oracle: numpy min/max of the curve).
+A key declared once (by a callback's ``metric_keys()`` or a metric's class) reaches the W&B setup
+(define_metric: epoch axis, summary), the progress bar, the event analysis (its detectors run on
+its curve; oracle: the detector called directly) and the report's metric table (oracle: numpy
+min/max of the curve). Key sets are immutable: nothing here changes process state.
 """
 import json
 
 import numpy as np
 import pytest
+from lightning.pytorch import Callback
 
 from lightning_pfd import keys
 from lightning_pfd.analysis import events
@@ -34,32 +36,94 @@ def test_builtin_roles_are_the_event_keys():
     assert keys.get("mem/ratio").wandb_summary == "max,last"
     assert keys.get("pfd/e_gen").wandb_summary == "min,last"  # from lower_is_better
     assert keys.get("icr/n").wandb_summary is None  # no direction: W&B default
-    # the built-in four (monitors with a custom ``name`` created by earlier tests in this process
-    # may have added their renamed keys: the registry is process-wide)
-    pb = keys.progress_bar_keys()
-    assert {k: pb.get(k) for k in ("E_gen", "E_mem", "ICR", "mem")} == {
+    assert keys.progress_bar_keys() == {
         "E_gen": "pfd/e_gen", "E_mem": "pfd/e_mem", "ICR": "icr/icr", "mem": "mem/ratio"}
     assert "pfd/samples" not in [k.key for k in keys.all_keys()]  # an image, not a curve
     assert keys.find("pfd/samples").kind == "image"
 
 
-def test_identical_registration_is_a_no_op_and_conflicts_are_errors():
-    with keys.registered(_user()):
-        keys.register(_user())  # the same definition again: fine (a module imported twice)
-        assert keys.get("sw/e_gen") == _user()
-        with pytest.raises(ConfigError, match="different definition") as err:
-            keys.register(_user(display="other"))
-        assert "sw/e_gen" in err.value.field and "display" in str(err.value)
-        assert keys.get("sw/e_gen").display == "SW_gen"  # unchanged
-    assert keys.find("sw/e_gen") is None
+def test_identical_declarations_are_one_key_and_conflicts_are_errors():
+    ks = keys.BUILTIN.with_keys(_user(), _user())  # the same definition twice: one key
+    assert ks.get("sw/e_gen") == _user() and len(ks) == len(keys.BUILTIN) + 1
+    with pytest.raises(ConfigError, match="different definition") as err:
+        ks.with_keys(_user(display="other"))
+    assert "sw/e_gen" in err.value.field and "display" in str(err.value)
+    assert ks.get("sw/e_gen").display == "SW_gen"  # unchanged
+    assert keys.find("sw/e_gen") is None and "sw/e_gen" not in keys.BUILTIN  # BUILTIN untouched
 
 
-def test_a_role_belongs_to_one_key_and_failed_batches_register_nothing():
+def test_a_role_belongs_to_one_key():
     with pytest.raises(ConfigError, match="already belongs to 'pfd/e_gen'"):
-        keys.register(keys.MetricKey("other/e_gen", role="e_gen"))
+        keys.BUILTIN.with_keys(keys.MetricKey("other/e_gen", role="e_gen"))
     with pytest.raises(ConfigError, match="different definition"):
-        keys.register(keys.MetricKey("new/a"), keys.MetricKey("pfd/e_gen"))
-    assert keys.find("new/a") is None
+        keys.BUILTIN.with_keys(keys.MetricKey("new/a"), keys.MetricKey("pfd/e_gen"))
+
+
+def test_key_sets_are_immutable():
+    with pytest.raises(AttributeError, match="immutable"):
+        keys.BUILTIN._keys = {}
+    with pytest.raises(TypeError):
+        keys.BUILTIN._keys["x/y"] = keys.MetricKey("x/y")  # a read-only mapping
+    assert "x/y" not in keys.BUILTIN
+
+
+class _Declares(Callback):
+    """A callback that logs nothing itself and declares ``declared``."""
+
+    def __init__(self, *declared):
+        self.declared = declared
+
+    def metric_keys(self):
+        return list(self.declared)
+
+
+def test_collect_adds_what_callbacks_declare_and_refuses_clashes():
+    ks = keys.collect([_Declares(_user()), object(), _Declares()])  # object(): declares nothing
+    assert ks.get("sw/e_gen") == _user() and ks.all_keys()[:len(keys.BUILTIN.all_keys())] == keys.all_keys()
+    with pytest.raises(ConfigError, match="different definition"):
+        keys.collect([_Declares(_user()), _Declares(_user(display="other"))])
+
+
+def test_monitors_declare_their_namespaces():
+    from lightning_pfd.callbacks import ICRMonitor, MemorizationMonitor
+
+    icr, mem = ICRMonitor(name="icr_hi", sigmas=[1.0]), MemorizationMonitor(name="mem2")
+    ks = keys.collect([icr, mem, ICRMonitor(num_images=8)])
+    assert ks.get("icr_hi/icr") == keys.get("icr/icr").renamed("icr_hi/icr")
+    assert ks.get("mem2/ratio").wandb_summary == "max,last" and ks.get("mem2/ratio").role is None
+    assert [k.key for k in ICRMonitor().metric_keys()] == []  # the default namespace: built-in
+    assert "icr_hi/icr" not in keys.BUILTIN
+
+
+class _Sliced:
+    """Sliced distance between two flows."""
+
+    higher_is_better = False
+    display_name = "SW"
+    detectors = ("early_learning",)
+    progress_bar = True
+
+
+def test_a_metric_class_is_the_one_declaration_of_its_key():
+    import functools
+
+    k = keys.MetricKey.from_metric("sw/e_gen", functools.partial(_Sliced))
+    assert (k.display, k.lower_is_better, k.detectors, k.progress_bar) == ("SW", True, ("early_learning",), True)
+    assert k.description == "Sliced distance between two flows." and k.wandb_summary == "min,last"
+    plain = keys.MetricKey.from_metric("u/x", lambda: None)  # nothing declared: a plain key
+    assert (plain.display, plain.lower_is_better, plain.detectors) == ("u/x", None, ())
+
+
+def test_builtin_directions_agree_with_the_metric_classes():
+    """The built-in table and torchmetrics' ``higher_is_better`` of the shipped metrics say the
+    same (E_mem has no direction: it depends on the regime)."""
+    from lightning_pfd.metrics import (InvariantContaminationRatio, LogAbsoluteDensityRatio, MemorizationRatio,
+                                       ProbabilityFlowDistance, RootMeanSquaredQuantileError)
+
+    for key, cls in [("pfd/e_gen", ProbabilityFlowDistance), ("icr/icr", InvariantContaminationRatio),
+                     ("mem/ratio", MemorizationRatio), ("tail/rmsqe", RootMeanSquaredQuantileError),
+                     ("tail/loader", LogAbsoluteDensityRatio)]:
+        assert keys.get(key).lower_is_better is (not cls.higher_is_better), key
 
 
 @pytest.mark.parametrize("kwargs, field", [
@@ -100,14 +164,13 @@ class _Run:
         self.calls[name] = (step_metric, summary)
 
 
-def test_wandb_setup_reads_the_registry():
+def test_wandb_setup_reads_the_key_set():
     from lightning_pfd.callbacks.wandb_setup import setup_wandb_metrics
 
-    with keys.registered(_user()):
-        run = _Run()
-        setup_wandb_metrics(run)
-        assert run.calls["sw/e_gen"] == ("epoch", "min,last")
-        assert run.calls["sw/*"] == ("epoch", None)  # its family on the epoch axis
+    run = _Run()
+    setup_wandb_metrics(run, metric_keys=keys.BUILTIN.with_keys(_user()))
+    assert run.calls["sw/e_gen"] == ("epoch", "min,last")
+    assert run.calls["sw/*"] == ("epoch", None)  # its family on the epoch axis
     assert run.calls["pfd/e_gen"] == ("epoch", "min,last")
     assert run.calls["mem/ratio"] == ("epoch", "max,last")
     assert run.calls["icr/icr"] == ("epoch", "min,last")
@@ -116,15 +179,26 @@ def test_wandb_setup_reads_the_registry():
     assert "sw/e_gen" not in after.calls
 
 
-def test_progress_bar_shows_a_registered_user_key():
-    from lightning_pfd.callbacks.progress import PFDProgressBar, format_pfd_metrics
+def test_progress_bar_shows_a_declared_user_key(tmp_path):
+    import warnings
 
-    bar = PFDProgressBar()  # built before the key is registered: reads the registry at refresh
+    import lightning.pytorch as pl
+
+    from lightning_pfd.callbacks.progress import PFDProgressBar, format_pfd_metrics
+    from test_callback_base import Tiny  # a linear LightningModule
+
+    bar = PFDProgressBar()
     m = {"pfd/e_gen": 2.5, "sw/e_gen": 0.123456}
-    with keys.registered(_user()):
-        assert format_pfd_metrics(m) == {"E_gen": "2.5", "SW_gen": "0.1235"}
-        assert bar.show["SW_gen"] == "sw/e_gen"
-    assert format_pfd_metrics(m) == {"E_gen": "2.5"}
+    assert "SW_gen" not in bar.show and format_pfd_metrics(m) == {"E_gen": "2.5"}
+    trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[bar, _Declares(_user())],
+                         accelerator="cpu", enable_checkpointing=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, limit_train_batches=1, limit_val_batches=1,
+                         default_root_dir=str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Tiny())
+    assert bar.show["SW_gen"] == "sw/e_gen"  # collected from the trainer's callbacks at setup
+    assert format_pfd_metrics(m, bar.show) == {"E_gen": "2.5", "SW_gen": "0.1235"}
     assert PFDProgressBar(show={"x": "pfd/e_gen"}).show == {"x": "pfd/e_gen"}
 
 
@@ -132,9 +206,8 @@ def test_events_run_a_user_keys_detectors():
     oracle = events.detect_early_learning(T, U_CURVE, **PARAMS)
     assert oracle is not None
     series = {"sw/e_gen": (T, U_CURVE)}
-    assert events.analyze_history(series, **PARAMS).events == []  # not registered: not read
-    with keys.registered(_user()):
-        got = events.analyze_history(series, **PARAMS).events
+    assert events.analyze_history(series, **PARAMS).events == []  # not declared: not read
+    got = events.analyze_history(series, metric_keys=keys.BUILTIN.with_keys(_user()), **PARAMS).events
     assert [e.name for e in got] == ["sw_e_gen_early_learning"]
     ev = got[0]
     assert (ev.epoch, ev.significance, ev.detected_epoch) == (
@@ -149,22 +222,21 @@ def test_events_minimum_and_double_descent_detectors_on_a_user_key():
     oracle_dd = events.detect_double_descent(t60, dd, **PARAMS)
     oracle_min = events.detect_icr_minimum(T, U_CURVE, **PARAMS)
     assert oracle_dd is not None and oracle_min is not None
-    with keys.registered(keys.MetricKey("u/dd", detectors=("double_descent",)),
-                         keys.MetricKey("u/min", detectors=("minimum",))):
-        got = {e.name: e for e in events.analyze_history(
-            {"u/dd": (t60, dd), "u/min": (T, U_CURVE)}, **PARAMS).events}
+    ks = keys.BUILTIN.with_keys(keys.MetricKey("u/dd", detectors=("double_descent",)),
+                                keys.MetricKey("u/min", detectors=("minimum",)))
+    got = {e.name: e for e in events.analyze_history(
+        {"u/dd": (t60, dd), "u/min": (T, U_CURVE)}, metric_keys=ks, **PARAMS).events}
     assert got["u_dd_double_descent"].epoch == oracle_dd.epoch
     assert got["u_min_minimum"].epoch == oracle_min.epoch
     assert "double descent of u/dd" in got["u_dd_double_descent"].describe()
 
 
-def test_report_tabulates_a_registered_user_metric(tmp_path):
+def test_report_tabulates_a_declared_user_metric(tmp_path):
     pytest.importorskip("matplotlib")
     from lightning_pfd.analysis.report import write_report
 
     series = {"pfd/e_gen": (T, U_CURVE), "sw/e_gen": (T, 2 * U_CURVE + 1)}
-    with keys.registered(_user()):
-        res = write_report(series, tmp_path, **PARAMS)
+    res = write_report(series, tmp_path, metric_keys=keys.BUILTIN.with_keys(_user()), **PARAMS)
     md = (tmp_path / "report.md").read_text()
     row = next(line for line in md.splitlines() if "`sw/e_gen`" in line)
     y = 2 * U_CURVE + 1
@@ -187,16 +259,15 @@ def test_regime_monitor_emits_events_of_a_user_key(tmp_path):
             self.log("sw/e_gen", float(U_CURVE[self.current_epoch]))
 
     oracle = events.detect_early_learning(T, U_CURVE, **PARAMS)
-    with keys.registered(_user()):
-        mon = RegimeMonitor(**PARAMS, write_report=False, verbose=False)
-        trainer = pl.Trainer(max_epochs=len(T), logger=False, callbacks=[mon], accelerator="cpu",
-                             enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False, num_sanity_val_steps=0,
-                             default_root_dir=str(tmp_path))
-        import warnings
+    mon = RegimeMonitor(**PARAMS, write_report=False, verbose=False)
+    trainer = pl.Trainer(max_epochs=len(T), logger=False, callbacks=[mon, _Declares(_user())],
+                         accelerator="cpu", enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0,
+                         default_root_dir=str(tmp_path))
+    import warnings
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer.fit(Scripted())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Scripted())
     assert mon.emitted["sw_e_gen_early_learning"]["epoch"] == oracle.epoch
     assert float(trainer.callback_metrics["events/sw_e_gen_early_learning_epoch"]) == oracle.epoch

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from lightning_pfd.diffusion.precond import EDMPrecond, VPPrecond
+from lightning_pfd.diffusion import EDMFamily, VPFamily
 from lightning_pfd.nets import MLPNet, UNET_PRESET_PARAMS, UNET_PRESETS, UNet, count_parameters
 from lightning_pfd.nets.layers import FourierEmbedding, PositionalEmbedding
 
@@ -157,7 +157,7 @@ def test_gradients_reach_every_parameter():
     torch.manual_seed(0)
     net = UNet(img_resolution=8, in_channels=3, **TINY).train()
     x = torch.randn(3, 3, 8, 8)
-    loss = EDMPrecond(net)(x, torch.tensor([0.1, 1.0, 10.0])).square().sum()
+    loss = EDMFamily().precondition(net)(x, torch.tensor([0.1, 1.0, 10.0])).square().sum()
     loss.backward()
     missing = [n for n, p in net.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert not missing, missing
@@ -166,7 +166,7 @@ def test_gradients_reach_every_parameter():
 def test_works_inside_edm_and_vp_preconditioning():
     net = UNet(img_resolution=8, in_channels=1, **TINY)
     x = torch.randn(2, 1, 8, 8)
-    for precond in (EDMPrecond(net), VPPrecond(net)):          # VP: c_noise up to 999
+    for precond in (EDMFamily().precondition(net), VPFamily().precondition(net)):          # VP: c_noise up to 999
         d = precond(x, torch.tensor([0.01, 80.0]))
         assert d.shape == x.shape and torch.isfinite(d).all()
 
@@ -306,7 +306,7 @@ def test_mlp_default_tap_is_not_a_linear_function_of_the_input(dim, hidden, dept
 
 def test_mlp_gradients_and_bad_input():
     net = MLPNet(2, hidden=16, depth=2, emb_dim=8, dropout=0.1).train()
-    VPPrecond(net)(torch.randn(8, 2), torch.rand(8) * 10 + 0.01).square().sum().backward()
+    VPFamily().precondition(net)(torch.randn(8, 2), torch.rand(8) * 10 + 0.01).square().sum().backward()
     missing = [n for n, p in net.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert not missing, missing
     with pytest.raises(ValueError, match="x_in"):

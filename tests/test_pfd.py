@@ -301,10 +301,10 @@ def test_psd_sqrt_squares_back():
 
 def test_pfd_rejects_flows_that_would_start_from_different_T():
     """VP supports sigma <= 152: a grid starting at 300 would clamp one flow but not the other."""
-    from lightning_pfd.diffusion import GaussianDenoiser, VPPrecond, karras_sigmas
+    from lightning_pfd.diffusion import GaussianDenoiser, VPFamily, karras_sigmas
     from lightning_pfd.nets import MLPNet
     g = GaussianDenoiser(torch.zeros(3), torch.eye(3))
-    vp = VPPrecond(MLPNet(3, hidden=8, depth=1))
+    vp = VPFamily().precondition(MLPNet(3, hidden=8, depth=1))
     with pytest.raises(ValueError, match="sigmas"):
         probability_flow_distance(g, vp, seeds=range(4), shape=(3,), sigmas=karras_sigmas(5, sigma_max=300.0))
     # on EDM's grid both start at 80 and the value is finite

@@ -194,7 +194,7 @@ def test_pite_config_builds_through_the_cli(tmp_path):
     from unittest import mock
 
     from lightning_pfd.commands.pite import _cli_args, _rows, build_parser
-    from lightning_pfd.lightning_cli import PFDLightningCLI
+    from lightning_pfd.commands.fit import PFDLightningCLI
     from lightning_pfd.modules import DiffusionModule, LevyItoModule
 
     a = build_parser().parse_args(["--out", str(tmp_path), "--crop-size", "8", "--n-train", "16",
@@ -222,7 +222,7 @@ def test_pite_scale_aware_row_and_alpha(tmp_path):
     from unittest import mock
 
     from lightning_pfd.commands.pite import _cli_args, _label, _rows, build_parser
-    from lightning_pfd.lightning_cli import PFDLightningCLI
+    from lightning_pfd.commands.fit import PFDLightningCLI
 
     a = build_parser().parse_args(["--out", str(tmp_path), "--crop-size", "8", "--n-train", "16",
                                    "--scale-aware-row", "--alpha", "1.5"])
@@ -238,7 +238,7 @@ def test_pite_scale_aware_row_and_alpha(tmp_path):
 
 def test_pite_table_and_observable_parsing():
     from lightning_pfd.commands.pite import RUN_METRICS, claims, summarize, verdict
-    from lightning_pfd.experiments_cli import format_table, parse_observable
+    from lightning_pfd.commands.pite import format_table, parse_observable
 
     assert parse_observable("max") == ("max", "max", {})
     assert parse_observable("exceedance:threshold=25") == ("exceedance:threshold=25", "exceedance",
@@ -314,7 +314,7 @@ def test_pite_table_is_the_functional_metrics_of_its_observables(tmp_path):
     import json
 
     from lightning_pfd.cli import main
-    from lightning_pfd.experiments_cli import format_table
+    from lightning_pfd.commands.pite import format_table
     from lightning_pfd.metrics.tails import (loader_settings, matched_rmsqe_contributions,
                                              matched_score, quantile_step_integral,
                                              reference_splits, same_law_floor)

@@ -18,13 +18,9 @@ from lightning.pytorch.loggers import CSVLogger
 
 from lightning_pfd.analysis.events import MIN_SIGMA, analyze_history
 from lightning_pfd.analysis.history import load_history, scan_wandb_log
-from lightning_pfd.analysis.report import (
-    SETTINGS_FILE,
-    main,
-    save_detector_settings,
-    write_report,
-)
+from lightning_pfd.analysis.report import SETTINGS_FILE, save_detector_settings, write_report
 from lightning_pfd.callbacks.regime import RegimeMonitor
+from lightning_pfd.commands.report import main
 from lightning_pfd.errors import ConfigError
 
 T = np.arange(40, dtype=np.float64)
@@ -132,12 +128,12 @@ def test_report_bad_input(tmp_path, capsys):
 
 def test_report_module_entry_point(tmp_path):
     run = _write_csv(tmp_path / "run")
-    r = subprocess.run([sys.executable, "-m", "lightning_pfd.analysis.report", str(run), "--out",
+    r = subprocess.run([sys.executable, "-m", "lightning_pfd.commands.report", str(run), "--out",
                         str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "early learning" in r.stdout and (tmp_path / "o" / "report.md").is_file()
     # a missing directory: status 2, one line, no traceback
-    r = subprocess.run([sys.executable, "-m", "lightning_pfd.analysis.report",
+    r = subprocess.run([sys.executable, "-m", "lightning_pfd.commands.report",
                         str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
     assert r.stderr.strip() == f"error: run_dir: {str(tmp_path / 'nope')!r} does not exist"
@@ -367,10 +363,6 @@ def test_two_regime_monitors_keep_separate_state(tmp_path):
     assert a2.history[:6] == a.history and len(a2.history) == 8
     assert b2.history[:6] == b.history and "pfd/e_gen" not in b2.history[-1]
     assert (tmp_path / "a" / "report.md").is_file() and (tmp_path / "b" / SETTINGS_FILE).is_file()
-    # a checkpoint from before state_key existed is still restored
-    c = RegimeMonitor(verbose=False)
-    c.on_load_checkpoint(None, None, {"callbacks": {"RegimeMonitor": state[a.state_key]}})
-    assert c.history == a.history
     # two monitors writing into one report directory are refused before training
     with pytest.raises(ConfigError, match="report_dir"):
         _fit(tmp_path, [RegimeMonitor(verbose=False),

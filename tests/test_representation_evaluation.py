@@ -407,7 +407,7 @@ def test_icr_sweep_rows_are_the_evaluation_and_a_probe_on_its_features():
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from lightning_pfd.callbacks.icr_sweep import sweep
+    from lightning_pfd.evaluation.icr_sweep import sweep
 
     g = torch.Generator().manual_seed(4)
     labels = torch.randint(0, 2, (90,), generator=g)

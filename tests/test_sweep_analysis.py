@@ -15,7 +15,7 @@ import torch
 from scipy.interpolate import PchipInterpolator
 from scipy.linalg import sqrtm
 
-from lightning_pfd.analysis.report import main as report_main
+from lightning_pfd.commands.report import main as report_main
 from lightning_pfd.analysis.scaling import (
     bias_variance_cell,
     bootstrap_collapse,

@@ -273,7 +273,7 @@ def test_monitor_logs_exactly_what_measure_returns(tmp_path):
     assert (tmp_path / "figures" / "tail_b_density-epoch0002.png").exists()
     from lightning_pfd import keys
 
-    assert keys.get("tail_b/loader").lower_is_better is True  # tail/*'s definition, renamed
+    assert keys.collect([mon]).get("tail_b/loader").lower_is_better is True  # tail/*'s definition, renamed
     assert mon.state_key.startswith("TailMonitor{") and "'name': 'tail_b'" in mon.state_key
 
 

@@ -12,10 +12,10 @@ Phenomena (PFD paper §4.2 / App. C.6, ICR paper §5.2):
   (:func:`detect_memorization_onset`, :func:`detect_icr_minimum`);
 - **regime** of a finished run from the final E_gen and E_mem (:func:`classify_regime`).
 
-Which metric is which curve comes from the key registry (:mod:`lightning_pfd.keys`): the key
-holding each role (``e_gen``, ``e_mem``, ``icr``...) forms :data:`DEFAULT_KEYS`, and a registered
-key without a role that lists single-curve detectors (``early_learning``, ``double_descent``,
-``minimum``) is analysed on its own by :func:`analyze_history` (events named
+Which metric is which curve comes from the metric keys (:mod:`lightning_pfd.keys`): the built-in
+key holding each role (``e_gen``, ``e_mem``, ``icr``...) forms :data:`DEFAULT_KEYS`, and a key of
+the run (``metric_keys``) without a role that lists single-curve detectors (``early_learning``,
+``double_descent``, ``minimum``) is analysed on its own by :func:`analyze_history` (events named
 ``<key slug>_<detector>``, e.g. ``sw_e_gen_early_learning``).
 
 How an event is decided (the same in every detector; derivation in docs/events.md):
@@ -71,7 +71,7 @@ __all__ = [
     "detect_registered",
 ]
 
-#: Role in the analysis → metric name, from the key registry (:func:`lightning_pfd.keys.roles`).
+#: Role in the analysis → metric name, of the built-in keys (:func:`lightning_pfd.keys.roles`).
 DEFAULT_KEYS = keys_registry.roles()
 
 REGIMES = ("generalization", "transition", "memorization")
@@ -112,7 +112,7 @@ class Event:
     def describe(self) -> str:
         """One human-readable line (console, markdown)."""
         d = self.detail
-        if "detector" in d:  # an event on a registered user key
+        if "detector" in d:  # an event on a user key
             what = d.get("display", d.get("key", "?"))
             if d["detector"] == "double_descent":
                 return (f"double descent of {what}: minimum at epoch {_fmt(d['first_min_epoch'])}, "
@@ -690,13 +690,15 @@ def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, 
                     window: int = 5, min_sigma: float = MIN_SIGMA, min_rel: float = 0.0,
                     confirm: int = 3, final: bool = True,
                     require_descent: bool = True,
-                    units: Optional[Mapping[str, UnitSeries]] = None) -> RunAnalysis:
+                    units: Optional[Mapping[str, UnitSeries]] = None,
+                    metric_keys: Optional[keys_registry.KeySet] = None) -> RunAnalysis:
     """Run every detector on ``series`` = {metric name: (epochs, values)} (e.g.
     :meth:`lightning_pfd.analysis.history.History.series_dict`). Missing metrics are skipped.
     ``keys`` overrides :data:`DEFAULT_KEYS`; ``final=False`` skips the regime (for a run still
     training); ``require_descent`` is passed to :func:`detect_early_learning`; ``units`` =
     {metric name: :class:`~lightning_pfd.analysis.per_unit.UnitSeries`} (the run's per-unit
-    records: held-out tests with paired errors)."""
+    records: held-out tests with paired errors); ``metric_keys``: the run's keys, whose user keys
+    get their own detectors (:func:`detect_registered`)."""
     _check_params(window, min_sigma, min_rel, confirm)
     k = dict(DEFAULT_KEYS, **(keys or {}))
     unknown = set(keys or {}) - set(DEFAULT_KEYS)
@@ -748,7 +750,7 @@ def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, 
                 gap=None if gap is None else gap[1], gap_epochs=None if gap is None else gap[0],
                 early_learning=el, window=window, confirm=confirm)
     events += detect_registered(series, exclude=set(k.values()), units=units,
-                                require_descent=require_descent, **p)
+                                require_descent=require_descent, metric_keys=metric_keys, **p)
     events.sort(key=lambda e: (float(e.epoch), e.name))
     return RunAnalysis(events=events, regime=regime)
 
@@ -756,16 +758,17 @@ def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, 
 def detect_registered(series: Mapping[str, tuple], *, exclude=(), window: int = 5,
                       min_sigma: float = MIN_SIGMA, min_rel: float = 0.0, confirm: int = 3,
                       require_descent: bool = True,
-                      units: Optional[Mapping[str, UnitSeries]] = None) -> list:
-    """Events on the registered keys without a role (user metrics, :mod:`lightning_pfd.keys`)
-    present in ``series`` (names in ``exclude`` skipped): each of their single-curve
+                      units: Optional[Mapping[str, UnitSeries]] = None,
+                      metric_keys: Optional[keys_registry.KeySet] = None) -> list:
+    """Events on the keys of ``metric_keys`` (default: the built-in ones,
+    :data:`lightning_pfd.keys.BUILTIN`) without a role (user metrics) present in ``series`` (names in ``exclude`` skipped): each of their single-curve
     ``detectors`` — ``early_learning`` (:func:`detect_early_learning`), ``double_descent``
     (:func:`detect_double_descent`), ``minimum`` / ``icr_minimum`` (the U-shaped minimum,
     :func:`detect_icr_minimum`) — runs on the curve alone. Events are named
     ``<key slug>_<detector>``; ``detail`` holds ``key``, ``display`` and ``detector``."""
     p = dict(window=window, min_sigma=min_sigma, min_rel=min_rel, confirm=confirm)
     out = []
-    for mk in keys_registry.all_keys():
+    for mk in (keys_registry.BUILTIN if metric_keys is None else metric_keys).all_keys():
         if mk.role is not None or mk.key in exclude or mk.key not in series:
             continue
         x, y = series[mk.key]

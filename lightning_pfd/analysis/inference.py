@@ -65,10 +65,6 @@ class Curve:
     def __len__(self) -> int:
         return int(self.y.size)
 
-    @property
-    def has_units(self) -> bool:
-        return self.units is not None
-
     def seed_var(self, rows: np.ndarray) -> np.ndarray:
         """Seed variance of each contrast row (K, T) (0 without units)."""
         rows = np.atleast_2d(rows)

@@ -8,8 +8,8 @@ values)}``) and writes into a directory:
 - ``dynamics.png`` — PFD paper Fig. 4: E_gen, E_mem, ℓ_train, ℓ_test and ℓ_test − ℓ_train vs epoch;
 - ``icr_memorization.png`` — ICR paper Fig. 5: ICR and memorization ratio vs epoch;
 - ``report.md`` — input read, regime, detected events (epoch, significance), per-metric summary
-  (the curve of every role plus every other registered metric with a direction or detectors,
-  :mod:`lightning_pfd.keys`: a user metric registered there appears without touching this file),
+  (the curve of every role plus every other key of the run with a direction or detectors,
+  :mod:`lightning_pfd.keys`: a user metric declared there appears without touching this file),
   detector settings with where each came from;
 - ``events.json`` — the same, machine-readable.
 
@@ -39,7 +39,7 @@ from ..errors import ConfigError
 from .events import DEFAULT_KEYS, MIN_SIGMA, RunAnalysis, analyze_history
 from .history import History
 
-__all__ = ["main", "write_report", "render_markdown", "build_parser", "SETTINGS_FILE",
+__all__ = ["write_report", "render_markdown", "SETTINGS_FILE", "saved_metric_keys",
            "DEFAULT_SETTINGS", "check_settings", "save_detector_settings",
            "load_detector_settings", "find_saved_settings", "free_report_dir", "holds_report"]
 
@@ -112,6 +112,21 @@ def save_detector_settings(directory, settings: dict, **meta) -> Path:
     return path
 
 
+def saved_metric_keys(path) -> keys_registry.KeySet:
+    """The run's keys saved in a ``detector_settings.json`` (``metric_keys``: the keys its
+    callbacks declared beyond the built-in ones, written by
+    :class:`~lightning_pfd.callbacks.regime.RegimeMonitor`) plus the built-in ones; just the
+    built-in ones for ``path`` None or a file without that entry."""
+    if path is None:
+        return keys_registry.BUILTIN
+    try:
+        record = json.loads(Path(path).read_text())
+        declared = [keys_registry.MetricKey(**d) for d in record.get("metric_keys", [])]
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        raise ConfigError(str(path), f"metric_keys: not a list of metric-key definitions ({err})") from None
+    return keys_registry.BUILTIN.with_keys(*declared)
+
+
 def load_detector_settings(path) -> dict:
     """The validated settings of a ``detector_settings.json``; a file that is not valid JSON or
     holds a bad value raises :class:`~lightning_pfd.errors.ConfigError` naming it."""
@@ -182,23 +197,23 @@ def _fmt(v, digits=4) -> str:
     return str(int(v)) if v.is_integer() and abs(v) < 1e9 else f"{v:.{digits}g}"
 
 
-def _report_names(series: dict, keys: dict) -> list:
+def _report_names(series: dict, keys: dict, metric_keys: keys_registry.KeySet) -> list:
     """``[(label, name)]`` of the metrics the report tabulates: the curve of every role, then
-    every other registered metric (:mod:`lightning_pfd.keys`) that has a direction or event
-    detectors (quality metrics, user metrics; not the diagnostics), in registration order."""
-    out = [(keys_registry.display(name) if keys_registry.find(name) else role, name)
+    every other key of ``metric_keys`` that has a direction or event detectors (quality
+    metrics, user metrics; not the diagnostics), in declaration order."""
+    out = [(metric_keys.display(name) if metric_keys.find(name) else role, name)
            for role, name in keys.items() if name in series]
     taken = {n for _, n in out}
-    for mk in keys_registry.all_keys():
+    for mk in metric_keys.all_keys():
         if mk.key in series and mk.key not in taken and mk.group != "events" \
                 and (mk.lower_is_better is not None or mk.detectors):
             out.append((mk.display, mk.key))
     return out
 
 
-def _metric_rows(series: dict, keys: dict) -> list:
+def _metric_rows(series: dict, keys: dict, metric_keys: keys_registry.KeySet) -> list:
     rows = []
-    for label, name in _report_names(series, keys):
+    for label, name in _report_names(series, keys, metric_keys):
         x, y = series[name]
         i = int(np.argmin(y))
         j = int(np.argmax(y))
@@ -302,8 +317,10 @@ def render_markdown(analysis: RunAnalysis, series: dict, *, figures: Sequence[st
                     keys: Optional[dict] = None, source: str = "", params: Optional[dict] = None,
                     title: str = "Training-dynamics report", settings: Optional[dict] = None,
                     sources: Optional[dict] = None, input_info: Optional[dict] = None,
-                    unit_info: Optional[dict] = None) -> str:
-    """Markdown summary: incomplete-input banner, regime, events table, metric table, input
+                    unit_info: Optional[dict] = None,
+                    metric_keys: Optional[keys_registry.KeySet] = None) -> str:
+    """Markdown summary: incomplete-input banner, regime, events table, metric table (the roles'
+    curves and the quality metrics of ``metric_keys``, default the built-in keys), input
     segments, figures, detector settings (``settings`` with their ``sources``; ``params`` is
     the older name for the numeric settings)."""
     k = dict(DEFAULT_KEYS, **(keys or {}))
@@ -318,7 +335,7 @@ def render_markdown(analysis: RunAnalysis, series: dict, *, figures: Sequence[st
     if source:
         out += [f"Run: `{source}`", ""]
     out += _regime_md(analysis, k) + _events_md(analysis)
-    rows = _metric_rows(series, k)
+    rows = _metric_rows(series, k, keys_registry.BUILTIN if metric_keys is None else metric_keys)
     if rows:
         out += ["## Metrics", "", "| metric | key | evaluations | first | min | max | last |",
                 "|---|---|---|---|---|---|---|"] + rows + [""]
@@ -343,14 +360,17 @@ def write_report(history: History | dict, out_dir, *, keys: Optional[dict] = Non
                  title: str = "Training-dynamics report",
                  analysis: Optional[RunAnalysis] = None,
                  settings_sources: Optional[dict] = None, units: Optional[dict] = None,
-                 unit_problems: Sequence[str] = (), unit_keys: Optional[Sequence[str]] = None) -> dict:
+                 unit_problems: Sequence[str] = (), unit_keys: Optional[Sequence[str]] = None,
+                 metric_keys: Optional[keys_registry.KeySet] = None) -> dict:
     """Analyze ``history`` (a :class:`History` or ``{name: (epochs, values)}``), write the PNGs,
     ``report.md`` and ``events.json`` into ``out_dir`` (overwriting a report there: callers that
     must not, like the ``report`` command, pick the directory with :func:`free_report_dir`);
     returns ``{"markdown": path, "json": path, "figures": [paths], "analysis": RunAnalysis}``.
     ``settings_sources``: where each setting came from, shown in the report; ``units``: the
     run's per-unit records ({metric: UnitSeries}, :func:`~lightning_pfd.analysis.per_unit.load_units`),
-    ``unit_problems``: the records left out (shown in a banner and in ``events.json``)."""
+    ``unit_problems``: the records left out (shown in a banner and in ``events.json``);
+    ``metric_keys``: the run's keys (:func:`lightning_pfd.keys.collect`; default the built-in
+    ones): user keys get their detectors and a row in the metric table."""
     from .plots import plot_dynamics, plot_icr_memorization  # matplotlib only when writing
 
     series = history.series_dict() if isinstance(history, History) else dict(history)
@@ -358,7 +378,8 @@ def write_report(history: History | dict, out_dir, *, keys: Optional[dict] = Non
     settings = dict(keys=dict(DEFAULT_KEYS, **(keys or {})), **params,
                     require_descent=require_descent)
     if analysis is None:
-        analysis = analyze_history(series, keys=keys, require_descent=require_descent, units=units, **params)
+        analysis = analyze_history(series, keys=keys, require_descent=require_descent, units=units,
+                                   metric_keys=metric_keys, **params)
     unit_info = {"metrics": sorted(unit_keys if unit_keys is not None else (units or {})),
                  "problems": list(unit_problems)}
     out = Path(out_dir)
@@ -374,7 +395,7 @@ def write_report(history: History | dict, out_dir, *, keys: Optional[dict] = Non
     info = _input_info(history)
     md = render_markdown(analysis, series, figures=figs, keys=keys, source=source,
                          title=title, settings=settings, sources=settings_sources,
-                         input_info=info, unit_info=unit_info)
+                         input_info=info, unit_info=unit_info, metric_keys=metric_keys)
     md_path, js_path = out / "report.md", out / "events.json"
     _atomic_write(md_path, md)
     _atomic_write(js_path, json.dumps(dict(analysis.to_dict(), params=params, settings=settings,
@@ -382,22 +403,3 @@ def write_report(history: History | dict, out_dir, *, keys: Optional[dict] = Non
                                            per_unit=unit_info),
                                       indent=2, default=_json_default))
     return {"markdown": str(md_path), "json": str(js_path), "figures": figs, "analysis": analysis}
-
-
-# ----------------------------------------------------------------------------- command (compat)
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m lightning_pfd report``: :func:`lightning_pfd.commands.report.main`."""
-    from ..commands.report import main as report_main
-
-    return report_main(argv)
-
-
-def build_parser():
-    """The ``report`` command's parser: :func:`lightning_pfd.commands.report.build_parser`."""
-    from ..commands.report import build_parser as report_parser
-
-    return report_parser()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

@@ -413,7 +413,7 @@ class MeasurementCallback(Callback):
     ``metric_names()``; extra checkpoint state via ``_extra_state`` / ``_load_extra_state``.
     """
 
-    #: the metric namespace (``name``) of a monitor created without one (legacy checkpoints)
+    #: the metric namespace (``name``) of a monitor created without one
     _DEFAULT_NAME: Optional[str] = None
 
     def __init__(self, every_n_epochs: int = 1, schedule: ScheduleSpec = "every_n_epochs") -> None:
@@ -558,17 +558,6 @@ class MeasurementCallback(Callback):
         self.history = list(state_dict.get("history", []))
         self.load_schedule_state(state_dict)
         self._load_extra_state(state_dict)
-
-    def on_load_checkpoint(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
-                           checkpoint: Dict[str, Any]) -> None:
-        """Adopt the state of a checkpoint written before ``state_key`` existed (saved under the
-        class name), if this monitor uses the default namespace: that is the one it came from.
-        Lightning then passes the same dict to ``load_state_dict``."""
-        states = checkpoint.get("callbacks") or {}
-        legacy = type(self).__qualname__
-        if (self.state_key not in states and legacy in states and legacy != self.state_key
-                and getattr(self, "name", None) == self._DEFAULT_NAME):
-            states[self.state_key] = states[legacy]
 
     def schedule_state(self) -> Dict[str, Any]:
         return {"schedule": self.schedule.state_dict()}

@@ -12,7 +12,8 @@ Extra metrics between student and a reference flow come from ``metrics`` (YAML):
     metrics:
       sw/e_gen: {class_path: my_pkg.SlicedWasserstein, init_args: {num_projections: 64}, reference: teacher}
 
-logged under their own key (registered in :mod:`lightning_pfd.keys` unless their module did).
+logged under their own key, whose meaning the metric's class declares
+(:meth:`metric_keys`, :meth:`lightning_pfd.keys.MetricKey.from_metric`).
 The per-seed squared distances of E_gen and E_mem of every measurement are kept in the run's
 ``per_unit/`` directory (:mod:`lightning_pfd.analysis.per_unit`; rank 0 writes), where the event
 tests and ``report`` read them.
@@ -72,9 +73,6 @@ class GeneralizationMonitor(MeasurementCallback):
         self.batch_size, self.chunk_size, self.num_loss_samples = batch_size, chunk_size, num_loss_samples
         self.image_every_n_epochs, self.num_images, self.use_cache = image_every_n_epochs, num_images, use_cache
         self.metrics = {k: metric_factory(v, f"{field('metrics')}.{k}") for k, v in (metrics or {}).items()}
-        for key, (factory, _) in self.metrics.items():  # a key its module did not register: a plain one
-            hib = getattr(getattr(factory, "func", factory), "higher_is_better", None)
-            keys.find(key) or keys.register(keys.MetricKey(key, key, None if hib is None else not hib))
         self.evaluation: Optional[FlowEvaluation] = None  # this run's (built at fit / validation start)
 
     def key(self, leaf: str) -> str:
@@ -83,6 +81,11 @@ class GeneralizationMonitor(MeasurementCallback):
 
     def metric_names(self) -> List[str]:
         return [self.key(leaf) for leaf in DEFAULT_KEYS] + list(self.metrics)
+
+    def metric_keys(self) -> List[keys.MetricKey]:
+        """The keys of the configured ``metrics`` (:func:`lightning_pfd.keys.collect`), each
+        read from its metric's class (:meth:`lightning_pfd.keys.MetricKey.from_metric`)."""
+        return [keys.MetricKey.from_metric(key, factory) for key, (factory, _) in self.metrics.items()]
 
     def _state_key_args(self) -> Dict[str, Any]:
         spec = self.descriptor_spec

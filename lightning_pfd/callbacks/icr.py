@@ -75,15 +75,21 @@ class ICRMonitor(MeasurementCallback):
                 normalize=normalize, cond_max=cond_max, seed=seed, batch_size=batch_size)
         self.__dict__.update(self.settings)  # num_images, sigma, sigmas (the extra ones), tap, ...
         self.name = check_metric_prefix(self, "name", name)
-        keys.register(*(keys.get(f"icr/{leaf}").renamed(self.key(leaf)) for leaf in _LEAVES
-                        if self.name != self._DEFAULT_NAME),
-                      *(keys.MetricKey(sigma_key(s, self.name), f"{self.name} σ={s:g}", True,
-                                       description=f"ICR at sigma = {s:g}") for s in self.sigmas))
+        self.metric_keys()  # a name clash between the declared keys fails here
         self.eigenvalues: Dict[float, torch.Tensor] = {}  # last spectrum per sigma (descending)
         self._warned, self._evaluation = False, None
 
     def _fields(self):
         return renamed_fields(lambda arg: callback_field(self, arg), _ARGS)
+
+    def metric_keys(self) -> List[keys.MetricKey]:
+        """The keys of this monitor's namespace (:func:`lightning_pfd.keys.collect`): the
+        built-in ``icr/*`` renamed under ``name``, and one per extra sigma."""
+        renamed = [keys.get(f"icr/{leaf}").renamed(self.key(leaf)) for leaf in _LEAVES
+                   if self.name != self._DEFAULT_NAME]
+        extra = [keys.MetricKey(sigma_key(s, self.name), f"{self.name} σ={s:g}", True,
+                                description=f"ICR at sigma = {s:g}") for s in self.sigmas]
+        return list(keys.KeySet(renamed + extra).all_keys(kind=None))
 
     def key(self, leaf: str) -> str:
         """Logged name of ``leaf`` (icr, trace_s, trace_xi, n, d, nonfinite) in this namespace."""

@@ -55,8 +55,6 @@ class MemorizationMonitor(MeasurementCallback):
             check_memorization_settings(num_samples, criterion, threshold, chunk_size, seed, batch_size)
             self.descriptor = resolve_descriptor(descriptor)  # built now: a bad name fails early
         self.name = check_metric_prefix(self, "name", name)
-        if self.name != self._DEFAULT_NAME:  # the display / direction of mem/* under this namespace
-            keys.register(*(keys.get(f"mem/{leaf}").renamed(self.key(leaf)) for leaf in _LEAVES))
         self.descriptor_spec = descriptor if isinstance(descriptor, str) or descriptor is None \
             else type(descriptor).__name__
         self.num_samples, self.criterion, self.threshold = num_samples, criterion, threshold
@@ -70,6 +68,13 @@ class MemorizationMonitor(MeasurementCallback):
     def key(self, leaf: str) -> str:
         """Logged name of ``leaf`` (ratio, nonfinite) in this namespace."""
         return f"{self.name}/{leaf}"
+
+    def metric_keys(self) -> List[keys.MetricKey]:
+        """The display / direction of ``mem/*`` under this monitor's namespace
+        (:func:`lightning_pfd.keys.collect`; none for the default namespace)."""
+        if self.name == self._DEFAULT_NAME:
+            return []
+        return [keys.get(f"mem/{leaf}").renamed(self.key(leaf)) for leaf in _LEAVES]
 
     def metric_names(self) -> List[str]:
         return [self.key(leaf) for leaf in _LEAVES]

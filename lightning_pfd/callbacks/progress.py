@@ -18,18 +18,17 @@ from .. import keys
 
 __all__ = ["PFDProgressBar", "format_pfd_metrics", "DEFAULT_SHOW"]
 
-#: label shown → logged metric name, of the built-in keys (the registry at import time; the bar
-#: and :func:`format_pfd_metrics` read the registry when they format, so later keys show too).
+#: label shown → logged metric name, of the built-in keys
 DEFAULT_SHOW = keys.progress_bar_keys()
 
 
 def format_pfd_metrics(metrics: Mapping, show: Optional[Mapping[str, str]] = None,
                        digits: int = 4) -> dict:
-    """{label: formatted value} for the entries of ``show`` (default: the registered progress-bar
-    keys, :func:`lightning_pfd.keys.progress_bar_keys`) present (and finite or NaN) in
-    ``metrics`` (tensors or numbers), ``digits`` significant digits."""
+    """{label: formatted value} for the entries of ``show`` (default: the built-in progress-bar
+    keys, :data:`DEFAULT_SHOW`) present (and finite or NaN) in ``metrics`` (tensors or numbers),
+    ``digits`` significant digits."""
     out = {}
-    for label, key in (keys.progress_bar_keys() if show is None else show).items():
+    for label, key in (DEFAULT_SHOW if show is None else show).items():
         v = metrics.get(key)
         if v is None:
             continue
@@ -42,11 +41,12 @@ def format_pfd_metrics(metrics: Mapping, show: Optional[Mapping[str, str]] = Non
 
 
 class PFDProgressBar(RichProgressBar):
-    """``RichProgressBar`` + the registered progress-bar metrics (E_gen, E_mem, ICR,
-    memorization ratio and any user key registered with ``progress_bar=True``).
+    """``RichProgressBar`` + the progress-bar metrics (E_gen, E_mem, ICR, memorization ratio and
+    any key with ``progress_bar=True`` that a callback of the trainer declares).
 
     Args:
-        show: label → metric name (default: the registry, read at every refresh).
+        show: label → metric name (default: the keys collected from the trainer's callbacks at
+            setup, :func:`lightning_pfd.keys.collect`; the built-in ones before).
         digits: significant digits.
         **kwargs: ``RichProgressBar`` arguments (refresh_rate, leave, theme, console_kwargs).
     """
@@ -59,12 +59,17 @@ class PFDProgressBar(RichProgressBar):
             raise ValueError("show must map labels (str) to logged metric names (str)")
         super().__init__(**kwargs)
         self._show = None if show is None else dict(show)
+        self._collected = keys.BUILTIN
         self.digits = digits
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._collected = keys.collect(trainer.callbacks)
 
     @property
     def show(self) -> dict:
-        """label → metric name shown (the registry's progress-bar keys unless given)."""
-        return keys.progress_bar_keys() if self._show is None else dict(self._show)
+        """label → metric name shown (the collected progress-bar keys unless given)."""
+        return self._collected.progress_bar_keys() if self._show is None else dict(self._show)
 
     def get_metrics(self, trainer, pl_module) -> dict:
         items = super().get_metrics(trainer, pl_module)

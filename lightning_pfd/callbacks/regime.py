@@ -21,9 +21,10 @@ the regime (``events/regime_code``: 0 generalization, 1 transition, 2 memorizati
 report``) and logs the figures (W&B, TensorBoard: :func:`~lightning_pfd.callbacks.base.log_figure`)
 as ``plots/dynamics`` and ``plots/icr_memorization``.
 
-The curves it reads are those of the roles (``keys``) plus every key registered in
-:mod:`lightning_pfd.keys` without a role that lists event detectors (a user metric): their events
-are named ``<key slug>_<detector>`` (:func:`lightning_pfd.analysis.events.detect_registered`).
+The curves it reads are those of the roles (``keys``) plus every key without a role that lists
+event detectors (a user metric) among the keys the trainer's callbacks declare
+(:func:`lightning_pfd.keys.collect`, at setup; saved with the detector settings so that
+``report`` reads them back): their events are named ``<key slug>_<detector>`` (:func:`lightning_pfd.analysis.events.detect_registered`).
 
 Online events are **provisional**: they use the history so far (an E_gen rise that a later second
 descent turns into double descent is first announced as early learning) and say so on the console
@@ -49,6 +50,7 @@ restored.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Optional
 
@@ -111,6 +113,7 @@ class RegimeMonitor(Callback):
             raise ConfigError("plot_every_n_epochs", "must be an integer >= 0",
                               value=plot_every_n_epochs)
         self.keys = dict(DEFAULT_KEYS, **(keys or {}))
+        self.metric_keys_seen = keys_registry.BUILTIN  # the trainer's keys, collected at setup
         self.params = dict(window=window, min_sigma=min_sigma, min_rel=min_rel, confirm=confirm)
         self.require_descent = bool(require_descent)
         self.write_report = write_report
@@ -149,16 +152,11 @@ class RegimeMonitor(Callback):
         self.regime = state_dict.get("regime")
         self.final = dict(state_dict.get("final", {}))
 
-    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        """Restore a checkpoint saved before :attr:`state_key` existed (key "RegimeMonitor")."""
-        states = checkpoint.get("callbacks") or {}
-        legacy = states.get(type(self).__qualname__)
-        if self.state_key not in states and legacy:
-            self.load_state_dict(legacy)
-
     def setup(self, trainer, pl_module, stage: str) -> None:
-        """Refuse two RegimeMonitors with one report directory (they would overwrite each
-        other's report and settings)."""
+        """Collect the run's metric keys (:func:`lightning_pfd.keys.collect`); refuse two
+        RegimeMonitors with one report directory (they would overwrite each other's report and
+        settings)."""
+        self.metric_keys_seen = keys_registry.collect(trainer.callbacks)
         def where(cb):
             return str(Path(cb.report_dir).resolve()) if cb.report_dir else None
 
@@ -185,6 +183,10 @@ class RegimeMonitor(Callback):
             dirs += [d for d in self._logger_dirs(trainer) if d != report]
         meta = dict(written_by=f"{type(self).__module__}.{type(self).__qualname__}",
                     state_key=self.state_key, report_dir=str(report))
+        declared = [dataclasses.asdict(k) for k in self.metric_keys_seen.all_keys(kind=None)
+                    if k.key not in keys_registry.BUILTIN]
+        if declared:  # read back by `report` (analysis.report.saved_metric_keys)
+            meta["metric_keys"] = declared
         return [save_detector_settings(d, self.detector_settings, **meta)
                 for d in dict.fromkeys(dirs)]
 
@@ -205,10 +207,10 @@ class RegimeMonitor(Callback):
 
     # ------------------------------------------------------------------ reading
     def watched(self) -> list:
-        """The metric names recorded: the curve of every role, plus every registered key
-        without a role that lists event detectors (:mod:`lightning_pfd.keys`; read at every
-        validation, so a user metric registered after this monitor was built is included)."""
-        user = [k.key for k in keys_registry.all_keys() if k.role is None and k.detectors]
+        """The metric names recorded: the curve of every role, plus every key without a role
+        that lists event detectors (of the keys the trainer's callbacks declare, collected at
+        setup: :func:`lightning_pfd.keys.collect`)."""
+        user = [k.key for k in self.metric_keys_seen.all_keys() if k.role is None and k.detectors]
         se = [f"{k}_se" for k in self.keys.values()]  # error bands of the report's figures
         return list(dict.fromkeys(list(self.keys.values()) + user + se))
 
@@ -230,7 +232,8 @@ class RegimeMonitor(Callback):
 
     def analyze(self, final: bool = False) -> RunAnalysis:
         return analyze_history(self.series(), keys=self.keys, final=final, units=self.units(),
-                               require_descent=self.require_descent, **self.params)
+                               require_descent=self.require_descent,
+                               metric_keys=self.metric_keys_seen, **self.params)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._snapshot = {k: trainer.callback_metrics.get(k) for k in self.watched()}
@@ -420,6 +423,7 @@ class RegimeMonitor(Callback):
             self.report_paths = write_report(
                 self.series(), out, analysis=analysis, **self.detector_settings,
                 unit_problems=self._unit_problems, unit_keys=sorted(self.units()),
+                metric_keys=self.metric_keys_seen,
                 settings_sources=dict.fromkeys(self.detector_settings, "RegimeMonitor arguments"))
             figs = {f"plots/{Path(p).stem}": p for p in self.report_paths["figures"]}
             dirs = getattr(trainer, "lightning_pfd_plot_dirs", None)  # listed by the CLI at the end

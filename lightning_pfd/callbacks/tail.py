@@ -48,12 +48,17 @@ class TailMonitor(MeasurementCallback):
                 floor=floor, relative_floor=relative_floor, bandwidth=bandwidth, num_splits=num_splits,
                 seed_offset=seed_offset, batch_size=batch_size, num_steps=num_steps)
         self.name, self.plot = check_metric_prefix(self, "name", name), bool(plot)
-        if self.name != self._DEFAULT_NAME:  # the display / direction of tail/* under this namespace
-            keys.register(*(keys.get(f"tail/{leaf}").renamed(self.key(leaf)) for leaf in _LEAVES))
         self.evaluation: Optional[TailEvaluation] = None
 
     def key(self, leaf: str) -> str:
         return f"{self.name}/{leaf}"
+
+    def metric_keys(self) -> List[keys.MetricKey]:
+        """The display / direction of ``tail/*`` under this monitor's namespace
+        (:func:`lightning_pfd.keys.collect`; none for the default namespace)."""
+        if self.name == self._DEFAULT_NAME:
+            return []
+        return [keys.get(f"tail/{leaf}").renamed(self.key(leaf)) for leaf in _LEAVES]
 
     def metric_names(self) -> List[str]:
         return [self.key(leaf) for leaf in _LEAVES]

@@ -5,17 +5,19 @@
   one) and ``WANDB_MODE`` is not offline/disabled; otherwise offline (sync later with
   ``wandb sync <save_dir>/wandb/offline-run-*``). Nothing here touches the network.
 - :class:`AutoWandbLogger` — ``WandbLogger`` whose ``offline`` defaults to that decision and which
-  calls :func:`setup_wandb_metrics` when its run starts (usable from YAML:
+  calls :func:`setup_wandb_metrics` when its run starts, with the built-in keys and those the
+  trainer's callbacks declare (:func:`define_collected_keys`) (usable from YAML:
   ``class_path: lightning_pfd.callbacks.AutoWandbLogger``). :func:`default_wandb_logger` builds one.
-- :func:`setup_wandb_metrics` — ``define_metric`` with ``epoch`` as x-axis for every metric
-  registered in :mod:`lightning_pfd.keys` (and the glob ``<group>/*`` of each family), with the
-  registry's summaries (e.g. min of ``pfd/e_gen``, ``pfd/e_mem``, ``icr/icr``, max of
-  ``mem/ratio``, each also keeping ``last``); a user metric registered there gets its axis and
-  summary too. Lightning logs ``epoch`` with every call, so the axis exists in every history row.
-- :class:`WandbMetricsSetup` — callback doing the same for a stock ``WandbLogger``.
+- :func:`setup_wandb_metrics` — ``define_metric`` with ``epoch`` as x-axis for every key of a
+  :class:`~lightning_pfd.keys.KeySet` (and the glob ``<group>/*`` of each family), with its
+  summaries (e.g. min of ``pfd/e_gen``, ``pfd/e_mem``, ``icr/icr``, max of ``mem/ratio``, each
+  also keeping ``last``). Lightning logs ``epoch`` with every call, so the axis exists in every
+  history row.
+- :class:`WandbMetricsSetup` — callback doing the same at setup for every ``WandbLogger``, with
+  the keys collected from the trainer's callbacks (:func:`lightning_pfd.keys.collect`: monitors
+  with their own namespace, user metrics).
 - :class:`LogConfigCallback` — LightningCLI ``SaveConfigCallback`` that also logs the full parsed
-  CLI config to every logger (W&B run config under ``cli``); pass it as
-  ``LightningCLI(..., save_config_callback=LogConfigCallback)``.
+  CLI config to every logger (W&B run config under ``cli``); pass it as ``LightningCLI(..., save_config_callback=LogConfigCallback)``.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ __all__ = [
     "has_wandb_credentials",
     "logger_offline_if_no_credentials",
     "setup_wandb_metrics",
+    "define_collected_keys",
     "default_wandb_logger",
     "AutoWandbLogger",
     "WandbMetricsSetup",
@@ -45,7 +48,6 @@ __all__ = [
 ]
 
 #: Per-epoch metrics plotted against ``epoch``: the built-in keys of :mod:`lightning_pfd.keys`
-#: (a snapshot at import; :func:`setup_wandb_metrics` reads the registry when it runs).
 EPOCH_METRICS = tuple(k.key for k in keys.all_keys())
 #: Globs of the per-epoch metric families (``<group>/*``, for names not registered one by one).
 EPOCH_GLOBS = tuple(f"{g}/*" for g in keys.groups())
@@ -86,17 +88,18 @@ def logger_offline_if_no_credentials(env: Optional[dict] = None) -> bool:
 
 def setup_wandb_metrics(run, *, step_metric: str = "epoch", summaries: Optional[dict] = None,
                         metrics: Optional[Sequence[str]] = None,
-                        globs: Optional[Sequence[str]] = None) -> None:
+                        globs: Optional[Sequence[str]] = None,
+                        metric_keys: Optional[keys.KeySet] = None) -> None:
     """``define_metric`` for the per-epoch metrics on a W&B ``run``: x-axis ``step_metric`` and
-    the registry's summaries (``summaries`` overrides/extends). ``metrics`` / ``globs`` default
-    to the registered keys and ``<group>/*`` of their families (:mod:`lightning_pfd.keys`, read
-    now, so keys registered by user code before the run starts are included). Explicit names
-    override Lightning's ``"*" → trainer/global_step`` glob."""
+    the summaries of ``metric_keys`` (default :data:`lightning_pfd.keys.BUILTIN`; ``summaries``
+    overrides/extends). ``metrics`` / ``globs`` default to its keys and ``<group>/*`` of their
+    families. Explicit names override Lightning's ``"*" → trainer/global_step`` glob."""
+    ks = keys.BUILTIN if metric_keys is None else metric_keys
     if metrics is None:
-        metrics = [k.key for k in keys.all_keys()]
+        metrics = [k.key for k in ks.all_keys()]
     if globs is None:
-        globs = [f"{g}/*" for g in keys.groups()]
-    summ = dict(keys.summaries(), **(summaries or {}))
+        globs = [f"{g}/*" for g in ks.groups()]
+    summ = dict(ks.summaries(), **(summaries or {}))
     run.define_metric(step_metric)
     for g in globs:
         run.define_metric(g, step_metric=step_metric)
@@ -126,6 +129,23 @@ class AutoWandbLogger(WandbLogger):
                          prefix=prefix, checkpoint_name=checkpoint_name, **kwargs)
         self._pfd_define_metrics = define_metrics
         self._pfd_metrics_done = False
+
+    @property
+    def defines_metrics(self) -> bool:
+        """Whether this logger defines the epoch axis and summaries (``define_metrics``)."""
+        return bool(self._pfd_define_metrics)
+
+    def log_graph(self, model, input_array=None) -> None:
+        """Lightning hands every logger the module when a run starts (``Logger.log_graph``);
+        through the module's trainer, define the keys its callbacks declare beyond the built-in
+        ones (:func:`define_collected_keys`). W&B's ``WandbLogger`` records no graph here."""
+        super().log_graph(model, input_array)
+        try:
+            trainer = model.trainer
+        except RuntimeError:  # a module not attached to a trainer
+            return
+        if trainer is not None:
+            define_collected_keys(trainer, loggers=[self])
 
     @property
     def experiment(self):
@@ -160,10 +180,11 @@ class WandbMetricsSetup(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if not trainer.is_global_zero:
             return
+        metric_keys = keys.collect(trainer.callbacks)
         for lg in trainer.loggers:
             if isinstance(lg, WandbLogger):
                 setup_wandb_metrics(lg.experiment, step_metric=self.step_metric,
-                                    summaries=self.summaries)
+                                    summaries=self.summaries, metric_keys=metric_keys)
 
 
 class LogConfigCallback(SaveConfigCallback):
@@ -180,6 +201,22 @@ class LogConfigCallback(SaveConfigCallback):
                 lg.experiment.config.update({"cli": _plain(cfg)}, allow_val_change=True)
             else:
                 lg.log_hyperparams({"cli": _plain(cfg)})
+
+
+def define_collected_keys(trainer, loggers: Optional[Sequence] = None) -> None:
+    """On rank 0, define the keys the trainer's callbacks declare beyond the built-in ones
+    (:func:`lightning_pfd.keys.collect`) on the run of every :class:`AutoWandbLogger` (of
+    ``loggers``, default the trainer's) that defines metrics (it defined the built-in ones when
+    its run started)."""
+    if not trainer.is_global_zero:
+        return
+    collected = keys.collect(trainer.callbacks)
+    extra = keys.KeySet(k for k in collected.all_keys(kind=None) if k.key not in keys.BUILTIN)
+    if not len(extra):
+        return
+    for lg in (trainer.loggers if loggers is None else loggers):
+        if isinstance(lg, AutoWandbLogger) and lg.defines_metrics:
+            setup_wandb_metrics(lg.experiment, metric_keys=extra)
 
 
 def _plain(obj):

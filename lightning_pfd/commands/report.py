@@ -33,7 +33,8 @@ from ..analysis.events import DEFAULT_KEYS
 from ..analysis.history import History, load_history
 from ..analysis.per_unit import find_store, load_units
 from ..analysis.report import (DEFAULT_SETTINGS, _fmt, check_settings, find_saved_settings,
-                               free_report_dir, load_detector_settings, write_report)
+                               free_report_dir, load_detector_settings, saved_metric_keys,
+                               write_report)
 from ..errors import ConfigError, ShortErrorParser
 from . import run_guarded
 
@@ -179,8 +180,11 @@ def _run(args) -> int:
     for p in problems:
         print(f"warning: {p} — not used; that metric's events come from its logged curve alone",
               file=sys.stderr)
+    metric_keys = saved_metric_keys(Path(args.settings) if args.settings
+                                    else find_saved_settings(hist)[1])
     res = write_report(hist, out, title=f"Training-dynamics report ({hist.source})",
-                       settings_sources=sources, units=units, unit_problems=problems, **settings)
+                       settings_sources=sources, units=units, unit_problems=problems,
+                       metric_keys=metric_keys, **settings)
     a = res["analysis"]
     for e in a.events:
         print(" -", e.describe())

@@ -25,7 +25,7 @@ from ..errors import ConfigError
 
 __all__ = ["TensorDataModule", "BatchedTensorDataset", "batched_collate", "SeededReplacementSampler",
            "SeededPermutationSampler", "epoch_seed", "seeded_subset_indices", "seeded_split", "check_data",
-           "check_model_data_shape", "DEFAULT_VALUE_RANGE", "RANGE_TOLERANCE"]
+           "DEFAULT_VALUE_RANGE", "RANGE_TOLERANCE"]
 
 #: the range every image datamodule maps its data to (x / 127.5 - 1 for 8-bit pixels)
 DEFAULT_VALUE_RANGE = (-1.0, 1.0)
@@ -228,20 +228,6 @@ def check_data(x: torch.Tensor, field: str, value_range=DEFAULT_VALUE_RANGE,
                       f"value_range [{lo:g}, {hi:g}]", accepted=f"finite values in [{lo:g}, {hi:g}]",
                       suggestion=f"{advice} (or declare the data's range with value_range=[low, "
                       "high], or value_range=None to skip the range check)")
-
-
-def check_model_data_shape(model, datamodule) -> None:
-    """Raise :class:`ConfigError` (field ``model.init_args.net``) when ``model.data_shape`` and
-    ``datamodule.data_shape`` are both known and differ: the one model/data shape check shared by
-    the modules' ``setup`` and the command line's validation phase."""
-    m_shape = getattr(model, "data_shape", None)
-    d_shape = getattr(datamodule, "data_shape", None) if datamodule is not None else None
-    if m_shape is None or d_shape is None or tuple(m_shape) == tuple(d_shape):
-        return
-    raise ConfigError("model.init_args.net", f"the net expects samples of shape {tuple(m_shape)} but the "
-                      f"data ({type(datamodule).__name__}) has shape {tuple(d_shape)}",
-                      value=tuple(m_shape), accepted=f"the data's sample shape {tuple(d_shape)}",
-                      suggestion="set the net's img_resolution / in_channels (or dim) to match the data")
 
 
 def _check_optional_int(name: str, value, minimum: int) -> None:

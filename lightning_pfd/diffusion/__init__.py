@@ -5,14 +5,12 @@ from .exact import GaussianDenoiser, GaussianMixtureDenoiser
 from .families import (DenoisingLoss, DiffusionFamily, EDMFamily, PreconditionedDenoiser, VEFamily,
                        VPFamily, build_family, family_names, get_family, register_family)
 from .levy import sample_alpha_stable
-from .loss import EDMLoss, VPLoss
 from .noise import seeded_noise, seeded_uniform
-from .precond import EDMPrecond, VPPrecond
 from .sampling import clamp_sigmas, euler_sample, heun_sample, karras_sigmas, sample_endpoints
 
 __all__ = [
     "karras_sigmas", "heun_sample", "euler_sample", "sample_endpoints", "clamp_sigmas",
-    "seeded_noise", "seeded_uniform", "EDMPrecond", "VPPrecond", "EDMLoss", "VPLoss",
+    "seeded_noise", "seeded_uniform",
     "DiffusionFamily", "EDMFamily", "VPFamily", "VEFamily", "PreconditionedDenoiser", "DenoisingLoss",
     "register_family", "get_family", "family_names", "build_family",
     "GaussianDenoiser", "GaussianMixtureDenoiser", "EmpiricalDenoiser", "sample_alpha_stable",

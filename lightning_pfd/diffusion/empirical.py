@@ -377,7 +377,7 @@ class EmpiricalDenoiser(nn.Module):
         (large sigma: the margin admits more than ``max_candidates`` points), the whole batch
         takes the float64 algorithm without a float32 pass for the other rows.
         """
-        B, dev = xf.shape[0], xf.device
+        B = xf.shape[0]
         P = min(B, self.probe_rows)  # the first rows: slices, no copies
         rows, cols, dense = self._fp32_candidates(xf[:P], two_s2[:P])
         if P < B and float(dense.float().mean()) > self.dense_fraction:  # large sigma

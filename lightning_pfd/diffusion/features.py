@@ -77,7 +77,7 @@ def extract_features(denoiser: nn.Module, x: torch.Tensor, sigma, tap: Optional[
     """
     if not hasattr(denoiser, "network_input") or not hasattr(denoiser, "net"):
         raise ValueError("denoiser: must be a preconditioned denoiser with `.net` and "
-                         "`.network_input(x, sigma)` (EDMPrecond / VPPrecond)")
+                         "`.network_input(x, sigma)` (a family's PreconditionedDenoiser)")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size: must be an int >= 1, got {batch_size!r}")
     resolve_tap(denoiser.net, tap)

@@ -354,11 +354,6 @@ class SamplerSettings:
             return sample_endpoints(run, seeds, shape, sigmas=sigmas, sampler=self.sampler, batch_size=batch_size,
                                     device=device, out_device=out_device, fixed_batch=bool(self.compile))
 
-    def cache_parts(self, denoiser: Any = None) -> list:
-        """What endpoints depend on: sampler, the (clamped) grid, and the precision (not the
-        compile mode: it changes float32 rounding only)."""
-        return [self.sampler, self.sigmas(denoiser), self.precision]
-
     def describe(self) -> str:
         """``(heun, num_steps=5, sigma_min=0.002, sigma_max=80, rho=7)``, or ``(heun, 5 steps,
         sigma 80 .. 0.002)`` for an explicit grid; `` in bf16`` when not fp32, `` compiled

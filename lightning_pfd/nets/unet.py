@@ -125,14 +125,6 @@ class UNetBlock(nn.Module):
         return self.proj(a.transpose(1, 2).reshape(B, C, H, W))
 
 
-class _StopForward(Exception):
-    """Internal: raised to stop a forward pass at the requested tap."""
-
-    def __init__(self, value: torch.Tensor):
-        super().__init__()
-        self.value = value
-
-
 def _preset_hint(preset) -> str:
     close = did_you_mean(preset, UNET_PRESETS) or did_you_mean(str(preset).replace("-", ""), UNET_PRESETS)
     return (f"did you mean {close!r}? " if close else "") + "(or None for explicit widths)"

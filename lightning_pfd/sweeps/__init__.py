@@ -10,7 +10,8 @@
 Ray is imported only when a sweep runs.
 """
 from .aggregate import ROW_FIELDS, aggregate_sweep
-from .spec import SweepSpec, Trial, expand_trials, load_sweep, validate_trials
+from .spec import SweepSpec, Trial, expand_trials, load_sweep
+from .validate import validate_trials
 
 __all__ = ["load_sweep", "expand_trials", "validate_trials", "aggregate_sweep", "run_sweep",
            "SweepSpec", "Trial", "ROW_FIELDS"]

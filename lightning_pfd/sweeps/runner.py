@@ -26,7 +26,8 @@ from typing import Callable, Optional
 from ..errors import ConfigError
 from ..locks import acquire as acquire_lock
 from .aggregate import aggregate_sweep
-from .spec import Resources, SweepSpec, check_resources, validate_trials
+from .spec import Resources, SweepSpec, check_resources
+from .validate import validate_trials
 from .trial import FORWARDED_ENV, RESULT_FILE, execute_trial, read_trial_result
 
 __all__ = ["run_sweep", "run_trial", "plan", "format_plan", "RAY_DIR"]

@@ -1,4 +1,4 @@
-"""Sweep files: read, expand into trials, validate every trial before anything runs.
+"""Sweep files: read and expand into trials (validated by :mod:`.validate` before anything runs).
 
 A sweep file (YAML) holds the base ``fit`` config, a grid of dotted overrides, repeats (training
 seeds, for the bias–variance decomposition of Def. 3 of the PFD paper) and settings shared by
@@ -28,7 +28,7 @@ PFD paper trains the K students on *independent* training sets of the same size:
 data.init_args.train_seed_offset: 8192}`` (repeat k draws its N samples from the teacher seeds
 [8192 k, 8192 k + N), disjoint from the test and evaluation seeds; checked by the datamodule).
 
-:func:`validate_trials` checks every trial's full config against the ``fit`` parser (nothing
+:func:`lightning_pfd.sweeps.validate.validate_trials` checks every trial's full config against the ``fit`` parser (nothing
 runs, nothing is written): an unknown key (with a "did you mean"), a wrong type or a value a class
 refuses fails the whole sweep with a :class:`~lightning_pfd.errors.ConfigError` naming the trial
 and the key. It also counts each student's trainable parameters |θ| (the net is built on the
@@ -50,7 +50,7 @@ import yaml
 
 from ..errors import ConfigError, did_you_mean
 
-__all__ = ["SweepSpec", "Trial", "Resources", "load_sweep", "expand_trials", "validate_trials",
+__all__ = ["SweepSpec", "Trial", "Resources", "load_sweep", "expand_trials",
            "apply_override", "split_key", "trial_id_for", "relocate_outputs", "SWEEP_KEYS"]
 
 SWEEP_KEYS = ("name", "description", "base", "root", "shared", "grid", "repeats", "seeds",
@@ -592,10 +592,3 @@ def expand_trials(spec: SweepSpec, base: Optional[dict] = None, seed_keys=None) 
             trials.append(Trial(trial_id=tid, index=len(trials), overrides=overrides, seed=seed,
                                 config=cfg, model_label=model_label_for(overrides)))
     return trials
-
-
-def validate_trials(spec: SweepSpec, trials: Optional[list] = None, construct: bool = True) -> list:
-    """See :func:`lightning_pfd.sweeps.validate.validate_trials`."""
-    from .validate import validate_trials as _validate
-
-    return _validate(spec, trials, construct)

@@ -2,7 +2,7 @@
 
 For every trial: its dotted keys exist in the parsed base config (a "did you mean" otherwise),
 its full config parses with the ``fit`` parser of
-:class:`~lightning_pfd.lightning_cli.PFDLightningCLI`, the student's trainable parameters |θ|
+:class:`~lightning_pfd.commands.fit.PFDLightningCLI`, the student's trainable parameters |θ|
 are counted (the net built on the ``meta`` device: no memory, no time) and — for a real run —
 each distinct datamodule, model and callback is built once, so a value a class refuses fails
 now. The first problem raises a :class:`~lightning_pfd.errors.ConfigError` naming the trial and
@@ -52,7 +52,7 @@ def _parse_only_cli():
 
 
 class FitParser:
-    """The ``fit`` parser of :class:`~lightning_pfd.lightning_cli.PFDLightningCLI`, built once;
+    """The ``fit`` parser of :class:`~lightning_pfd.commands.fit.PFDLightningCLI`, built once;
     :meth:`parse` returns the fully parsed config as a dict, or raises ``(message)``."""
 
     def __init__(self, base: dict):

@@ -1,0 +1,207 @@
+"""The package's import graph: no cycle, and no module importing a layer above its own.
+
+The graph is read from the source with :mod:`ast` (every ``import`` / ``from ... import``
+statement, module-level or inside a function), so a lazy import counts like any other. Importing
+``a.b.c`` also runs the ``__init__`` of ``a`` and ``a.b``, so those are edges too (except a
+package's own modules importing it). ``importlib.import_module(name)`` with a computed name is
+not seen: the command table in ``lightning_pfd/commands/__init__.py`` is the only one.
+
+The layer table is documented in docs/architecture.md; keep both in step.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "lightning_pfd"
+ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+
+#: bottom to top; a module may import its own layer or a lower one. A module belongs to the
+#: entry with the longest matching prefix (``commands.sweep`` sits above ``sweeps``, the other
+#: commands below it: a sweep runs fits through ``commands.fit``).
+LAYERS = [
+    ("foundation", ["lightning_pfd", "lightning_pfd.errors", "lightning_pfd.keys",
+                    "lightning_pfd.contracts", "lightning_pfd.threads", "lightning_pfd.locks",
+                    "lightning_pfd.cache", "lightning_pfd.checkpoint"]),
+    ("core", ["lightning_pfd.nets", "lightning_pfd.diffusion"]),
+    ("metrics", ["lightning_pfd.metrics"]),
+    ("evaluation", ["lightning_pfd.evaluation"]),
+    ("analysis", ["lightning_pfd.analysis"]),
+    ("modules", ["lightning_pfd.modules"]),
+    ("data", ["lightning_pfd.data"]),
+    ("callbacks", ["lightning_pfd.callbacks"]),
+    ("commands", ["lightning_pfd.commands"]),
+    ("sweeps", ["lightning_pfd.sweeps"]),
+    ("entry points", ["lightning_pfd.commands.sweep", "lightning_pfd.cli", "lightning_pfd.__main__"]),
+]
+
+#: layers whose modules must not import these third-party packages (DESIGN: the math, the
+#: metrics and the evaluations are usable from a notebook without Lightning or W&B)
+NO_FRAMEWORK = {"core": ("lightning", "pytorch_lightning", "wandb"),
+                "metrics": ("lightning", "pytorch_lightning", "wandb"),
+                "evaluation": ("lightning", "pytorch_lightning", "wandb"),
+                "analysis": ("lightning", "pytorch_lightning")}
+
+
+def _modules() -> dict:
+    """{dotted name: (path, is_package)} of every module of the package."""
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
+    return out
+
+
+def _imports(name: str, path: Path, is_pkg: bool, modules: dict):
+    """(target module, line, external top-level name or None) of every import in ``path``."""
+    package = name if is_pkg else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for alias in node.names:  # `from pkg import submodule` imports the submodule
+                sub = f"{mod}.{alias.name}"
+                yield (sub if sub in modules else mod), node.lineno
+
+
+def import_graph():
+    """{module: {imported internal module: first line}} and {module: {third-party top name}}."""
+    modules = _modules()
+    internal, external = {m: {} for m in modules}, {m: set() for m in modules}
+    for name, (path, is_pkg) in modules.items():
+        for target, line in _imports(name, path, is_pkg, modules):
+            top = target.split(".")[0]
+            if top != PACKAGE:
+                external[name].add(top)
+                continue
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):  # the module and every package __init__ above it
+                dep = ".".join(parts[:i])
+                if dep in modules and dep != name and not (name + ".").startswith(dep + "."):
+                    internal[name].setdefault(dep, line)
+    return internal, external
+
+
+def layer_of(module: str) -> int:
+    best, index = "", None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > len(best):
+                best, index = p, i
+    return index
+
+
+def _cycles(graph: dict) -> list:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index, low, on_stack, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(graph[child])))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    comp.append(m)
+                    if m == node:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+GRAPH, EXTERNAL = import_graph()
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in GRAPH if layer_of(m) is None] == []
+
+
+def test_no_import_cycle():
+    assert _cycles(GRAPH) == []
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = [f"{src}:{line} ({LAYERS[layer_of(src)][0]}) imports {dst} ({LAYERS[layer_of(dst)][0]})"
+              for src, deps in sorted(GRAPH.items()) for dst, line in sorted(deps.items())
+              if layer_of(dst) > layer_of(src)]
+    assert upward == []
+
+
+def test_math_metrics_and_evaluations_import_no_framework():
+    names = [name for name, _ in LAYERS]
+    bad = [f"{m} imports {pkg}" for m, pkgs in sorted(EXTERNAL.items())
+           for pkg in sorted(pkgs) if pkg in NO_FRAMEWORK.get(names[layer_of(m)], ())]
+    assert bad == []
+
+
+# ------------------------------------------------------------------ the checker itself
+def _graph_of(tmp_path, files: dict):
+    """Run the checker on a throw-away package laid out as ``files``."""
+    global ROOT
+    for rel, text in files.items():
+        p = tmp_path / PACKAGE / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    saved, ROOT = ROOT, tmp_path / PACKAGE
+    try:
+        return import_graph()
+    finally:
+        ROOT = saved
+
+
+def test_the_checker_sees_lazy_relative_and_package_imports(tmp_path):
+    graph, external = _graph_of(tmp_path, {
+        "__init__.py": "",
+        "errors.py": "def f():\n    from .metrics import tails  # lazy, upward\n",
+        "metrics/__init__.py": "from .tails import x\n",
+        "metrics/tails.py": "import numpy\nfrom ..errors import E\nx = 1\n",
+        "cli.py": "from lightning_pfd.metrics.tails import x\nimport wandb.sdk\n",
+    })
+    assert graph["lightning_pfd.errors"] == {"lightning_pfd.metrics": 2, "lightning_pfd.metrics.tails": 2}
+    assert graph["lightning_pfd.metrics.tails"] == {"lightning_pfd.errors": 2}
+    assert "lightning_pfd.metrics" not in graph["lightning_pfd.metrics.tails"]  # its own package
+    assert set(graph["lightning_pfd.cli"]) == {"lightning_pfd.metrics", "lightning_pfd.metrics.tails"}
+    assert external["lightning_pfd.cli"] == {"wandb"} and external["lightning_pfd.metrics.tails"] == {"numpy"}
+    assert _cycles(graph) == [["lightning_pfd.errors", "lightning_pfd.metrics", "lightning_pfd.metrics.tails"]]
+    up = [(s, d) for s, deps in graph.items() for d in deps if layer_of(d) > layer_of(s)]
+    assert ("lightning_pfd.errors", "lightning_pfd.metrics.tails") in up
+
+
+@pytest.mark.parametrize("module, layer", [("lightning_pfd.commands.sweep", "entry points"),
+                                           ("lightning_pfd.commands.fit", "commands"),
+                                           ("lightning_pfd.sweeps.trial", "sweeps"),
+                                           ("lightning_pfd", "foundation"),
+                                           ("lightning_pfd.diffusion.families", "core")])
+def test_the_longest_prefix_decides_the_layer(module, layer):
+    assert LAYERS[layer_of(module)][0] == layer
