@@ -10,9 +10,10 @@ Parse (seconds, no training):
 
 Run (``test_documented_command_runs``, ``test_documented_python_block_runs``):
 
-* commands: every logical line (``\\`` continuations joined, here-documents included) of a
-  ``bash``/``sh``/``shell``/``console`` block, and the lines of an unlabelled block that start
-  with ``python`` (after ``VAR=value`` / ``nice -n N``). The commands of one block run in order,
+* commands: every logical line (``\\`` continuations and multi-line quoted strings joined,
+  here-documents included) of a ``bash``/``sh``/``shell``/``console`` block, and the lines of an
+  unlabelled block that start with ``python`` (after ``VAR=value`` / ``nice -n N``); a block
+  marked ``skip`` as a whole is one (skipped) test. The commands of one block run in order,
   with ``bash``, in one workspace (as a user types them): a fresh temporary directory holding
   symlinks to the repository's top-level entries (``lightning_pfd``, ``configs``, ``callbacks``,
   ...), copies of ``docs/`` and ``experiments/`` (so nothing of the repository is written), and
@@ -20,12 +21,16 @@ Run (``test_documented_command_runs``, ``test_documented_python_block_runs``):
   README's first command, ``python -m lightning_pfd fit``, with three CLI options appended; when a
   block's reduced command is exactly ``QUICKSTART`` the session run is its result). Environment:
   one thread (``OMP_NUM_THREADS``, ``LIGHTNING_PFD_THREADS``), W&B offline, one session cache
-  (``LIGHTNING_PFD_CACHE``). A command passes when it exits 0 and prints no traceback;
+  (``LIGHTNING_PFD_CACHE``). A command passes when it exits 0 and prints no traceback. Blocks
+  whose (reduced) commands start alike share those runs (README.md and a docs page showing the
+  same command run it once);
 * Python blocks: executed in-process in a fresh copy of that workspace (current directory), in a
   new namespace that holds ``quickstart()`` -> ``(model, dm)``: the reduced quickstart's trained
-  ``DiffusionModule`` (``runs/quickstart/checkpoints/last.ckpt``) and its datamodule, set up.
+  ``DiffusionModule`` (``runs/quickstart/checkpoints/last.ckpt``) and its datamodule, set up
+  (e.g. ``<!-- docs-test: given: model, dm = quickstart() -->``). The same code in two pages
+  runs once.
 
-A command or block that needs more than ``TIMEOUT_S`` fails (mark it). Blocks in other languages
+A command or block that needs more than ``TIMEOUT_S`` seconds fails (mark it). Blocks in other languages
 (``yaml``, ``text``: config excerpts and printed output) are not run.
 
 Markers: HTML comments (invisible in the rendered page) on the lines directly above a block's
@@ -56,8 +61,8 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -484,14 +489,6 @@ def test_documented_command_runs(block, line, command, workspaces):
     _check(result, f"{block.name} (line {line}): {_reduce(block, command, command)}")
 
 
-class _Timeout(Exception):
-    pass
-
-
-def _alarm(signum, frame):
-    raise _Timeout()
-
-
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.name) for b in BLOCKS if b.lang == "python"])
 def test_documented_python_block_runs(block, workspaces, monkeypatch):
     skips = block.marked("skip")
@@ -505,13 +502,57 @@ def test_documented_python_block_runs(block, workspaces, monkeypatch):
     monkeypatch.setenv("LIGHTNING_PFD_CACHE", str(workspaces.cache))
     monkeypatch.syspath_prepend(str(ws))
     namespace = {"__name__": "__docs__", "quickstart": lambda: workspaces.model_and_data(ws)}
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(TIMEOUT_S)
-    try:
-        exec(compile(code, block.name, "exec"), namespace)
-    except _Timeout:
-        pytest.fail(f"{block.name}: over {TIMEOUT_S} s: mark it reduced or skip")
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+    start = time.monotonic()  # pytest-timeout (pyproject) stops a block that hangs
+    exec(compile(code, block.name, "exec"), namespace)
+    took = time.monotonic() - start
+    assert took <= TIMEOUT_S, f"{block.name}: {took:.0f} s (> {TIMEOUT_S} s): mark it reduced or skip"
     workspaces.python_passed.add(code)
+
+
+# --------------------------------------------------------------------------------------------
+# the machinery itself
+# --------------------------------------------------------------------------------------------
+
+def _synthetic(body: str, markers=(), lang: str = "bash") -> Block:
+    return Block(REPO / "README.md", lang, 1, body, tuple(Marker(*m) for m in markers))
+
+
+def test_commands_of_a_block_join_continuations_quotes_and_here_documents():
+    block = _synthetic("# a comment\npython -m lightning_pfd fit \\\n    --config quickstart  # note\n"
+                       "python -c \"\nprint(1)\n\"\ncat <<'EOF'\na # b\nEOF\n\necho done\n")
+    assert _block_commands(block) == [
+        (3, "python -m lightning_pfd fit --config quickstart  # note"),
+        (5, "python -c \"\nprint(1)\n\""),
+        (8, "cat <<'EOF'\na # b\nEOF"),
+        (12, "echo done")]
+    unlabelled = _synthetic("lightning_pfd/  cli.py python -m lightning_pfd\nOMP_NUM_THREADS=1 nice -n 5 python x.py\n",
+                            lang="")
+    assert _block_commands(unlabelled) == [(3, "OMP_NUM_THREADS=1 nice -n 5 python x.py")]
+    assert _command_word("OMP_NUM_THREADS=1 nice -n 5 python x.py") == "python"
+
+
+def test_reductions_append_before_the_comment_and_replace_only_what_is_there():
+    block = _synthetic("", [("reduced", "fit", "+ --trainer.max_epochs 1"), ("reduced", None, "RUN => runs/q")])
+    assert _reduce(block, "python -m lightning_pfd fit RUN  # a run", "python -m lightning_pfd fit RUN  # a run") \
+        == "python -m lightning_pfd fit runs/q --trainer.max_epochs 1  # a run"
+    assert _reduce(block, "python -m lightning_pfd report RUN", "python -m lightning_pfd report RUN") \
+        == "python -m lightning_pfd report runs/q"  # `fit` selects only the fit line's append
+    with pytest.raises(AssertionError, match="is not in"):
+        _reduce(block, "python -m lightning_pfd report x", "python -m lightning_pfd report x")
+    with pytest.raises(ValueError, match="OLD => NEW"):
+        _replacements("range(64) -> range(2)")
+
+
+def test_a_block_that_does_not_run_fails_unless_marked(workspaces):
+    failing = _synthetic("python -c 'import sys; sys.exit(3)'\n")
+    with pytest.raises(AssertionError, match="exit 3"):
+        _check(workspaces.run(failing, 2), "synthetic")
+    traceback = _synthetic("python -c 'import sys; raise SystemExit(0) if 0 else print(\"Traceback (most recent call last)\")'\n")
+    with pytest.raises(AssertionError, match="Traceback"):
+        _check(workspaces.run(traceback, 2), "synthetic")
+    with pytest.raises(pytest.fail.Exception, match="never run unmarked"):
+        workspaces.run(_synthetic("pip install nothing-at-all\n"), 2)
+    with pytest.raises(pytest.skip.Exception, match="the reason"):
+        workspaces.run(_synthetic("pip install nothing-at-all\n", [("skip", "pip", "the reason")]), 2)
+    runs = _synthetic("test -f runs/quickstart/checkpoints/last.ckpt && python -c 'print(2 + 2)'\n")
+    assert workspaces.run(runs, 2).stdout.strip() == "4"
