@@ -164,8 +164,10 @@ def test_shipped_cifar_sweep_parses_in_a_dry_run(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert run_cli(["--config", "mtog_cifar10", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith("n_train=")]
+    rows = [ln.split() for ln in out.splitlines() if ln.split()[1:2] and ln.split()[1].startswith("n_train=")]
     assert len(rows) == 10 * 11  # U-Net-1..10 x N = 2^6..2^16
+    assert [r[0] for r in rows] == [f"t{i:03d}" for i in range(1, 111)]  # the short names, in order
+    rows = [r[1:] for r in rows]
     for trial_id, n, params, label in rows:
         assert trial_id.startswith(f"n_train={n}-preset={label}")
         counted = int(params.replace(",", ""))  # |theta| of the preset, counted on the meta device
