@@ -5,6 +5,7 @@ list. Given to each subcommand's parser through LightningCLI's ``parser_kwargs``
 from __future__ import annotations
 
 import argparse
+import functools
 
 __all__ = ["parser_kwargs", "subcommand_parser_kwargs", "usage", "help_formatter", "HELP_HEAD"]
 
@@ -31,6 +32,7 @@ def usage(prog: str, subcommand: str) -> str:
             f"{extra} [--threads N|auto] [--debug]")
 
 
+@functools.lru_cache(maxsize=None)
 def help_formatter():
     """jsonargparse's help formatter, keeping the description's line breaks (a subcommand's
     parser takes its parent's formatter, so both get this one)."""
