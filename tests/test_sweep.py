@@ -388,6 +388,7 @@ def test_a_sigkilled_driver_leaves_no_ray_process(tmp_path):
     # the plan names each trial with its short name, as Tune's table shows it
     text = out.read_text()
     assert re.search(r"^\s+t01\s+n_train=16\s", text, re.M) and re.search(r"^\s+t02\s+n_train=24\s", text, re.M)
+    assert text.count("sweep killed: 2 trials") == 1  # printed once (flushed before Ray forks)
 
 
 def test_trials_get_short_distinct_names_in_tunes_table():

@@ -10,10 +10,12 @@ session so a terminal's Ctrl-C does not reach it) that reads a pipe from the dri
 driver lives it records, every ``POLL_S`` seconds, the processes of *this* Ray session: the
 driver's children whose command line names the session directory, and all their descendants
 (pid and start time, so a reused pid is never touched). When the pipe closes (the driver exited
-or was killed), it sends SIGTERM to the recorded processes that are still alive, their
-descendants, and any process of the same user naming the session directory; SIGKILL to those
-left after ``GRACE_S`` seconds. A cluster joined with ``--address`` is never watched: only a
-Ray this driver started. Linux only (``/proc``); elsewhere :func:`start_watchdog` returns None.
+or was killed), it sends SIGKILL to the recorded processes that are still alive, their
+descendants, and any process of the same user naming the session directory, as Ray's own
+fate-sharing does for the driver's direct children: a trial cut this way records nothing (no
+"failed" result from a half-stopped W&B or data loader), so ``--resume`` continues it from its
+checkpoint. A cluster joined with ``--address`` is never watched: only a Ray this driver
+started. Linux only (``/proc``); elsewhere :func:`start_watchdog` returns None.
 """
 from __future__ import annotations
 
@@ -26,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Dict, Iterable, Optional, Set, Tuple
 
-__all__ = ["start_watchdog", "stop_watchdog", "session_processes", "POLL_S", "GRACE_S"]
+__all__ = ["start_watchdog", "stop_watchdog", "session_processes", "reap", "POLL_S"]
 
 POLL_S = 0.5    # seconds between two records of the session's processes
-GRACE_S = 3.0   # seconds between SIGTERM and SIGKILL
+ROUNDS = 3      # reaping rounds (a process may start a child while its parent is killed)
 
 _PROC = Path("/proc")
 
@@ -98,20 +100,20 @@ def _signal_all(pids: Iterable[int], sig: int) -> None:
             pass
 
 
-def reap(driver: int, session_dir: str, recorded: Dict[int, int], grace: float = GRACE_S) -> Set[int]:
-    """SIGTERM, then after ``grace`` s SIGKILL, every still-alive process of ``recorded`` and of
-    the session; returns the pids signalled."""
+def reap(driver: int, session_dir: str, recorded: Dict[int, int]) -> Set[int]:
+    """SIGKILL every still-alive process of ``recorded`` and of the session (and what they
+    started meanwhile); returns the pids signalled."""
+    killed: Set[int] = set()
     targets = dict(recorded)
-    targets.update(session_processes(driver, session_dir))
-    alive = _alive(targets)
-    _signal_all(alive, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _alive({p: targets[p] for p in alive}):
-        time.sleep(0.1)
-    left = _alive({p: targets[p] for p in alive})
-    left |= _alive(session_processes(driver, session_dir))  # started while we waited
-    _signal_all(left, signal.SIGKILL)
-    return alive | left
+    for _ in range(ROUNDS):
+        targets.update(session_processes(driver, session_dir))
+        alive = _alive(targets) - killed
+        if not alive:
+            break
+        _signal_all(alive, signal.SIGKILL)
+        killed |= alive
+        time.sleep(0.2)
+    return killed
 
 
 def _watch(driver: int, session_dir: str) -> None:
@@ -139,7 +141,7 @@ def start_watchdog(session_dir: str) -> Optional[subprocess.Popen]:
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
 
 
-def stop_watchdog(proc: Optional[subprocess.Popen], timeout: float = GRACE_S + 5.0) -> None:
+def stop_watchdog(proc: Optional[subprocess.Popen], timeout: float = 10.0) -> None:
     """After ``ray.shutdown()``: close the pipe (the watchdog stops what is left of the session)
     and wait for it."""
     if proc is None:

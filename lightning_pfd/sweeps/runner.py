@@ -15,6 +15,7 @@ result is on disk is never trained again, and an interrupted one resumes from it
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -358,9 +359,12 @@ def _summary(rows: list, sweep_dir: Path) -> str:
 
 def run_sweep(spec: SweepSpec, resources: Optional[Resources] = None, resume: bool = False,
               retry_failed: bool = False, address: Optional[str] = None, dry_run: bool = False,
-              echo: Callable[[str], None] = print) -> int:
+              echo: Optional[Callable[[str], None]] = None) -> int:
     """Validate, run and aggregate a sweep (see the module docstring). Returns 0 when every trial
-    finished (ok or diverged), 1 when some failed or are pending, after writing the results."""
+    finished (ok or diverged), 1 when some failed or are pending, after writing the results.
+    ``echo`` prints a line (default: ``print``, flushed: a process forked later must not inherit
+    and print the lines again)."""
+    echo = echo or functools.partial(print, flush=True)
     resources = check_resources(resources or spec.resources)
     if retry_failed and not resume:
         raise ConfigError("--retry-failed", "only with --resume (it re-runs the failed trials of an "
