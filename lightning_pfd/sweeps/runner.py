@@ -282,7 +282,9 @@ def _start_ray(address: Optional[str], session: Optional[dict] = None) -> bool:
                   configure_logging=True)
     try:
         if address:
-            ray.init(address=address, **kwargs)
+            ctx = ray.init(address=address, **kwargs)
+            if session is not None and address == "local":  # a new local Ray, like no --address
+                session["dir"] = (getattr(ctx, "address_info", None) or {}).get("session_dir")
         else:
             # Ray's raylet starts workers at niceness 15 unless told otherwise: the trials are the
             # sweep's work, and at 15 any other process on the machine takes their cores
