@@ -1,5 +1,6 @@
 """The CLI: program name, embedded configs, a 2-epoch fit in-process, bad configuration fails early;
 the command registry, one error handling shared by every command, the removed compatibility modules."""
+import os
 import re
 import subprocess
 import sys
@@ -319,3 +320,47 @@ def test_a_config_without_data_is_refused_before_anything_is_written(tmp_path, c
     p.write_text(yaml.safe_dump(cfg))
     _assert_fails_before_training(tmp_path, p, "no data", capsys)
     assert not (tmp_path / "run").exists() and not list(tmp_path.rglob("version_0"))
+
+
+def test_fit_help_starts_with_what_most_runs_need():
+    """``fit --help``: a one-line usage, then the options most runs need (lightning_pfd's own
+    --threads / --overwrite / --debug included), then LightningCLI's full list."""
+    out = subprocess.run([sys.executable, "-m", "lightning_pfd", "fit", "--help"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("usage: python -m lightning_pfd fit [--config FILE|NAME]") and lines[1] == ""
+    head = "\n".join(lines[:16])
+    for flag in ("--config FILE|NAME", "--trainer.max_epochs N", "--ckpt_path last", "--overwrite",
+                 "--threads N|auto", "--debug", "--print_config"):
+        assert f"\n  {flag} " in head, flag
+    assert "--trainer.max_epochs MAX_EPOCHS" not in head  # LightningCLI's list comes after
+    assert "--trainer.max_epochs MAX_EPOCHS" in out.stdout and "--model CONFIG" in out.stdout
+    # validate has no --overwrite (fit only)
+    val = subprocess.run([sys.executable, "-m", "lightning_pfd", "validate", "--help"], capture_output=True,
+                         text=True, timeout=120)
+    assert val.returncode == 0 and "--overwrite" not in "\n".join(val.stdout.splitlines()[:16])
+
+
+#: what the libraries printed at start-up that a user cannot act on (issue 22, item 6)
+START_UP_NOISE = ("litlogger", "LeafSpec", "anonymous setting", "wandb:", "Tracking run with wandb",
+                  "WANDB_MODE=online", "exists and is not empty")
+
+
+def test_quickstart_start_up_prints_our_line_first_and_no_library_noise(tmp_path):
+    """A real ``fit`` of the quickstart (cut to 2 steps) without W&B credentials: the first line
+    is ours, none of the known library messages appears, and our closing lines say how to
+    upload the offline W&B run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(OMP_NUM_THREADS="1", NETRC=str(tmp_path / "no-netrc"))
+    out = subprocess.run([sys.executable, "-m", "lightning_pfd", "fit", "--config",
+                          str(CONFIG_DIR / "quickstart.yaml"), "--trainer.max_epochs", "1",
+                          "--trainer.limit_train_batches", "2", "--trainer.log_every_n_steps", "1"],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=300)
+    text = out.stdout
+    assert out.returncode == 0, text[-3000:]
+    assert text.splitlines()[0].startswith("[lightning_pfd] "), text[:500]
+    assert [n for n in START_UP_NOISE if n in text] == [], text
+    assert "W&B ran offline (no credentials): upload later with `wandb login`" in text
+    assert list((tmp_path / "runs" / "quickstart" / "wandb").glob("offline-run-*"))  # W&B did log

@@ -3,6 +3,7 @@ sweep whose rows equal the trials' own histories, failures, interrupt + resume, 
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -163,8 +164,10 @@ def test_shipped_cifar_sweep_parses_in_a_dry_run(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert run_cli(["--config", "mtog_cifar10", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith("n_train=")]
+    rows = [ln.split() for ln in out.splitlines() if ln.split()[1:2] and ln.split()[1].startswith("n_train=")]
     assert len(rows) == 10 * 11  # U-Net-1..10 x N = 2^6..2^16
+    assert [r[0] for r in rows] == [f"t{i:03d}" for i in range(1, 111)]  # the short names, in order
+    rows = [r[1:] for r in rows]
     for trial_id, n, params, label in rows:
         assert trial_id.startswith(f"n_train={n}-preset={label}")
         counted = int(params.replace(",", ""))  # |theta| of the preset, counted on the meta device
@@ -308,3 +311,100 @@ def test_local_ray_starts_trial_workers_at_normal_priority(monkeypatch, user_val
         monkeypatch.setenv(runner.WORKER_NICENESS_ENV, user_value)
     assert runner._start_ray(None) is True
     assert seen["env"] == (user_value or "0")
+
+
+# ----------------------------------------------------------------------------- a killed driver
+def _proc_tree(root: int) -> dict:
+    """pid -> (start time, command line) of ``root``'s descendants (read from /proc)."""
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        stats[int(entry.name)] = (int(fields[1]), int(fields[19]), cmd)
+    out, todo = {}, [root]
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, start, cmd) in stats.items():
+            if ppid == parent and pid not in out:
+                out[pid] = (start, cmd)
+                todo.append(pid)
+    return out
+
+
+def _still_alive(recorded: dict) -> dict:
+    alive = {}
+    for pid, (start, cmd) in recorded.items():
+        try:
+            text = (Path("/proc") / str(pid) / "stat").read_text()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2:].split()[19]) == start:
+            alive[pid] = cmd
+    return alive
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_a_sigkilled_driver_leaves_no_ray_process(tmp_path):
+    """The driver starts its own Ray; SIGKILL it while a trial trains: within a bounded time no
+    process it started (gcs_server, raylet, agents, workers, the watchdog) is left."""
+    path = write_sweep(tmp_path, {"data.init_args.n_train": [16, 24]}, name="killed",
+                       shared={"trainer.max_epochs": 1000})
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = tmp_path / "driver.out"
+    with out.open("wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "lightning_pfd", "sweep", "--config", str(path),
+                                 "--max-concurrent", "1"], cwd=tmp_path, env=env, start_new_session=True,
+                                stdout=fh, stderr=subprocess.STDOUT)
+    recorded = {}
+    try:
+        started = tmp_path / "runs" / "killed" / "n_train=16" / "attempts.jsonl"
+        deadline = time.time() + 90
+        while not started.exists() and proc.poll() is None and time.time() < deadline:
+            recorded.update(_proc_tree(proc.pid))
+            time.sleep(0.2)
+        assert started.exists(), out.read_text()[-3000:]
+        time.sleep(1.0)
+        recorded.update(_proc_tree(proc.pid))
+        names = " ".join(cmd for _, cmd in recorded.values())
+        assert "raylet" in names and "gcs_server" in names and "ray::" in names, names
+        assert "ray_watchdog.py" in names
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.time() + 20
+        while _still_alive(recorded) and time.time() < deadline:
+            time.sleep(0.2)
+        assert _still_alive(recorded) == {}
+    finally:
+        for pid in _still_alive(recorded):  # only what this test's driver started
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+    # the plan names each trial with its short name, as Tune's table shows it
+    text = out.read_text()
+    assert re.search(r"^\s+t01\s+n_train=16\s", text, re.M) and re.search(r"^\s+t02\s+n_train=24\s", text, re.M)
+    assert text.count("sweep killed: 2 trials") == 1  # printed once (flushed before Ray forks)
+
+
+def test_trials_get_short_distinct_names_in_tunes_table():
+    from lightning_pfd.sweeps.runner import _trial_name, short_names
+
+    ids = [f"data_n_train={n}-model_hidden=16-seed={s}" for n in (16, 32) for s in range(6)]
+    names = short_names(ids)
+    assert list(names.values()) == [f"t{i:02d}" for i in range(1, 13)]
+    assert len(set(short_names([f"x={i}" for i in range(120)]).values())) == 120
+    assert short_names([f"x={i}" for i in range(120)])["x=119"] == "t120"
+    # Tune cuts its table cells to 20 characters from the end: the ids collide, the names do not
+    assert len({i[-17:] for i in ids}) < len(ids)
+
+    class FakeTrial:  # what Tune passes to trial_name_creator: an object with the trial's config
+        def __init__(self, config):
+            self.config = config
+
+    assert _trial_name(FakeTrial({"trial": "t03"})) == "t03"
+    assert _trial_name(FakeTrial({"trial_id": ids[0]})) == ids[0]  # a sweep started before names

@@ -362,7 +362,18 @@ def _integer_x(axes) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _save(fig, path: Path) -> str:
+#: axis labels: quantity and unit
+_LOG2N = r"$\log_2 N$ (N: training samples)"
+_PFD_UNIT = " (Ψ-space distance)"
+_PANEL_YLABELS = {"e_gen": r"$\mathcal{E}_{gen}$" + _PFD_UNIT, "e_mem": r"$\mathcal{E}_{mem}$" + _PFD_UNIT,
+                  "kid": "KID in Ψ (dimensionless)", "fid": "FID in Ψ (Ψ-space distance²)",
+                  "loss_train": "denoising loss (dimensionless)", "loss_test": "denoising loss (dimensionless)"}
+
+
+def _save(fig, path: Path, figure_texts=()) -> str:
+    from .plots import fit_titles
+
+    fit_titles(fig, figure_texts)
     tmp = path.with_name(path.name + ".tmp.png")
     fig.savefig(tmp, dpi=120)
     tmp.replace(path)
@@ -420,15 +431,15 @@ def _plot_vs_logn(rows, path: Path, trans: List[dict]) -> str:
         if t is not None:
             for ax in axes[0]:
                 ax.axvline(t["log2_n"], color=color, ls=":", lw=0.9)
-    for ax, name in zip(axes[0], (r"$\mathcal{E}_{gen}$", r"$\mathcal{E}_{mem}$")):
-        ax.set_xlabel(r"$\log_2 N$")
-        ax.set_ylabel(name)
+    for ax, key in zip(axes[0], ("e_gen", "e_mem")):
+        ax.set_xlabel(_LOG2N)
+        ax.set_ylabel(_PANEL_YLABELS[key])
         ax.grid(alpha=0.3)
     axes[0][1].legend(fontsize=7, loc="best")
     _integer_x(axes)
-    fig.suptitle("MtoG transition vs N (PFD paper Fig. 2 left); mean over seeds, band = min–max, "
-                 "dotted = E_gen = E_mem", fontsize=9)
-    return _save(fig, path)
+    title = fig.suptitle("MtoG transition vs N (PFD paper Fig. 2 left); mean over seeds, band = min–max, "
+                         "dotted = E_gen = E_mem", fontsize=9)
+    return _save(fig, path, [title])
 
 
 def _plot_collapsed(rows, path: Path, fit) -> str:
@@ -457,13 +468,14 @@ def _plot_collapsed(rows, path: Path, fit) -> str:
         spread = "" if score is None or not math.isfinite(score.spread) else f", S = {score.spread:.3g}{unit}"
         axes[0][j].set_title(head + spread, fontsize=9)
         for i, name in enumerate((top[1], r"$\mathcal{E}_{mem}$")):
-            axes[i][j].set_xlabel(r"$\log_2(N/|\theta|^{\gamma})$" + f", γ = {g:.3g}")
-            axes[i][j].set_ylabel(name)
+            axes[i][j].set_xlabel(r"$\log_2(N/|\theta|^{\gamma})$" + f", γ = {g:.3g} (dimensionless)")
+            axes[i][j].set_ylabel(name + _PFD_UNIT)
             axes[i][j].grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7, loc="best")
-    fig.suptitle("Collapse of the MtoG curves (PFD paper Fig. 2 right); top: E_gen less each width's "
-                 "fitted floor; S = RMS residual in standard errors (docs/sweeps_analysis.md)", fontsize=9)
-    return _save(fig, path)
+    title = fig.suptitle("Collapse of the MtoG curves (PFD paper Fig. 2 right); top: E_gen less each width's "
+                         "fitted floor; S = RMS residual in standard errors (docs/sweeps_analysis.md)",
+                         fontsize=9)
+    return _save(fig, path, [title])
 
 
 def _plot_practical(rows, path: Path, label: str) -> str:
@@ -474,12 +486,13 @@ def _plot_practical(rows, path: Path, label: str) -> str:
         if not _plot_band(ax, rows, key, math.log2, "tab:blue", name):
             ax.text(0.5, 0.5, "not available", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(name, fontsize=9)
-        ax.set_xlabel(r"$\log_2 N$")
+        ax.set_xlabel(_LOG2N)
+        ax.set_ylabel(_PANEL_YLABELS[key])
         ax.grid(alpha=0.3)
     _integer_x(axes)
-    fig.suptitle(f"Practical metrics vs PFD on the MtoG transition (PFD paper Fig. 7), {label}; "
-                 "FID/KID: student vs teacher endpoints in Ψ space", fontsize=9)
-    return _save(fig, path)
+    title = fig.suptitle(f"Practical metrics vs PFD on the MtoG transition (PFD paper Fig. 7), {label}; "
+                         "FID/KID: student vs teacher endpoints in Ψ space", fontsize=9)
+    return _save(fig, path, [title])
 
 
 def _plot_bias_variance(bv: List[dict], path: Path) -> Optional[str]:
@@ -489,8 +502,8 @@ def _plot_bias_variance(bv: List[dict], path: Path) -> Optional[str]:
     fig, axes = _figure(1, 2, 11.0, 4.2)
     styles = (("e_gen_sq_mean", "-", "o", r"mean $\mathcal{E}_{gen}^2$"),
               ("e_bias_sq", "--", "s", r"$\mathcal{E}_{bias}^2$"), ("e_var", ":", "^", r"$\mathcal{E}_{var}$"))
-    for ax, group, xkey, xname in ((axes[0][0], "n_params", "n_train", r"$\log_2 N$"),
-                                   (axes[0][1], "n_train", "n_params", r"$\log_2|\theta|$")):
+    for ax, group, xkey, xname in ((axes[0][0], "n_params", "n_train", _LOG2N),
+                                   (axes[0][1], "n_train", "n_params", r"$\log_2|\theta|$ (|θ|: parameters)")):
         groups = sorted({c[group] for c in cells})
         for color, gv in zip(_colors(len(groups)), groups):
             cs = sorted((c for c in cells if c[group] == gv), key=lambda c: c[xkey])
@@ -501,13 +514,14 @@ def _plot_bias_variance(bv: List[dict], path: Path) -> Optional[str]:
         for key, ls, mk, name in styles:
             ax.plot([], [], ls=ls, marker=mk, color="gray", label=name)
         ax.set_xlabel(xname)
+        ax.set_ylabel("squared PFD (Ψ-space distance²)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     axes[0][0].set_title("vs N, one colour per |θ|", fontsize=9)
     axes[0][1].set_title("vs |θ|, one colour per N", fontsize=9)
-    fig.suptitle("Bias–variance decomposition (PFD paper §4.3, Def. 3): "
-                 "mean E_gen² = E_bias² + E_var", fontsize=9)
-    return _save(fig, path)
+    title = fig.suptitle("Bias–variance decomposition (PFD paper §4.3, Def. 3): "
+                         "mean E_gen² = E_bias² + E_var", fontsize=9)
+    return _save(fig, path, [title])
 
 
 # ----------------------------------------------------------------------------- markdown

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import netrc
 import os
+import sys
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence, Union
 from urllib.parse import urlparse
@@ -110,10 +111,50 @@ def setup_wandb_metrics(run, *, step_metric: str = "epoch", summaries: Optional[
             run.define_metric(name, step_metric=step_metric)
 
 
+#: W&B's terminal messages dropped when a run starts: ``WandbLogger`` always passes
+#: ``anonymous`` to ``wandb.init``, which W&B >= 0.2x answers with a deprecation nobody can act on
+KNOWN_WANDB_NOISE = ("The anonymous setting has no effect and will be removed",)
+
+
+class _WandbTermRelay:
+    """Fallback logger of ``wandb.termsetup`` in silent mode: prints W&B's messages on stderr as
+    W&B would, except those containing one of ``drop``."""
+
+    def __init__(self, drop: Sequence[str]):
+        self.drop = tuple(drop)
+
+    def _emit(self, msg: str) -> None:
+        if not any(d in msg for d in self.drop):
+            print(msg, file=sys.stderr, flush=True)
+
+    info = warning = error = _emit
+
+
+def _relay_wandb_terminal(relay: Optional[_WandbTermRelay]) -> None:
+    """W&B's terminal through ``relay`` (public ``wandb.termsetup``: silent mode hands every
+    message to the fallback logger), or back to the settings of W&B's own setup (None)."""
+    import wandb
+
+    if relay is None:
+        wandb.termsetup(wandb.setup().settings, None)
+    else:
+        wandb.termsetup(wandb.Settings(silent=True), relay)
+
+
+def _silent_settings():
+    import wandb
+
+    return wandb.Settings(silent=True)
+
+
 class AutoWandbLogger(WandbLogger):
     """``WandbLogger`` that is offline unless credentials exist (``offline=None``, the default)
     and defines the epoch x-axis and summaries (:func:`setup_wandb_metrics`) when the run
-    starts. All other arguments are those of ``WandbLogger``."""
+    starts. W&B's deprecation of the ``anonymous`` argument, which ``WandbLogger`` always passes,
+    is dropped (:data:`KNOWN_WANDB_NOISE`), and an offline run is silent
+    (``settings=wandb.Settings(silent=True)`` unless ``settings`` is given: W&B's advice to go
+    online cannot work without credentials; ``fit``'s closing lines say where the run is and
+    how to upload it). All other arguments are those of ``WandbLogger``."""
 
     def __init__(self, name: Optional[str] = None, save_dir: Union[str, Path] = ".",
                  version: Optional[str] = None, offline: Optional[bool] = None,
@@ -124,11 +165,14 @@ class AutoWandbLogger(WandbLogger):
                  **kwargs: Any) -> None:
         if offline is None:
             offline = logger_offline_if_no_credentials()
+        if offline and kwargs.get("settings") is None:  # the run's own lines ("syncing is offline", ...)
+            kwargs["settings"] = _silent_settings()
         super().__init__(name=name, save_dir=save_dir, version=version, offline=offline, dir=dir,
                          id=id, anonymous=anonymous, project=project, log_model=log_model,
                          prefix=prefix, checkpoint_name=checkpoint_name, **kwargs)
         self._pfd_define_metrics = define_metrics
         self._pfd_metrics_done = False
+        self._pfd_started = False
 
     @property
     def defines_metrics(self) -> bool:
@@ -149,7 +193,15 @@ class AutoWandbLogger(WandbLogger):
 
     @property
     def experiment(self):
-        run = WandbLogger.experiment.fget(self)
+        if self._pfd_started:
+            run = WandbLogger.experiment.fget(self)
+        else:
+            self._pfd_started = True
+            _relay_wandb_terminal(_WandbTermRelay(KNOWN_WANDB_NOISE))
+            try:
+                run = WandbLogger.experiment.fget(self)
+            finally:
+                _relay_wandb_terminal(None)
         if self._pfd_define_metrics and not self._pfd_metrics_done and rank_zero_only.rank == 0:
             self._pfd_metrics_done = True
             setup_wandb_metrics(run)
@@ -158,6 +210,7 @@ class AutoWandbLogger(WandbLogger):
     def __getstate__(self):
         state = super().__getstate__()
         state["_pfd_metrics_done"] = False
+        state["_pfd_started"] = False
         return state
 
 

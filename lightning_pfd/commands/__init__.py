@@ -176,7 +176,12 @@ def print_extra_help() -> None:
 
 #: known start-up messages a user cannot act on: (logger or warning category, message start)
 _NOISE_LOG = ("lightning.pytorch.utilities.rank_zero", "💡 Tip: For seamless cloud logging")
-_NOISE_WARNINGS = (r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",)
+_NOISE_WARNINGS = (
+    (r".*isinstance\(treespec, LeafSpec\)` is deprecated.*", None),
+    # ModelCheckpoint on the run lock (locks.py) in its directory; an earlier run's checkpoints
+    # there are refused (or replaced with --overwrite) before Lightning looks
+    (r"Checkpoint directory .* exists and is not empty\.$", "lightning.pytorch.callbacks.model_checkpoint"),
+)
 
 
 class _DropMessage:
@@ -191,17 +196,22 @@ class _DropMessage:
 
 def quiet_known_noise() -> None:
     """Silence, by exact message, what the libraries print at start-up that a user cannot act on:
-    Lightning's advertisement for its cloud logger (an INFO record of its rank-zero logger) and
-    torch's pytree ``LeafSpec`` deprecation raised inside Lightning. Every other message and
-    warning is left as it is (idempotent)."""
+    Lightning's advertisement for its cloud logger (an INFO record of its rank-zero logger),
+    torch's pytree ``LeafSpec`` deprecation raised inside Lightning, and ModelCheckpoint's
+    "directory exists and is not empty", which the run lock's file in that directory would raise
+    on every fresh run (an earlier run's checkpoints there are refused by ``fit`` before, unless
+    ``--overwrite``). Every other message and warning is left as it is (idempotent)."""
     import logging
     import warnings
 
     logger = logging.getLogger(_NOISE_LOG[0])
     if not any(isinstance(f, _DropMessage) for f in logger.filters):
         logger.addFilter(_DropMessage(_NOISE_LOG[1]))
-    for pattern in _NOISE_WARNINGS:
-        warnings.filterwarnings("ignore", message=pattern)
+    for pattern, module in _NOISE_WARNINGS:
+        if module is None:
+            warnings.filterwarnings("ignore", message=pattern)
+        else:
+            warnings.filterwarnings("ignore", message=pattern, module=module)
 
 
 def _dispatch(argv: list) -> int:

@@ -35,6 +35,7 @@ from ..locks import acquire as acquire_lock
 from ..locks import release_all as release_locks
 from . import (CONFIG_DIR, DEFAULT_CONFIG, LIGHTNING_SUBCOMMANDS, PROG, debug_enabled, pop_flag,
                print_extra_help, run_guarded)
+from .fit_help import parser_kwargs
 from .interrupts import interrupt_status, signal_guard
 
 __all__ = ["PFDLightningCLI", "PFDArgumentParser", "RunConfigCallback", "condense_error", "main",
@@ -195,9 +196,7 @@ class PFDLightningCLI(LightningCLI):
     """
 
     def __init__(self, args=None, run: bool = True, overwrite: bool = False, **kwargs):
-        no_abbrev = {"allow_abbrev": False}
-        kwargs.setdefault("parser_kwargs", {"prog": PROG, **no_abbrev,
-                                            **{c: dict(no_abbrev) for c in SUBCOMMANDS}})
+        kwargs.setdefault("parser_kwargs", parser_kwargs(PROG, SUBCOMMANDS))  # fit_help.py
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
         kwargs.setdefault("save_config_callback", RunConfigCallback)
@@ -447,7 +446,7 @@ class PFDLightningCLI(LightningCLI):
         if plots:
             lines.append("  plots: " + ", ".join(sorted(set(map(str, plots)))))
         if any("Wandb" in type(lg).__name__ for lg in trainer.loggers):
-            if os.environ.get("WANDB_MODE") == "offline":
+            if os.environ.get("WANDB_MODE") in ("offline", "dryrun"):  # Lightning's offline: dryrun
                 lines.append("  W&B ran offline (no credentials): upload later with `wandb login`, then `wandb sync <run dir>`")
         print("\n".join(lines), flush=True)
 
@@ -585,22 +584,6 @@ def run_lightning_cli(argv: Sequence[str], overwrite: bool = False) -> PFDLightn
         sys.argv = saved
 
 
-#: printed before LightningCLI's (long) help of a subcommand: what most runs need
-_SUBCOMMAND_HELP_HEAD = """{prog} {sub}: LightningCLI with lightning_pfd's checks (README: "CLI and configs").
-
-Most runs need only:
-  --config FILE|NAME        a run config, or an embedded one (quickstart, edm_cifar10, ...)
-  --trainer.max_epochs N    any config value, by its dotted key (--model.init_args.lr 1e-3)
-  --ckpt_path last          resume the run of this config from its newest checkpoint
-  --overwrite               fit: replace an earlier run's checkpoints in the same directory
-  --threads N|auto          CPU threads (also LIGHTNING_PFD_THREADS)
-  --debug                   show the traceback of an error (also LIGHTNING_PFD_DEBUG=1)
-  --print_config            print the full config this command line gives, then exit
-
-All options (LightningCLI):
-"""
-
-
 def _fit(argv: list) -> int:
     overwrite = pop_flag(argv, "--overwrite")
     if not argv:
@@ -608,8 +591,6 @@ def _fit(argv: list) -> int:
     if _needs_default_config(argv):
         argv = [argv[0], "--config", str(DEFAULT_CONFIG), *argv[1:]]
         print(f"[lightning_pfd] no --config: using the embedded quickstart ({DEFAULT_CONFIG})")
-    if argv[0] in SUBCOMMANDS and any(a in ("-h", "--help") for a in argv[1:]):
-        print(_SUBCOMMAND_HELP_HEAD.format(prog=PROG, sub=argv[0]), flush=True)
     _RUNNING.clear()
     with signal_guard() as received:  # SIGTERM / SIGINT: exit 143 / 130 with the resume command
         try:

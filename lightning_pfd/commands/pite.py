@@ -44,7 +44,7 @@ from . import COMMANDS, run_guarded
 
 __all__ = ["main", "build_parser", "format_table", "tail_evaluations", "NUM_SPLITS",
            "parse_observable", "sbm_preconds", "summarize", "verdict", "claims", "bulk_qe",
-           "bulk_qe_floor", "train_seeds", "RUN_METRICS", "CLAIMS"]
+           "bulk_qe_floor", "train_seeds", "RUN_METRICS", "CLAIMS", "observable_label", "density_figure"]
 
 PROG = COMMANDS["pite"].prog
 DEFAULT_OBSERVABLES = ("max", "exceedance:threshold=25")
@@ -514,16 +514,61 @@ def format_table(res: dict) -> str:
     return "\n".join(out)
 
 
-def _density_plot(path: Path, evs: dict, curves: dict, title: str) -> None:
+def observable_label(spec: str, unit: Optional[str]) -> str:
+    """Axis label of an observable given as ``--observable`` (``name[:key=value...]``): the
+    quantity in words and its unit (``unit``: that of the fields after the inverse transform;
+    None: data units)."""
+    _, name, kw = parse_observable(spec)
+    u = unit or "data units"
+    if name == "max":
+        return f"crop maximum ({u})"
+    if name == "mean":
+        return f"crop mean ({u})"
+    if name == "exceedance":
+        thr = kw.get("threshold", 10.0)
+        thr = f"{thr:g}" if isinstance(thr, float) else str(thr)
+        return f"fraction of pixels above {thr} {u} (dimensionless)"
+    args = ", ".join(f"{k} = {v}" for k, v in kw.items())
+    return f"observable {name}" + (f" ({args})" if args else "") + " (its own units)"
+
+
+def _density_unit(label: str) -> str:
+    """The density's unit: per unit of the observable (1 for a dimensionless fraction)."""
+    if label.endswith("(dimensionless)"):
+        return "density (KDE, per unit fraction)"
+    unit = label[label.rindex("(") + 1:-1] if label.endswith(")") else "unit"
+    return f"density (KDE, per {unit})"
+
+
+def density_figure(evs: dict, curves: dict, title: str, unit: Optional[str] = None):
     """One panel per observable: log-density KDEs of the data and of every row (LOADER's
-    bandwidth, from each observable's evaluation)."""
+    bandwidth, from each observable's evaluation), each x axis the observable in words with its
+    unit, the title wrapped to the figure's width."""
+    from ..analysis.plots import fit_text, fit_titles
+    from ..evaluation.tail import density_figure as panels
+
+    labels = {o: observable_label(o, unit) for o in evs}
+    fig = panels({labels[o]: evs[o].density_data(curves[o]) for o in evs}, title)
+    for ax, o in zip(fig.axes, evs):
+        ax.set_ylabel(_density_unit(labels[o]))
+        fit_text(fig, ax.xaxis.label, ax.get_window_extent().width * 1.1)
+    fig.set_layout_engine("constrained")
+    fit_titles(fig, [fig.suptitle(title, fontsize=9)])
+    return fig
+
+
+def _density_plot(path: Path, evs: dict, curves: dict, title: str, unit: Optional[str] = None) -> None:
     import matplotlib.pyplot as plt
 
-    from ..evaluation.tail import density_figure
-
-    fig = density_figure({o: evs[o].density_data(curves[o]) for o in evs}, title)
+    fig = density_figure(evs, curves, title, unit)
     fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+def _unit(dm) -> Optional[str]:
+    """Unit of the observables: the datamodule's ``physical_unit`` when it maps samples back
+    (``inverse_transform``), else None (data units)."""
+    return getattr(dm, "physical_unit", None) if getattr(dm, "inverse_transform", None) else None
 
 
 def _out_of_range(dm, x) -> Optional[dict]:
@@ -677,7 +722,7 @@ def run(a) -> dict:
     _density_plot(out / "density.png", evs,
                   {o: {labels[k]: torch.cat(v) for k, v in gen_obs[o].items()} for o in evs},
                   f"PITE (StageIV crops, {a.num_samples} samples per model and seed, "
-                  f"{len(seeds)} training seeds pooled)")
+                  f"{len(seeds)} training seeds pooled)", unit=_unit(dm))
     print(table)
     print(f"[pite] wrote {out / 'table.md'}, {out / 'results.json'}, {out / 'density.png'} "
           f"({res['wall_s']:.0f} s)")

@@ -130,6 +130,9 @@ class PrecipitationDataModule(TensorDataModule):
             "keep" (faithful extrapolation, default) or "clip" (cap at ``log_max``).
     """
 
+    #: unit of the fields after :meth:`inverse_transform` (observables, figures)
+    physical_unit = "mm/h"
+
     def __init__(self, crop_size: int = 32, n_train: int = 2048, n_val: int = 512,
                  train_frames: Optional[Sequence[int]] = None,
                  val_frames: Optional[Sequence[int]] = None, log_max: float = 200.0,

@@ -15,6 +15,7 @@ result is on disk is never trained again, and an interrupted one resumes from it
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from typing import Callable, Optional
 from ..errors import ConfigError
 from ..locks import acquire as acquire_lock
 from .aggregate import aggregate_sweep
+from .ray_watchdog import start_watchdog, stop_watchdog
 from .spec import Resources, SweepSpec, check_resources
 from .validate import validate_trials
 from .trial import FORWARDED_ENV, RESULT_FILE, execute_trial, read_trial_result
@@ -38,11 +40,12 @@ RAY_DIR = "ray"  # Ray Tune's experiment directory inside the sweep directory
 # ----------------------------------------------------------------------------- Ray trainable
 def run_trial(config: dict, payloads: dict) -> None:
     """The Ray Tune function trainable: one trial, then one report of its final metrics.
-    ``config["trial_id"]`` picks the trial; ``payloads`` (id → trial description, passed with
+    ``config["trial"]`` (its short name; ``config["trial_id"]`` in sweeps started before short
+    names) picks the trial; ``payloads`` (name or id → trial description, passed with
     ``tune.with_parameters``) keeps the configs out of Tune's parameter table."""
     from ray import tune
 
-    result = execute_trial(payloads[config["trial_id"]])
+    result = execute_trial(payloads[_config_key(config)])
     final = result.get("final_metrics") or {}
     metrics = {k.replace("/", "_"): float(final[k]) for k in _TUNE_METRICS if k in final}
     tune.report({"status_ok": float(result.get("status") == "ok"),
@@ -53,8 +56,21 @@ def run_trial(config: dict, payloads: dict) -> None:
 _TUNE_METRICS = ("pfd/e_gen", "pfd/e_mem", "loss/train_fixed", "loss/test_fixed")
 
 
+def short_names(trial_ids) -> dict:
+    """trial id -> its short name in Ray Tune's progress table: ``t01``, ``t02``, ... in plan
+    order (Tune cuts table cells to 20 characters, which made long ids look identical)."""
+    ids = list(trial_ids)
+    width = max(2, len(str(len(ids))))
+    return {tid: f"t{i:0{width}d}" for i, tid in enumerate(ids, start=1)}
+
+
+def _config_key(config: dict) -> str:
+    return str(config["trial"] if "trial" in config else config["trial_id"])
+
+
 def _trial_name(trial) -> str:
-    return str(trial.config["trial_id"])
+    """Tune's trial name (and trial directory under ``ray/``): the trial's short name."""
+    return _config_key(trial.config)
 
 
 # ----------------------------------------------------------------------------- planning
@@ -68,11 +84,12 @@ def format_plan(spec: SweepSpec, trials: list, resources: Resources) -> str:
              f"  base config: {spec.base}",
              f"  resources per trial: {resources.cpus_per_trial:g} CPU, {resources.gpus_per_trial:g} GPU"
              + (f"; at most {resources.max_concurrent} at once" if resources.max_concurrent else ""),
-             "", f"  {'trial':<48} {'N':>7} {'|theta|':>11}  model"]
+             "", f"  {'name':<5} {'trial':<48} {'N':>7} {'|theta|':>11}  model"]
+    names = short_names(t.trial_id for t in trials)
     for t in trials:
         n = "" if t.n_train is None else str(t.n_train)
         p = "" if t.n_params is None else f"{t.n_params:,}"
-        lines.append(f"  {t.trial_id:<48} {n:>7} {p:>11}  {t.model_label}")
+        lines.append(f"  {names[t.trial_id]:<5} {t.trial_id:<48} {n:>7} {p:>11}  {t.model_label}")
     return "\n".join(lines)
 
 
@@ -165,12 +182,15 @@ def _env() -> dict:
 
 
 def _payloads(spec: SweepSpec, trials: list, resources: Resources) -> dict:
+    """trial id and short name -> the trial's description (the same object under both keys)."""
     env, cwd = _env(), os.getcwd()
-    return {t.trial_id: {"trial_id": t.trial_id, "sweep_dir": str(spec.sweep_dir), "sweep_name": spec.name,
+    by_id = {t.trial_id: {"trial_id": t.trial_id, "sweep_dir": str(spec.sweep_dir), "sweep_name": spec.name,
              "cwd": cwd, "config": t.config, "cpus": resources.cpus_per_trial, "env": env,
              "endpoints": spec.endpoints, "overrides": t.overrides, "seed": t.seed,
              "n_train": t.n_train, "n_params": t.n_params, "model_label": t.model_label}
-            for t in trials}
+             for t in trials}
+    names = short_names(by_id)
+    return {**by_id, **{names[tid]: p for tid, p in by_id.items()}}
 
 
 def _retry_failed(spec: SweepSpec, trials: list) -> list:
@@ -250,8 +270,10 @@ def _is_auth_error(e: BaseException) -> bool:
     return "AuthenticationError" in text or "InvalidAuthToken" in text or "auth token" in text.lower()
 
 
-def _start_ray(address: Optional[str]) -> bool:
-    """Join or start Ray; returns True when this call started it (and must shut it down)."""
+def _start_ray(address: Optional[str], session: Optional[dict] = None) -> bool:
+    """Join or start Ray; returns True when this call started it (and must shut it down). A Ray
+    started locally writes its session directory to ``session["dir"]`` (from the context
+    ``ray.init`` returns)."""
     import ray
 
     if ray.is_initialized():
@@ -261,12 +283,16 @@ def _start_ray(address: Optional[str]) -> bool:
                   configure_logging=True)
     try:
         if address:
-            ray.init(address=address, **kwargs)
+            ctx = ray.init(address=address, **kwargs)
+            if session is not None and address == "local":  # a new local Ray, like no --address
+                session["dir"] = (getattr(ctx, "address_info", None) or {}).get("session_dir")
         else:
             # Ray's raylet starts workers at niceness 15 unless told otherwise: the trials are the
             # sweep's work, and at 15 any other process on the machine takes their cores
             os.environ.setdefault(WORKER_NICENESS_ENV, "0")
-            ray.init(address="local", num_cpus=os.cpu_count() or 1, **kwargs)  # never an older cluster
+            ctx = ray.init(address="local", num_cpus=os.cpu_count() or 1, **kwargs)  # never an older cluster
+            if session is not None:
+                session["dir"] = (getattr(ctx, "address_info", None) or {}).get("session_dir")
     except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RayError, RuntimeError, ...
         if ray.is_initialized():
             ray.shutdown()
@@ -283,14 +309,16 @@ def _start_ray(address: Optional[str]) -> bool:
     return True
 
 
-def _ray_errors(grid) -> dict:
+def _ray_errors(grid, trial_ids) -> dict:
     """trial id -> ``Type: message`` of every errored Tune trial."""
     out = {}
+    by_name = {name: tid for tid, name in short_names(trial_ids).items()}
     for i in range(len(grid)):
         r = grid[i]
         if r.error is None:
             continue
-        tid = (r.config or {}).get("trial_id")
+        config = r.config or {}
+        tid = by_name.get(config.get("trial"), config.get("trial_id"))
         err = r.error
         cause = getattr(err, "cause", None) or err
         text = str(cause).strip().splitlines()
@@ -311,7 +339,7 @@ def _tuner(spec: SweepSpec, trials: list, resources: Resources, restore: bool, r
                                   resume_errored=False, restart_errored=retry_failed)
     return tune.Tuner(
         trainable,
-        param_space={"trial_id": tune.grid_search([t.trial_id for t in trials])},
+        param_space={"trial": tune.grid_search(list(short_names(t.trial_id for t in trials).values()))},
         tune_config=tune.TuneConfig(max_concurrent_trials=resources.max_concurrent, reuse_actors=True,
                                     trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
         run_config=tune.RunConfig(name=RAY_DIR, storage_path=str(spec.sweep_dir), verbose=1,
@@ -334,9 +362,12 @@ def _summary(rows: list, sweep_dir: Path) -> str:
 
 def run_sweep(spec: SweepSpec, resources: Optional[Resources] = None, resume: bool = False,
               retry_failed: bool = False, address: Optional[str] = None, dry_run: bool = False,
-              echo: Callable[[str], None] = print) -> int:
+              echo: Optional[Callable[[str], None]] = None) -> int:
     """Validate, run and aggregate a sweep (see the module docstring). Returns 0 when every trial
-    finished (ok or diverged), 1 when some failed or are pending, after writing the results."""
+    finished (ok or diverged), 1 when some failed or are pending, after writing the results.
+    ``echo`` prints a line (default: ``print``, flushed: a process forked later must not inherit
+    and print the lines again)."""
+    echo = echo or functools.partial(print, flush=True)
     resources = check_resources(resources or spec.resources)
     if retry_failed and not resume:
         raise ConfigError("--retry-failed", "only with --resume (it re-runs the failed trials of an "
@@ -365,7 +396,10 @@ def _run_locked(spec: SweepSpec, trials: list, resources: Resources, resume: boo
                 address: Optional[str], echo: Callable[[str], None]) -> list:
     """The part of :func:`run_sweep` under the sweep's lock; returns the aggregated rows."""
     old = _check_sweep_dir(spec, trials, resume)
-    started = _start_ray(address)  # a cluster that cannot be joined fails before anything is written
+    session: dict = {}
+    started = _start_ray(address, session)  # a cluster that cannot be joined fails before anything is written
+    # a Ray this driver started goes with it, even when the driver is SIGKILLed (ray_watchdog.py)
+    watchdog = start_watchdog(session["dir"]) if session.get("dir") else None
     try:
         _write_record(spec, trials, resources, old, retry_failed)
         if retry_failed:
@@ -374,12 +408,13 @@ def _run_locked(spec: SweepSpec, trials: list, resources: Resources, resume: boo
         echo(format_plan(spec, trials, resources) if not resume else
              f"[lightning_pfd] resuming sweep {spec.name} ({len(trials)} trials) in {spec.sweep_dir}")
         tuner = _tuner(spec, trials, resources, restore=resume, retry_failed=retry_failed)
-        errors = _ray_errors(tuner.fit())
+        errors = _ray_errors(tuner.fit(), [t.trial_id for t in trials])
     finally:
         if started:
             import ray
 
             ray.shutdown()
+        stop_watchdog(watchdog)
     return aggregate_sweep(spec.sweep_dir, ray_errors=errors)
 
 
