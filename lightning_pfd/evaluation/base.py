@@ -209,10 +209,13 @@ class Measurement:
 
 @runtime_checkable
 class Evaluation(Protocol):
-    """The measurement contract (module docstring)."""
+    """The measurement contract (module docstring). The methods are left unannotated so that any
+    class with these two methods implements it (for a config's ``class_path`` too):
+    ``prepare(datamodule, model, comm: Comm = SINGLE) -> None`` and
+    ``measure(model, comm: Comm = SINGLE) -> Measurement``."""
 
-    def prepare(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
+    def prepare(self, datamodule, model, comm=SINGLE):
         ...
 
-    def measure(self, model: Any, comm: Comm = SINGLE) -> Measurement:
+    def measure(self, model, comm=SINGLE):
         ...
