@@ -1,9 +1,11 @@
 """The base of every measurement callback: *when* to measure and *where* to log.
 
-A monitor subclasses :class:`MeasurementCallback`, implements ``_measure_and_log(trainer,
-pl_module)`` (measure with an evaluation object, then :meth:`~MeasurementCallback.log_metrics` /
-:meth:`~MeasurementCallback.log_figure`) and lists its distinguishing arguments in
-``_state_key_args()``. The base provides:
+The package's monitors are :class:`~lightning_pfd.callbacks.monitor.EvaluationMonitor`, which runs
+any evaluation of the measurement contract (:mod:`lightning_pfd.evaluation.base`) on this base.
+A monitor of another shape subclasses :class:`MeasurementCallback`, implements
+``_measure_and_log(trainer, pl_module)`` (measure with an evaluation object, then
+:meth:`~MeasurementCallback.log_metrics` / :meth:`~MeasurementCallback.log_figure`) and lists its
+distinguishing arguments in ``_state_key_args()``. The base provides:
 
 **Schedule.** Measurements happen at *passes*: validation passes of ``fit`` (sanity checks
 excluded; several per epoch with ``val_check_interval < 1``), or training epochs when the fit has
@@ -37,7 +39,7 @@ the trainer's :class:`~lightning_pfd.evaluation.base.Comm` (``trainer.strategy``
 ``all_gather`` / ``reduce``, :func:`~lightning_pfd.evaluation.base.strategy_comm`); all are the
 identity on one process and, with several, must be called by every rank.
 
-**Logging.** :meth:`log_metrics` (``pl_module.log`` per epoch + a history row) and
+**Logging.** :meth:`log_metrics` (one ``pl_module.log_dict`` per epoch + a history row) and
 :func:`log_figure` (a W&B image with a ``WandbLogger``, ``add_figure`` / ``add_image`` with a
 ``TensorBoardLogger``, else a PNG ``figures/<key>-epoch<k>.png`` under the logger's ``log_dir`` or
 the trainer's ``default_root_dir``; rank 0 only; the figure is closed). Callbacks that are not

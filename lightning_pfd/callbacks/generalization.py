@@ -22,6 +22,10 @@ tests and ``report`` read them.
 docs/performance.md).
 Every ``image_every_n_epochs`` measured passes a grid of samples (rows: student and each
 reference, like the paper's Fig. 1) goes to :meth:`~MeasurementCallback.log_figure`.
+
+GeneralizationMonitor is :class:`~lightning_pfd.callbacks.monitor.EvaluationMonitor` on
+:class:`~lightning_pfd.evaluation.flow.FlowMeasure` (the measurement contract), with the
+arguments, metric names and checkpoint state key of this monitor.
 """
 from __future__ import annotations
 

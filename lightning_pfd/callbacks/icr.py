@@ -20,6 +20,10 @@ than 4 d distinct images one warning says the estimate is biased towards 0 (use 
 unknown ``tap`` (with the closest name), a sigma outside the denoiser's range, ``num_images`` larger
 than the training set or smaller than the world size, an ``image_shape`` that does not fit the
 samples, ``d_proj`` larger than the tap's dimension, and another monitor logging the same keys.
+
+ICRMonitor is :class:`~lightning_pfd.callbacks.monitor.EvaluationMonitor` on
+:class:`~lightning_pfd.evaluation.representation.ICRMeasure` (the measurement contract), with the
+arguments, metric names and checkpoint state key of this monitor.
 """
 from __future__ import annotations
 

@@ -15,6 +15,10 @@ finite); one warning line the first time.
 :meth:`MemorizationMonitor.check_setup` refuses before training: a module without ``generate``, a
 training set too small for the criterion (nn_ratio needs two samples), fewer samples than ranks,
 a descriptor that fails on the data, and another monitor logging the same keys.
+
+MemorizationMonitor is :class:`~lightning_pfd.callbacks.monitor.EvaluationMonitor` on
+:class:`~lightning_pfd.evaluation.memorization.MemorizationMeasure` (the measurement contract), with the
+arguments, metric names and checkpoint state key of this monitor.
 """
 from __future__ import annotations
 

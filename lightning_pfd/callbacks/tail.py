@@ -8,6 +8,10 @@ Logs ``<name>/rmsqe``, ``/loader`` (NaN when a sample's observable is non-finite
 single-sample contribution), and the density figure
 ``/density`` (``log_figure``). Seeds are sharded over ranks, the observables gathered, so the
 values are those of :meth:`TailEvaluation.measure` on the same model under any world size.
+
+TailMonitor is :class:`~lightning_pfd.callbacks.monitor.EvaluationMonitor` on
+:class:`~lightning_pfd.evaluation.tail.TailMeasure` (the measurement contract), with the
+arguments, metric names and checkpoint state key of this monitor.
 """
 from __future__ import annotations
 
