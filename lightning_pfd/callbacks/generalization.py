@@ -32,10 +32,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-import torch
 
 from .. import keys
-from ..diffusion.sampling import check_compile
 from ..errors import ConfigError
 from ..evaluation.base import strategy_comm
 from ..evaluation.flow import FlowEvaluation, FlowMeasure, check_flow_args, metric_factory
