@@ -78,7 +78,7 @@ def test_any_contract_object_runs_with_one_log_dict_per_measurement(tmp_path):
     assert trainer.callback_metrics["pn/sq_norm"].dtype == torch.float64  # a tensor as it is
     assert trainer.callback_metrics["pn/count"].dtype == torch.float32  # a number as float32
     assert [h["epoch"] for h in mon.history] == [0, 2] and ev.prepared == 2
-    assert mon.history[-1]["pn/first"] == pytest.approx(float(next(model.parameters()).double().square().sum()))
+    assert mon.history[-1]["pn/first"] == pytest.approx(float(next(model.parameters()).detach().double().square().sum()))
     records, bad = read_records(tmp_path / "per_unit")
     assert not bad and [r.epoch for r in records["pn/sq_norm"]] == [0, 2]
     assert records["pn/sq_norm"][-1].kind == "mean" and len(records["pn/sq_norm"][-1].values) == len(
