@@ -9,6 +9,10 @@ directory on ``sys.path``:
   own evaluation endpoints, and the key reaches the CSV log, the progress bar, the W&B metric
   definitions and the report; the monitor of section 4 and the notebook of section 5 run in/on
   the same fit;
+- the metric of a new kind (``my_evaluations.py`` + the one ``EvaluationMonitor`` entry of
+  ``quickstart_nn.yaml``) in a 2-epoch fit of the shrunk quickstart through the command line:
+  the logged nearest-neighbour distance and its per-unit record equal a numpy nearest-neighbour
+  search on the trained model's samples;
 - the iDDPM family (``my_families.py``): its coefficients, sigma table, grid and training sigmas
   against the EDM paper's Table 1 written out independently in numpy, the exact Gaussian
   denoiser recovered through its preconditioning, and a short fit of ``iddpm.yaml`` through the
@@ -40,7 +44,7 @@ from lightning_pfd.commands.fit import PFDLightningCLI
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 _BLOCK = re.compile(r"```(?:python|yaml)\n(# file: (\S+)[^\n]*\n.*?)```", re.S)
 FILES = {"my_metrics.py", "quickstart_sw.yaml", "my_families.py", "iddpm.yaml", "fit.py",
-         "my_monitor.py", "notebook.py"}
+         "my_monitor.py", "notebook.py", "my_evaluations.py", "quickstart_nn.yaml"}
 
 
 def doc_blocks() -> dict:
@@ -64,7 +68,7 @@ def ext(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(d))
     saved_families = dict(_FAMILIES)
     yield d
-    for mod in ("my_metrics", "my_families", "my_monitor"):
+    for mod in ("my_metrics", "my_families", "my_monitor", "my_evaluations"):
         sys.modules.pop(mod, None)
     _FAMILIES.clear()
     _FAMILIES.update(saved_families)
@@ -497,3 +501,46 @@ def test_iddpm_from_python_by_name_or_object(ext):
     by_object = DiffusionModule(MLPNet(3, hidden=8, depth=1), family=IDDPMFamily(M=1000))
     assert by_name.family == by_object.family == IDDPMFamily()
     assert by_name.hparams.precond == by_object.hparams.precond == "iddpm"
+
+
+# ------------------------------------------------------------------ 6. a metric of a new kind
+def test_new_kind_of_metric_from_one_file_and_one_config_block(ext, tmp_path, monkeypatch):
+    from lightning_pfd.analysis.per_unit import read_records, value_and_se
+    from lightning_pfd.callbacks import EvaluationMonitor
+
+    root = tmp_path / "run"
+    cfg = _quickstart_shrunk(ext, root)
+    (entry,) = yaml.safe_load((ext / "quickstart_nn.yaml").read_text())  # the page's block, as written
+    cfg["trainer"]["callbacks"] = [entry]
+    cfg_path = tmp_path / "quickstart_nn.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    with mock.patch.object(sys, "argv", ["python -m lightning_pfd"]):
+        code, cli = _run_cli(monkeypatch, lambda: main(["fit", "--config", str(cfg_path)]))
+    assert code == 0
+    (monitor,) = [c for c in cli.trainer.callbacks if isinstance(c, EvaluationMonitor)]
+    import my_evaluations
+
+    assert isinstance(monitor.protocol, my_evaluations.NearestNeighbourDistance)
+    assert monitor.metric_names() == ["nn/nn_dist"]
+    assert keys.collect(cli.trainer.callbacks).find("nn/nn_dist") is not None  # declared at setup
+
+    # independent: the trained model's samples on the same seeds, nearest neighbours by numpy
+    seeds = torch.arange(0, 64)
+    x = cli.model.generate(seeds).flatten(1).double().numpy()
+    train = cli.datamodule.train_data.flatten(1).double().numpy()
+    dist = np.sqrt(((x[:, None, :] - train[None, :, :]) ** 2).sum(-1)).min(1)
+    rows = [r for r in _csv_rows(root) if r.get("nn/nn_dist")]
+    assert [int(r["epoch"]) for r in rows] == [0, 1]  # one value per epoch
+    assert float(rows[-1]["nn/nn_dist"]) == pytest.approx(dist.mean(), rel=1e-9)
+    assert [h["nn/nn_dist"] for h in monitor.history] == pytest.approx([float(r["nn/nn_dist"]) for r in rows],
+                                                                      rel=1e-12)
+    assert rows[0]["nn/nn_dist"] != rows[1]["nn/nn_dist"]  # measured again after training
+    # the per-unit record of the last epoch: the 64 distances, the seeds as unit ids
+    records, bad = read_records(root / "per_unit")
+    assert not bad
+    last = [r for r in records["nn/nn_dist"] if r.epoch == 1]
+    assert len(last) == 1 and last[0].kind == "mean"
+    np.testing.assert_allclose(last[0].values, dist, rtol=1e-9)
+    assert np.array_equal(last[0].units, np.arange(64))
+    assert value_and_se(last[0].values, "mean") == pytest.approx(
+        (dist.mean(), dist.std(ddof=1) / math.sqrt(64)), rel=1e-9)

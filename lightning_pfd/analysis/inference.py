@@ -94,7 +94,7 @@ def _linear_units(kind: str, values: np.ndarray, y: np.ndarray) -> np.ndarray:
 def _curve(kind: str, epochs: np.ndarray, values: np.ndarray, logged: np.ndarray) -> Curve:
     if kind == "sq_dist":
         y = np.sqrt(values.mean(1))
-    elif kind == "indicator":
+    elif kind in ("indicator", "mean"):
         y = values.mean(1)
     else:  # jackknife replicates: the value is the logged full-sample estimate
         return Curve(epochs, logged.astype(np.float64), values, "jackknife")

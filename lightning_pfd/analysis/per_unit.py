@@ -15,7 +15,8 @@ jackknife replicates. From them come
 On disk (the run directory's ``per_unit/``), one file per (metric, epoch)::
 
     per_unit/<metric slug>/epoch_000012.npz
-        values  float64 (U,)   per-unit values (d², indicator, or jackknife replicate)
+        values  float64 (U,)   per-unit values (d², indicator, jackknife replicate, or any
+                               per-unit value whose mean is logged: kind ``mean``)
         units   int64   (U,)   unit ids (evaluation seeds, sample seeds, group index)
         meta    str            JSON: key, epoch, step, kind, value, format
 
@@ -42,7 +43,7 @@ __all__ = ["KINDS", "UnitRecord", "PerUnitStore", "UnitSeries", "value_and_se", 
            "find_store", "load_units", "STORE_DIR"]
 
 #: what the per-unit values are and how the logged value is made from them
-KINDS = ("sq_dist", "indicator", "jackknife")
+KINDS = ("sq_dist", "indicator", "jackknife", "mean")
 STORE_DIR = "per_unit"
 _FORMAT = 1
 _NAME_RE = re.compile(r"^epoch_(\d{6,})\.npz$")
@@ -65,7 +66,7 @@ def value_and_se(values: np.ndarray, kind: str, value: Optional[float] = None) -
         if n < 2:
             return e, math.nan
         return e, (float(v.std(ddof=1)) / (2.0 * e * math.sqrt(n)) if e > 0 else 0.0)
-    if kind == "indicator":
+    if kind in ("indicator", "mean"):  # a mean of per-unit values
         return float(v.mean()), (float(v.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan)
     if kind == "jackknife":
         est = float(v.mean()) if value is None else float(value)

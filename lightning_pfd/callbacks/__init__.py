@@ -5,6 +5,7 @@ from .early_stopping import ICREarlyStopping
 from .generalization import GeneralizationMonitor
 from .icr import ICRMonitor
 from .memorization import MemorizationMonitor
+from .monitor import EvaluationMonitor
 from .progress import PFDProgressBar
 from .regime import RegimeMonitor
 from .tail import TailMonitor
@@ -12,7 +13,7 @@ from .wandb_setup import (AutoWandbLogger, LogConfigCallback, WandbMetricsSetup,
                           logger_offline_if_no_credentials, setup_wandb_metrics)
 
 __all__ = [
-    "MeasurementCallback", "EpochCheckpoint",
+    "MeasurementCallback", "EvaluationMonitor", "EpochCheckpoint",
     "GeneralizationMonitor", "ICRMonitor", "MemorizationMonitor", "ICREarlyStopping", "TailMonitor",
     "RegimeMonitor", "PFDProgressBar", "AutoWandbLogger", "LogConfigCallback", "WandbMetricsSetup",
     "default_wandb_logger", "logger_offline_if_no_credentials", "setup_wandb_metrics",

@@ -1,9 +1,11 @@
 """The base of every measurement callback: *when* to measure and *where* to log.
 
-A monitor subclasses :class:`MeasurementCallback`, implements ``_measure_and_log(trainer,
-pl_module)`` (measure with an evaluation object, then :meth:`~MeasurementCallback.log_metrics` /
-:meth:`~MeasurementCallback.log_figure`) and lists its distinguishing arguments in
-``_state_key_args()``. The base provides:
+The package's monitors are :class:`~lightning_pfd.callbacks.monitor.EvaluationMonitor`, which runs
+any evaluation of the measurement contract (:mod:`lightning_pfd.evaluation.base`) on this base.
+A monitor of another shape subclasses :class:`MeasurementCallback`, implements
+``_measure_and_log(trainer, pl_module)`` (measure with an evaluation object, then
+:meth:`~MeasurementCallback.log_metrics` / :meth:`~MeasurementCallback.log_figure`) and lists its
+distinguishing arguments in ``_state_key_args()``. The base provides:
 
 **Schedule.** Measurements happen at *passes*: validation passes of ``fit`` (sanity checks
 excluded; several per epoch with ``val_check_interval < 1``), or training epochs when the fit has
@@ -32,13 +34,12 @@ count are kept in ``state_dict`` (subclass extras via ``_extra_state`` / ``_load
 (the format of the checkpoints written before this base existed), so several monitors of one
 class that measure different things keep and resume their own state.
 
-**Processes.** :meth:`shard` (this rank's items, the ``[rank::world]`` convention of
-:mod:`lightning_pfd.evaluation.sharding`), :meth:`gather` (rows of every rank in the global order,
-through ``trainer.strategy.all_gather``) and :meth:`all_sum` / :meth:`all_true` (through
-``trainer.strategy.reduce``); all are the identity on one process and, with several, must be
-called by every rank.
+**Processes.** :meth:`shard`, :meth:`gather`, :meth:`all_sum` and :meth:`all_true` are those of
+the trainer's :class:`~lightning_pfd.evaluation.base.Comm` (``trainer.strategy``'s public
+``all_gather`` / ``reduce``, :func:`~lightning_pfd.evaluation.base.strategy_comm`); all are the
+identity on one process and, with several, must be called by every rank.
 
-**Logging.** :meth:`log_metrics` (``pl_module.log`` per epoch + a history row) and
+**Logging.** :meth:`log_metrics` (one ``pl_module.log_dict`` per epoch + a history row) and
 :func:`log_figure` (a W&B image with a ``WandbLogger``, ``add_figure`` / ``add_image`` with a
 ``TensorBoardLogger``, else a PNG ``figures/<key>-epoch<k>.png`` under the logger's ``log_dir`` or
 the trainer's ``default_root_dir``; rank 0 only; the figure is closed). Callbacks that are not
@@ -68,11 +69,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from ..analysis.per_unit import STORE_DIR, PerUnitStore, UnitRecord
 from ..errors import ConfigError
-from ..evaluation import sharding
+from ..evaluation.base import strategy_comm
 from ..keys import slug
 
 __all__ = ["MeasurementCallback", "MeasurementSchedule", "log_schedule", "is_log_pass",
-           "check_schedule", "SCHEDULES", "validation_disabled", "callback_field", "global_sum",
+           "check_schedule", "SCHEDULES", "validation_disabled", "callback_field",
            "check_unique_metric_names", "check_metric_prefix", "require_train_data",
            "figure_to_array", "figure_dir", "log_figure", "log_to_loggers"]
 
@@ -86,14 +87,6 @@ ScheduleSpec = Union[str, Sequence[int]]
 def callback_field(callback: Any, arg: str) -> str:
     """The config path of a callback argument, e.g. ``trainer.callbacks[ICRMonitor].tap``."""
     return f"trainer.callbacks[{type(callback).__name__}].{arg}"
-
-
-def global_sum(value: float, world_size: int = 1, device: Any = None) -> float:
-    """``value`` summed over all ranks (float64 all-reduce; the identity on one process).
-    Every rank must call it when ``world_size > 1``; ``device``: the module's device."""
-    if world_size <= 1:
-        return float(value)
-    return sharding.all_reduce_sum(value, device)
 
 
 def require_train_data(callback: Any, datamodule: Any) -> torch.Tensor:
@@ -466,37 +459,33 @@ class MeasurementCallback(Callback):
             self._measure_and_log(trainer, pl_module)
 
     # ------------------------------------------------------------------ processes
+    # (the trainer's Comm, lightning_pfd.evaluation.base.strategy_comm: every rank must call them)
     @staticmethod
     def shard(n_or_items: Any, trainer: "pl.Trainer"):
         """This rank's part: ``arange(rank, n, world)`` for an integer ``n``, else
         ``items[rank::world]`` (a tensor's rows or a sequence)."""
-        rank, world = int(trainer.global_rank), max(1, int(trainer.world_size))
-        if isinstance(n_or_items, int) and not isinstance(n_or_items, bool):
-            return sharding.shard_indices(n_or_items, rank, world)
-        return sharding.shard(n_or_items, rank, world)
+        return strategy_comm(trainer).shard(n_or_items)
 
     @staticmethod
     def gather(rows: torch.Tensor, trainer: "pl.Trainer", n: Optional[int] = None) -> torch.Tensor:
         """All rows in the global order, from this rank's strided shard (``trainer.strategy``
         all-gather; every rank must call it). ``n``: the global row count (gathered when None)."""
-        world = max(1, int(trainer.world_size))
-        if world == 1:
+        comm = strategy_comm(trainer)
+        if comm.world == 1:
             return rows
-        strategy = trainer.strategy
         if n is None:
             count = torch.tensor([rows.shape[0]], dtype=torch.long, device=rows.device)
-            n = int(strategy.all_gather(count).sum())
-        padded = sharding.pad_rows(rows, sharding.shard_size(n, 0, world))
-        parts = strategy.all_gather(padded)  # (world, per, ...)
-        return sharding.gather_shards(list(parts), n, world)
+            n = int(torch.stack(comm.all_gather_equal(count)).sum())
+        return comm.gather_rows(rows, n)
 
     @staticmethod
     def all_sum(value: Any, trainer: "pl.Trainer") -> float:
         """``value`` summed over ranks (float64, ``trainer.strategy.reduce``; every rank calls it)."""
-        if max(1, int(trainer.world_size)) == 1:
+        comm = strategy_comm(trainer)
+        if comm.world == 1:
             return float(value)
         t = torch.tensor([float(value)], dtype=torch.float64, device=trainer.strategy.root_device)
-        return float(trainer.strategy.reduce(t, reduce_op="sum"))
+        return float(comm.reduce_sum(t))
 
     @classmethod
     def all_true(cls, flag: bool, trainer: "pl.Trainer") -> bool:
@@ -506,12 +495,12 @@ class MeasurementCallback(Callback):
     # ------------------------------------------------------------------ logging
     def log_metrics(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                     values: Mapping[str, Any], extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-        """Log ``values`` once per epoch on every logger (``pl_module.log``, no sync: the values
-        are already global) and append a history row ``{"epoch", "step", **values, **extra}``.
+        """Log ``values`` once per epoch on every logger (one ``pl_module.log_dict``, no sync: the
+        values are already global) and append a history row ``{"epoch", "step", **values, **extra}``.
         Numbers are logged as float32 tensors, tensors as they are. Returns the row."""
-        for key, v in values.items():
-            t = v.detach() if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float32)
-            pl_module.log(key, t, sync_dist=False, on_step=False, on_epoch=True, batch_size=1)
+        payload = {key: v.detach() if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float32)
+                   for key, v in values.items()}
+        pl_module.log_dict(payload, sync_dist=False, on_step=False, on_epoch=True, batch_size=1)
         row = {"epoch": int(trainer.current_epoch), "step": int(trainer.global_step),
                **{k: float(v) for k, v in values.items()}, **dict(extra or {})}
         self.history.append(row)

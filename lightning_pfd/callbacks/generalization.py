@@ -23,20 +23,24 @@ tests and ``report`` read them.
 docs/performance.md).
 Every ``image_every_n_epochs`` measured passes a grid of samples (rows: student and each
 reference, like the paper's Fig. 1) goes to :meth:`~MeasurementCallback.log_figure`.
+
+GeneralizationMonitor is :class:`~lightning_pfd.callbacks.monitor.EvaluationMonitor` on
+:class:`~lightning_pfd.evaluation.flow.FlowMeasure` (the measurement contract), with the
+arguments, metric names and checkpoint state key of this monitor.
 """
 from __future__ import annotations
 
 import functools
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-import torch
 
 from .. import keys
-from ..diffusion.sampling import check_compile
 from ..errors import ConfigError
-from ..evaluation.flow import FlowEvaluation, StrategyCollective, check_flow_args, metric_factory
+from ..evaluation.base import strategy_comm
+from ..evaluation.flow import FlowEvaluation, FlowMeasure, check_flow_args, metric_factory
 from ..metrics.descriptors import build_descriptor
-from .base import MeasurementCallback, callback_field, check_metric_prefix, check_unique_metric_names
+from .base import callback_field, check_metric_prefix, check_unique_metric_names
+from .monitor import EvaluationMonitor
 
 __all__ = ["GeneralizationMonitor"]
 
@@ -47,7 +51,7 @@ DEFAULT_KEYS = {"e_gen": "pfd/e_gen", "e_mem": "pfd/e_mem", "e_gen_se": "pfd/e_g
                 "test_fixed": "loss/test_fixed", "gap": "loss/gap"}
 
 
-class GeneralizationMonitor(MeasurementCallback):
+class GeneralizationMonitor(EvaluationMonitor):
     """Log E_gen, E_mem (PFD), frozen-noise losses, their gap and user ``metrics`` on schedule.
 
     ``num_eval`` (M), ``descriptor``, ``sampler`` / ``sigmas`` / ``precision`` / ``compile`` (None: the model's),
@@ -62,7 +66,7 @@ class GeneralizationMonitor(MeasurementCallback):
                  name: Optional[str] = None, schedule: Union[str, List[int]] = "every_n_epochs",
                  precision: Optional[str] = None, metrics: Optional[Dict[str, Dict[str, Any]]] = None,
                  compile: Union[bool, str, None] = None):
-        super().__init__(every_n_epochs=every_n_epochs, schedule=schedule)
+        super().__init__(None, every_n_epochs=every_n_epochs, schedule=schedule, figure_every_n=0)
         field = functools.partial(callback_field, self)
         check_flow_args(field, num_eval=num_eval, batch_size=batch_size, chunk_size=chunk_size, num_images=num_images,
                         image_every_n_epochs=image_every_n_epochs, num_loss_samples=num_loss_samples,
@@ -72,8 +76,17 @@ class GeneralizationMonitor(MeasurementCallback):
         self.sampler, self.sigmas, self.precision, self.compile = sampler, sigmas, precision, compile
         self.batch_size, self.chunk_size, self.num_loss_samples = batch_size, chunk_size, num_loss_samples
         self.image_every_n_epochs, self.num_images, self.use_cache = image_every_n_epochs, num_images, use_cache
+        self.figure_every_n = image_every_n_epochs  # the sample grid's schedule
         self.metrics = {k: metric_factory(v, f"{field('metrics')}.{k}") for k, v in (metrics or {}).items()}
-        self.evaluation: Optional[FlowEvaluation] = None  # this run's (built at fit / validation start)
+        self.protocol = FlowMeasure(
+            num_eval=num_eval, descriptor=self.descriptor, sampler=sampler, sigmas=sigmas, precision=precision,
+            compile=compile, batch_size=batch_size, chunk_size=chunk_size, num_loss_samples=num_loss_samples,
+            use_cache=use_cache, num_images=num_images, metrics=self.metrics, field=field)
+
+    @property
+    def evaluation(self) -> Optional[FlowEvaluation]:
+        """This run's FlowEvaluation (built at fit / validation start; None before)."""
+        return self.protocol.evaluation
 
     def key(self, leaf: str) -> str:
         """The logged name of ``leaf`` (``e_gen``, ``nonfinite``, ...); a user key as it is."""
@@ -94,22 +107,7 @@ class GeneralizationMonitor(MeasurementCallback):
 
     def _build(self, trainer, pl_module, datamodule) -> FlowEvaluation:
         """The run's FlowEvaluation (it refuses a bad setup with a ConfigError)."""
-        comm = StrategyCollective(lambda: trainer.strategy, getattr(trainer, "global_rank", 0), trainer.world_size)
-        ev = FlowEvaluation.from_datamodule(
-            datamodule, pl_module, sampler=self.sampler, sigmas=self.sigmas, precision=self.precision,
-            compile=self._compile_mode(pl_module),
-            num_eval=self.num_eval, descriptor=self.descriptor, batch_size=self.batch_size,
-            chunk_size=self.chunk_size, num_loss_samples=self.num_loss_samples, use_cache=self.use_cache,
-            comm=comm, field=functools.partial(callback_field, self))
-        for key, (factory, reference) in self.metrics.items():
-            ev.add_metric(key, factory, reference)
-        return ev
-
-    def _compile_mode(self, pl_module) -> Union[bool, str]:
-        """The student's torch.compile mode: ``compile``, else the module's ``sample_compile``."""
-        if self.compile is not None:
-            return self.compile
-        return check_compile(getattr(pl_module, "sample_compile", False), "model.init_args.sample_compile")
+        return self.protocol.build(datamodule, pl_module, strategy_comm(trainer))
 
     def check_setup(self, trainer, pl_module, datamodule) -> None:
         shape = self._build(trainer, pl_module, datamodule).shape
@@ -126,14 +124,8 @@ class GeneralizationMonitor(MeasurementCallback):
 
     def _prepare(self, trainer, pl_module) -> FlowEvaluation:
         """Built once per run on the module's device (bf16 autocast on CUDA: every flow), + references."""
-        if self.evaluation is None:
-            self.evaluation = self._build(trainer, pl_module, getattr(trainer, "datamodule", None))
-        self.evaluation.prepare(pl_module.device)  # teacher / empirical endpoints: cached, once
+        self.prepare(trainer, pl_module, strategy_comm(trainer))
         return self.evaluation
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        self.evaluation = None  # a new run may bring new data / teacher
-        super().setup(trainer, pl_module, stage)
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._prepare(trainer, pl_module)
@@ -141,21 +133,3 @@ class GeneralizationMonitor(MeasurementCallback):
     def on_validation_start(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:
             self._prepare(trainer, pl_module)
-
-    @torch.no_grad()
-    def _measure_and_log(self, trainer, pl_module) -> None:
-        ev = self._prepare(trainer, pl_module)
-        own = (self.sigmas is None and self.precision is None and hasattr(pl_module, "generate")  # the module's
-               and ev.settings.compile == check_compile(getattr(pl_module, "sample_compile", False)))  # solver
-        gen = (functools.partial(pl_module.generate, sampler=ev.settings.sampler, batch_size=self.batch_size)
-               if own else None)
-        res = ev.measure(pl_module.denoiser, loss_fn=pl_module.loss_fn, generate=gen, device=pl_module.device)
-        flow_keys = [self.key(k) for k in res.metrics if k in ev.flow_metric_keys()]
-        self._warn_nonfinite(trainer, res.nonfinite, "student endpoints", flow_keys, self.key("nonfinite"))
-        self.log_metrics(trainer, pl_module, {self.key(k): v for k, v in res.metrics.items()})
-        for k, sq in res.per_seed.items():  # per-seed d² of E_gen / E_mem: docs/events.md
-            self.write_units(trainer, self.key(k), "sq_dist", sq, res.seeds, res.metrics[k])
-        if self._draws_grid(ev.shape) and self.schedule.index % self.image_every_n_epochs == 0:
-            img, names = res.sample_grid(self.num_images)
-            self.log_figure(trainer, self.key("samples"), img,
-                            caption=" / ".join(names) + f" rows, epoch {trainer.current_epoch}")

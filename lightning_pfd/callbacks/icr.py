@@ -20,6 +20,10 @@ than 4 d distinct images one warning says the estimate is biased towards 0 (use 
 unknown ``tap`` (with the closest name), a sigma outside the denoiser's range, ``num_images`` larger
 than the training set or smaller than the world size, an ``image_shape`` that does not fit the
 samples, ``d_proj`` larger than the tap's dimension, and another monitor logging the same keys.
+
+ICRMonitor is :class:`~lightning_pfd.callbacks.monitor.EvaluationMonitor` on
+:class:`~lightning_pfd.evaluation.representation.ICRMeasure` (the measurement contract), with the
+arguments, metric names and checkpoint state key of this monitor.
 """
 from __future__ import annotations
 
@@ -30,19 +34,18 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from .. import keys
 from ..errors import renamed_fields
-from ..evaluation.representation import (DEFAULT_NUM_IMAGES, RepresentationEvaluation,
+from ..evaluation.representation import (DEFAULT_NUM_IMAGES, ICR_LEAVES, ICRMeasure, RepresentationEvaluation,
                                          check_representation_settings, fixed_subset,
                                          resolve_num_images, sigma_leaf, well_posed)
 from ..metrics.icr import DEFAULT_COND_MAX
-from .base import (MeasurementCallback, callback_field, check_metric_prefix, check_unique_metric_names,
-                   require_train_data)
+from .base import callback_field, check_metric_prefix, check_unique_metric_names, require_train_data
+from .monitor import EvaluationMonitor
 
 __all__ = ["ICRMonitor", "sigma_key", "fixed_subset", "DEFAULT_NUM_IMAGES", "resolve_num_images"]
 
 _ARGS = ("num_images", "sigma", "sigmas", "level", "vector_jitter", "image_shape", "tap", "d_proj",
          "views_per_image", "tau", "normalize", "cond_max", "seed", "batch_size")
-_LEAVES = ("icr", "icr_se", "trace_s", "trace_xi", "n", "d", "nonfinite")
-_EXTRA = ("tau", "cond_xi", "icr_tau_auto", "icr_tau_relative")
+_LEAVES = ICR_LEAVES
 
 
 def sigma_key(sigma: float, prefix: str = "icr") -> str:
@@ -50,7 +53,7 @@ def sigma_key(sigma: float, prefix: str = "icr") -> str:
     return f"{prefix}/{sigma_leaf(sigma)}"
 
 
-class ICRMonitor(MeasurementCallback):
+class ICRMonitor(EvaluationMonitor):
     """Log ICR of the EMA denoiser on a fixed training subset (module docstring).
 
     Args: those of :class:`RepresentationEvaluation` (``num_images`` None: min(4096, N); ``level``
@@ -67,7 +70,7 @@ class ICRMonitor(MeasurementCallback):
                  tau: Any = "auto", normalize: bool = False, seed: int = 0, batch_size: int = 256,
                  every_n_epochs: int = 1, name: str = "icr", cond_max: float = DEFAULT_COND_MAX,
                  schedule: Union[str, List[int]] = "every_n_epochs"):
-        super().__init__(every_n_epochs=every_n_epochs, schedule=schedule)
+        super().__init__(None, every_n_epochs=every_n_epochs, schedule=schedule)
         with self._fields():
             self.settings = check_representation_settings(
                 num_images=num_images, sigma=sigma, sigmas=sigmas, level=level, vector_jitter=vector_jitter,
@@ -77,7 +80,8 @@ class ICRMonitor(MeasurementCallback):
         self.name = check_metric_prefix(self, "name", name)
         self.metric_keys()  # a name clash between the declared keys fails here
         self.eigenvalues: Dict[float, torch.Tensor] = {}  # last spectrum per sigma (descending)
-        self._warned, self._evaluation = False, None
+        self._warned = False
+        self.protocol = ICRMeasure(self.settings, fields=self._fields)
 
     def _fields(self):
         return renamed_fields(lambda arg: callback_field(self, arg), _ARGS)
@@ -95,9 +99,6 @@ class ICRMonitor(MeasurementCallback):
         """Logged name of ``leaf`` (icr, trace_s, trace_xi, n, d, nonfinite) in this namespace."""
         return f"{self.name}/{leaf}"
 
-    def _leaves(self) -> List[str]:
-        return [*_LEAVES, *(sigma_leaf(s) for s in self.sigmas)]
-
     def metric_names(self) -> List[str]:
         return [self.key(leaf) for leaf in self._leaves()]
 
@@ -108,10 +109,7 @@ class ICRMonitor(MeasurementCallback):
 
     def evaluation(self, train_data: torch.Tensor) -> RepresentationEvaluation:
         """The evaluation object of this monitor's protocol on ``train_data`` (kept while it is the same)."""
-        if self._evaluation is None or self._evaluation.train_data is not train_data:
-            with self._fields():
-                self._evaluation = RepresentationEvaluation(train_data, **self.settings)
-        return self._evaluation
+        return self.protocol.use(train_data)
 
     def check_data(self, data: torch.Tensor, world_size: int = 1) -> None:
         """``num_images`` vs the training set and the world size; the view shape."""
@@ -121,7 +119,7 @@ class ICRMonitor(MeasurementCallback):
     def check_setup(self, trainer, pl_module, datamodule: Any) -> None:
         self.check_data(require_train_data(self, datamodule), trainer.world_size)
         with self._fields():
-            self._evaluation.check_model(pl_module)
+            self.protocol.evaluation.check_model(pl_module)
         check_unique_metric_names(self, trainer)
 
     def measure(self, pl_module, train_data: torch.Tensor, rank: int = 0, world_size: int = 1,
@@ -129,23 +127,17 @@ class ICRMonitor(MeasurementCallback):
         """:meth:`RepresentationEvaluation.measure` of this protocol (every rank must call it)."""
         return self.evaluation(train_data).measure(pl_module, rank, world_size, reduce)
 
-    def _measure_and_log(self, trainer, pl_module) -> None:
-        ev = self.evaluation(require_train_data(self, getattr(trainer, "datamodule", None)))
-        results = ev.measure(pl_module, trainer.global_rank, trainer.world_size,
-                             lambda t: trainer.strategy.reduce(t, reduce_op="sum"))
-        self.eigenvalues = {s: r["eigenvalues"].cpu() for s, r in results.items()}
-        values = ev.summary(results)
-        if not well_posed(int(values["n"]), int(values["d"])) and not self._warned:
+    def prepare(self, trainer, pl_module, comm) -> None:
+        self.evaluation(require_train_data(self, getattr(trainer, "datamodule", None)))
+
+    def _inspect(self, trainer, m) -> None:
+        self.eigenvalues = {s: r["eigenvalues"].cpu() for s, r in m.raw.items()}
+        n, d = int(m.values["n"]), int(m.values["d"])
+        if not well_posed(n, d) and not self._warned:
             self._warned = True
-            rank_zero_warn(f"ICRMonitor: n = {values['n']:.0f} images for d = {values['d']:.0f} feature "
+            rank_zero_warn(f"ICRMonitor: n = {m.values['n']:.0f} images for d = {m.values['d']:.0f} feature "
                            "dimensions (n < 4d): the ICR estimate is biased towards 0 (d x d covariances "
                            "from n images). Use more images, d_proj, a narrower tap, or views_per_image > 1.")
-        logs = {self.key(leaf): values[leaf] for leaf in self._leaves()}
-        self._warn_nonfinite(trainer, values["nonfinite"], "features (view pairs)",
-                             [k for k, v in logs.items() if v != v], self.key("nonfinite"))
-        self.log_metrics(trainer, pl_module, logs, extra={self.key(k): values[k] for k in _EXTRA})
-        reps = results[ev.sigma]["icr_jackknife"]  # delete-a-group replicates: se and paired tests
-        self.write_units(trainer, self.key("icr"), "jackknife", reps, torch.arange(reps.numel()), values["icr"])
 
     def _extra_state(self) -> Dict[str, Any]:
         return {"warned": self._warned}

@@ -15,26 +15,30 @@ finite); one warning line the first time.
 :meth:`MemorizationMonitor.check_setup` refuses before training: a module without ``generate``, a
 training set too small for the criterion (nn_ratio needs two samples), fewer samples than ranks,
 a descriptor that fails on the data, and another monitor logging the same keys.
+
+MemorizationMonitor is :class:`~lightning_pfd.callbacks.monitor.EvaluationMonitor` on
+:class:`~lightning_pfd.evaluation.memorization.MemorizationMeasure` (the measurement contract), with the
+arguments, metric names and checkpoint state key of this monitor.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from .. import keys
-from ..analysis.per_unit import value_and_se
 from ..errors import renamed_fields
-from ..evaluation.memorization import (MemorizationEvaluation, check_memorization_settings,
-                                       resolve_descriptor)
-from .base import (MeasurementCallback, callback_field, check_metric_prefix, check_unique_metric_names,
-                   require_train_data)
+from ..evaluation.base import strategy_comm
+from ..evaluation.memorization import (MemorizationEvaluation, MemorizationMeasure,
+                                       check_memorization_settings, resolve_descriptor)
+from .base import callback_field, check_metric_prefix, check_unique_metric_names, require_train_data
+from .monitor import EvaluationMonitor
 
 __all__ = ["MemorizationMonitor"]
 
-_LEAVES = ("ratio", "ratio_se", "nonfinite")
+_LEAVES = MemorizationMeasure.LEAVES
 _ARGS = ("num_samples", "criterion", "threshold", "descriptor", "chunk_size", "seed", "batch_size")
 
 
-class MemorizationMonitor(MeasurementCallback):
+class MemorizationMonitor(EvaluationMonitor):
     """Log ``mem/ratio`` from seeded samples (module docstring).
 
     Args: those of :class:`MemorizationEvaluation` (``threshold`` None: 0.6 for cosine, 1/3 for
@@ -50,7 +54,7 @@ class MemorizationMonitor(MeasurementCallback):
                  descriptor: Union[str, Callable, None] = None, chunk_size: int = 4096,
                  seed: int = 20_000_000, batch_size: int = 256, cache: bool = True,
                  name: str = "mem", schedule: Union[str, List[int]] = "every_n_epochs"):
-        super().__init__(every_n_epochs=every_n_epochs, schedule=schedule)
+        super().__init__(None, every_n_epochs=every_n_epochs, schedule=schedule)
         with self._fields():
             check_memorization_settings(num_samples, criterion, threshold, chunk_size, seed, batch_size)
             self.descriptor = resolve_descriptor(descriptor)  # built now: a bad name fails early
@@ -59,7 +63,9 @@ class MemorizationMonitor(MeasurementCallback):
             else type(descriptor).__name__
         self.num_samples, self.criterion, self.threshold = num_samples, criterion, threshold
         self.chunk_size, self.seed, self.batch_size, self.cache = chunk_size, seed, batch_size, bool(cache)
-        self._evaluation: Optional[MemorizationEvaluation] = None
+        self.protocol = MemorizationMeasure(
+            dict(num_samples=num_samples, criterion=criterion, threshold=threshold, descriptor=self.descriptor,
+                 chunk_size=chunk_size, seed=seed, batch_size=batch_size, cache=self.cache), fields=self._fields)
         self.last_flags = self.last_seeds = None  # the last measurement's per-sample indicators
 
     def _fields(self):
@@ -87,14 +93,8 @@ class MemorizationMonitor(MeasurementCallback):
     def evaluation(self, datamodule: Any) -> MemorizationEvaluation:
         """The evaluation object on the datamodule's training set (one per fit and training set:
         the training embedding is computed, or read from the cache, once)."""
-        data = require_train_data(self, datamodule)
-        if self._evaluation is None or self._evaluation.train_data is not data:
-            with self._fields():
-                self._evaluation = MemorizationEvaluation(
-                    data, self.num_samples, self.criterion, self.threshold, self.descriptor,
-                    self.chunk_size, self.seed, self.batch_size, cache=self.cache,
-                    fingerprint=getattr(datamodule, "fingerprint", None))
-        return self._evaluation
+        require_train_data(self, datamodule)
+        return self.protocol.use(datamodule)
 
     def check_setup(self, trainer, pl_module, datamodule: Any) -> None:
         with self._fields():
@@ -102,27 +102,29 @@ class MemorizationMonitor(MeasurementCallback):
             self.evaluation(datamodule).check_world(trainer.world_size)
         check_unique_metric_names(self, trainer)
         with self._fields():
-            self._evaluation.check_descriptor()
+            self.protocol.evaluation.check_descriptor()
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super(EvaluationMonitor, self).setup(trainer, pl_module, stage)  # the embedding is kept until on_fit_start
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        self._evaluation = None  # a new fit may bring new data: embed again (once)
+        self.protocol.reset()  # a new fit may bring new data: embed again (once)
+
+    def prepare(self, trainer, pl_module, comm) -> None:
+        self.evaluation(getattr(trainer, "datamodule", None))
 
     def measure(self, trainer, pl_module) -> Dict[str, float]:
         """Global ``ratio``, its standard error ``ratio_se`` (sd of the per-sample indicators /
         sqrt(n)) and ``nonfinite`` (every rank must call this); the gathered per-sample
         indicators are kept in ``self.last_flags`` (all seeds, global order)."""
-        ev = self.evaluation(getattr(trainer, "datamodule", None))
-        flags = ev.shard_flags(pl_module, trainer.global_rank, trainer.world_size)
-        flags = self.gather(flags.reshape(-1, 1), trainer, n=ev.num_samples).reshape(-1)
-        self.last_flags, self.last_seeds = flags, ev.seeds
-        out = ev.results(ev.flag_statistics(flags))
-        out["ratio_se"] = value_and_se(flags.cpu().numpy(), "indicator")[1]
-        return out
+        comm = strategy_comm(trainer)
+        self.prepare(trainer, pl_module, comm)
+        return self._keep(self.protocol.measure(pl_module, comm)).values
 
-    def _measure_and_log(self, trainer, pl_module) -> None:
-        logs = {self.key(leaf): v for leaf, v in self.measure(trainer, pl_module).items()}
-        self._warn_nonfinite(trainer, logs[self.key("nonfinite")], "samples", [self.key("ratio")],
-                             self.key("nonfinite"))
-        self.log_metrics(trainer, pl_module, logs)
-        self.write_units(trainer, self.key("ratio"), "indicator", self.last_flags, self.last_seeds,
-                         logs[self.key("ratio")])
+    def _keep(self, m):
+        units = m.units["ratio"]
+        self.last_flags, self.last_seeds = units.values, units.ids
+        return m
+
+    def _inspect(self, trainer, m) -> None:
+        self._keep(m)

@@ -8,22 +8,27 @@ Logs ``<name>/rmsqe``, ``/loader`` (NaN when a sample's observable is non-finite
 single-sample contribution), and the density figure
 ``/density`` (``log_figure``). Seeds are sharded over ranks, the observables gathered, so the
 values are those of :meth:`TailEvaluation.measure` on the same model under any world size.
+
+TailMonitor is :class:`~lightning_pfd.callbacks.monitor.EvaluationMonitor` on
+:class:`~lightning_pfd.evaluation.tail.TailMeasure` (the measurement contract), with the
+arguments, metric names and checkpoint state key of this monitor.
 """
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from .. import keys
+from ..evaluation.base import strategy_comm
 from ..errors import renamed_fields
-from ..evaluation.tail import TailEvaluation, TailSettings, check_generate, check_reference
-from .base import MeasurementCallback, callback_field, check_metric_prefix, check_unique_metric_names
+from ..evaluation.tail import TAIL_LEAVES, TailEvaluation, TailMeasure, TailSettings, check_reference
+from .base import callback_field, check_metric_prefix, check_unique_metric_names
+from .monitor import EvaluationMonitor
 
 __all__ = ["TailMonitor"]
-_LEAVES = ("rmsqe", "loader", "rmsqe_floor", "loader_floor", "nonfinite", "rmsqe_clipped",
-           "loader_clipped", "above_range", "below_range", "rmsqe_top_share", "density")
+_LEAVES = (*TAIL_LEAVES, "density")
 
 
-class TailMonitor(MeasurementCallback):
+class TailMonitor(EvaluationMonitor):
     """Tail metrics of ``observable`` between model samples and the ``reference`` data.
 
     ``reference`` ("train" or "val"), ``plot``, ``name`` (metric namespace), ``every_n_epochs``
@@ -40,7 +45,7 @@ class TailMonitor(MeasurementCallback):
                  seed_offset: int = 50_000_000, batch_size: int = 256,
                  num_steps: Optional[int] = None, plot: bool = True, name: str = "tail",
                  definition: str = "blog", schedule: Union[str, List[int]] = "every_n_epochs"):
-        super().__init__(every_n_epochs=every_n_epochs, schedule=schedule)
+        super().__init__(None, every_n_epochs=every_n_epochs, schedule=schedule)
         with renamed_fields(callback_field(self, "")):
             self.reference = check_reference(reference)
             self.settings = TailSettings(
@@ -48,7 +53,20 @@ class TailMonitor(MeasurementCallback):
                 floor=floor, relative_floor=relative_floor, bandwidth=bandwidth, num_splits=num_splits,
                 seed_offset=seed_offset, batch_size=batch_size, num_steps=num_steps)
         self.name, self.plot = check_metric_prefix(self, "name", name), bool(plot)
-        self.evaluation: Optional[TailEvaluation] = None
+        self.figure_every_n = 1 if self.plot else 0  # the density figure at every measurement
+        self.protocol = TailMeasure(self.settings, self.reference, fields=self._fields)
+
+    def _fields(self):
+        """Errors name this monitor's arguments (``model`` stays the model)."""
+        return renamed_fields(self._field)
+
+    def _field(self, arg: str) -> str:
+        return arg if arg == "model" else callback_field(self, arg)
+
+    @property
+    def evaluation(self) -> Optional[TailEvaluation]:
+        """The TailEvaluation of the current fit (built by :meth:`check_setup`)."""
+        return self.protocol.evaluation
 
     def key(self, leaf: str) -> str:
         return f"{self.name}/{leaf}"
@@ -63,6 +81,9 @@ class TailMonitor(MeasurementCallback):
     def metric_names(self) -> List[str]:
         return [self.key(leaf) for leaf in _LEAVES]
 
+    def history_key(self, leaf: str) -> str:
+        return leaf  # the history rows keep the values under their leaves as well
+
     def _state_key_args(self) -> Dict[str, Any]:
         s = self.settings
         return dict(name=self.name, observable=s.observable, observable_kwargs=s.observable_kwargs,
@@ -73,25 +94,8 @@ class TailMonitor(MeasurementCallback):
         """ConfigError before training: no ``generate`` (or none taking ``num_steps``), a missing
         reference split, ``num_samples`` >= its size (same-law floors) or < the world size, an
         observable without one scalar per sample, another monitor logging the same keys."""
-        with renamed_fields(lambda f: f if f == "model" else callback_field(self, f)):
-            check_generate(pl_module, self.settings.num_steps)
-            self.evaluation = TailEvaluation.from_datamodule(datamodule, self.reference, self.settings)
-            self.evaluation.check(world_size=trainer.world_size)
+        self.protocol.check(datamodule, pl_module, strategy_comm(trainer))
         check_unique_metric_names(self, trainer)
-
-    def _measure_and_log(self, trainer: Any, pl_module: Any) -> None:
-        ev = self.evaluation = (self.evaluation or TailEvaluation.from_datamodule(
-            trainer.datamodule, self.reference, self.settings))
-        rows = ev.observe_rows(ev.sample(pl_module, self.shard(ev.seeds(), trainer)))
-        rows = self.gather(rows, trainer, n=ev.settings.num_samples).cpu()
-        obs = rows[:, 0]
-        vals = ev.measure_rows(rows)
-        self._warn_nonfinite(trainer, vals["nonfinite"], "sample observables",
-                             [self.key("rmsqe"), self.key("loader")], self.key("nonfinite"))
-        self.log_metrics(trainer, pl_module, {self.key(k): v for k, v in vals.items()}, extra=vals)
-        if self.plot and trainer.is_global_zero:
-            self.log_figure(trainer, self.key("density"),
-                            ev.density_figure(obs, f"epoch {trainer.current_epoch}"))
 
     @property
     def floors(self) -> Dict[str, float]:

@@ -16,11 +16,14 @@ and their caches, sharding of work over processes and the metrics they feed. The
 * :class:`MemorizationEvaluation` -- the memorization ratio of generated samples;
 * :class:`TailEvaluation` -- RMSQE and LOADER of a physical observable with their same-law floors.
 """
-from .flow import FlowEvaluation, FlowResult
-from .memorization import MemorizationEvaluation
-from .representation import RepresentationEvaluation
+from .base import SINGLE, Comm, Evaluation, Measurement, NonFinite, Units, strategy_comm
+from .flow import FlowEvaluation, FlowMeasure, FlowResult
+from .memorization import MemorizationEvaluation, MemorizationMeasure
+from .representation import ICRMeasure, RepresentationEvaluation
 from .sharding import shard_indices
-from .tail import TailEvaluation, TailSettings
+from .tail import TailEvaluation, TailMeasure, TailSettings
 
-__all__ = ["FlowEvaluation", "FlowResult", "RepresentationEvaluation", "MemorizationEvaluation",
-           "TailEvaluation", "TailSettings", "shard_indices"]
+__all__ = ["Evaluation", "Measurement", "Units", "NonFinite", "Comm", "SINGLE", "strategy_comm",
+           "FlowEvaluation", "FlowResult", "FlowMeasure", "RepresentationEvaluation", "ICRMeasure",
+           "MemorizationEvaluation", "MemorizationMeasure", "TailEvaluation", "TailMeasure", "TailSettings",
+           "shard_indices"]

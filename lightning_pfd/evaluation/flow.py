@@ -61,6 +61,7 @@ from ..errors import ConfigError
 from ..metrics.descriptors import IdentityDescriptor, build_descriptor, descriptor_fingerprint
 from ..metrics.pfd import ProbabilityFlowDistance, paired_sq_distances
 from . import sharding
+from .base import SINGLE, Collective, Comm, Measurement, NonFinite, StrategyCollective, TorchDistributed, Units
 
 __all__ = ["FlowEvaluation", "FlowResult", "Reference", "Collective", "TorchDistributed",
            "StrategyCollective", "image_grid", "metric_factory", "pfd_standard_error", "check_flow_args", "check_sigma_space_model",
@@ -72,78 +73,6 @@ LOSS_TEST_SEED_OFFSET = 30_000_000  # ... of the i-th held-out sample
 _CACHE_VERSION = 2  # 2: the precision is part of the key
 #: the metrics registered by default: key -> reference (eq. 8)
 DEFAULT_METRICS = {"e_gen": "teacher", "e_mem": "empirical"}
-
-
-# ----------------------------------------------------------------------------- processes
-class Collective:
-    """The processes an evaluation is split over. Subclasses give ``rank``, ``world`` and
-    :meth:`all_gather_equal`; the rest is derived. Every process must call the collectives in the
-    same order (they are the identity on one process)."""
-
-    rank: int = 0
-    world: int = 1
-
-    def all_gather_equal(self, t: torch.Tensor) -> List[torch.Tensor]:
-        """``t`` of every process (equal shapes), in rank order."""
-        raise NotImplementedError
-
-    def distributed(self) -> bool:
-        return self.world > 1
-
-    def gather_rows(self, rows: torch.Tensor, n: int) -> torch.Tensor:
-        """All ``n`` rows in global order from this process's strided shard ``rows``."""
-        if self.world == 1:
-            return rows
-        padded = sharding.pad_rows(rows.contiguous(), sharding.shard_size(n, 0, self.world))
-        return sharding.gather_shards(self.all_gather_equal(padded), n, self.world)
-
-    def gather_all(self, t: torch.Tensor, group: Any = None) -> List[torch.Tensor]:
-        """``t`` of every process, shapes may differ (torchmetrics' ``dist_sync_fn`` contract)."""
-        if self.world == 1:
-            return [t]
-        shape = torch.tensor(t.shape, dtype=torch.long, device=t.device)
-        shapes = [tuple(int(v) for v in s) for s in self.all_gather_equal(shape)]
-        top = [max(s[d] for s in shapes) for d in range(t.ndim)]
-        padded = t.new_zeros(top)
-        padded[tuple(slice(0, k) for k in t.shape)] = t
-        parts = self.all_gather_equal(padded)
-        return [p[tuple(slice(0, k) for k in s)] for p, s in zip(parts, shapes)]
-
-    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
-        """Elementwise sum over processes (float64)."""
-        t = t.to(torch.float64)
-        return t if self.world == 1 else torch.stack(self.all_gather_equal(t)).sum(0)
-
-
-class TorchDistributed(Collective):
-    """``torch.distributed`` (the default; one process when it is not initialised)."""
-
-    def __init__(self):
-        import torch.distributed as dist
-
-        self.world = sharding.distributed_world()
-        self.rank = dist.get_rank() if self.world > 1 else 0
-
-    def all_gather_equal(self, t: torch.Tensor) -> List[torch.Tensor]:
-        if self.world == 1:
-            return [t]
-        import torch.distributed as dist
-
-        parts = [torch.empty_like(t) for _ in range(self.world)]
-        dist.all_gather(parts, t.contiguous())
-        return parts
-
-
-class StrategyCollective(Collective):
-    """Any object with ``all_gather(tensor) -> (world, ...)`` (a Lightning / Fabric strategy)."""
-
-    def __init__(self, strategy_fn: Callable[[], Any], rank: int, world: int):
-        self._strategy_fn, self.rank, self.world = strategy_fn, int(rank), max(1, int(world))
-
-    def all_gather_equal(self, t: torch.Tensor) -> List[torch.Tensor]:
-        if self.world == 1:
-            return [t]
-        return list(self._strategy_fn().all_gather(t.contiguous()))
 
 
 # ----------------------------------------------------------------------------- results
@@ -606,8 +535,7 @@ class FlowEvaluation:
         return sharding.shard_indices(self.num_eval, self.comm.rank, self.comm.world)
 
     def _all_true(self, flag: bool, device) -> bool:
-        failures = torch.tensor([0.0 if flag else 1.0], dtype=torch.float64, device=device)
-        return float(self.comm.all_sum(failures)[0]) == 0.0
+        return self.comm.all_true(flag, device)
 
 
 def pfd_standard_error(sq: torch.Tensor) -> torch.Tensor:
@@ -741,3 +669,89 @@ def check_one_solver(settings: SamplerSettings, datamodule: Any, teacher: Any,
 def _describe(settings: SamplerSettings) -> str:
     """The solver without its precision (the teacher data are data, whatever the precision)."""
     return replace(settings, precision="fp32").describe()
+
+
+# ----------------------------------------------------------------------------- the measurement contract
+class FlowMeasure:
+    """:class:`FlowEvaluation` under the measurement contract (:mod:`lightning_pfd.evaluation.base`).
+
+    ``prepare(datamodule, model, comm)`` builds the evaluation of ``model`` (a sigma-space model:
+    ``denoiser``, ``loss_fn``) on the datamodule once (:meth:`reset` forgets it) and computes or
+    loads its references; ``measure(model, comm)`` returns every metric of
+    :meth:`FlowEvaluation.measure` (leaves ``e_gen``, ``e_mem``, ``e_gen_se``, ..., the losses and
+    user metrics under their own keys), the per-seed d² of each PFD metric (PFD paper eq. 4) and,
+    for image data, the sample grid ``samples`` (rows student and each reference).
+
+    Args: those of :meth:`FlowEvaluation.from_datamodule` (``num_eval``, ``descriptor``,
+    ``sampler``, ``sigmas``, ``precision``, ``batch_size``, ``chunk_size``, ``num_loss_samples``,
+    ``use_cache``); ``compile``: the student's torch.compile mode (None: the model's
+    ``sample_compile``); ``metrics``: key -> ``(factory, reference)`` (:func:`metric_factory`);
+    ``num_images``: columns of the sample grid; ``field``: names arguments in errors. The student
+    is sampled through the model's ``generate`` when the evaluation uses the model's own solver.
+    """
+
+    def __init__(self, *, num_eval: int = 1024, descriptor: Any = None, sampler: Optional[str] = None,
+                 sigmas: Optional[Sequence[float]] = None, precision: Optional[str] = None,
+                 compile: Union[bool, str, None] = None, batch_size: int = 256, chunk_size: int = 4096,
+                 num_loss_samples: Optional[int] = 1024, use_cache: bool = True, num_images: int = 8,
+                 metrics: Optional[Dict[str, tuple]] = None, field: Optional[Callable[[str], str]] = None):
+        self.kwargs = dict(num_eval=num_eval, descriptor=descriptor, batch_size=batch_size, chunk_size=chunk_size,
+                           num_loss_samples=num_loss_samples, use_cache=use_cache)
+        self.sampler, self.sigmas, self.precision, self.compile = sampler, sigmas, precision, compile
+        self.num_images, self.metrics, self.field = num_images, dict(metrics or {}), field
+        self.evaluation: Optional[FlowEvaluation] = None
+
+    def compile_mode(self, model: Any) -> Union[bool, str]:
+        """The student's torch.compile mode: ``compile``, else the model's ``sample_compile``."""
+        if self.compile is not None:
+            return self.compile
+        return check_compile(getattr(model, "sample_compile", False), "model.init_args.sample_compile")
+
+    def build(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> FlowEvaluation:
+        """A new evaluation of ``model`` on ``datamodule`` (a bad setup raises a ConfigError)."""
+        kw = {} if self.field is None else {"field": self.field}
+        ev = FlowEvaluation.from_datamodule(
+            datamodule, model, sampler=self.sampler, sigmas=self.sigmas, precision=self.precision,
+            compile=self.compile_mode(model), comm=comm, **self.kwargs, **kw)
+        for key, (factory, reference) in self.metrics.items():
+            ev.add_metric(key, factory, reference)
+        return ev
+
+    def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> FlowEvaluation:
+        return self.build(datamodule, model, comm)
+
+    def reset(self) -> None:
+        self.evaluation = None
+
+    def prepare(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
+        if self.evaluation is None:
+            self.evaluation = self.build(datamodule, model, comm)
+        self.evaluation.prepare(model.device)  # teacher / empirical endpoints: cached, once
+
+    def draws_grid(self) -> bool:
+        """Image data (C, H, W) with C in (1, 3): a sample grid can be drawn."""
+        shape = self.evaluation.shape if self.evaluation is not None else ()
+        return len(shape) == 3 and shape[0] in (1, 3)
+
+    def _generate(self, model: Any) -> Optional[Callable]:
+        """The model's own ``generate`` when the evaluation's solver is the model's."""
+        ev = self.evaluation
+        own = (self.sigmas is None and self.precision is None and hasattr(model, "generate")
+               and ev.settings.compile == check_compile(getattr(model, "sample_compile", False)))
+        if not own:
+            return None
+        return functools.partial(model.generate, sampler=ev.settings.sampler, batch_size=self.kwargs["batch_size"])
+
+    @torch.no_grad()
+    def measure(self, model: Any, comm: Comm = SINGLE) -> Measurement:
+        ev = self.evaluation
+        res = ev.measure(model.denoiser, loss_fn=model.loss_fn, generate=self._generate(model), device=model.device)
+        units = {k: Units("sq_dist", sq, res.seeds, res.metrics[k]) for k, sq in res.per_seed.items()}
+        figures = {}
+        if self.draws_grid():
+            def grid(epoch: int):
+                img, names = res.sample_grid(self.num_images)
+                return img, " / ".join(names) + f" rows, epoch {epoch}"
+            figures["samples"] = grid
+        bad = NonFinite(res.nonfinite, "student endpoints", [k for k in res.metrics if k in ev.flow_metric_keys()])
+        return Measurement(dict(res.metrics), units=units, figures=figures, nonfinite=bad, raw=res)

@@ -23,8 +23,9 @@ Diffusion Models via Self-Supervised Principles*, calibrated for SSCD features):
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Callable, Dict, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -33,9 +34,10 @@ from ..contracts import GENERATING_MODELS, check_on_samples
 from ..errors import ConfigError
 from ..metrics.memorization import (CRITERIA, _is_memorized, _memorization_compute, check_chunk_size,
                                     check_criterion, embed, memorization_scores, reference_features)
+from .base import SINGLE, Comm, Measurement, NonFinite, Units
 from .sharding import distributed_sum, process_of, shard_indices
 
-__all__ = ["MemorizationEvaluation", "check_memorization_settings", "resolve_descriptor"]
+__all__ = ["MemorizationEvaluation", "MemorizationMeasure", "check_memorization_settings", "resolve_descriptor"]
 
 
 def resolve_descriptor(descriptor: Union[str, Callable, None]) -> Optional[Callable]:
@@ -226,3 +228,68 @@ class MemorizationEvaluation:
     def merge(parts: Sequence[torch.Tensor]) -> torch.Tensor:
         """The counts of the union of the shards (what an all-reduce computes)."""
         return torch.stack([p.to(torch.float64).cpu() for p in parts]).sum(0)
+
+
+# ----------------------------------------------------------------------------- the measurement contract
+class MemorizationMeasure:
+    """:class:`MemorizationEvaluation` under the measurement contract
+    (:mod:`lightning_pfd.evaluation.base`).
+
+    ``settings``: the arguments of :class:`MemorizationEvaluation` but ``train_data`` and
+    ``fingerprint`` (taken from the datamodule); ``fields``: a context manager factory renaming the
+    arguments in errors. ``prepare`` builds the evaluation on the datamodule's training set (again
+    when it changes, or after :meth:`reset`: the training set is embedded once per evaluation);
+    ``measure`` samples this process's seeds, gathers the per-sample indicators through ``comm``
+    and returns ``ratio`` (NaN with a non-finite sample), ``nonfinite``, ``ratio_se`` (sd of the
+    indicators / sqrt(n)) with the indicators as the units of ``ratio``.
+    """
+
+    LEAVES = ("ratio", "ratio_se", "nonfinite")
+
+    def __init__(self, settings: Dict[str, Any], fields: Callable[[], Any] = contextlib.nullcontext):
+        self.settings, self.fields = dict(settings), fields
+        self.evaluation: Optional[MemorizationEvaluation] = None
+
+    def leaves(self) -> List[str]:
+        return list(self.LEAVES)
+
+    def reset(self) -> None:
+        self.evaluation = None
+
+    def use(self, datamodule: Any) -> MemorizationEvaluation:
+        """The evaluation on the datamodule's training set (kept while it is the same tensor)."""
+        data = getattr(datamodule, "train_data", None) if datamodule is not None else None
+        if self.evaluation is None or self.evaluation.train_data is not data:
+            with self.fields():
+                self.evaluation = MemorizationEvaluation(
+                    data, **self.settings, fingerprint=getattr(datamodule, "fingerprint", None))
+        return self.evaluation
+
+    def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
+        with self.fields():
+            MemorizationEvaluation.check_model(model)
+            self.use(datamodule).check_world(comm.world)
+            self.evaluation.check_descriptor()
+
+    def prepare(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
+        self.use(datamodule)
+
+    def measure(self, model: Any, comm: Comm = SINGLE) -> Measurement:
+        ev = self.evaluation
+        flags = ev.shard_flags(model, comm.rank, comm.world)
+        flags = comm.gather_rows(flags.reshape(-1, 1), ev.num_samples).reshape(-1)
+        out: Dict[str, Any] = ev.results(ev.flag_statistics(flags))
+        out["ratio_se"] = indicator_se(flags)
+        return Measurement(out, units={"ratio": Units("indicator", flags, ev.seeds, out["ratio"])},
+                           nonfinite=NonFinite(out["nonfinite"], "samples", ["ratio"]))
+
+
+def indicator_se(flags: torch.Tensor) -> float:
+    """Standard error of a mean of per-sample indicators: sd (n - 1 normalised) / sqrt(n); NaN
+    for fewer than 2 or a non-finite indicator."""
+    import numpy as np
+
+    v = np.asarray(flags.detach().cpu().numpy(), dtype=np.float64)
+    if v.size < 2 or not np.all(np.isfinite(v)):
+        return math.nan
+    return float(v.std(ddof=1)) / math.sqrt(v.size)

@@ -62,9 +62,10 @@ from ..diffusion.streams import STREAMS, stream
 from ..errors import ConfigError
 from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, _icr_at, _icr_compute,
                            _icr_update, _icr_zero_states, check_tau, pool_features)
+from .base import SINGLE, Comm, Measurement, NonFinite, Units
 from .sharding import check_world, distributed_sum, process_of, shard_indices
 
-__all__ = ["RepresentationEvaluation", "check_representation_settings", "fixed_subset",
+__all__ = ["RepresentationEvaluation", "ICRMeasure", "check_representation_settings", "fixed_subset",
            "resolve_num_images", "denoiser_of", "merge_statistics", "well_posed", "sigma_leaf",
            "DEFAULT_NUM_IMAGES", "VIEW_CACHE_BYTES", "MAX_VIEWS_PER_IMAGE"]
 
@@ -582,3 +583,65 @@ class RepresentationEvaluation:
         out["d"] = torch.tensor(float(states["sum_t"].shape[0]), dtype=torch.float64, device=dev)
         out["eigenvalues"] = torch.empty(0, dtype=torch.float64, device=dev)
         return out
+
+
+# ----------------------------------------------------------------------------- the measurement contract
+#: the scalars logged at sigma* (+ ``sigma_<value>`` per extra level), and those kept in the history
+ICR_LEAVES = ("icr", "icr_se", "trace_s", "trace_xi", "n", "d", "nonfinite")
+ICR_HISTORY = ("tau", "cond_xi", "icr_tau_auto", "icr_tau_relative")
+
+
+class ICRMeasure:
+    """:class:`RepresentationEvaluation` under the measurement contract
+    (:mod:`lightning_pfd.evaluation.base`).
+
+    ``settings``: the arguments of :class:`RepresentationEvaluation` (checked by
+    :func:`check_representation_settings`); ``fields``: a context manager factory renaming the
+    arguments in errors (a monitor's config paths). ``prepare`` builds the evaluation on the
+    datamodule's ``train_data`` (again only when the training set changes); ``measure`` splits the
+    subset over ``comm``, sums the statistics with ``comm.reduce_sum`` and returns ``icr``,
+    ``icr_se``, ``trace_s``, ``trace_xi``, ``n``, ``d``, ``nonfinite`` and ``sigma_<value>`` (ICR
+    paper eq. 3-5), ``tau``, ``cond_xi``, ``icr_tau_auto``, ``icr_tau_relative`` in the history,
+    and the jackknife replicates of ICR at sigma* as its units; ``raw``: the per-level results.
+    """
+
+    def __init__(self, settings: Dict[str, Any], fields: Callable[[], Any] = contextlib.nullcontext):
+        self.settings, self.fields = dict(settings), fields
+        self.evaluation: Optional[RepresentationEvaluation] = None
+
+    def leaves(self) -> List[str]:
+        return [*ICR_LEAVES, *(sigma_leaf(s) for s in self.settings.get("sigmas") or ())]
+
+    def use(self, train_data: torch.Tensor) -> RepresentationEvaluation:
+        """The evaluation on ``train_data`` (kept while it is the same tensor)."""
+        if self.evaluation is None or self.evaluation.train_data is not train_data:
+            with self.fields():
+                self.evaluation = RepresentationEvaluation(train_data, **self.settings)
+        return self.evaluation
+
+    def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
+        ev = self.use(_train_data(datamodule))
+        with self.fields():
+            ev.check_world(comm.world)
+            ev.check_model(model)
+
+    def prepare(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
+        self.use(_train_data(datamodule))
+
+    def measure(self, model: Any, comm: Comm = SINGLE) -> Measurement:
+        ev = self.evaluation
+        results = ev.measure(model, comm.rank, comm.world, comm.reduce_sum)
+        values = ev.summary(results)
+        logged = {leaf: values[leaf] for leaf in self.leaves()}
+        reps = results[ev.sigma]["icr_jackknife"]  # delete-a-group replicates: se and paired tests
+        bad = NonFinite(values["nonfinite"], "features (view pairs)", [k for k, v in logged.items() if v != v])
+        return Measurement(logged, units={"icr": Units("jackknife", reps, torch.arange(reps.numel()), values["icr"])},
+                           history={k: values[k] for k in ICR_HISTORY}, nonfinite=bad, raw=results)
+
+
+def _train_data(datamodule: Any) -> torch.Tensor:
+    data = getattr(datamodule, "train_data", None) if datamodule is not None else None
+    if data is None or len(data) == 0:
+        raise ConfigError("data", "the evaluation needs a datamodule exposing a non-empty `train_data` "
+                          "after setup()", value=None if data is None else tuple(data.shape))
+    return data

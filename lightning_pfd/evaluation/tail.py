@@ -46,6 +46,7 @@ From a notebook::
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import math
@@ -57,11 +58,12 @@ import torch
 from ..contracts import GENERATING_MODELS, check_on_samples
 from ..errors import ConfigError
 from ..metrics.observables import get_observable
+from .base import SINGLE, Comm, Measurement, NonFinite
 from ..metrics.tails import (kde_density, loader_options, loader_settings,
                              matched_rmsqe_contributions, matched_score, rmsqe_options,
                              same_law_floor, top_share)
 
-__all__ = ["TailSettings", "TailEvaluation", "NONFINITE_POLICIES", "REFERENCE_SPLITS", "DIAGNOSTICS",
+__all__ = ["TailSettings", "TailEvaluation", "TailMeasure", "NONFINITE_POLICIES", "REFERENCE_SPLITS", "DIAGNOSTICS",
            "check_generate", "check_reference", "kde_curves", "density_figure"]
 
 NONFINITE_POLICIES = ("nan", "drop")
@@ -439,3 +441,49 @@ def density_figure(panels: Mapping[str, dict], title: str = "", colors: Sequence
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------- the measurement contract
+#: the values of one tail measurement (``density``: the figure)
+TAIL_LEAVES = ("rmsqe", "loader", "rmsqe_floor", "loader_floor", "nonfinite", "rmsqe_clipped",
+               "loader_clipped", "above_range", "below_range", "rmsqe_top_share")
+
+
+class TailMeasure:
+    """:class:`TailEvaluation` under the measurement contract (:mod:`lightning_pfd.evaluation.base`).
+
+    ``settings``: a :class:`TailSettings`; ``reference``: the datamodule split the samples are
+    compared with (``"train"`` or ``"val"``); ``fields``: a context manager factory renaming the
+    arguments in errors. ``prepare`` builds the evaluation on the datamodule (once; :meth:`check`
+    rebuilds it for a new fit); ``measure`` samples this process's seeds, gathers the observables
+    through ``comm`` and returns the values of :meth:`TailEvaluation.measure_rows` (the same on
+    every process) and the density figure ``density`` (data vs model, on demand).
+    """
+
+    def __init__(self, settings: TailSettings, reference: str = "train",
+                 fields: Callable[[], Any] = contextlib.nullcontext):
+        self.settings, self.reference, self.fields = settings, reference, fields
+        self.evaluation: Optional[TailEvaluation] = None
+
+    def leaves(self) -> list:
+        return [*TAIL_LEAVES, "density"]
+
+    def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
+        with self.fields():
+            check_generate(model, self.settings.num_steps)
+            self.evaluation = TailEvaluation.from_datamodule(datamodule, self.reference, self.settings)
+            self.evaluation.check(world_size=comm.world)
+
+    def prepare(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
+        if self.evaluation is None:
+            self.evaluation = TailEvaluation.from_datamodule(datamodule, self.reference, self.settings)
+
+    def measure(self, model: Any, comm: Comm = SINGLE) -> Measurement:
+        ev = self.evaluation
+        rows = ev.observe_rows(ev.sample(model, comm.shard(ev.seeds())))
+        rows = comm.gather_rows(rows, ev.settings.num_samples).cpu()
+        obs = rows[:, 0]
+        vals = ev.measure_rows(rows)
+        return Measurement(dict(vals), history=dict(vals),
+                           figures={"density": lambda epoch: (ev.density_figure(obs, f"epoch {epoch}"), None)},
+                           nonfinite=NonFinite(vals["nonfinite"], "sample observables", ["rmsqe", "loader"]))

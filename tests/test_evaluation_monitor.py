@@ -1,0 +1,130 @@
+"""The measurement contract (lightning_pfd.evaluation.base) and the generic EvaluationMonitor.
+
+An evaluation written only against the contract runs in a fit: one ``log_dict`` per measurement
+with every key, tensors logged as they are and Python numbers as float32, the history row, the
+per-unit record, the figure schedule; bad arguments are refused naming the field; ``Comm``'s
+collectives reassemble strided shards in the global order and agree on a flag.
+"""
+import warnings
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+
+from lightning_pfd.analysis.per_unit import read_records
+from lightning_pfd.callbacks import EvaluationMonitor
+from lightning_pfd.data import TensorDataModule
+from lightning_pfd.errors import ConfigError
+from lightning_pfd.evaluation import SINGLE, Comm, Evaluation, Measurement, NonFinite, Units
+from lightning_pfd.modules import DiffusionModule
+from lightning_pfd.nets import MLPNet
+
+
+class ParamNorm:
+    """Measures the squared norm of every parameter tensor of the model (units: the tensors)."""
+
+    def __init__(self):
+        self.prepared = 0
+
+    def leaves(self):
+        return ["sq_norm", "count"]
+
+    def prepare(self, datamodule, model, comm=SINGLE):
+        self.prepared += 1
+
+    def measure(self, model, comm=SINGLE):
+        per = torch.stack([p.detach().double().square().sum() for p in model.parameters()])
+        return Measurement({"sq_norm": per.sum(), "count": float(per.numel())},
+                           units={"sq_norm": Units("mean", per, torch.arange(per.numel()), float(per.mean()))},
+                           history={"first": float(per[0])}, nonfinite=NonFinite(0.0, "parameters"),
+                           figures={"bars": lambda epoch: (np.full((4, 4), epoch / 10.0), None)})
+
+
+def _fit(tmp_path, monitor, epochs=3):
+    g = torch.Generator().manual_seed(0)
+    dm = TensorDataModule(train_data=torch.randn(16, 3, generator=g), val_data=torch.randn(8, 3, generator=g),
+                          batch_size=8, value_range=None)
+    torch.manual_seed(0)
+    model = DiffusionModule(MLPNet(3, hidden=8, depth=1, emb_dim=8), precond="edm", num_steps=3)
+    calls = []
+    log_dict = model.log_dict
+
+    def spy(dictionary, **kw):
+        calls.append((dict(dictionary), kw))
+        return log_dict(dictionary, **kw)
+    model.log_dict = spy
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, limit_train_batches=1, limit_val_batches=1,
+                         num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=str(tmp_path), callbacks=[monitor])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, datamodule=dm)
+    return trainer, model, calls
+
+
+def test_any_contract_object_runs_with_one_log_dict_per_measurement(tmp_path):
+    ev = ParamNorm()
+    assert isinstance(ev, Evaluation)
+    mon = EvaluationMonitor(ev, name="pn", every_n_epochs=2, figure_every_n=2)
+    assert mon.metric_names() == ["pn/sq_norm", "pn/count"]
+    trainer, model, calls = _fit(tmp_path, mon, epochs=3)
+    mine = [(d, kw) for d, kw in calls if any(k.startswith("pn/") for k in d)]
+    assert [sorted(d) for d, _ in mine] == [["pn/count", "pn/sq_norm"]] * 2  # passes 0 and 2, one call each
+    assert all(kw["on_epoch"] and not kw["on_step"] and not kw["sync_dist"] for _, kw in mine)
+    # the last measurement is of the final model: an independent sum of squares
+    expect = sum(float(p.detach().double().square().sum()) for p in model.parameters())
+    assert float(trainer.callback_metrics["pn/sq_norm"]) == pytest.approx(expect, rel=1e-12)
+    assert trainer.callback_metrics["pn/sq_norm"].dtype == torch.float64  # a tensor as it is
+    assert trainer.callback_metrics["pn/count"].dtype == torch.float32  # a number as float32
+    assert [h["epoch"] for h in mon.history] == [0, 2] and ev.prepared == 2
+    assert mon.history[-1]["pn/first"] == pytest.approx(float(next(model.parameters()).detach().double().square().sum()))
+    records, bad = read_records(tmp_path / "per_unit")
+    assert not bad and [r.epoch for r in records["pn/sq_norm"]] == [0, 2]
+    assert records["pn/sq_norm"][-1].kind == "mean" and len(records["pn/sq_norm"][-1].values) == len(
+        list(model.parameters()))
+    # figures on passes whose index is a multiple of figure_every_n (no image logger: PNG files)
+    pngs = sorted(p.name for p in (tmp_path / "figures").glob("*.png"))
+    assert pngs == ["pn_bars-epoch0000.png", "pn_bars-epoch0002.png"]
+
+
+def test_figures_follow_their_own_schedule(tmp_path):
+    mon = EvaluationMonitor(ParamNorm(), name="pn", every_n_epochs=1, figure_every_n=3)
+    _fit(tmp_path, mon, epochs=4)
+    assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == [
+        "pn_bars-epoch0000.png", "pn_bars-epoch0003.png"]
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(evaluation=object()), "evaluation"),
+    (dict(evaluation=ParamNorm(), figure_every_n=-1), "figure_every_n"),
+    (dict(evaluation=ParamNorm(), name="a/b"), "name"),
+])
+def test_bad_arguments_name_the_field(kwargs, field):
+    with pytest.raises(ConfigError, match=rf"trainer\.callbacks\[EvaluationMonitor\]\.{field}"):
+        EvaluationMonitor(**kwargs)
+
+
+class _Parts(Comm):
+    """Rank ``rank`` of a simulated ``world``: all_gather returns the given per-rank tensors."""
+
+    def __init__(self, rank, world, parts):
+        self.rank, self.world, self.parts = rank, world, parts
+
+    def all_gather_equal(self, t):
+        return [t if r == self.rank else p for r, p in enumerate(self.parts)]
+
+
+def test_comm_gathers_strided_shards_in_global_order_and_agrees_on_flags():
+    data = torch.arange(20.0).reshape(10, 2)
+    world = 3
+    padded = [torch.cat([data[r::world], data.new_zeros(4 - len(data[r::world]), 2)]) for r in range(world)]
+    for rank in range(world):
+        comm = _Parts(rank, world, padded)
+        assert torch.equal(comm.shard(10), torch.arange(rank, 10, world))
+        assert torch.equal(comm.gather_rows(comm.shard(data), 10), data)
+    flags = [torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([0.0])]  # rank 1 failed
+    assert _Parts(0, 3, flags).all_true(True) is False
+    assert _Parts(0, 3, [torch.tensor([0.0])] * 3).all_true(True) is True
+    assert SINGLE.gather_rows(data, 10) is data and SINGLE.all_true(True) and not SINGLE.all_true(False)
+    assert torch.equal(SINGLE.reduce_sum(data), data)
