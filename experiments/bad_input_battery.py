@@ -94,9 +94,10 @@ def tiny_config(overrides: Optional[dict] = None, callbacks: Optional[list] = No
         cfg["data"] = data
     if net is not None:
         cfg["model"]["init_args"]["net"] = net
-    for name, args in callbacks or []:
+    for name, args in callbacks or []:  # a bare name is one of lightning_pfd.callbacks
         cfg["trainer"]["callbacks"].append(
-            {"class_path": f"lightning_pfd.callbacks.{name}", "init_args": dict(args)})
+            {"class_path": name if "." in name else f"lightning_pfd.callbacks.{name}",
+             "init_args": dict(args)})
     for dotted, value in (overrides or {}).items():
         node = cfg
         *path, last = dotted.split(".")
@@ -286,6 +287,31 @@ def stale_lock(directory: str) -> Callable[[Path], None]:
     return setup
 
 
+def finished_sweep(name: str, ran: List[str], deleted: List[str], never: List[str]) -> Callable[[Path], None]:
+    """``runs/<name>/`` of a finished sweep over the tiny config: ``sweep.json``, the trials of
+    ``ran`` with their ``trial_result.json`` and the earlier ``sweep_results.json`` recording them
+    (and those of ``deleted``, whose directories are then removed) as ok; ``never``: listed, not run."""
+    def setup(d: Path) -> None:
+        write_sweep_file("sw.yaml", {"data.init_args.n_train": [16, 24, 32]})(d)
+        sweep = d / "runs" / name
+        sweep.mkdir(parents=True)
+        ids = ran + deleted + never
+        (sweep / "sweep.json").write_text(json.dumps({"name": name, "trials": [
+            {"trial_id": t, "overrides": {"data.init_args.n_train": int(t.split("=")[1])}} for t in ids]}))
+        rows = []
+        for t in ran + deleted:
+            (sweep / t).mkdir()
+            (sweep / t / "trial_result.json").write_text(json.dumps({"trial_id": t, "status": "ok", "epochs": 1}))
+            rows.append({"trial_id": t, "status": "ok"})
+        rows += [{"trial_id": t, "status": "pending"} for t in never]
+        (sweep / "sweep_results.json").write_text(json.dumps(rows))
+        for t in deleted:
+            shutil.rmtree(sweep / t)
+    setup.describe = (f"runs/{name}/: a sweep whose trials {ran} ran, {deleted} ran and then had their "
+                      f"files deleted, {never} never ran (sweep.json, earlier sweep_results.json)")
+    return setup
+
+
 def stop_holders() -> None:
     while HOLDERS:
         p = HOLDERS.pop()
@@ -351,6 +377,11 @@ class Case:
     timeout: int = 150
     note: str = ""
     fsize_limit: Optional[int] = None       # RLIMIT_FSIZE of the subprocess (a full disk), bytes
+    env: dict = field(default_factory=dict)  # extra environment ({dir}: the case's directory)
+    must_not: List[str] = field(default_factory=list)   # substrings the message must not contain
+    forbid: List[str] = field(default_factory=list)     # globs of files the case must not create
+    status: Optional[int] = None            # expect="partial": the exact exit status wanted
+    may_change: List[str] = field(default_factory=list)  # files an "earlier" case may rewrite
     signal_when: Optional[str] = None       # SIGTERM the subprocess once this file exists
 
     def command(self) -> str:
@@ -669,6 +700,50 @@ def cases(fx: Path) -> List[Case]:
           "flattened)", ["icr-sweep", "--ckpt", "run/checkpoints/last.ckpt", "--data", "digits",
                          "--sigmas", "0.29", "--num-images", "64", "--out", "icr"], [], expect="ok",
       setup=[E], earlier=True, note="a line says the images are flattened; a warning for n < 4d")
+    # ---- the smaller faults of issue 22: a finished run's logs, monitored keys, W&B, sweeps, hints
+    f(12, "validate --ckpt_path last on a finished run (allowed: its own logger version)",
+      ["validate", "--config", "tiny.yaml", "--ckpt_path", "last"], ["new logger version"], expect="ok",
+      setup=[E], earlier=True, note="the training run's metrics.csv, hparams.yaml and W&B run unchanged")
+    f(13, "fit --ckpt_path last of a finished run (max_epochs already reached)",
+      fit + ["--ckpt_path", "last"], ["already finished", "--trainer.max_epochs"], expect="ok", setup=[E],
+      earlier=True, forbid=["*"], note="says so, exit 0, writes nothing (no duplicated metrics.csv row)")
+    f(14, "plain Lightning ModelCheckpoint monitor typo (pfd/e_genn) resuming a finished run",
+      ["fit", "--config", "typo.yaml", "--ckpt_path", "last", "--trainer.max_epochs", "2"],
+      ["monitor", "pfd/e_genn"], hint=True, earlier=True, setup=[E, write_config("typo.yaml", callbacks=[
+          ("GeneralizationMonitor", {"num_eval": 16, "num_loss_samples": 32}),
+          ("lightning.pytorch.callbacks.ModelCheckpoint", {"monitor": "pfd/e_genn", "dirpath": "run/best"})])])
+    f(15, "plain Lightning EarlyStopping monitor typo (icr/icrr)", fit, ["monitor", "icr/icrr"], hint=True,
+      setup=[write_config(callbacks=[("ICRMonitor", ICR_OK),
+                                     ("lightning.pytorch.callbacks.EarlyStopping", {"monitor": "icr/icrr"})])])
+    f(16, "WANDB_MODE=online without W&B credentials (no WANDB_API_KEY, no netrc)", fit,
+      ["WANDB_MODE", "wandb login"], env={"WANDB_MODE": "online", "HOME": "{aux}/home", "NETRC": "{aux}/no_netrc"},
+      setup=[write_config(overrides={"trainer.logger": [
+          TINY["trainer"]["logger"], {"class_path": "lightning_pfd.callbacks.AutoWandbLogger",
+                                      "init_args": {"save_dir": "run", "project": "battery"}}]})])
+    f(17, "sweep --aggregate-only after a finished trial's files were deleted",
+      ["sweep", "--config", "sw.yaml", "--aggregate-only"], ["missing", "n_train=24", "pending", "n_train=32"],
+      expect="partial", status=1, earlier=True,
+      may_change=["runs/sw/sweep_results.json"], setup=[finished_sweep("sw", ["n_train=16"], ["n_train=24"],
+                                                                       ["n_train=32"])],
+      note="the deleted trial is 'missing' (not 'pending'), exit 1; the results files are rewritten")
+    f(18, "LIGHTNING_PFD_CACHE pointing to a regular file (quickstart)",
+      ["fit", "--config", "quickstart", "--trainer.max_epochs", "1"], ["LIGHTNING_PFD_CACHE"],
+      env={"LIGHTNING_PFD_CACHE": "{dir}/afile"}, must_not=["data.init_args"],
+      setup=[write_text("afile", "not a directory\n")])
+    f(19, "an option given twice, the first value bad (C05: --trainer.max_epochs two, then 3)",
+      fit + ["--trainer.max_epochs", "two", "--trainer.max_epochs", "3"], ["max_epochs", "'two'"],
+      must_not=["was '3'"], setup=[write_config()])
+    f(20, "an option given twice, the last value refused by the Trainer (max_epochs 3, then -2)",
+      fit + ["--trainer.max_epochs", "3", "--trainer.max_epochs", "-2"], ["max_epochs", "-2"],
+      must_not=["max_epochs, trainer.max_epochs", "max_epochs 3"], setup=[write_config()])
+    f(21, "an appended checkpoint stack without dirpath (as callbacks/representation.yaml)",
+      fit + ["--trainer.callbacks+=stack.yaml"], ["writes to"], expect="ok", forbid=["run/csv/*/checkpoints/*"],
+      setup=[write_config(), write_text("stack.yaml", "- class_path: lightning_pfd.callbacks.EpochCheckpoint\n"
+                                        "  init_args: {monitor: val/loss, filename: best-val}\n")],
+      note="one checkpoint folder per run (run/checkpoints), not a second one in the logger's version")
+    f(22, "a 1-sample training set with an ICRMonitor", fit, ["training samples", "1"],
+      setup=[write_config(callbacks=[("ICRMonitor", ICR_OK)], overrides={"data.init_args.n_train": 1})],
+      note="the data size is named as the problem")
 
     # ---- Python API ---------------------------------------------------------------------------
     def a(i, what, code, must, hint=False, note=""):
@@ -885,6 +960,7 @@ def run_case(c: Case, root: Path) -> dict:
     """One command-line case: its own directory, cache, subprocess and timeout."""
     d, before = prepare(c, root)
     env = case_env(d, root / "_aux" / c.id)
+    env.update({k: v.format(dir=d, aux=root / "_aux" / c.id) for k, v in c.env.items()})
     t0 = time.time()
     timed_out = False
     limit = c.fsize_limit
@@ -974,7 +1050,16 @@ def judge(c: Case, r: dict):
     problems: List[str] = []
     text = (r.get("block") or "") + "\n" + (r.get("first_line") or "")
     low = text.lower()
-    earlier_changed = [f for f in r["modified"] + r["deleted"]]
+    earlier_changed = [f for f in r["modified"] + r["deleted"] if f not in c.may_change]
+    out_low = (r["stderr_tail"] + "\n" + r["stdout_tail"]).lower()
+    import fnmatch
+
+    forbidden = [f for f in r["created"] if any(fnmatch.fnmatch(f, g) for g in c.forbid)]
+    if forbidden:
+        problems.append(f"files that must not be created: {_short(forbidden)}")
+    said = [s for s in c.must_not if s.lower() in out_low]
+    if said:
+        problems.append(f"the message names {said} (not the bad value)")
     if r["timed_out"]:
         return "PROBLEM", [f"timed out after {c.timeout} s"]
     if c.code is not None:  # Python API
@@ -999,10 +1084,13 @@ def judge(c: Case, r: dict):
             problems.append("traceback printed")
         if c.earlier and not c.may_change_earlier and earlier_changed:
             problems.append(f"earlier run's files changed: {earlier_changed[:4]}")
+        missing = [m for m in c.must if m.lower() not in out_low]
+        if missing:
+            problems.append(f"output does not say {missing}")
         return ("works" if not problems else "PROBLEM"), problems
     if c.expect == "partial":
-        if rc not in (0, 1):
-            problems.append(f"exit status {rc}")
+        if rc not in ((0, 1) if c.status is None else (c.status,)):
+            problems.append(f"exit status {rc}" + (f", not {c.status}" if c.status is not None else ""))
         if r["traceback"]:
             problems.append("traceback printed")
         if earlier_changed:
