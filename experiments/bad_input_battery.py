@@ -1249,7 +1249,36 @@ def summary_md(results: List[dict], seconds: float) -> str:
     for r in results:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
     parts = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
-    return f"{len(results)} cases in {seconds / 60:.1f} min — {parts}."
+    carried = [r for r in results if r.get("carried")]
+    if not carried:
+        return f"{len(results)} cases in {seconds / 60:.1f} min — {parts}."
+    fresh = [r for r in results if not r.get("carried")]
+    return (f"{len(results)} cases — {parts} ({len(fresh)} re-run on {fresh[0].get('run', '?')} "
+            f"({sum(r['seconds'] for r in fresh) / 60:.1f} min of case time); the other {len(carried)} "
+            "carried over from the earlier full run, marked `carried` in the JSON).")
+
+
+#: the tag of this run's results (``--run``; a --merge keeps results of the same tag as fresh)
+RUN = time.strftime("%Y-%m-%d")
+
+#: earlier results a --merge run starts from (a case re-run replaces its entry)
+CARRY = (RESULTS_JSON, REPO / "experiments" / "results" / "bad_input_battery_faults.json")
+
+
+def merge_results(fresh: List[dict], all_cases: List[Case], paths) -> List[dict]:
+    """``fresh`` results plus, for every other case, its entry in the earlier result files
+    (marked ``carried``), in the order of the case list."""
+    earlier = {}
+    for path in paths:
+        try:
+            for r in json.loads(Path(path).read_text()).get("cases", []):
+                earlier[r["id"]] = dict(r, carried=True)
+        except (OSError, ValueError):
+            continue
+    for r in earlier.values():  # re-run earlier in this --run (another subset): not carried
+        r["carried"] = r.get("run") != RUN
+    now = {r["id"]: r for r in fresh}
+    return [now.get(c.id) or earlier[c.id] for c in all_cases if c.id in now or c.id in earlier]
 
 
 def update_docs(results: List[dict], seconds: float) -> None:
@@ -1274,9 +1303,15 @@ def main(argv=None) -> int:
     ap.add_argument("--write", action="store_true", help="write JSON/docs even for a subset")
     ap.add_argument("--no-docs", action="store_true", help="do not update docs/reliability.md")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--merge", action="store_true",
+                    help="a subset's results replace their cases in the recorded JSON (and the faults "
+                         "JSON); the other cases are carried over, marked; JSON and docs rewritten")
     ap.add_argument("--json", default=str(RESULTS_JSON),
                     help="where --write / a full run writes the results (default: %(default)s)")
+    ap.add_argument("--run", default=None, help="tag of this run's results (default: today's date)")
     args = ap.parse_args(argv)
+    global RUN
+    RUN = args.run or RUN
     root = Path(args.out).resolve()
     root.mkdir(parents=True, exist_ok=True)
     fx_placeholder = root / "fixture_earlier_run"
@@ -1310,13 +1345,17 @@ def main(argv=None) -> int:
         for r in run_api_cases(api, root):
             results.append(r)
             show(len(results), r)
+    for r in results:
+        r["run"] = RUN
     order = {c.id: i for i, c in enumerate(sel)}
     results.sort(key=lambda r: order[r["id"]])
     seconds = time.time() - t0
     (root / "table.md").write_text(summary_md(results, seconds) + "\n\n" + table_md(results) + "\n\n"
                                    + problems_md(results) + "\n")
     full = len(sel) == len(all_cases)
-    if full or args.write:
+    if args.merge and not full:
+        results = merge_results(results, all_cases, CARRY)
+    if full or args.write or args.merge:
         import platform
 
         out_json = Path(args.json)
@@ -1329,7 +1368,7 @@ def main(argv=None) -> int:
         if not args.no_docs:
             update_docs(results, seconds)
     print(summary_md(results, seconds))
-    print(f"table: {root / 'table.md'}" + (f"; json: {args.json}" if full or args.write else ""))
+    print(f"table: {root / 'table.md'}" + (f"; json: {args.json}" if full or args.write or args.merge else ""))
     return 0
 
 
