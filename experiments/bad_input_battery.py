@@ -15,7 +15,8 @@ a verdict:
   Python API), no traceback, nothing written, the message names the field (and says
   "did you mean" where the case's bad value is close to an accepted one);
 * ``works``: an input that is actually valid ran (exit 0), or a documented partial result
-  (``report`` on a truncated log: exit 1, earlier files untouched);
+  (``report`` on a truncated log, ``sweep --aggregate-only`` with a missing trial: exit 1,
+  earlier files untouched);
 * ``PROBLEM``: anything else (traceback, late failure after training started, files written or
   damaged, exit status other than 2, message without the field or without the suggestion).
 
@@ -27,7 +28,8 @@ Writes ``experiments/results/bad_input_battery.json`` (all results), ``DIR/table
 updates the table and the problem list of ``docs/reliability.md`` between its
 ``<!-- battery:... -->`` markers (``--no-docs`` to skip). ``--only ID[,ID...]`` / ``--area AREA``
 run a subset (the JSON and docs are then not rewritten unless ``--write`` is given; ``--json
-PATH`` writes the results elsewhere, e.g. a subset's own file).
+PATH`` writes the results elsewhere, e.g. a subset's own file; ``--merge`` replaces the subset's
+cases in the recorded JSON, keeps the others marked ``carried``, and rewrites JSON and docs).
 """
 from __future__ import annotations
 
@@ -1250,29 +1252,30 @@ def summary_md(results: List[dict], seconds: float) -> str:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
     parts = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
     carried = [r for r in results if r.get("carried")]
-    if not carried:
+    if not any("carried" in r for r in results):  # one run
         return f"{len(results)} cases in {seconds / 60:.1f} min — {parts}."
     fresh = [r for r in results if not r.get("carried")]
-    return (f"{len(results)} cases — {parts} ({len(fresh)} re-run on {fresh[0].get('run', '?')} "
-            f"({sum(r['seconds'] for r in fresh) / 60:.1f} min of case time); the other {len(carried)} "
-            "carried over from the earlier full run, marked `carried` in the JSON).")
+    rest = (f"; the other {len(carried)} carried over from the earlier full run, marked `carried` in "
+            "the JSON") if carried else ""
+    return (f"{len(results)} cases — {parts} ({len(fresh)} run on {fresh[0].get('run', '?')} in subsets "
+            f"(--merge), {sum(r['seconds'] for r in fresh) / 60:.1f} min of case time{rest}).")
 
 
 #: the tag of this run's results (``--run``; a --merge keeps results of the same tag as fresh)
 RUN = time.strftime("%Y-%m-%d")
 
 #: earlier results a --merge run starts from (a case re-run replaces its entry)
-CARRY = (RESULTS_JSON, REPO / "experiments" / "results" / "bad_input_battery_faults.json")
+CARRY = (RESULTS_JSON,)
 
 
 def merge_results(fresh: List[dict], all_cases: List[Case], paths) -> List[dict]:
     """``fresh`` results plus, for every other case, its entry in the earlier result files
     (marked ``carried``), in the order of the case list."""
     earlier = {}
-    for path in paths:
+    for path in paths:  # the first file that holds a case wins
         try:
             for r in json.loads(Path(path).read_text()).get("cases", []):
-                earlier[r["id"]] = dict(r, carried=True)
+                earlier.setdefault(r["id"], dict(r))
         except (OSError, ValueError):
             continue
     for r in earlier.values():  # re-run earlier in this --run (another subset): not carried
