@@ -15,7 +15,8 @@ a verdict:
   Python API), no traceback, nothing written, the message names the field (and says
   "did you mean" where the case's bad value is close to an accepted one);
 * ``works``: an input that is actually valid ran (exit 0), or a documented partial result
-  (``report`` on a truncated log: exit 1, earlier files untouched);
+  (``report`` on a truncated log, ``sweep --aggregate-only`` with a missing trial: exit 1,
+  earlier files untouched);
 * ``PROBLEM``: anything else (traceback, late failure after training started, files written or
   damaged, exit status other than 2, message without the field or without the suggestion).
 
@@ -27,7 +28,8 @@ Writes ``experiments/results/bad_input_battery.json`` (all results), ``DIR/table
 updates the table and the problem list of ``docs/reliability.md`` between its
 ``<!-- battery:... -->`` markers (``--no-docs`` to skip). ``--only ID[,ID...]`` / ``--area AREA``
 run a subset (the JSON and docs are then not rewritten unless ``--write`` is given; ``--json
-PATH`` writes the results elsewhere, e.g. a subset's own file).
+PATH`` writes the results elsewhere, e.g. a subset's own file; ``--merge`` replaces the subset's
+cases in the recorded JSON, keeps the others marked ``carried``, and rewrites JSON and docs).
 """
 from __future__ import annotations
 
@@ -94,9 +96,10 @@ def tiny_config(overrides: Optional[dict] = None, callbacks: Optional[list] = No
         cfg["data"] = data
     if net is not None:
         cfg["model"]["init_args"]["net"] = net
-    for name, args in callbacks or []:
+    for name, args in callbacks or []:  # a bare name is one of lightning_pfd.callbacks
         cfg["trainer"]["callbacks"].append(
-            {"class_path": f"lightning_pfd.callbacks.{name}", "init_args": dict(args)})
+            {"class_path": name if "." in name else f"lightning_pfd.callbacks.{name}",
+             "init_args": dict(args)})
     for dotted, value in (overrides or {}).items():
         node = cfg
         *path, last = dotted.split(".")
@@ -286,6 +289,31 @@ def stale_lock(directory: str) -> Callable[[Path], None]:
     return setup
 
 
+def finished_sweep(name: str, ran: List[str], deleted: List[str], never: List[str]) -> Callable[[Path], None]:
+    """``runs/<name>/`` of a finished sweep over the tiny config: ``sweep.json``, the trials of
+    ``ran`` with their ``trial_result.json`` and the earlier ``sweep_results.json`` recording them
+    (and those of ``deleted``, whose directories are then removed) as ok; ``never``: listed, not run."""
+    def setup(d: Path) -> None:
+        write_sweep_file("sw.yaml", {"data.init_args.n_train": [16, 24, 32]})(d)
+        sweep = d / "runs" / name
+        sweep.mkdir(parents=True)
+        ids = ran + deleted + never
+        (sweep / "sweep.json").write_text(json.dumps({"name": name, "trials": [
+            {"trial_id": t, "overrides": {"data.init_args.n_train": int(t.split("=")[1])}} for t in ids]}))
+        rows = []
+        for t in ran + deleted:
+            (sweep / t).mkdir()
+            (sweep / t / "trial_result.json").write_text(json.dumps({"trial_id": t, "status": "ok", "epochs": 1}))
+            rows.append({"trial_id": t, "status": "ok"})
+        rows += [{"trial_id": t, "status": "pending"} for t in never]
+        (sweep / "sweep_results.json").write_text(json.dumps(rows))
+        for t in deleted:
+            shutil.rmtree(sweep / t)
+    setup.describe = (f"runs/{name}/: a sweep whose trials {ran} ran, {deleted} ran and then had their "
+                      f"files deleted, {never} never ran (sweep.json, earlier sweep_results.json)")
+    return setup
+
+
 def stop_holders() -> None:
     while HOLDERS:
         p = HOLDERS.pop()
@@ -351,6 +379,11 @@ class Case:
     timeout: int = 150
     note: str = ""
     fsize_limit: Optional[int] = None       # RLIMIT_FSIZE of the subprocess (a full disk), bytes
+    env: dict = field(default_factory=dict)  # extra environment ({dir}: the case's directory)
+    must_not: List[str] = field(default_factory=list)   # substrings the message must not contain
+    forbid: List[str] = field(default_factory=list)     # globs of files the case must not create
+    status: Optional[int] = None            # expect="partial": the exact exit status wanted
+    may_change: List[str] = field(default_factory=list)  # files an "earlier" case may rewrite
     signal_when: Optional[str] = None       # SIGTERM the subprocess once this file exists
 
     def command(self) -> str:
@@ -669,6 +702,50 @@ def cases(fx: Path) -> List[Case]:
           "flattened)", ["icr-sweep", "--ckpt", "run/checkpoints/last.ckpt", "--data", "digits",
                          "--sigmas", "0.29", "--num-images", "64", "--out", "icr"], [], expect="ok",
       setup=[E], earlier=True, note="a line says the images are flattened; a warning for n < 4d")
+    # ---- the smaller faults of issue 22: a finished run's logs, monitored keys, W&B, sweeps, hints
+    f(12, "validate --ckpt_path last on a finished run (allowed: its own logger version)",
+      ["validate", "--config", "tiny.yaml", "--ckpt_path", "last"], ["new logger version"], expect="ok",
+      setup=[E], earlier=True, note="the training run's metrics.csv, hparams.yaml and W&B run unchanged")
+    f(13, "fit --ckpt_path last of a finished run (max_epochs already reached)",
+      fit + ["--ckpt_path", "last"], ["already finished", "--trainer.max_epochs"], expect="ok", setup=[E],
+      earlier=True, forbid=["*"], note="says so, exit 0, writes nothing (no duplicated metrics.csv row)")
+    f(14, "plain Lightning ModelCheckpoint monitor typo (pfd/e_genn) resuming a finished run",
+      ["fit", "--config", "typo.yaml", "--ckpt_path", "last", "--trainer.max_epochs", "2"],
+      ["monitor", "pfd/e_genn"], hint=True, earlier=True, setup=[E, write_config("typo.yaml", callbacks=[
+          ("GeneralizationMonitor", {"num_eval": 16, "num_loss_samples": 32}),
+          ("lightning.pytorch.callbacks.ModelCheckpoint", {"monitor": "pfd/e_genn", "dirpath": "run/best"})])])
+    f(15, "plain Lightning EarlyStopping monitor typo (icr/icrr)", fit, ["monitor", "icr/icrr"], hint=True,
+      setup=[write_config(callbacks=[("ICRMonitor", ICR_OK),
+                                     ("lightning.pytorch.callbacks.EarlyStopping", {"monitor": "icr/icrr"})])])
+    f(16, "WANDB_MODE=online without W&B credentials (no WANDB_API_KEY, no netrc)", fit,
+      ["WANDB_MODE", "wandb login"], env={"WANDB_MODE": "online", "HOME": "{aux}/home", "NETRC": "{aux}/no_netrc"},
+      setup=[write_config(overrides={"trainer.logger": [
+          TINY["trainer"]["logger"], {"class_path": "lightning_pfd.callbacks.AutoWandbLogger",
+                                      "init_args": {"save_dir": "run", "project": "battery"}}]})])
+    f(17, "sweep --aggregate-only after a finished trial's files were deleted",
+      ["sweep", "--config", "sw.yaml", "--aggregate-only"], ["missing", "n_train=24", "pending", "n_train=32"],
+      expect="partial", status=1, earlier=True,
+      may_change=["runs/sw/sweep_results.json"], setup=[finished_sweep("sw", ["n_train=16"], ["n_train=24"],
+                                                                       ["n_train=32"])],
+      note="the deleted trial is 'missing' (not 'pending'), exit 1; the results files are rewritten")
+    f(18, "LIGHTNING_PFD_CACHE pointing to a regular file (quickstart)",
+      ["fit", "--config", "quickstart", "--trainer.max_epochs", "1"], ["LIGHTNING_PFD_CACHE"],
+      env={"LIGHTNING_PFD_CACHE": "{dir}/afile"}, must_not=["data.init_args"],
+      setup=[write_text("afile", "not a directory\n")])
+    f(19, "an option given twice, the first value bad (C05: --trainer.max_epochs two, then 3)",
+      fit + ["--trainer.max_epochs", "two", "--trainer.max_epochs", "3"], ["max_epochs", "'two'"],
+      must_not=["was '3'"], setup=[write_config()])
+    f(20, "an option given twice, the last value refused by the Trainer (max_epochs 3, then -2)",
+      fit + ["--trainer.max_epochs", "3", "--trainer.max_epochs", "-2"], ["max_epochs", "-2"],
+      must_not=["max_epochs, trainer.max_epochs", "max_epochs 3"], setup=[write_config()])
+    f(21, "an appended checkpoint stack without dirpath (as callbacks/representation.yaml)",
+      fit + ["--trainer.callbacks+=stack.yaml"], ["writes to"], expect="ok", forbid=["run/csv/*/checkpoints/*"],
+      setup=[write_config(), write_text("stack.yaml", "- class_path: lightning_pfd.callbacks.EpochCheckpoint\n"
+                                        "  init_args: {monitor: val/loss, filename: best-val}\n")],
+      note="one checkpoint folder per run (run/checkpoints), not a second one in the logger's version")
+    f(22, "a 1-sample training set with an ICRMonitor", fit, ["training samples", "1"],
+      setup=[write_config(callbacks=[("ICRMonitor", ICR_OK)], overrides={"data.init_args.n_train": 1})],
+      note="the data size is named as the problem")
 
     # ---- Python API ---------------------------------------------------------------------------
     def a(i, what, code, must, hint=False, note=""):
@@ -885,6 +962,7 @@ def run_case(c: Case, root: Path) -> dict:
     """One command-line case: its own directory, cache, subprocess and timeout."""
     d, before = prepare(c, root)
     env = case_env(d, root / "_aux" / c.id)
+    env.update({k: v.format(dir=d, aux=root / "_aux" / c.id) for k, v in c.env.items()})
     t0 = time.time()
     timed_out = False
     limit = c.fsize_limit
@@ -974,7 +1052,16 @@ def judge(c: Case, r: dict):
     problems: List[str] = []
     text = (r.get("block") or "") + "\n" + (r.get("first_line") or "")
     low = text.lower()
-    earlier_changed = [f for f in r["modified"] + r["deleted"]]
+    earlier_changed = [f for f in r["modified"] + r["deleted"] if f not in c.may_change]
+    out_low = (r["stderr_tail"] + "\n" + r["stdout_tail"]).lower()
+    import fnmatch
+
+    forbidden = [f for f in r["created"] if any(fnmatch.fnmatch(f, g) for g in c.forbid)]
+    if forbidden:
+        problems.append(f"files that must not be created: {_short(forbidden)}")
+    said = [s for s in c.must_not if s.lower() in out_low]
+    if said:
+        problems.append(f"the message names {said} (not the bad value)")
     if r["timed_out"]:
         return "PROBLEM", [f"timed out after {c.timeout} s"]
     if c.code is not None:  # Python API
@@ -999,10 +1086,13 @@ def judge(c: Case, r: dict):
             problems.append("traceback printed")
         if c.earlier and not c.may_change_earlier and earlier_changed:
             problems.append(f"earlier run's files changed: {earlier_changed[:4]}")
+        missing = [m for m in c.must if m.lower() not in out_low]
+        if missing:
+            problems.append(f"output does not say {missing}")
         return ("works" if not problems else "PROBLEM"), problems
     if c.expect == "partial":
-        if rc not in (0, 1):
-            problems.append(f"exit status {rc}")
+        if rc not in ((0, 1) if c.status is None else (c.status,)):
+            problems.append(f"exit status {rc}" + (f", not {c.status}" if c.status is not None else ""))
         if r["traceback"]:
             problems.append("traceback printed")
         if earlier_changed:
@@ -1161,7 +1251,37 @@ def summary_md(results: List[dict], seconds: float) -> str:
     for r in results:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
     parts = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
-    return f"{len(results)} cases in {seconds / 60:.1f} min — {parts}."
+    carried = [r for r in results if r.get("carried")]
+    if not any("carried" in r for r in results):  # one run
+        return f"{len(results)} cases in {seconds / 60:.1f} min — {parts}."
+    fresh = [r for r in results if not r.get("carried")]
+    rest = (f"; the other {len(carried)} carried over from the earlier full run, marked `carried` in "
+            "the JSON") if carried else ""
+    return (f"{len(results)} cases — {parts} ({len(fresh)} run on {fresh[0].get('run', '?')} in subsets "
+            f"(--merge), {sum(r['seconds'] for r in fresh) / 60:.1f} min of case time{rest}).")
+
+
+#: the tag of this run's results (``--run``; a --merge keeps results of the same tag as fresh)
+RUN = time.strftime("%Y-%m-%d")
+
+#: earlier results a --merge run starts from (a case re-run replaces its entry)
+CARRY = (RESULTS_JSON,)
+
+
+def merge_results(fresh: List[dict], all_cases: List[Case], paths) -> List[dict]:
+    """``fresh`` results plus, for every other case, its entry in the earlier result files
+    (marked ``carried``), in the order of the case list."""
+    earlier = {}
+    for path in paths:  # the first file that holds a case wins
+        try:
+            for r in json.loads(Path(path).read_text()).get("cases", []):
+                earlier.setdefault(r["id"], dict(r))
+        except (OSError, ValueError):
+            continue
+    for r in earlier.values():  # re-run earlier in this --run (another subset): not carried
+        r["carried"] = r.get("run") != RUN
+    now = {r["id"]: r for r in fresh}
+    return [now.get(c.id) or earlier[c.id] for c in all_cases if c.id in now or c.id in earlier]
 
 
 def update_docs(results: List[dict], seconds: float) -> None:
@@ -1186,9 +1306,15 @@ def main(argv=None) -> int:
     ap.add_argument("--write", action="store_true", help="write JSON/docs even for a subset")
     ap.add_argument("--no-docs", action="store_true", help="do not update docs/reliability.md")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--merge", action="store_true",
+                    help="a subset's results replace their cases in the recorded JSON (and the faults "
+                         "JSON); the other cases are carried over, marked; JSON and docs rewritten")
     ap.add_argument("--json", default=str(RESULTS_JSON),
                     help="where --write / a full run writes the results (default: %(default)s)")
+    ap.add_argument("--run", default=None, help="tag of this run's results (default: today's date)")
     args = ap.parse_args(argv)
+    global RUN
+    RUN = args.run or RUN
     root = Path(args.out).resolve()
     root.mkdir(parents=True, exist_ok=True)
     fx_placeholder = root / "fixture_earlier_run"
@@ -1222,13 +1348,17 @@ def main(argv=None) -> int:
         for r in run_api_cases(api, root):
             results.append(r)
             show(len(results), r)
+    for r in results:
+        r["run"] = RUN
     order = {c.id: i for i, c in enumerate(sel)}
     results.sort(key=lambda r: order[r["id"]])
     seconds = time.time() - t0
     (root / "table.md").write_text(summary_md(results, seconds) + "\n\n" + table_md(results) + "\n\n"
                                    + problems_md(results) + "\n")
     full = len(sel) == len(all_cases)
-    if full or args.write:
+    if args.merge and not full:
+        results = merge_results(results, all_cases, CARRY)
+    if full or args.write or args.merge:
         import platform
 
         out_json = Path(args.json)
@@ -1241,7 +1371,7 @@ def main(argv=None) -> int:
         if not args.no_docs:
             update_docs(results, seconds)
     print(summary_md(results, seconds))
-    print(f"table: {root / 'table.md'}" + (f"; json: {args.json}" if full or args.write else ""))
+    print(f"table: {root / 'table.md'}" + (f"; json: {args.json}" if full or args.write or args.merge else ""))
     return 0
 
 

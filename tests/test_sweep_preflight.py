@@ -87,13 +87,13 @@ def test_preflight_names_every_trial_whose_data_is_too_small_for_a_monitor(tmp_p
 
 
 def test_aggregate_only_with_a_trial_without_results_exits_1(tmp_path, capsys):
-    """A trial whose files were deleted (or never ran) is pending: not a success."""
+    """Trials that never ran are pending: not a success (deleted files: test_run_faults.py)."""
     cfg = write_sweep(tmp_path, {"data.init_args.n_train": [16, 24]})
     spec = load_sweep(cfg)
     runner._write_record(spec, runner.plan(spec, construct=False), spec.resources, None, False)
     assert run_cli(["--config", str(cfg), "--aggregate-only"]) == 1
     err = capsys.readouterr().err
-    assert "2 trial(s) without a result on disk (pending), e.g. n_train=16: run them with --resume" in err
+    assert "2 trial(s) not run yet (pending), e.g. n_train=16: run them with --resume" in err
 
 
 def test_an_empty_grid_is_refused(tmp_path):

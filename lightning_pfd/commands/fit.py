@@ -37,10 +37,12 @@ from . import (CONFIG_DIR, DEFAULT_CONFIG, LIGHTNING_SUBCOMMANDS, PROG, debug_en
                print_extra_help, run_guarded)
 from .fit_help import parser_kwargs
 from .interrupts import interrupt_status, signal_guard
+from .run_checks import (check_monitored_keys, check_wandb_online, finished_run,
+                         share_checkpoint_dir)
 
 __all__ = ["PFDLightningCLI", "PFDArgumentParser", "RunConfigCallback", "condense_error", "main",
            "run_lightning_cli", "resolve_config_path", "join_negative_values", "ensure_wandb_mode",
-           "wandb_has_credentials", "SUBCOMMANDS"]
+           "wandb_has_credentials", "SUBCOMMANDS", "RunFinished"]
 
 SUBCOMMANDS = LIGHTNING_SUBCOMMANDS
 _NOISE = ("Expected a <class 'NoneType'>", "Given value", "Subtypes:", "Errors:",
@@ -92,8 +94,7 @@ class PFDArgumentParser(LightningArgumentParser):
             return _attribute_hint(m.group(1), m.group(2))
         m = re.search(r'Parser key "([\w.]+)"', message)
         if m:
-            value = _argv_value(m.group(1))
-            return None if value is None else f"the value given for --{m.group(1)} was {value!r}"
+            return _value_hint(m.group(1), message)
         if "Problems parsing config" in message or "Unexpected config" in message:
             cfg = _argv_value("config") or _argv_value("c")
             if cfg and "Unexpected config" in message and _is_yaml_list(cfg):
@@ -101,6 +102,47 @@ class PFDArgumentParser(LightningArgumentParser):
                         f"--trainer.callbacks+={cfg}")
             return f"in the config file {cfg!r}" if cfg else None
         return None
+
+
+def _value_hint(key: str, message: str) -> Optional[str]:
+    """Which value of ``key`` the parser refused: the one jsonargparse reports ("Given value:"),
+    said to come from the command line when it was typed there (a key may be given twice)."""
+    m = re.search(r"Given value: (.*)", message)
+    refused = m.group(1).strip() if m else None
+    typed = _argv_values(key)
+    if refused is not None and refused in typed:
+        return f"the value given for --{key} was {refused!r}"
+    if refused is not None:
+        return f"the value {refused!r} of {key} (from the config file)"
+    return f"the value given for --{key} was {typed[-1]!r}" if typed else None
+
+
+def _argv_values(key: str) -> list:
+    """Every value given for ``--key`` on this process's command line, in order."""
+    argv = sys.argv[1:]
+    found = []
+    for i, a in enumerate(argv):
+        if a == f"--{key}" or (len(key) == 1 and a == f"-{key}"):
+            if i + 1 < len(argv):
+                found.append(argv[i + 1])
+        elif a.startswith(f"--{key}="):
+            found.append(a.split("=", 1)[1])
+    return found
+
+
+def _trainer_hint() -> str:
+    """The ``--trainer.*`` options of the command line with the value that is used (the last
+    one of a key given twice), for a refusal of Lightning's Trainer."""
+    given = {}
+    for a in sys.argv[1:]:
+        if a.startswith("--trainer."):
+            key = a.split("=", 1)[0][2:]
+            values = _argv_values(key)
+            given[key] = values[-1] if values else None
+    if not given:
+        return "fix the trainer value in the config"
+    return "check " + ", ".join(f"--{k} {v}" if v is not None else f"--{k}" for k, v in given.items()) \
+        + " (given on the command line)"
 
 
 def _argv_value(key: str) -> Optional[str]:
@@ -193,15 +235,20 @@ class PFDLightningCLI(LightningCLI):
     Args:
         overwrite: allow a fresh ``fit`` into a checkpoint directory that holds an earlier run's
             checkpoints (they are replaced as the new run writes its own).
+        stop_when_finished: ``fit --ckpt_path`` of a run that already reached ``max_epochs`` /
+            ``max_steps`` raises :class:`RunFinished` before any logger starts (the command
+            line prints it and exits 0) instead of an empty fit that rewrites the run's logs.
     """
 
-    def __init__(self, args=None, run: bool = True, overwrite: bool = False, **kwargs):
+    def __init__(self, args=None, run: bool = True, overwrite: bool = False,
+                 stop_when_finished: bool = False, **kwargs):
         kwargs.setdefault("parser_kwargs", parser_kwargs(PROG, SUBCOMMANDS))  # fit_help.py
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
         kwargs.setdefault("save_config_callback", RunConfigCallback)
         kwargs.setdefault("parser_class", PFDArgumentParser)
         self.overwrite = bool(overwrite)
+        self.stop_when_finished = bool(stop_when_finished)
         self.resume_checkpoint: Optional[dict] = None
         self.resolved_ckpt_path: Optional[str] = None
         super().__init__(model_class=None, datamodule_class=None, subclass_mode_model=True,
@@ -221,10 +268,7 @@ class PFDLightningCLI(LightningCLI):
                               suggestion="fix the value in the config or on the command line") from e
         except Exception as e:  # Lightning's own refusals while building the Trainer
             if type(e).__name__ == "MisconfigurationException":
-                given = [a.split("=", 1)[0][2:] for a in sys.argv[1:] if a.startswith("--trainer.")]
-                hint = ("check " + ", ".join(given) + " (given on the command line)") if given \
-                    else "fix the trainer value in the config"
-                raise ConfigError("trainer", str(e).strip().splitlines()[0], suggestion=hint) from e
+                raise ConfigError("trainer", str(e).strip().splitlines()[0], suggestion=_trainer_hint()) from e
             if isinstance(e, RuntimeError) and "more than one stateful callback" in str(e):
                 kind = re.search(r"type `(\w+)`", str(e))
                 raise ConfigError(f"trainer.callbacks[{kind.group(1) if kind else '?'}]",
@@ -279,7 +323,14 @@ class PFDLightningCLI(LightningCLI):
         if callable(changes):  # refuses architecture changes now; the others are printed on load
             changes(ckpt, source=path)
         self.resume_checkpoint, self.resolved_ckpt_path = ckpt, path
-        print(f"[lightning_pfd] resuming from {path} (epoch {ckpt.get('epoch')}, "
+        done = finished_run(ckpt, self.trainer.max_epochs, self.trainer.max_steps) \
+            if self.subcommand == "fit" and self.stop_when_finished else None
+        if done is not None:
+            raise RunFinished(f"[lightning_pfd] nothing to train: the run of {path} is already finished "
+                              f"({done}); its checkpoints and logs are unchanged. To train further, "
+                              "raise --trainer.max_epochs (or --trainer.max_steps).")
+        verb = "resuming from" if self.subcommand == "fit" else "weights from"
+        print(f"[lightning_pfd] {verb} {path} (epoch {ckpt.get('epoch')}, "
               f"step {ckpt.get('global_step')}; content digest verified)", flush=True)
         cut = truncated_epoch(ckpt)
         if cut is not None:
@@ -386,6 +437,8 @@ class PFDLightningCLI(LightningCLI):
         """Every check that needs no training, before any file is written (see module doc)."""
         _RUNNING["trainer"] = self.trainer  # for the message of a run stopped by a signal
         self._check_shapes()
+        for line in share_checkpoint_dir(self.trainer):  # one checkpoint folder per run
+            print(f"[lightning_pfd] {line}", flush=True)
         self._check_output_paths()
         locks = self._lock_run_dirs()  # a second writer fails here, before anything else
         try:
@@ -395,15 +448,20 @@ class PFDLightningCLI(LightningCLI):
                 self._check_shapes()  # the data shape is known for sure after setup
                 self._check_hparams_merge()
                 self._check_callbacks()
+                check_monitored_keys(self.trainer)
+                check_wandb_online(self.trainer)
         except BaseException:
             for lock in locks:  # and no directory that the lock created
                 lock.release(remove_created_dir=True)
             raise
         write_deferred(pending)
         install_verified_io(self.trainer)
-        if self.resume_checkpoint is not None:
+        if self.resume_checkpoint is not None and self.subcommand == "fit":
             for line in continue_loggers(self.trainer, self.resume_checkpoint):
                 print(f"[lightning_pfd] {line}", flush=True)
+        elif self.resume_checkpoint is not None:  # validate / test / predict: their own log version
+            print(f"[lightning_pfd] {self.subcommand} logs to a new logger version (the logs of the "
+                  f"run that wrote {self.resolved_ckpt_path} are not changed)", flush=True)
 
     def before_fit(self) -> None:
         self.validate_run()
@@ -567,6 +625,12 @@ def check_components(trainer, model, datamodule) -> None:
     probe._check_shapes()
     probe._check_hparams_merge()
     probe._check_callbacks()
+    check_monitored_keys(trainer)
+    check_wandb_online(trainer)
+
+
+class RunFinished(Exception):
+    """``fit --ckpt_path`` of a run with nothing left to train (raised before any write)."""
 
 
 #: the trainer of the command running in this process (the resume message of a stopped run)
@@ -579,7 +643,7 @@ def run_lightning_cli(argv: Sequence[str], overwrite: bool = False) -> PFDLightn
     saved = sys.argv
     sys.argv = [PROG] + list(argv)  # LightningCLI warns when both sys.argv and args are given
     try:
-        return PFDLightningCLI(args=None, overwrite=overwrite)
+        return PFDLightningCLI(args=None, overwrite=overwrite, stop_when_finished=True)
     finally:
         sys.argv = saved
 
@@ -599,6 +663,9 @@ def _fit(argv: list) -> int:
             if received.signum is None:
                 raise
             return interrupt_status(received, _RUNNING.get("trainer"), argv, PROG)
+        except RunFinished as done:  # fit --ckpt_path of a finished run: nothing written
+            print(str(done), flush=True)
+            return 0
         except OSError as e:  # a full disk or a file-size limit while the run writes
             if e.errno not in _DISK_ERRNOS or debug_enabled():
                 raise

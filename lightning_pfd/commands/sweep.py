@@ -58,9 +58,14 @@ def _sweep(argv: list) -> int:
     if args.aggregate_only:
         rows = aggregate_sweep(spec.sweep_dir)
         print(f"[lightning_pfd] {len(rows)} rows -> {spec.sweep_dir / 'sweep_results.csv'} (and .json)")
+        missing = [r["trial_id"] for r in rows if r["status"] == "missing"]
+        if missing:  # recorded as run before, no result on disk now
+            print(f"[lightning_pfd] {len(missing)} trial(s) missing: the earlier results record them as "
+                  f"run but their trial_result.json is gone (files deleted or moved), e.g. {missing[0]}: "
+                  "restore the files, or run them again with --resume", file=sys.stderr)
         pending = [r["trial_id"] for r in rows if r["status"] == "pending"]
-        if pending:  # no result on disk: not run yet, or its files were removed
-            print(f"[lightning_pfd] {len(pending)} trial(s) without a result on disk (pending), e.g. "
+        if pending:  # no result on disk and never recorded: not run yet
+            print(f"[lightning_pfd] {len(pending)} trial(s) not run yet (pending), e.g. "
                   f"{pending[0]}: run them with --resume", file=sys.stderr)
         return 0 if all(r["status"] in ("ok", "diverged") for r in rows) else 1
     given = {k: v for k, v in (("cpus_per_trial", args.cpus_per_trial),

@@ -9,7 +9,7 @@ Ray Tune's record of the error).
 
 Row schema (the fields :mod:`lightning_pfd.analysis` reads; see docs/sweeps.md):
 
-``trial_id, status ("ok" | "failed" | "diverged" | "pending"), error, overrides (dict), n_train
+``trial_id, status ("ok" | "failed" | "diverged" | "pending" | "missing"), error, overrides (dict), n_train
 (N), n_params (|θ|, trainable parameters of the student net), model_label, seed, epochs,
 e_gen_final, e_gen_best, e_gen_best_epoch, e_mem_final, e_mem_best, e_mem_best_epoch,
 loss_train, loss_test, gap (final ℓ_train, ℓ_test, ℓ_test − ℓ_train with frozen noise),
@@ -17,7 +17,10 @@ memorization_ratio (final), icr_min, icr_min_epoch, regime, events ([{name, epoc
 wall_time_s, run_dir (relative to the sweep directory), endpoints (relative path or null)``
 plus ``final_epoch`` (last measured epoch) and ``history_source`` ("csv" | "wandb" | null).
 
-"pending" marks a trial that has not run yet (an interrupted sweep, before ``--resume``).
+"pending" marks a trial that has not run yet (an interrupted sweep, before ``--resume``);
+"missing" a trial that the earlier ``sweep_results.json`` records as run (ok, failed, diverged)
+but whose ``trial_result.json`` is gone (its files were deleted or moved): ``--resume`` runs it
+again.
 """
 from __future__ import annotations
 
@@ -100,8 +103,14 @@ def history_metrics(hist) -> dict:
             else None}
 
 
-def trial_row(sweep_dir, trial: dict, ray_error: Optional[str] = None) -> dict:
-    """One row for ``trial`` (its entry of ``sweep.json``)."""
+#: statuses of a trial that ran (its result file existed when they were recorded)
+_RAN = ("ok", "failed", "diverged", "missing")
+
+
+def trial_row(sweep_dir, trial: dict, ray_error: Optional[str] = None,
+              earlier_status: Optional[str] = None) -> dict:
+    """One row for ``trial`` (its entry of ``sweep.json``); ``earlier_status``: its status in the
+    earlier ``sweep_results.json`` (a trial that ran and has no result now is "missing")."""
     sweep_dir = Path(sweep_dir)
     tid = trial["trial_id"]
     trial_dir = sweep_dir / tid
@@ -121,6 +130,9 @@ def trial_row(sweep_dir, trial: dict, ray_error: Optional[str] = None) -> dict:
             row["endpoints"] = f"{tid}/{ends}"
     elif ray_error:
         row.update(status="failed", error=ray_error)
+    elif earlier_status in _RAN:
+        row.update(status="missing", error=f"{tid}/trial_result.json is gone (the earlier "
+                                           f"sweep_results.json recorded this trial as {earlier_status})")
     else:
         row.update(status="pending")
     hist = _load(trial_dir) if trial_dir.is_dir() else None
@@ -157,6 +169,15 @@ def write_results(sweep_dir, rows: list) -> tuple:
     return csv_path, json_path
 
 
+def _earlier_statuses(sweep_dir: Path) -> dict:
+    """trial id -> status in the ``sweep_results.json`` written before (empty when none)."""
+    try:
+        rows = json.loads((sweep_dir / "sweep_results.json").read_text())
+        return {str(r["trial_id"]): r.get("status") for r in rows if isinstance(r, dict)}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
 def aggregate_sweep(sweep_dir, ray_errors: Optional[dict] = None, write: bool = True) -> list:
     """Rows of every trial listed in ``<sweep_dir>/sweep.json`` (see the module docstring);
     written to ``sweep_results.csv`` / ``.json`` unless ``write`` is False."""
@@ -167,7 +188,9 @@ def aggregate_sweep(sweep_dir, ray_errors: Optional[dict] = None, write: bool = 
         raise ConfigError("sweep_dir", f"no readable sweep.json in {str(sweep_dir)!r} (not a sweep "
                                        "directory, or the sweep never started)") from e
     ray_errors = ray_errors or {}
-    rows = [trial_row(sweep_dir, t, ray_errors.get(t["trial_id"])) for t in meta.get("trials", [])]
+    earlier = _earlier_statuses(sweep_dir)
+    rows = [trial_row(sweep_dir, t, ray_errors.get(t["trial_id"]), earlier.get(t["trial_id"]))
+            for t in meta.get("trials", [])]
     if write:
         write_results(sweep_dir, rows)
     return rows

@@ -355,8 +355,11 @@ def _summary(rows: list, sweep_dir: Path) -> str:
     for r in rows:
         if r["status"] == "failed":
             lines.append(f"  failed: {r['trial_id']}: {r['error']}")
-    if counts.get("pending"):
-        lines.append("  continue the pending trials with --resume")
+    for r in rows:
+        if r["status"] == "missing":
+            lines.append(f"  missing: {r['trial_id']}: {r['error']}")
+    if counts.get("pending") or counts.get("missing"):
+        lines.append("  continue the pending / missing trials with --resume")
     return "\n".join(lines)
 
 
