@@ -299,3 +299,61 @@ def test_own_private_names_are_allowed(package_rules):
     code = ("class Plain:\n    def __init__(self):\n        self._count = 0\n"
             "def f(p):\n    p._count += 1\n    return p._count\n")
     assert scan_sources({"fixture.py": code}, classes, library_private) == []
+
+
+# -- the public replacements keep Lightning's behaviour --------------------------------------------
+def test_callback_state_key_is_the_key_lightnings_callbacks_use():
+    """Checkpoints written earlier keep loading: the same key string as Lightning's own."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from lightning_pfd.callbacks import ICREarlyStopping
+    from lightning_pfd.callbacks.state import callback_state_key
+
+    ck = ModelCheckpoint(monitor="a", mode="max", every_n_epochs=2)
+    assert callback_state_key(ck, monitor="a", mode="max", every_n_train_steps=0, every_n_epochs=2,
+                              train_time_interval=None) == ck.state_key
+    es = EarlyStopping(monitor="b", mode="min")
+    assert callback_state_key(es, monitor="b", mode="min") == es.state_key
+    assert ICREarlyStopping(monitor="icr/icr").state_key == "ICREarlyStopping{'monitor': 'icr/icr', 'mode': 'min'}"
+
+
+class _FakeTrainer:
+    """What EarlyStopping.on_validation_end reads of a Trainer (fitting, one process)."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        self.state = SimpleNamespace(fn=TrainerFn.FITTING)
+        self.sanity_checking = self.fast_dev_run = self.should_stop = False
+        self.callback_metrics, self.current_epoch, self.global_rank, self.world_size = {}, 0, 0, 1
+        self.strategy = SimpleNamespace(reduce_boolean_decision=lambda d, all=True: d)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(min_delta=0.05, patience=2), dict(check_finite=True),
+                                dict(stopping_threshold=0.35), dict(divergence_threshold=0.9, mode="min"),
+                                dict(mode="max", patience=2)])
+def test_icr_early_stopping_decides_as_lightnings_early_stopping(kw):
+    """ICREarlyStopping's decision rule against Lightning's EarlyStopping driven through its
+    public hook, value by value (improvements, plateaus, NaN, thresholds)."""
+    import torch
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    from lightning_pfd.callbacks import ICREarlyStopping
+
+    kw = {"patience": 3, "check_finite": False, **kw}
+    ref = EarlyStopping(monitor="icr/icr", check_on_train_epoch_end=False, strict=False, **kw)
+    ours = ICREarlyStopping(monitor="icr/icr", **kw)
+    trainer = _FakeTrainer()
+    values = [0.8, 0.6, 0.62, 0.58, 0.57, float("nan"), 0.59, 0.6, 0.3, 0.95, 0.61, 0.7, 0.72]
+    decisions = []
+    for epoch, v in enumerate(values):
+        trainer.current_epoch, trainer.should_stop = epoch, False
+        trainer.callback_metrics = {"icr/icr": torch.tensor(v)}
+        ref.on_validation_end(trainer, None)
+        stop, _ = ours.stopping_decision(torch.tensor(v))
+        decisions.append(stop)
+        assert stop == trainer.should_stop, (kw, epoch)
+        assert ours.wait_count == ref.wait_count and torch.equal(ours.best_score, ref.best_score), (kw, epoch)
+    assert any(decisions) or kw.get("mode") == "max"

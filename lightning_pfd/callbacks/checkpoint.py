@@ -117,7 +117,7 @@ class EpochCheckpoint(ModelCheckpoint):
         top-k checkpoints then stay unchanged; Lightning would stop the run with an error)."""
         if self.monitor is None:
             return True
-        seen = self.monitor in monitor_candidates(trainer)
+        seen = self.monitor in trainer.callback_metrics or self.monitor in ("epoch", "step")
         self._monitor_seen = self._monitor_seen or seen
         return seen
 

@@ -206,12 +206,24 @@ class PFDLightningCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
         kwargs.setdefault("save_config_callback", RunConfigCallback)
-        kwargs.setdefault("parser_class", PFDArgumentParser)
+        self.pfd_parser_class = kwargs.pop("parser_class", PFDArgumentParser)  # see init_parser
         self.overwrite = bool(overwrite)
         self.resume_checkpoint: Optional[dict] = None
         self.resolved_ckpt_path: Optional[str] = None
         super().__init__(model_class=None, datamodule_class=None, subclass_mode_model=True,
                          subclass_mode_data=True, args=args, run=run, **kwargs)
+
+    def init_parser(self, **kwargs) -> LightningArgumentParser:
+        """The main and every subcommand's parser: a :class:`PFDArgumentParser` (LightningCLI's
+        ``parser_class`` argument exists only from Lightning 2.6) with ``--config``."""
+        import lightning.pytorch as pl
+        from jsonargparse import ActionConfigFile
+
+        kwargs.setdefault("dump_header", [f"lightning.pytorch=={pl.__version__}"])
+        parser = self.pfd_parser_class(**kwargs)
+        parser.add_argument("-c", "--config", action=ActionConfigFile,
+                            help="Path to a configuration file in json or yaml format.")
+        return parser
 
     def instantiate_classes(self) -> None:
         """A class that refuses its arguments raises a ConfigError naming them, not a nested
