@@ -154,7 +154,7 @@ def protocol_members(protocol: type) -> Tuple[str, ...]:
     """The public members a protocol requires (its own and its protocol bases'), sorted."""
     names = set()
     for klass in protocol.__mro__:
-        if klass.__name__ in _PROTOCOL_BASES or not getattr(klass, "_is_protocol", False):
+        if klass.__name__ in _PROTOCOL_BASES or Protocol not in klass.__bases__:  # a protocol names Protocol
             continue
         names.update(getattr(klass, "__annotations__", {}))
         names.update(k for k, v in vars(klass).items() if callable(v) or isinstance(v, property))

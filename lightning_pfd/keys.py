@@ -176,8 +176,12 @@ class KeySet:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def __iter__(self):
+        """The :class:`MetricKey` entries, in declaration order."""
+        return iter(self._keys.values())
+
     def __eq__(self, other) -> bool:
-        return isinstance(other, KeySet) and list(self._keys.values()) == list(other._keys.values())
+        return isinstance(other, KeySet) and list(self) == list(other)
 
     def __repr__(self) -> str:
         return f"KeySet({list(self._keys)})"

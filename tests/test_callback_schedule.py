@@ -61,9 +61,9 @@ class _RecordingES(ICREarlyStopping):
         super().__init__(patience=100, **kw)
         self.checked = []
 
-    def _evaluate_stopping_criteria(self, current):
+    def stopping_decision(self, current):
         self.checked.append(self._epoch)
-        return super()._evaluate_stopping_criteria(current)
+        return super().stopping_decision(current)
 
     def on_validation_end(self, trainer, pl_module):
         self._epoch = trainer.current_epoch

@@ -235,7 +235,7 @@ def test_teacher_config_with_the_representation_stack_has_one_checkpoint_folder(
     """The combination of issue 22 (teacher_edm_digits + callbacks/representation.yaml), built
     (not trained): every checkpoint callback writes into runs/teacher_edm_digits/checkpoints."""
     from lightning_pfd.commands.fit import PFDLightningCLI
-    from lightning_pfd.commands.run_checks import share_checkpoint_dir
+    from lightning_pfd.commands.run_checks import share_checkpoint_dir, writes_last
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -249,4 +249,4 @@ def test_teacher_config_with_the_representation_stack_has_one_checkpoint_folder(
     lines = share_checkpoint_dir(cli.trainer)
     want = str((tmp_path / "runs/teacher_edm_digits/checkpoints").resolve())
     assert [c.dirpath for c in ckpts] == [want, want] and len(lines) == 1 and "icr/icr" in lines[0]
-    assert [c.save_last for c in ckpts] == [True, False]  # one last.ckpt per run
+    assert [writes_last(c) for c in ckpts] == [True, False]  # one last.ckpt per run

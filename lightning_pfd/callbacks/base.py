@@ -71,6 +71,7 @@ from ..analysis.per_unit import STORE_DIR, PerUnitStore, UnitRecord
 from ..errors import ConfigError
 from ..evaluation.base import strategy_comm
 from ..keys import slug
+from .state import callback_state_key
 
 __all__ = ["MeasurementCallback", "MeasurementSchedule", "log_schedule", "is_log_pass",
            "check_schedule", "SCHEDULES", "validation_disabled", "callback_field",
@@ -538,7 +539,7 @@ class MeasurementCallback(Callback):
     def state_key(self) -> str:
         """``ClassName{args}`` from :meth:`_state_key_args` (the class name alone without args)."""
         args = self._state_key_args()
-        return self._generate_state_key(**args) if args else type(self).__qualname__
+        return callback_state_key(self, **args) if args else type(self).__qualname__
 
     def state_dict(self) -> Dict[str, Any]:
         return {"history": list(self.history), **self.schedule_state(), **self._extra_state()}

@@ -22,11 +22,15 @@ resumed command-line run continues the *same* CSV file and W&B run
 """
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
+from weakref import proxy
+
+import torch
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -43,8 +47,7 @@ def install_verified_io(trainer: "pl.Trainer") -> None:
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
     strategy = trainer.strategy
-    current = getattr(strategy, "_checkpoint_io", None)
-    if current is None or type(current) is TorchCheckpointIO:
+    if type(strategy.checkpoint_io) is TorchCheckpointIO:  # the default (created on first access)
         strategy.checkpoint_io = VerifiedCheckpointIO()
 
 
@@ -65,54 +68,111 @@ def _unhealthy(pl_module) -> bool:
     return bool(getattr(pl_module, "unhealthy", False))
 
 
+def monitor_candidates(trainer: "pl.Trainer") -> Dict[str, torch.Tensor]:
+    """The values a checkpoint's name and top-k can use: the callback metrics, with ``epoch``
+    and ``step`` as integer tensors (the trainer's when not logged)."""
+    out = copy.deepcopy(dict(trainer.callback_metrics))
+    for key, default in (("epoch", trainer.current_epoch), ("step", trainer.global_step)):
+        v = out.get(key)
+        out[key] = v.int() if isinstance(v, torch.Tensor) else torch.tensor(default)
+    return out
+
+
 class EpochCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` that always writes ``last.ckpt`` at the end of every training epoch.
 
     All arguments are ``ModelCheckpoint``'s; ``save_last`` defaults to True and ``save_top_k``
     to 0 without a ``monitor`` (1 with one: the best checkpoint of the monitored metric).
+    Lightning's part is the top-k checkpoints; ``last.ckpt`` is written here, through the
+    public ``trainer.save_checkpoint`` (Lightning's own ``save_last`` is off).
     """
 
-    def __init__(self, *args, save_last: bool = True, save_top_k: Optional[int] = None, **kwargs):
+    def __init__(self, *args, save_last: bool = True, save_top_k: Optional[int] = None,
+                 enable_version_counter: bool = True, **kwargs):
         if save_top_k is None:
             save_top_k = 1 if kwargs.get("monitor") else 0
-        super().__init__(*args, save_last=save_last, save_top_k=save_top_k, **kwargs)
+        if save_last not in (True, False):
+            raise ValueError(f"EpochCheckpoint.save_last: must be true or false, got {save_last!r}")
+        super().__init__(*args, save_last=False, save_top_k=save_top_k,
+                         enable_version_counter=enable_version_counter, **kwargs)
+        self.write_last = bool(save_last)
+        self.version_last = bool(enable_version_counter)
         self._locations: Dict[str, Any] = {}
-        self._epoch_end = False
         self._monitor_seen = False
+        self._wrote_in_fit = False
+        self._top_k_at_start: Dict[str, Any] = {}
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         install_verified_io(trainer)
 
-    # -- when to write -------------------------------------------------------------------------
-    def _save_last_checkpoint(self, trainer, monitor_candidates) -> None:
-        # only at the end of a training epoch (or of fit): one well-defined resume point per epoch
-        if self._epoch_end:
-            super()._save_last_checkpoint(trainer, monitor_candidates)
+    def on_fit_start(self, trainer, pl_module) -> None:
+        super().on_fit_start(trainer, pl_module)
+        self._wrote_in_fit = False
+        self._top_k_at_start = dict(self.best_k_models)
 
-    def _save_topk_checkpoint(self, trainer, monitor_candidates) -> None:
-        if self.monitor is not None and self.monitor not in monitor_candidates:
-            return  # an epoch the metric's monitor did not measure (its schedule): top-k unchanged
-        self._monitor_seen = self.monitor is not None
-        super()._save_topk_checkpoint(trainer, monitor_candidates)
+    # -- top-k: Lightning's, in the epochs where the monitored metric was measured -------------
+    def _measured(self, trainer) -> bool:
+        """Whether the monitored metric exists now (a monitor's schedule skips some epochs: the
+        top-k checkpoints then stay unchanged; Lightning would stop the run with an error)."""
+        if self.monitor is None:
+            return True
+        seen = self.monitor in trainer.callback_metrics or self.monitor in ("epoch", "step")
+        self._monitor_seen = self._monitor_seen or seen
+        return seen
 
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._measured(trainer):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not _unhealthy(pl_module) and self._measured(trainer):
+            super().on_validation_end(trainer, pl_module)
+
+    # -- last.ckpt: every epoch end ------------------------------------------------------------
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if _unhealthy(pl_module):
             return
-        super().on_train_epoch_end(trainer, pl_module)
-        # not ``_should_skip_saving_checkpoint``: it also skips when a top-k checkpoint was just
-        # written at this global step (the epoch's validation improved the monitored metric),
-        # which would leave last.ckpt one epoch behind (or absent) exactly when the run improves
-        if not self.save_last or self._outside_fit(trainer):
+        if self._measured(trainer):
+            super().on_train_epoch_end(trainer, pl_module)
+        if not self.write_last or self._outside_fit(trainer):
             return
         for lg in trainer.loggers:  # the history on disk must not lag the checkpoint
             lg.save()
         self._locations = logger_locations(trainer)
-        self._epoch_end = True
-        try:
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-        finally:
-            self._epoch_end = False
+        self.save_last_checkpoint(trainer)
+
+    def save_last_checkpoint(self, trainer) -> str:
+        """Write ``last.ckpt`` (``last-vN.ckpt`` when another run's file has the name) and remove
+        the previous one of this run; returns the path."""
+        candidates = monitor_candidates(trainer)
+        filepath = self.format_checkpoint_name(candidates, self.CHECKPOINT_NAME_LAST)
+        if self.version_last:
+            version = self.STARTING_VERSION
+            while self.file_exists(filepath, trainer) and filepath != self.last_model_path:
+                filepath = self.format_checkpoint_name(candidates, self.CHECKPOINT_NAME_LAST, ver=version)
+                version += 1
+        previous, self.last_model_path = self.last_model_path, filepath  # part of the saved state
+        trainer.save_checkpoint(filepath, self.save_weights_only)
+        self._wrote_in_fit = True
+        if trainer.is_global_zero:
+            for lg in trainer.loggers:
+                lg.after_save_checkpoint(proxy(self))
+        if previous and self._removable(trainer, previous, filepath):
+            trainer.strategy.remove_checkpoint(previous)
+        return filepath
+
+    def _removable(self, trainer, previous: str, current: str) -> bool:
+        """The previous last.ckpt is removed unless it is the current one, the file this fit
+        resumed from, or outside this callback's directory (local files)."""
+        if previous == current:
+            return False
+        if "://" in str(previous):
+            return True
+        prev = Path(previous).absolute()
+        if trainer.ckpt_path is not None and prev == Path(trainer.ckpt_path).absolute():
+            return False
+        return self.dirpath is not None and Path(self.dirpath).absolute() in prev.parents
 
     @staticmethod
     def _outside_fit(trainer) -> bool:
@@ -120,23 +180,18 @@ class EpochCheckpoint(ModelCheckpoint):
 
         return bool(trainer.fast_dev_run) or trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking
 
-    def on_validation_end(self, trainer, pl_module) -> None:
-        if not _unhealthy(pl_module):
-            super().on_validation_end(trainer, pl_module)
-
     def on_train_end(self, trainer, pl_module) -> None:
         if self.monitor is not None and not self._monitor_seen and not self.best_model_path \
                 and not self._outside_fit(trainer):
             rank_zero_warn(f"EpochCheckpoint: the monitored metric {self.monitor!r} was never logged "
                            f"in this run, so no best checkpoint was written (last.ckpt was); check "
-                           f"`monitor` against the logged keys: {sorted(self._monitor_candidates(trainer))}")
-        if _unhealthy(pl_module):
+                           f"`monitor` against the logged keys: {sorted(monitor_candidates(trainer))}")
+        super().on_train_end(trainer, pl_module)
+        if _unhealthy(pl_module) or not self.write_last or self._outside_fit(trainer):
             return
-        self._epoch_end = True
-        try:
-            super().on_train_end(trainer, pl_module)
-        finally:
-            self._epoch_end = False
+        # a fit that wrote no checkpoint (stopped inside its first epoch) still leaves last.ckpt
+        if not self._wrote_in_fit and dict(self.best_k_models) == self._top_k_at_start:
+            self.save_last_checkpoint(trainer)
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         return  # never overwrite the last good checkpoint with the state of a failing run
@@ -205,31 +260,43 @@ def _replay(lg: WandbLogger, rows: list) -> int:
     return n
 
 
-def continue_loggers(trainer: "pl.Trainer", checkpoint: dict) -> list:
+def continue_loggers(trainer: "pl.Trainer", checkpoint: dict,
+                     init_args: Optional[Sequence[Optional[Dict[str, Any]]]] = None) -> list:
     """Point the (not yet started) loggers at the run the checkpoint belongs to.
 
-    CSV loggers reuse the checkpoint's version directory, with the rows written after the
-    checkpoint (the killed part of the interrupted epoch) dropped; W&B loggers resume the same run
-    id. Returns one line per logger saying what was continued (printed by the command line)."""
+    ``init_args[i]`` are the constructor arguments of ``trainer.loggers[i]`` (the command line's
+    config). A CSV logger is rebuilt with ``version=`` the checkpoint's version directory, with
+    the rows written after the checkpoint (the killed part of the interrupted epoch) dropped; a
+    W&B logger is rebuilt with ``id=`` the checkpoint's run and ``resume="allow"``; the trainer
+    then gets the rebuilt loggers (``trainer.loggers``). A logger without constructor arguments
+    is left as it is. Returns one line per logger saying what was continued."""
     saved, lines = _saved_locations(checkpoint), []
     step = int(checkpoint.get("global_step", 0))
     csv_saved = {d["root"]: d["version"] for d in saved.get("csv", [])}
     wandb_saved = {d["save_dir"]: d["id"] for d in saved.get("wandb", [])}
+    loggers = list(trainer.loggers)
+    args = list(init_args or [])
+    args += [None] * (len(loggers) - len(args))
     history: list = []
-    for lg in trainer.loggers:
-        if isinstance(lg, CSVLogger) and str(Path(lg.root_dir)) in csv_saved:
-            lg._version = csv_saved[str(Path(lg.root_dir))]
+    for i, (lg, kw) in enumerate(zip(loggers, args)):
+        root = str(Path(lg.root_dir)) if isinstance(lg, CSVLogger) else None
+        if root in csv_saved and kw is not None:
+            loggers[i] = lg = type(lg)(**dict(kw, version=csv_saved[root]))
             rows = _continue_csv(lg, step)
             history = history or rows
             lines.append(f"CSV log continues in {lg.log_dir} (rows after step {step} dropped)")
-    for lg in trainer.loggers:
-        if isinstance(lg, WandbLogger) and str(lg.save_dir) in wandb_saved and lg._experiment is None:
+    for i, (lg, kw) in enumerate(zip(loggers, args)):
+        if isinstance(lg, WandbLogger) and str(lg.save_dir) in wandb_saved and kw is not None:
             run_id = wandb_saved[str(lg.save_dir)]
-            lg._wandb_init.update(id=run_id, resume="allow")
-            lg._id = run_id
+            kw = dict(kw, id=run_id, resume="allow")
+            if kw.get("version") is not None:
+                kw["version"] = run_id
+            loggers[i] = lg = type(lg)(**kw)
             n = _replay(lg, history) if history else 0
             lines.append(f"W&B run {run_id} resumed" + (f" ({n} history rows up to step {step} "
                                                         "replayed from the CSV log)" if n else ""))
+    if lines:
+        trainer.loggers = loggers
     return lines
 
 

@@ -51,16 +51,32 @@ is written through ``logger.log_metrics`` because ``self.log`` is not allowed in
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import logging
+from typing import Any, Dict, List, Optional, Tuple
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import EarlyStopping
+from lightning.pytorch.utilities.rank_zero import rank_prefixed_message, rank_zero_warn
 
 from ..errors import ConfigError
 from .base import MeasurementSchedule, callback_field
+from .state import callback_state_key
+
+try:  # Lightning >= 2.5 records why a run stopped
+    from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason as _REASONS
+except ImportError:  # pragma: no cover - Lightning 2.4
+    _REASONS = None
 
 __all__ = ["ICREarlyStopping"]
+
+_LOG = logging.getLogger("lightning.pytorch.callbacks.early_stopping")  # where Lightning's messages go
+
+
+def _outside_fit(trainer: "pl.Trainer") -> bool:
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    return trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking
 
 
 class ICREarlyStopping(EarlyStopping):
@@ -107,6 +123,8 @@ class ICREarlyStopping(EarlyStopping):
                          divergence_threshold=divergence_threshold,
                          check_on_train_epoch_end=check_on_train_epoch_end,
                          log_rank_zero_only=log_rank_zero_only)
+        self.check_on_train_epoch_end_arg = check_on_train_epoch_end
+        self.check_at_train_epoch_end = bool(check_on_train_epoch_end)
         self.smoothing = float(smoothing)
         self.every_n_epochs = every_n_epochs
         self._every = every_n_epochs or 1
@@ -141,7 +159,7 @@ class ICREarlyStopping(EarlyStopping):
     @property
     def state_key(self) -> str:
         """Lightning's EarlyStopping key (monitor, mode): one stopper per monitored ICR key."""
-        return self._generate_state_key(monitor=self.monitor, mode=self.mode)
+        return callback_state_key(self, monitor=self.monitor, mode=self.mode)
 
     @staticmethod
     def _icr_monitors(trainer: "pl.Trainer") -> List[Any]:
@@ -164,6 +182,9 @@ class ICREarlyStopping(EarlyStopping):
 
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        given = self.check_on_train_epoch_end_arg
+        self.check_at_train_epoch_end = bool(given) if given is not None else (
+            trainer.val_check_interval == 1.0 and trainer.check_val_every_n_epoch == 1)
         if stage == "fit":
             self._schedule.reset()  # a resumed run gets its count back from the checkpoint
             self.check_setup(trainer, pl_module, getattr(trainer, "datamodule", None))
@@ -179,16 +200,80 @@ class ICREarlyStopping(EarlyStopping):
             return self._source.schedule.fresh
         return self._schedule.due(trainer, self._every)
 
-    def _run_early_stopping_check(self, trainer: "pl.Trainer") -> None:
+    # -- the check: Lightning's EarlyStopping rules, on its public attributes ------------------
+    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self.check_at_train_epoch_end and not _outside_fit(trainer):
+            self.run_check(trainer)
+
+    def on_validation_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if not self.check_at_train_epoch_end and not _outside_fit(trainer):
+            self.run_check(trainer)
+
+    def _metric_available(self, logs) -> bool:
+        """The monitored value is logged; else an error (``strict``) or a warning (``verbose``)."""
+        if logs.get(self.monitor) is not None:
+            return True
+        message = (f"Early stopping conditioned on metric `{self.monitor}` which is not available. Pass in "
+                   f"or modify your `EarlyStopping` callback to use any of the following: "
+                   f"`{'`, `'.join(list(logs.keys()))}`")
+        if self.strict:
+            raise RuntimeError(message)
+        if self.verbose > 0:
+            rank_zero_warn(message, category=RuntimeWarning)
+        return False
+
+    def _set_reason(self, name: str) -> None:
+        if _REASONS is not None and hasattr(self, "stopping_reason"):  # Lightning >= 2.5
+            self.stopping_reason = getattr(_REASONS, name)
+
+    def stopping_decision(self, current: torch.Tensor) -> Tuple[bool, Optional[str]]:
+        """(stop, message) for a new value, updating ``best_score`` / ``wait_count``: Lightning's
+        EarlyStopping rules (non-finite, stopping / divergence threshold, improvement by more than
+        ``min_delta``, else one more check without improvement; stop after ``patience``)."""
+        order = self.order_dict[self.mode]
+        if self.check_finite and not torch.isfinite(current):
+            self._set_reason("NON_FINITE_METRIC")
+            return True, (f"Monitored metric {self.monitor} = {current} is not finite. Previous best value "
+                          f"was {self.best_score:.3f}. Signaling Trainer to stop.")
+        if self.stopping_threshold is not None and self.monitor_op(current, self.stopping_threshold):
+            self._set_reason("STOPPING_THRESHOLD")
+            return True, (f"Stopping threshold reached: {self.monitor} = {current} {order} "
+                          f"{self.stopping_threshold}. Signaling Trainer to stop.")
+        if self.divergence_threshold is not None and self.monitor_op(-current, -self.divergence_threshold):
+            self._set_reason("DIVERGENCE_THRESHOLD")
+            return True, (f"Divergence threshold reached: {self.monitor} = {current} {order} "
+                          f"{self.divergence_threshold}. Signaling Trainer to stop.")
+        if self.monitor_op(current - self.min_delta, self.best_score.to(current.device)):
+            if torch.isfinite(self.best_score):
+                reason = (f"Metric {self.monitor} improved by {abs(self.best_score - current):.3f} >= "
+                          f"min_delta = {abs(self.min_delta)}. New best score: {current:.3f}")
+            else:
+                reason = f"Metric {self.monitor} improved. New best score: {current:.3f}"
+            self.best_score, self.wait_count = current, 0
+            return False, reason
+        self.wait_count += 1
+        if self.wait_count >= self.patience:
+            self._set_reason("PATIENCE_EXHAUSTED")
+            return True, (f"Monitored metric {self.monitor} did not improve in the last {self.wait_count} "
+                          f"records. Best score: {self.best_score:.3f}. Signaling Trainer to stop.")
+        return False, None
+
+    def _info(self, trainer: "pl.Trainer", message: str) -> None:
+        rank = trainer.global_rank if trainer.world_size > 1 else None
+        if rank is None or not self.log_rank_zero_only or rank == 0:
+            _LOG.info(rank_prefixed_message(message, rank))
+
+    def run_check(self, trainer: "pl.Trainer") -> None:
+        """One check after a validation pass with a fresh value (module docstring)."""
         logs = trainer.callback_metrics
         if not self._fresh(trainer):  # no fresh value in this pass
             return
-        if trainer.fast_dev_run or not self._validate_condition_metric(logs):
+        if trainer.fast_dev_run or not self._metric_available(logs):
             return
         raw = logs[self.monitor].squeeze().detach().to("cpu", torch.float64)
         current = self._smooth(raw)
         before = self.best_score.clone()
-        should_stop, reason = self._evaluate_stopping_criteria(current)
+        should_stop, reason = self.stopping_decision(current)
         if not torch.equal(self.best_score.to(before.dtype), before):
             self.best_epoch = trainer.current_epoch
             self._best_value, self._best_se = float(raw), self._logged_se(logs)
@@ -203,14 +288,14 @@ class ICREarlyStopping(EarlyStopping):
         self._publish(trainer, current)
         if self.dry_run:
             if reason and self.verbose:
-                self._log_info(trainer, f"[dry run, not stopping] {reason}", self.log_rank_zero_only)
+                self._info(trainer, f"[dry run, not stopping] {reason}")
             return
         trainer.should_stop = trainer.should_stop or should_stop
         if should_stop:
             self.stopped_epoch = trainer.current_epoch
             self.stopping_reason_message = reason
         if reason and self.verbose:
-            self._log_info(trainer, reason, self.log_rank_zero_only)
+            self._info(trainer, reason)
 
     def _logged_se(self, logs) -> Optional[float]:
         se = logs.get(self.monitor + "_se")

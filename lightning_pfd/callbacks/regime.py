@@ -66,6 +66,7 @@ from ..analysis.per_unit import load_units
 from ..analysis.report import check_settings, save_detector_settings
 from ..errors import ConfigError
 from .base import log_figure, log_to_loggers, per_unit_store
+from .state import callback_state_key
 
 __all__ = ["RegimeMonitor"]
 
@@ -135,7 +136,7 @@ class RegimeMonitor(Callback):
     def state_key(self) -> str:
         """Checkpoint key: the class name with ``keys`` and ``report_dir``, so several monitors
         in one trainer save and restore their own state."""
-        return self._generate_state_key(keys=self.keys, report_dir=self.report_dir)
+        return callback_state_key(self, keys=self.keys, report_dir=self.report_dir)
 
     @property
     def detector_settings(self) -> dict:
@@ -356,12 +357,13 @@ class RegimeMonitor(Callback):
                              step=trainer.global_step)
 
     def _print(self, trainer, text: str) -> None:
-        bar = getattr(trainer, "progress_bar_callback", None)
-        console = getattr(bar, "_console", None)
-        if console is None:
-            from rich.console import Console
+        from lightning.pytorch.callbacks import RichProgressBar
+        from rich import get_console
+        from rich.console import Console
 
-            console = Console()
+        # a rich progress bar draws on rich's global console: print through it (above the bar)
+        bar = getattr(trainer, "progress_bar_callback", None)
+        console = get_console() if isinstance(bar, RichProgressBar) else Console()
         console.print(text)
 
     def _default_dir(self, trainer) -> Path:

@@ -87,7 +87,7 @@ class PFDArgumentParser(LightningArgumentParser):
         m = re.search(r"unrecognized arguments: (\S+)", message)
         if m:
             opt = m.group(1).split("=", 1)[0]
-            close = suggest_option(opt, getattr(parser, "_option_string_actions", {}).keys())
+            close = suggest_option(opt, _option_names(parser))
             return f"did you mean {close}? (options are never abbreviated)" if close else None
         m = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
         if m:
@@ -165,6 +165,11 @@ def _is_yaml_list(path: str) -> bool:
         return isinstance(yaml.safe_load(Path(path).read_text()), list)
     except Exception:
         return False
+
+
+def _option_names(parser) -> set:
+    """The option strings a parser's help lists (``--trainer.max_epochs``, ``-c``, ...)."""
+    return set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w.\-]*)", parser.format_help()))
 
 
 def _attribute_hint(module: str, name: str) -> Optional[str]:
@@ -246,13 +251,25 @@ class PFDLightningCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
         kwargs.setdefault("save_config_callback", RunConfigCallback)
-        kwargs.setdefault("parser_class", PFDArgumentParser)
+        self.pfd_parser_class = kwargs.pop("parser_class", PFDArgumentParser)  # see init_parser
         self.overwrite = bool(overwrite)
         self.stop_when_finished = bool(stop_when_finished)
         self.resume_checkpoint: Optional[dict] = None
         self.resolved_ckpt_path: Optional[str] = None
         super().__init__(model_class=None, datamodule_class=None, subclass_mode_model=True,
                          subclass_mode_data=True, args=args, run=run, **kwargs)
+
+    def init_parser(self, **kwargs) -> LightningArgumentParser:
+        """The main and every subcommand's parser: a :class:`PFDArgumentParser` (LightningCLI's
+        ``parser_class`` argument exists only from Lightning 2.6) with ``--config``."""
+        import lightning.pytorch as pl
+        from jsonargparse import ActionConfigFile
+
+        kwargs.setdefault("dump_header", [f"lightning.pytorch=={pl.__version__}"])
+        parser = self.pfd_parser_class(**kwargs)
+        parser.add_argument("-c", "--config", action=ActionConfigFile,
+                            help="Path to a configuration file in json or yaml format.")
+        return parser
 
     def instantiate_classes(self) -> None:
         """A class that refuses its arguments raises a ConfigError naming them, not a nested
@@ -278,10 +295,22 @@ class PFDLightningCLI(LightningCLI):
                                              "`name` (monitors) / `dirpath` or `monitor` (checkpoints)") from e
             raise
 
-    def _parse_ckpt_path(self) -> None:
-        """Lightning would silently replace the command line's model arguments by the
-        checkpoint's; here the two are compared in :meth:`validate_run` instead."""
-        return
+    def parse_arguments(self, parser, args) -> None:
+        """Parse, then set ``ckpt_path`` aside until :meth:`before_instantiate_classes`: given a
+        checkpoint file, Lightning (>= 2.5) would silently replace the command line's model
+        arguments by the checkpoint's while the config is parsed; here the two are compared in
+        :meth:`validate_run` instead (and the file is verified before it is read)."""
+        super().parse_arguments(parser, args)
+        sub = self.config.get("subcommand")
+        cfg = self.config.get(sub) if sub else None
+        self._given_ckpt_path = cfg.get("ckpt_path") if cfg is not None else None
+        if self._given_ckpt_path is not None:
+            cfg["ckpt_path"] = None
+
+    def before_instantiate_classes(self) -> None:
+        given = getattr(self, "_given_ckpt_path", None)
+        if given is not None:
+            self.config[self.config["subcommand"]]["ckpt_path"] = given
 
     # -- the validation phase ------------------------------------------------------------------
     def _check_shapes(self) -> None:
@@ -329,6 +358,7 @@ class PFDLightningCLI(LightningCLI):
             raise RunFinished(f"[lightning_pfd] nothing to train: the run of {path} is already finished "
                               f"({done}); its checkpoints and logs are unchanged. To train further, "
                               "raise --trainer.max_epochs (or --trainer.max_steps).")
+        self.config_init[self.subcommand]["ckpt_path"] = path  # what the subcommand receives
         verb = "resuming from" if self.subcommand == "fit" else "weights from"
         print(f"[lightning_pfd] {verb} {path} (epoch {ckpt.get('epoch')}, "
               f"step {ckpt.get('global_step')}; content digest verified)", flush=True)
@@ -457,11 +487,29 @@ class PFDLightningCLI(LightningCLI):
         write_deferred(pending)
         install_verified_io(self.trainer)
         if self.resume_checkpoint is not None and self.subcommand == "fit":
-            for line in continue_loggers(self.trainer, self.resume_checkpoint):
+            for line in continue_loggers(self.trainer, self.resume_checkpoint, self._logger_init_args()):
                 print(f"[lightning_pfd] {line}", flush=True)
         elif self.resume_checkpoint is not None:  # validate / test / predict: their own log version
             print(f"[lightning_pfd] {self.subcommand} logs to a new logger version (the logs of the "
                   f"run that wrote {self.resolved_ckpt_path} are not changed)", flush=True)
+
+    def _logger_init_args(self) -> list:
+        """The constructor arguments of each of ``trainer.loggers`` from the parsed config (in
+        the trainer's order; None for a logger the config does not describe)."""
+        cfg = self.config.get(self.subcommand) if self.subcommand else self.config
+        given = cfg.get("trainer.logger") if cfg is not None else None
+        entries = given if isinstance(given, list) else [given]
+        out = []
+        for entry in entries:
+            if entry is None or isinstance(entry, bool) or not hasattr(entry, "get"):
+                continue
+            kwargs = {}
+            for part in ("init_args", "dict_kwargs"):
+                value = entry.get(part)
+                if value is not None:
+                    kwargs.update(value.as_dict() if hasattr(value, "as_dict") else dict(value))
+            out.append(kwargs if entry.get("class_path") else None)
+        return out if len(out) == len(self.trainer.loggers) else [None] * len(self.trainer.loggers)
 
     def before_fit(self) -> None:
         self.validate_run()
@@ -472,12 +520,6 @@ class PFDLightningCLI(LightningCLI):
     def before_test(self) -> None:
         self.validate_run()
 
-    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict:
-        kwargs = super()._prepare_subcommand_kwargs(subcommand)
-        if self.resolved_ckpt_path is not None and "ckpt_path" in kwargs:
-            kwargs["ckpt_path"] = self.resolved_ckpt_path
-        return kwargs
-
     # -- where did everything go ---------------------------------------------------------------
     def after_fit(self) -> None:
         trainer = self.trainer
@@ -487,7 +529,7 @@ class PFDLightningCLI(LightningCLI):
         for lg in trainer.loggers:
             name = type(lg).__name__
             d = getattr(lg, "log_dir", None) or getattr(lg, "save_dir", None)
-            if hasattr(lg, "_experiment") and lg._experiment is None:
+            if not _logger_started(lg):
                 continue  # this logger never started: its directory does not exist
             if "Wandb" in name:
                 try:
@@ -605,6 +647,17 @@ def _disk_error(e: OSError, trainer, argv: list) -> int:
         lines.append("  no checkpoint of this run was written; free space (or raise the limit) and run again")
     print("\n".join(lines), file=sys.stderr, flush=True)
     return 1
+
+
+def _logger_started(lg) -> bool:
+    """Whether a logger wrote anything: W&B while its run is the process's active run (a
+    finished run's directory exists too), file loggers when their log directory exists."""
+    if "Wandb" in type(lg).__name__:
+        import wandb
+
+        return wandb.run is not None
+    d = getattr(lg, "log_dir", None) or getattr(lg, "save_dir", None)
+    return d is None or os.path.isdir(str(d))
 
 
 def _launching_process() -> bool:

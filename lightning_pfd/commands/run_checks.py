@@ -84,6 +84,12 @@ def check_wandb_online(trainer: Any, env: Optional[dict] = None) -> None:
                                  "to log offline and upload later with `wandb sync <run dir>`")
 
 
+def writes_last(callback: Any) -> bool:
+    """Whether a checkpoint callback writes ``last.ckpt``: ``EpochCheckpoint`` writes it itself
+    (``write_last``, Lightning's own ``save_last`` off), a ``ModelCheckpoint`` by ``save_last``."""
+    return bool(getattr(callback, "write_last", getattr(callback, "save_last", False)))
+
+
 def share_checkpoint_dir(trainer: Any) -> List[str]:
     """Give every checkpoint callback without ``dirpath`` the directory of the run's first
     checkpoint callback that has one (Lightning would put it under the first logger's version
@@ -99,8 +105,11 @@ def share_checkpoint_dir(trainer: Any) -> List[str]:
             continue
         cb.dirpath = owner.dirpath
         note = ""
-        if getattr(cb, "save_last", False) and getattr(owner, "save_last", False):
-            cb.save_last = False
+        if writes_last(cb) and writes_last(owner):
+            if hasattr(cb, "write_last"):
+                cb.write_last = False
+            else:
+                cb.save_last = False
             note = " (last.ckpt is written once, by the first)"
         what = f"{type(cb).__name__}(monitor={cb.monitor!r})" if getattr(cb, "monitor", None) \
             else type(cb).__name__

@@ -24,10 +24,9 @@ model <-> data shape check and the training / frozen-noise validation steps. It 
 * **A step costs little beyond the plain loop's work.** The tensor lists a step touches (trained
   parameters, EMA pairs) are gathered once (:class:`StepLists`); the gradients' finiteness is one
   fused reduction and one host sync, and EDM's NaN/inf sanitation runs only when it finds a
-  non-finite gradient; the per-step values reach Lightning's result collection without repeating
-  ``self.log``'s checks after their first call of the epoch (:attr:`ResumableModule.FAST_STEP_LOG`).
-  The weights, the logged values and the checkpoints are bit-identical to the straightforward
-  implementation (tests/test_training_overhead.py).
+  non-finite gradient. Per-step values go through ``self.log`` (Lightning's public API; its cost
+  is Lightning's floor). The weights, the logged values and the checkpoints are bit-identical to
+  the straightforward implementation (tests/test_training_overhead.py).
 * **Resuming with other hyper-parameters is explicit.** A checkpoint whose architecture or
   preconditioning (``ARCHITECTURE_KEYS``) differs is refused with the list of conflicts; other
   differences (learning rate, EMA, schedule, ...) are applied and printed — the optimizer state's
@@ -162,20 +161,6 @@ class ResumableModule(pl.LightningModule):
     """
 
     ARCHITECTURE_KEYS: frozenset = frozenset({"net"})
-    #: after the first ``self.log`` of a per-step value in an epoch, give the next values straight
-    #: to the registered entry of Lightning's result collection (what ``self.log`` ends with)
-    #: instead of repeating its checks and set-up (0.27-0.36 ms per call here); False: ``self.log``
-    #: at every step. Both give the same logged values, progress bar and callback metrics.
-    FAST_STEP_LOG: bool = True
-
-    def __setattr__(self, name: str, value) -> None:
-        # Lightning sets ``_current_fx_name`` (a str / None) around each of the ~40 hook calls of
-        # a training step; ``nn.Module.__setattr__`` would run its parameter / module / buffer
-        # checks each time (1.8 us) and end in ``object.__setattr__`` anyway
-        if name == "_current_fx_name":
-            object.__setattr__(self, name, value)
-        else:
-            super().__setattr__(name, value)
 
     def _init_resumable(self, seed: Optional[int], divergence_patience: int, on_divergence: str) -> None:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
@@ -191,7 +176,13 @@ class ResumableModule(pl.LightningModule):
         self._last_loss: Optional[torch.Tensor] = None
         self._epoch_sums: Dict[str, list] = {}
         self._val_sums: Dict[str, list] = {}
-        self._step_metrics: Dict[str, object] = {}  # name -> Lightning's entry for it (FAST_STEP_LOG)
+
+    def attached_trainer(self) -> Optional["pl.Trainer"]:
+        """The Trainer this module is attached to, or None (``self.trainer`` raises then)."""
+        try:
+            return self.trainer
+        except RuntimeError:
+            return None
 
     # -- seeded randomness ---------------------------------------------------------------------
     @property
@@ -214,47 +205,15 @@ class ResumableModule(pl.LightningModule):
     def _log_train(self, values: Dict[str, torch.Tensor], batch_size: int, prog_bar: str = "train/loss") -> None:
         for name, v in values.items():
             v = v.detach()
-            self._log_step(name, v, batch_size, prog_bar=(name == prog_bar))
+            self.log(name, v, prog_bar=(name == prog_bar), on_step=True, on_epoch=False, batch_size=batch_size)
             s = self._epoch_sums.get(name)
             if s is None:
                 s = self._epoch_sums[name] = [torch.zeros((), dtype=torch.float64, device=v.device), 0]
             s[0] = s[0] + v.to(torch.float64)
             s[1] += 1
 
-    def _log_step(self, name: str, value: torch.Tensor, batch_size: int, prog_bar: bool) -> None:
-        """``self.log(name, value, prog_bar, on_step=True, on_epoch=False, batch_size)``."""
-        if self.FAST_STEP_LOG and self._update_logged(name, value, batch_size):
-            return
-        self.log(name, value, prog_bar=prog_bar, on_step=True, on_epoch=False, batch_size=batch_size)
-        trainer = self._trainer
-        results = getattr(trainer, "_results", None) if trainer is not None else None
-        if self.FAST_STEP_LOG and results is not None:
-            self._step_metrics[name] = results.get(f"{self._current_fx_name}.{name}")
-
-    def _update_logged(self, name: str, value: torch.Tensor, batch_size: int) -> bool:
-        """What ``self.log`` does for a value it registered earlier in this epoch, when nothing
-        else can differ: the same entry of Lightning's result collection, no reset due (a new
-        epoch or hook: then ``self.log`` resets the entries), no dataloader index, the same device.
-        Returns False (``self.log`` then runs) otherwise."""
-        metric, trainer = self._step_metrics.get(name), self._trainer
-        if metric is None or trainer is None:
-            return False
-        # Lightning's private API (2.x): anything missing or unexpected takes self.log
-        results, connector = getattr(trainer, "_results", None), getattr(trainer, "_logger_connector", None)
-        fx = self._current_fx_name
-        key = f"{fx}.{name}"
-        stored = getattr(metric, "value", None)
-        if (not hasattr(results, "update_metrics") or not hasattr(connector, "should_reset_tensors")
-                or results.get(key) is not metric or getattr(results, "dataloader_idx", 0) is not None
-                or connector.should_reset_tensors(fx) or not isinstance(stored, torch.Tensor)
-                or stored.device != value.device):
-            return False
-        results.update_metrics(key, value.clone().squeeze(), batch_size)  # self.log's copy of the value
-        connector._current_fx = fx
-        return True
-
     def on_train_epoch_end(self) -> None:
-        if not self._epoch_sums or self._trainer is None:
+        if not self._epoch_sums or self.attached_trainer() is None:
             return
         names = sorted(self._epoch_sums)
         sums = torch.stack([self._epoch_sums[n][0] for n in names])
@@ -266,9 +225,10 @@ class ResumableModule(pl.LightningModule):
 
     def _log_direct(self, metrics: Dict[str, float]) -> None:
         """Log to every logger now (not at Lightning's end-of-epoch flush) and expose the values
-        to callbacks through ``trainer.callback_metrics``."""
+        to callbacks through ``trainer.callback_metrics``, at the step of the last optimizer step
+        (Lightning's own logging step: one optimizer, automatic optimization)."""
         trainer = self.trainer
-        step = max(trainer.fit_loop.epoch_loop._batches_that_stepped - 1, 0)
+        step = max(int(trainer.global_step) - 1, 0)
         for name, v in metrics.items():
             trainer.callback_metrics[name] = torch.tensor(v)
         if trainer.is_global_zero:
@@ -276,7 +236,8 @@ class ResumableModule(pl.LightningModule):
                 lg.log_metrics(dict(metrics, epoch=trainer.current_epoch), step=step)
 
     def _reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        if self._trainer is None or self.trainer.world_size <= 1:
+        trainer = self.attached_trainer()
+        if trainer is None or trainer.world_size <= 1:
             return t
         return self.trainer.strategy.reduce(t.clone(), reduce_op="sum")
 
@@ -326,7 +287,8 @@ class ResumableModule(pl.LightningModule):
     def _val_seeds(self, batch_idx: int, n: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
         """(seeds, keep) of a validation batch: seed = offset + the sample's index in the
         validation set; keep = False for the padded duplicates of a distributed sampler."""
-        loader = self.trainer.val_dataloaders if self._trainer is not None else None
+        trainer = self.attached_trainer()
+        loader = trainer.val_dataloaders if trainer is not None else None
         if isinstance(loader, (list, tuple)):
             loader = loader[0] if loader else None
         bs = getattr(loader, "batch_size", None) or n
@@ -473,17 +435,17 @@ class StepLists:
         self.fused = all(e.dtype == p.dtype and e.device == p.device
                          for e, p in zip(self.ema_params, self.live_params))
         self._counter: Optional[torch.Tensor] = None
-        self._count, self._version = 0, -1
+        self._count, self._generation = 0, -1
 
     def valid_for(self, ema: EMA, model: nn.Module) -> bool:
         return self.ema is ema and self.model is model
 
     def num_updates(self) -> int:
         """``int(ema.num_updates)``, read from the device only when the counter was replaced or
-        written elsewhere (its version counter moved: a checkpoint load, another update)."""
-        c = self.ema.num_updates
-        if c is not self._counter or c._version != self._version:
-            self._counter, self._count, self._version = c, int(c), c._version
+        written elsewhere (``EMA.generation`` moved: a checkpoint load, ``EMA.update``)."""
+        c, generation = self.ema.num_updates, self.ema.generation
+        if c is not self._counter or generation != self._generation:
+            self._counter, self._count, self._generation = c, int(c), generation
         return self._count
 
     @torch.no_grad()
@@ -500,7 +462,7 @@ class StepLists:
         for b_ema, b_live in self.buffers:
             b_ema.copy_(b_live)
         self._counter.add_(1)
-        self._count, self._version = n + 1, self._counter._version
+        self._count = n + 1
 
 
 class EMAModule(ResumableModule):
@@ -585,8 +547,9 @@ class EMAModule(ResumableModule):
     def setup(self, stage: str) -> None:
         """Fail before any training if the data's sample shape does not fit the net; cap the
         intra-op threads of CPU DDP ranks."""
-        limit_cpu_threads(self._trainer)
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        trainer = self.attached_trainer()
+        limit_cpu_threads(trainer)
+        dm = getattr(trainer, "datamodule", None) if trainer is not None else None
         check_data_shape(self, dm)
 
     # -- steps ---------------------------------------------------------------------------------
@@ -628,7 +591,8 @@ class EMAModule(ResumableModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         """One EMA update (``modules.ema.ema_step``'s decay and update, with :class:`StepLists`)."""
-        world = self.trainer.world_size if self._trainer is not None else 1
+        trainer = self.attached_trainer()
+        world = trainer.world_size if trainer is not None else 1
         lists, hp = self.step_lists(), self.hparams
         beta = ema_beta(lists.num_updates(), self._images(batch).shape[0] * max(1, world), hp.ema_decay,
                         hp.ema_halflife_kimg, hp.ema_rampup)

@@ -2,7 +2,6 @@
 (Lightning glue over :mod:`lightning_pfd.diffusion`)."""
 from __future__ import annotations
 
-import copy
 
 import warnings
 from dataclasses import replace
@@ -21,15 +20,6 @@ __all__ = ["DiffusionModule", "resolve_family"]
 # The EMA copy is deliberately kept in eval mode; Lightning's generic warning about modules in
 # eval mode at the start of training refers to it.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
-
-
-def _built_by_cli() -> bool:
-    """True while LightningCLI instantiates the module with its parsed config."""
-    try:
-        from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
-    except ImportError:  # pragma: no cover - older/newer Lightning
-        return False
-    return _given_hyperparameters.get() is not None
 
 
 def resolve_family(precond: str, family: Union[str, DiffusionFamily, None],
@@ -146,11 +136,14 @@ class DiffusionModule(EMAModule):
         # load_from_checkpoint(path) rebuilds it; a net built in Python is not picklable into
         # hparams safely: pass it again, load_from_checkpoint(path, net=...). A family object is
         # saved as its name and parameters.
-        ignore = ([] if _built_by_cli() else ["net"]) + (["family"] if isinstance(family, DiffusionFamily) else [])
-        self.save_hyperparameters(ignore=ignore)
+        with warnings.catch_warnings():  # a net built in Python is dropped right below
+            warnings.filterwarnings("ignore", message=r".*'net' is an instance of `nn.Module`")
+            self.save_hyperparameters(ignore=["family"] if isinstance(family, DiffusionFamily) else [])
+        if isinstance(self.hparams.get("net"), nn.Module):  # not the CLI's class_path config
+            del self.hparams["net"]
         self._record_family(fam, family)
         # loggers write hparams_initial (hparams.yaml): let it show the recorded family too
-        self._hparams_initial = copy.deepcopy(self._hparams)
+        self.save_hyperparameters(dict(self.hparams))
         self.net = net
         self.family = fam
         self.precond = fam.precondition(net)

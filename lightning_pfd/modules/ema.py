@@ -43,13 +43,24 @@ def ema_beta(num_updates: int, images_per_step: int, decay: float = 0.999,
     return float(decay)
 
 
+def _count_load(module: "EMA", incompatible_keys) -> None:
+    """load_state_dict post-hook: the counter may have been overwritten."""
+    module.generation += 1
+
+
 class EMA(nn.Module):
-    """Holds ``shadow``, a frozen copy of ``model`` updated as shadow <- b*shadow + (1-b)*model."""
+    """Holds ``shadow``, a frozen copy of ``model`` updated as shadow <- b*shadow + (1-b)*model.
+
+    ``generation`` (a host integer) changes whenever ``update`` or ``load_state_dict`` writes
+    ``num_updates``: a cached host copy of the counter is valid while it and the counter tensor's
+    identity are unchanged."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.shadow = copy.deepcopy(model).eval().requires_grad_(False)
         self.register_buffer("num_updates", torch.zeros((), dtype=torch.long))
+        self.generation = 0
+        self.register_load_state_dict_post_hook(_count_load)
 
     @torch.no_grad()
     def update(self, model: nn.Module, beta: float) -> None:
@@ -62,6 +73,7 @@ class EMA(nn.Module):
         for b_dst, b_src in zip(self.shadow.buffers(), model.buffers()):
             b_dst.copy_(b_src)
         self.num_updates += 1
+        self.generation += 1
 
     def _pairs(self, model: nn.Module):
         """(shadow params, model params) matched by name, cached per source model."""
