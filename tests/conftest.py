@@ -15,6 +15,10 @@ def _offline_wandb(tmp_path, monkeypatch):
         monkeypatch.setenv(var, str(d))
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    # an in-process W&B run of an earlier test exports WANDB_SERVICE (its wandb-core service) so
+    # that child processes share it; a test's subprocesses must start their own service, or a
+    # resumed run finds its id still "in use" in the parent's service
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
     monkeypatch.setenv("LIGHTNING_PFD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("LIGHTNING_PFD_THREADS", "1")  # CLI runs (in-process or not): 1 thread
     yield

@@ -379,7 +379,7 @@ def test_markers_are_well_formed_and_apply():
 # --------------------------------------------------------------------------------------------
 
 def _env(cache: Path) -> Dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}  # see conftest.py
     env.update(OMP_NUM_THREADS="1", LIGHTNING_PFD_THREADS="1", LIGHTNING_PFD_CACHE=str(cache),
                WANDB_MODE="offline", WANDB_SILENT="true", MPLBACKEND="Agg",
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p))
