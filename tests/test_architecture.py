@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 #: entry with the longest matching prefix (``commands.sweep`` sits above ``sweeps``, the other
 #: commands below it: a sweep runs fits through ``commands.fit``).
 LAYERS = [
-    ("foundation", ["lightning_pfd", "lightning_pfd.errors", "lightning_pfd.keys",
+    ("foundation", ["lightning_pfd", "lightning_pfd.errors", "lightning_pfd.validation", "lightning_pfd.keys",
                     "lightning_pfd.contracts", "lightning_pfd.threads", "lightning_pfd.locks",
                     "lightning_pfd.cache", "lightning_pfd.checkpoint"]),
     ("core", ["lightning_pfd.nets", "lightning_pfd.diffusion"]),

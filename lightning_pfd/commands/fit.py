@@ -16,6 +16,7 @@ status 2 (:func:`lightning_pfd.commands.run_guarded`).
 from __future__ import annotations
 
 import errno
+import contextvars
 import os
 import re
 import sys
@@ -67,6 +68,10 @@ def condense_error(message: str) -> str:
     return "; ".join(keep[:4]) or lines[0]
 
 
+#: the arguments PFDLightningCLI is parsing (for the names in a parser error)
+_PARSING: contextvars.ContextVar = contextvars.ContextVar("pfd_parsing_args", default=None)
+
+
 class PFDArgumentParser(LightningArgumentParser):
     """Parser whose errors are one short block (no usage dump), with a "did you mean" for an
     unknown option. ``--debug`` / ``LIGHTNING_PFD_DEBUG=1`` restores jsonargparse's full output."""
@@ -76,11 +81,19 @@ class PFDArgumentParser(LightningArgumentParser):
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = parser.prog.replace(" [options]", "")
+        message = re.sub(r'Parser key "(\w+)"',
+                         lambda m: f'Parser key "{qualified_key(m.group(1), self.given_args())}"', message)
         text = condense_error(message)
         hint = self._hint(parser, message)
         sys.stderr.write(f"{prog}: error: {text}\n" + (f"  hint: {hint}\n" if hint else "")
                          + f"  (options: {prog} --help)\n")
         sys.exit(2)
+
+    @staticmethod
+    def given_args() -> list:
+        """The arguments being parsed: those handed to the CLI, else ``sys.argv``."""
+        args = _PARSING.get()
+        return list(sys.argv[1:] if args is None else args)
 
     @staticmethod
     def _hint(parser, message: str) -> Optional[str]:
@@ -102,6 +115,43 @@ class PFDArgumentParser(LightningArgumentParser):
                         f"--trainer.callbacks+={cfg}")
             return f"in the config file {cfg!r}" if cfg else None
         return None
+
+
+def qualified_key(key: str, argv: Sequence[str]) -> str:
+    """The config path of a bare argument name jsonargparse reports for a class given by
+    ``class_path`` (``"width"`` -> ``"model.init_args.width"``): the one option typed with that
+    name, else the one place a ``--config`` file sets it; ``key`` itself when not unique."""
+    if "." in key:
+        return key
+    found = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")
+             and a[2:].split("=", 1)[0].endswith("." + key)}
+    for i, a in enumerate(argv):
+        path = argv[i + 1] if a in ("--config", "-c") and i + 1 < len(argv) else \
+            (a.split("=", 1)[1] if a.startswith("--config=") else None)
+        if path and os.path.isfile(path):
+            found |= set(_config_paths(path, key))
+    return found.pop() if len(found) == 1 else key
+
+
+def _config_paths(path: str, key: str) -> list:
+    """Where the YAML file ``path`` sets the init argument ``key`` of the model, the data or a
+    callback."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            cfg = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return []
+    if not isinstance(cfg, dict):
+        return []
+    paths = [f"{top}.init_args.{key}" for top in ("model", "data")
+             if isinstance(cfg.get(top), dict) and key in (cfg[top].get("init_args") or {})]
+    callbacks = (cfg.get("trainer") or {}).get("callbacks") if isinstance(cfg.get("trainer"), dict) else None
+    for cb in callbacks if isinstance(callbacks, list) else []:
+        if isinstance(cb, dict) and key in (cb.get("init_args") or {}):
+            paths.append(f"trainer.callbacks[{str(cb.get('class_path', '?')).rsplit('.', 1)[-1]}].{key}")
+    return paths
 
 
 def _value_hint(key: str, message: str) -> Optional[str]:
@@ -234,6 +284,56 @@ class RunConfigCallback(LogConfigCallback):
         self._write_pending(trainer)
 
 
+#: a field that already names where it is set (a config path or an option)
+_QUALIFIED = re.compile(r"(model|data|trainer|optimizer|lr_scheduler|ckpt_path|seed_everything|config)\b|--")
+
+
+def config_path_of(error: BaseException) -> Optional[str]:
+    """The config path of the component whose ``__init__`` raised ``error`` (the outermost one
+    on its traceback): ``model.init_args.``, ``data.init_args.`` or
+    ``trainer.callbacks[Name].``; None when no model, datamodule or callback raised it."""
+    import lightning.pytorch as pl
+
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        owner = frame.f_locals.get("self") if frame.f_code.co_name == "__init__" else None
+        if isinstance(owner, pl.LightningModule):
+            return "model.init_args."
+        if isinstance(owner, pl.LightningDataModule):
+            return "data.init_args."
+        if isinstance(owner, pl.Callback):
+            return f"trainer.callbacks[{type(owner).__name__}]."
+        tb = tb.tb_next
+    return None
+
+
+def _config_error_in(error: BaseException) -> Optional[ConfigError]:
+    """The first ConfigError in ``error``'s chain of causes (``error`` itself included)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, ConfigError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def at_config_path(error: ConfigError) -> ConfigError:
+    """``error`` with its field under the config path the user writes: a class names its own
+    argument (``lr``), the command line adds where that class sits (``model.init_args.lr``)."""
+    prefix = None if _QUALIFIED.match(error.field) else config_path_of(error)
+    if prefix is None:
+        return error
+    kw = dict(accepted=error.accepted, suggestion=error.suggestion)
+    if error.has_value:
+        kw["value"] = error.value
+    renamed = type(error).__new__(type(error))
+    ConfigError.__init__(renamed, prefix + error.field, error.problem, **kw)
+    renamed.__traceback__ = error.__traceback__
+    return renamed
+
+
 class PFDLightningCLI(LightningCLI):
     """LightningCLI for lightning_pfd (any LightningModule / LightningDataModule by class_path).
 
@@ -276,9 +376,12 @@ class PFDLightningCLI(LightningCLI):
         jsonargparse union error that echoes the whole config."""
         try:
             super().instantiate_classes()
-        except ConfigError:
-            raise
+        except ConfigError as e:
+            raise at_config_path(e) from e.__cause__
         except (ValueError, TypeError) as e:
+            inner = _config_error_in(e)
+            if inner is not None:  # jsonargparse wraps what a class raised while it is built
+                raise at_config_path(inner) from e
             m = re.search(r"class_path='([\w.]+)'", str(e))
             field = f"{m.group(1).rsplit('.', 1)[-1]} ({m.group(1)})" if m else (self.subcommand or "config")
             raise ConfigError(field, condense_error(str(e)),
@@ -300,7 +403,11 @@ class PFDLightningCLI(LightningCLI):
         checkpoint file, Lightning (>= 2.5) would silently replace the command line's model
         arguments by the checkpoint's while the config is parsed; here the two are compared in
         :meth:`validate_run` instead (and the file is verified before it is read)."""
-        super().parse_arguments(parser, args)
+        token = _PARSING.set(None if args is None else list(args))
+        try:
+            super().parse_arguments(parser, args)
+        finally:
+            _PARSING.reset(token)
         sub = self.config.get("subcommand")
         cfg = self.config.get(sub) if sub else None
         self._given_ckpt_path = cfg.get("ckpt_path") if cfg is not None else None
