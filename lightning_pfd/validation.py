@@ -32,10 +32,16 @@ from .errors import ConfigError
 
 __all__ = ["PositiveFloat", "PositiveInt", "NonNegativeFloat", "NonNegativeInt",
            "ClosedUnitInterval", "OpenUnitInterval", "HalfOpenUnitInterval", "GreaterThanOne",
+           "FinitePositiveFloat", "FiniteNonNegativeFloat",
            "check_args", "describe"]
 
 #: a number in [0, 1): an EMA decay, a quantile below the maximum
 HalfOpenUnitInterval = restricted_number_type("HalfOpenUnitInterval", float, [(">=", 0), ("<", 1)])
+#: a finite number > 0 (``inf`` and ``nan`` refused): a learning rate, a sigma
+FinitePositiveFloat = restricted_number_type("FinitePositiveFloat", float, [(">", 0), ("<", float("inf"))])
+#: a finite number >= 0
+FiniteNonNegativeFloat = restricted_number_type("FiniteNonNegativeFloat", float,
+                                                [(">=", 0), ("<", float("inf"))])
 #: a number > 1: a ratio that must grow
 GreaterThanOne = restricted_number_type("GreaterThanOne", float, (">", 1))
 
@@ -45,6 +51,7 @@ _WORDS: Dict[type, str] = {
     NonNegativeFloat: "a number >= 0", NonNegativeInt: "an integer >= 0",
     ClosedUnitInterval: "a number in [0, 1]", OpenUnitInterval: "a number in (0, 1)",
     HalfOpenUnitInterval: "a number in [0, 1)", GreaterThanOne: "a number > 1",
+    FinitePositiveFloat: "a finite number > 0", FiniteNonNegativeFloat: "a finite number >= 0",
 }
 _RESTRICTED = tuple(_WORDS)
 

@@ -6,7 +6,7 @@ import pytest
 from jsonargparse import ArgumentParser
 
 from lightning_pfd.errors import ConfigError
-from lightning_pfd.validation import (ClosedUnitInterval, HalfOpenUnitInterval, NonNegativeInt,
+from lightning_pfd.validation import (ClosedUnitInterval, FinitePositiveFloat, HalfOpenUnitInterval, NonNegativeInt,
                                       PositiveFloat, PositiveInt, check_args, describe)
 
 
@@ -14,7 +14,7 @@ class Thing:
     def __init__(self, lr: PositiveFloat = 1e-3, steps: PositiveInt = 18, warmup: NonNegativeInt = 0,
                  p: ClosedUnitInterval = 0.5, decay: HalfOpenUnitInterval = 0.999,
                  kind: Literal["heun", "euler"] = "heun", cap: Optional[PositiveFloat] = None,
-                 free: float = -3.0):
+                 sigma: FinitePositiveFloat = 1.0, free: float = -3.0):
         check_args(Thing.__init__, locals())
 
 
@@ -26,6 +26,7 @@ CASES = [  # (argument, value, accepted?)
     ("decay", 0.0, True), ("decay", 1.0, False),
     ("kind", "euler", True), ("kind", "hen", False),
     ("cap", None, True), ("cap", 3.0, True), ("cap", -3.0, False),
+    ("sigma", 80.0, True), ("sigma", float("inf"), False), ("sigma", float("nan"), False),
     ("free", -1e9, True),
 ]
 
@@ -37,7 +38,7 @@ def test_python_check_names_the_argument(arg, value, ok):
         return
     with pytest.raises(ConfigError) as e:
         Thing(**{arg: value})
-    assert e.value.field == arg and e.value.value == value
+    assert e.value.field == arg and repr(e.value.value) == repr(value)
     assert isinstance(e.value, ValueError)
 
 
