@@ -205,3 +205,21 @@ def test_the_checker_sees_lazy_relative_and_package_imports(tmp_path):
                                            ("lightning_pfd.diffusion.families", "core")])
 def test_the_longest_prefix_decides_the_layer(module, layer):
     assert LAYERS[layer_of(module)][0] == layer
+
+
+def test_every_source_compiles_without_warnings():
+    """No invalid escape sequence (``"\\|"`` in a non-raw string): Python warns about it today and
+    will refuse it; the scripts beside the package count too."""
+    import warnings
+
+    files = sorted(ROOT.rglob("*.py")) + sorted((ROOT.parent / "experiments").glob("*.py")) \
+        + sorted((ROOT.parent / "benchmarks").glob("*.py")) + sorted((ROOT.parent / "tests").glob("*.py"))
+    bad = []
+    for path in files:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", SyntaxWarning)
+            try:
+                compile(path.read_text(), str(path), "exec", dont_inherit=True)
+            except SyntaxError as e:
+                bad.append(f"{path.relative_to(ROOT.parent)}:{e.lineno}: {e.msg}")
+    assert not bad, bad

@@ -627,7 +627,7 @@ def _collapse_md(collapse: dict, opts: dict) -> list:
                 f"S(0) = {_md_spread(j, '0.0', j.references.get(0.0))}.", ""]
     warn = [w for k, f in fits.items() if f is not None for w in _collapse_warnings(f, opts["bounds"], k)]
     out += [f"> {w}" for w in warn] + [""] * bool(warn)
-    out += ["| quantity | widths \|θ\| | γ̂ | interval | sd | γ = ½ | S(γ̂) | S(0): N alone | S(½): N/√\|θ\| | at γ̂ |",
+    out += ["| quantity | widths \\|θ\\| | γ̂ | interval | sd | γ = ½ | S(γ̂) | S(0): N alone | S(½): N/√\\|θ\\| | at γ̂ |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for q in COLLAPSE_QUANTITIES:
         f = fits.get(q.key)
@@ -643,7 +643,7 @@ def _collapse_md(collapse: dict, opts: dict) -> list:
     out.append("")
     for q in COLLAPSE_QUANTITIES:
         for w, why in collapse["excluded"][q.key].items():
-            out.append(f"- {q.label}: width \|θ\| = {w} excluded — {why}.")
+            out.append(f"- {q.label}: width \\|θ\\| = {w} excluded — {why}.")
     out += [f"- {q.label}: {q.why}." for q in COLLAPSE_QUANTITIES] + [""]
     for q in COLLAPSE_QUANTITIES:
         f = fits.get(q.key)
@@ -651,7 +651,7 @@ def _collapse_md(collapse: dict, opts: dict) -> list:
             continue
         out += [f"Per-width levels subtracted in {q.label} (data-rich end: the mean at the largest N ± "
                 "s.e.; fitted: plus the shift fitted jointly with γ̂, the shifts summing to 0):", "",
-                "| \|θ\| | at the largest N | fitted |", "|---|---|---|"]
+                "| \\|θ\\| | at the largest N | fitted |", "|---|---|---|"]
         for s, rec in sorted(f.floors.items()):
             fit_v = "—" if rec["fitted"] is None else _fmt(rec["fitted"][0])
             out.append(f"| {int(round(2 ** s))} | {_fmt(rec['data_rich'][0])} ± {_fmt(rec['se'][0], 2)} | {fit_v} |")

@@ -10,7 +10,7 @@ import functools
 __all__ = ["parser_kwargs", "subcommand_parser_kwargs", "usage", "help_formatter", "HELP_HEAD"]
 
 #: the description of a subcommand's parser: printed after the usage line, before the options
-HELP_HEAD = """LightningCLI with lightning_pfd's checks (README: "CLI and configs").
+HELP_HEAD = """LightningCLI with lightning_pfd's checks (docs/configuration.md).
 
 Most runs need only:
   --config FILE|NAME        a run config, or an embedded one (quickstart, edm_cifar10, ...)
