@@ -3,9 +3,9 @@
 PyTorch's CPU kernels run on an OpenMP pool with one thread per core by default, and GNU OpenMP
 threads *spin* while they wait for the next parallel region. When another process keeps a core
 busy, every parallel region waits for the thread that shares a core with it, and the spinning
-threads steal the time that thread needs: on a 2-core machine with one busy process, a 3-epoch
-quickstart measured 4.4x slower with the default 2 threads than with 1 (``benchmarks/threads.py``
-records the options). Two changes avoid the collapse:
+threads steal the time that thread needs, so a run can be several times slower with one thread
+per core than with fewer (``benchmarks/threads.py`` measures the options; docs/performance.md
+records them). Two changes avoid the collapse:
 
 * ``OMP_WAIT_POLICY=PASSIVE`` (set before torch is imported, unless the user set it): waiting
   threads sleep instead of spinning, so an oversubscribed pool costs at most what one thread

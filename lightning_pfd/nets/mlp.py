@@ -86,7 +86,7 @@ class MLPNet(TappedNetwork):
             block[(depth-1)//2]_hidden), "out".
         default_tap: "middle_hidden": the hidden activation SiLU(W0 SiLU(LN h) + A emb) of the
             middle block's residual branch, a learned nonlinear feature without the skip path.
-            The stream taps ("middle" was the former default) are dominated by the linear input
+            The stream taps (e.g. "middle") are dominated by the linear input
             projection (at initialisation they equal it to ~1e-5), so ICR there measures the
             input rather than a representation. At initialisation a least-squares linear map of
             the input explains ~70 % of the hidden tap's variance on Gaussian inputs (the linear
