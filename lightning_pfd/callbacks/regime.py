@@ -18,7 +18,7 @@ history (kept in ``state_dict`` for resume), runs
 ``events`` when a ``WandbLogger`` is attached, and a console line. At the end of fit it classifies
 the regime (``events/regime_code``: 0 generalization, 1 transition, 2 memorization; W&B summary
 ``events/regime``), writes the report (PNG figures + markdown, as ``python -m lightning_pfd
-report``) and logs the figures (W&B, TensorBoard: :func:`~lightning_pfd.callbacks.base.log_figure`)
+report``) and logs the figures (W&B, TensorBoard: :func:`~lightning_pfd.callbacks.figures.log_figure`)
 as ``plots/dynamics`` and ``plots/icr_memorization``.
 
 The curves it reads are those of the roles (``keys``) plus every key without a role that lists
@@ -65,7 +65,8 @@ from ..analysis.history import History
 from ..analysis.per_unit import load_units
 from ..analysis.report import check_settings, save_detector_settings
 from ..errors import ConfigError
-from .base import log_figure, log_to_loggers, per_unit_store
+from .base import per_unit_store
+from .figures import log_figure, log_to_loggers
 from .state import callback_state_key
 
 __all__ = ["RegimeMonitor"]
