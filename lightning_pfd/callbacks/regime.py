@@ -88,9 +88,17 @@ class RegimeMonitor(Callback):
     and report at the end of fit.
 
     Args:
-        keys: overrides of the metric names per role (roles of
-            :data:`~lightning_pfd.analysis.events.DEFAULT_KEYS`: e_gen, e_mem, loss_train,
-            loss_test, gap, icr, mem_ratio).
+        keys: the event roles: role -> the logged metric that plays it, overriding
+            :data:`~lightning_pfd.analysis.events.DEFAULT_KEYS` role by role. The roles and what
+            reads them: ``e_gen`` (default ``pfd/e_gen``): early learning, double descent and the
+            regime; ``e_mem`` (``pfd/e_mem``): the regime and, without a ratio, the memorization
+            onset; ``mem_ratio`` (``mem/ratio``): the memorization onset and the regime; ``icr``
+            (``icr/icr``): the ICR minimum and the onset's lead; ``gap`` (``loss/gap``), or
+            ``loss_test`` − ``loss_train`` (``loss/test_fixed``, ``loss/train_fixed``) without
+            it: the loss gap in the regime's detail (it does not vote). E.g.
+            ``{"e_gen": "sw/e_gen"}`` runs early learning and double descent on a user metric.
+            The monitor records these curves (and their ``_se``); the assignment is saved with
+            the detector settings, so ``report`` reads the same curves.
         window, min_sigma, min_rel, confirm: detector parameters (docs/events.md): ``min_sigma``
             is the z every leg of an event must reach on the held-out seeds (calibrated
             default), ``min_rel`` an optional effect-size floor (fraction of the curve).
