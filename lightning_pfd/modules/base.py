@@ -237,7 +237,7 @@ class ResumableModule(pl.LightningModule):
                 lg.log_metrics(dict(metrics, epoch=trainer.current_epoch), step=step)
 
     def _reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        """``t`` summed over the trainer's processes (:func:`strategy_comm`; a copy)."""
+        """``t`` summed over the trainer's processes (:func:`strategy_comm`; ``t`` on one process)."""
         trainer = self.attached_trainer()
         comm = None if trainer is None else strategy_comm(trainer)
         return comm.reduce_sum(t.clone()) if comm is not None and comm.distributed() else t
