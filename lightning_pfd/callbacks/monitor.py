@@ -40,7 +40,8 @@ import torch
 from .. import keys
 from ..errors import ConfigError
 from ..evaluation.base import Comm, Evaluation, Measurement, strategy_comm
-from .base import MeasurementCallback, callback_field, check_metric_prefix, check_unique_metric_names
+from .base import MeasurementCallback, check_metric_prefix, check_unique_metric_names
+from .state import callback_field
 
 __all__ = ["EvaluationMonitor"]
 
