@@ -800,7 +800,7 @@ def _net_flops(net_args: dict, shape) -> dict:
 def _budget_rows(name: str, cfg: dict) -> dict:
     import yaml
 
-    from lightning_pfd.callbacks.base import log_schedule
+    from lightning_pfd.callbacks.schedule import log_schedule
 
     y = yaml.safe_load((ROOT / cfg["yaml"]).read_text())
     net_args = dict(y["model"]["init_args"]["net"]["init_args"])

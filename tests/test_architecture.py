@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 LAYERS = [
     ("foundation", ["lightning_pfd", "lightning_pfd.errors", "lightning_pfd.validation", "lightning_pfd.keys",
                     "lightning_pfd.contracts", "lightning_pfd.threads", "lightning_pfd.locks",
-                    "lightning_pfd.cache", "lightning_pfd.checkpoint"]),
+                    "lightning_pfd.cache", "lightning_pfd.checkpoint", "lightning_pfd.classpath"]),
     ("core", ["lightning_pfd.nets", "lightning_pfd.diffusion"]),
     ("metrics", ["lightning_pfd.metrics"]),
     ("evaluation", ["lightning_pfd.evaluation"]),

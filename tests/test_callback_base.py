@@ -1,4 +1,4 @@
-"""The monitors' base (lightning_pfd/callbacks/base.py) and the sharding convention.
+"""The monitors' base (lightning_pfd/callbacks/base.py, figures.py) and the sharding convention.
 
 Oracles: the global order of an evaluation set (rows reassembled from simulated ranks must equal
 the rows themselves), the files a logger writes (PNG magic bytes, the W&B offline log read back),
@@ -15,8 +15,11 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_pfd import keys
-from lightning_pfd.callbacks.base import MeasurementCallback, figure_to_array, log_figure
+from lightning_pfd.callbacks.base import MeasurementCallback
+from lightning_pfd.callbacks.figures import figure_to_array, log_figure
 from lightning_pfd.evaluation import sharding
+from lightning_pfd.errors import ConfigError
+from lightning_pfd.evaluation.base import TorchDistributed, distributed_world, process_of
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -132,9 +135,23 @@ def test_sharding_rejects_bad_input():
 
 def test_one_process_is_the_identity():
     x = torch.arange(5.0)
-    assert sharding.distributed_world() == 1
-    assert sharding.all_gather_shards(x, 5) is x
-    assert sharding.all_reduce_sum(2.5) == 2.5
+    assert distributed_world() == 1
+    comm = TorchDistributed()
+    assert (comm.rank, comm.world) == (0, 1)
+    assert comm.gather_rows(x, 5) is x and comm.reduce_sum(x) is x
+
+
+def test_process_of_resolves_rank_and_world():
+    """(rank, world) of the evaluations that take them: torch.distributed's without arguments,
+    the given ones with a ``reduce``; several processes without torch.distributed or a reduce
+    are refused (the sums would stay partial)."""
+    assert process_of(None, None) == (0, 1)
+    assert process_of(2, 3, reduce=lambda t: t) == (2, 3)
+    with pytest.raises(ConfigError) as err:
+        process_of(0, 2)
+    assert err.value.field == "world"
+    with pytest.raises(ValueError):
+        process_of(3, 3, reduce=lambda t: t)
 
 
 class _Strategy:
@@ -171,23 +188,25 @@ def test_callback_shard_and_gather_world3(n):
     got = set()
     for rank in range(world):
         trainer = _Trainer(rank, world, _Strategy(data, rank, world))
-        idx = MeasurementCallback.shard(10, trainer)
+        comm = MeasurementCallback.comm(trainer)
+        idx = comm.shard(10)
         assert torch.equal(idx, torch.arange(rank, 10, world))
         got |= set(idx.tolist())
-        rows = MeasurementCallback.shard(data, trainer)
+        rows = comm.shard(data)
         assert torch.equal(rows, data[idx])
-        assert torch.equal(MeasurementCallback.gather(rows, trainer, n=n), data)
+        assert torch.equal(comm.gather_rows(rows, n), data)
     assert got == set(range(10))
 
 
-def test_callback_all_sum_and_all_true():
+def test_callback_reduce_sum_and_one_process():
     values = [1.0, 0.0, 2.5]
     trainer = _Trainer(1, 3, _Strategy(torch.zeros(3), 1, 3, values=values))
-    assert MeasurementCallback.all_sum(values[1], trainer) == 3.5
-    assert MeasurementCallback.all_true(True, trainer) is False  # other ranks reported failures
-    one = _Trainer(0, 1, None)
-    assert MeasurementCallback.all_sum(4, one) == 4.0 and MeasurementCallback.all_true(True, one)
-    assert torch.equal(MeasurementCallback.gather(torch.ones(2), one), torch.ones(2))
+    comm = MeasurementCallback.comm(trainer)
+    assert float(comm.reduce_sum(torch.tensor([values[1]], dtype=torch.float64))) == 3.5
+    one = MeasurementCallback.comm(_Trainer(0, 1, None))
+    four = torch.tensor([4.0], dtype=torch.float64)
+    assert one.reduce_sum(four) is four and one.all_true(True) and not one.all_true(False)
+    assert torch.equal(one.gather_rows(torch.ones(2)), torch.ones(2))
 
 
 # ----------------------------------------------------------------------------- state
@@ -350,20 +369,24 @@ import sys
 import torch
 import torch.distributed as dist
 from lightning_pfd.evaluation import sharding
+from lightning_pfd.evaluation.base import TorchDistributed, distributed_world
 
 rank, world, init_file, n, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
 dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
 rows = torch.arange(n * 2, dtype=torch.float64).reshape(n, 2)  # the same on every rank
 mine = rows[sharding.shard_indices(n, rank, world)]
-full = sharding.all_gather_shards(mine, n)
-total = sharding.all_reduce_sum(float(mine.sum()))
-torch.save({"full": full, "total": total, "world": sharding.distributed_world()}, out)
+comm = TorchDistributed()
+full = comm.gather_rows(mine, n)
+unknown_n = comm.gather_rows(mine)  # the row count gathered too
+total = float(comm.reduce_sum(torch.tensor([float(mine.sum())], dtype=torch.float64)))
+torch.save({"full": full, "unknown_n": unknown_n, "total": total, "rank": comm.rank,
+            "world": distributed_world()}, out)
 dist.destroy_process_group()
 """
 
 
-def test_all_gather_shards_in_a_real_3_process_group(tmp_path):
-    """torch.distributed (gloo, 3 CPU processes running only torch + sharding): every rank gets
+def test_torch_distributed_comm_in_a_real_3_process_group(tmp_path):
+    """torch.distributed (gloo, 3 CPU processes running only torch + the Comm): every rank gets
     all rows in the global order and the global sum (oracle: the rows, built on every rank)."""
     import os
     import subprocess
@@ -379,6 +402,6 @@ def test_all_gather_shards_in_a_real_3_process_group(tmp_path):
     rows = torch.arange(n * 2, dtype=torch.float64).reshape(n, 2)
     for r in range(world):
         got = torch.load(tmp_path / f"rank{r}.pt")
-        assert got["world"] == world
-        assert torch.equal(got["full"], rows)
+        assert got["world"] == world and got["rank"] == r
+        assert torch.equal(got["full"], rows) and torch.equal(got["unknown_n"], rows)
         assert got["total"] == float(rows.sum())

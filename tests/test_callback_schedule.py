@@ -1,4 +1,4 @@
-"""When the measurement callbacks measure (lightning_pfd/callbacks/base.py).
+"""When the measurement callbacks measure (lightning_pfd/callbacks/schedule.py).
 
 Every n-th *validation pass* (the first always), not ``epoch % n == 0`` -- Lightning validates at
 epochs with ``(epoch + 1) % check_val_every_n_epoch == 0``; every n-th training epoch when the fit
@@ -17,7 +17,8 @@ import torch
 
 from lightning_pfd.callbacks import (GeneralizationMonitor, ICREarlyStopping, ICRMonitor,
                                      MemorizationMonitor, TailMonitor)
-from lightning_pfd.callbacks.base import MeasurementCallback, is_log_pass, log_schedule
+from lightning_pfd.callbacks.base import MeasurementCallback
+from lightning_pfd.callbacks.schedule import is_log_pass, log_schedule
 from lightning_pfd.data import TensorDataModule
 from lightning_pfd.errors import ConfigError
 from lightning_pfd.modules import DiffusionModule

@@ -292,6 +292,28 @@ def test_analyze_history_combines_detectors():
     assert analyze_history(renamed, keys={"e_gen": "my/egen"}).event("early_learning") is not None
 
 
+def test_regime_monitor_reads_the_curve_its_role_names():
+    """RegimeMonitor(keys={role: metric}): the E_gen role read from another logged curve. The
+    same history holds a monotone pfd/e_gen and an early-learning curve under sw/e_gen; only the
+    monitor that assigns sw/e_gen to the e_gen role records it and finds early learning, at the
+    epoch the analysis finds on that curve alone (oracle)."""
+    from lightning_pfd.callbacks import RegimeMonitor
+
+    monotone, rising = 2.0 + 2.0 * np.exp(-T / 5.0), early_learning_curve(T)
+    rows = [{"epoch": float(t), "step": float(t), "pfd/e_gen": float(a), "sw/e_gen": float(b)}
+            for t, a, b in zip(T, monotone, rising)]
+    default = RegimeMonitor(verbose=False, write_report=False)
+    swapped = RegimeMonitor(keys={"e_gen": "sw/e_gen"}, verbose=False, write_report=False)
+    default.history, swapped.history = list(rows), list(rows)
+    assert "pfd/e_gen" in default.watched() and "sw/e_gen" not in default.watched()
+    assert "sw/e_gen" in swapped.watched() and "pfd/e_gen" not in swapped.watched()
+    assert default.analyze(final=True).event("early_learning") is None
+    expected = analyze_history({"pfd/e_gen": (T, rising)}).event("early_learning")
+    got = swapped.analyze(final=True).event("early_learning")
+    assert expected is not None and got.epoch == expected.epoch
+    assert swapped.detector_settings["keys"]["e_gen"] == "sw/e_gen"  # saved with the run
+
+
 # ----------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("call, field", [
     (lambda: detect_early_learning(T, np.ones((10, 2))), "e_gen"),

@@ -60,8 +60,8 @@ from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.utilities.rank_zero import rank_prefixed_message, rank_zero_warn
 
 from ..errors import ConfigError
-from .base import MeasurementSchedule, callback_field
-from .state import callback_state_key
+from .schedule import MeasurementSchedule
+from .state import callback_field, callback_state_key
 
 try:  # Lightning >= 2.5 records why a run stopped
     from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason as _REASONS

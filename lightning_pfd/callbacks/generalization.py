@@ -39,8 +39,9 @@ from ..errors import ConfigError
 from ..evaluation.base import strategy_comm
 from ..evaluation.flow import FlowEvaluation, FlowMeasure, check_flow_args, metric_factory
 from ..metrics.descriptors import build_descriptor
-from .base import callback_field, check_metric_prefix, check_unique_metric_names
+from .base import check_metric_prefix, check_unique_metric_names
 from .monitor import EvaluationMonitor
+from .state import callback_field
 
 __all__ = ["GeneralizationMonitor"]
 

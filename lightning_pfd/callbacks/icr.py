@@ -38,8 +38,9 @@ from ..evaluation.representation import (DEFAULT_NUM_IMAGES, ICR_LEAVES, ICRMeas
                                          check_representation_settings, fixed_subset,
                                          resolve_num_images, sigma_leaf, well_posed)
 from ..metrics.icr import DEFAULT_COND_MAX
-from .base import callback_field, check_metric_prefix, check_unique_metric_names, require_train_data
+from .base import check_metric_prefix, check_unique_metric_names, require_train_data
 from .monitor import EvaluationMonitor
+from .state import callback_field
 
 __all__ = ["ICRMonitor", "sigma_key", "fixed_subset", "DEFAULT_NUM_IMAGES", "resolve_num_images"]
 

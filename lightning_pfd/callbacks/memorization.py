@@ -29,8 +29,9 @@ from ..errors import renamed_fields
 from ..evaluation.base import strategy_comm
 from ..evaluation.memorization import (MemorizationEvaluation, MemorizationMeasure,
                                        check_memorization_settings, resolve_descriptor)
-from .base import callback_field, check_metric_prefix, check_unique_metric_names, require_train_data
+from .base import check_metric_prefix, check_unique_metric_names, require_train_data
 from .monitor import EvaluationMonitor
+from .state import callback_field
 
 __all__ = ["MemorizationMonitor"]
 

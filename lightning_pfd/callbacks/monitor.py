@@ -26,7 +26,7 @@ EMA model with the trainer's processes (:func:`~lightning_pfd.evaluation.base.st
   (:mod:`lightning_pfd.analysis.per_unit`, rank 0);
 - warns once per fit when units are non-finite;
 - draws its figures on rank 0 every ``figure_every_n`` passes (0: never) and logs them
-  (:func:`~lightning_pfd.callbacks.base.log_figure`).
+  (:func:`~lightning_pfd.callbacks.figures.log_figure`).
 
 ``GeneralizationMonitor``, ``ICRMonitor``, ``MemorizationMonitor`` and ``TailMonitor`` are
 configurations of this class on the package's four evaluations.
@@ -40,7 +40,8 @@ import torch
 from .. import keys
 from ..errors import ConfigError
 from ..evaluation.base import Comm, Evaluation, Measurement, strategy_comm
-from .base import MeasurementCallback, callback_field, check_metric_prefix, check_unique_metric_names
+from .base import MeasurementCallback, check_metric_prefix, check_unique_metric_names
+from .state import callback_field
 
 __all__ = ["EvaluationMonitor"]
 
@@ -51,7 +52,7 @@ class EvaluationMonitor(MeasurementCallback):
     Args:
         evaluation: an object of the measurement contract (``prepare`` / ``measure``).
         name: the metric namespace (keys ``<name>/<leaf>``; None: the leaves as they are).
-        every_n_epochs, schedule: when to measure (:mod:`lightning_pfd.callbacks.base`).
+        every_n_epochs, schedule: when to measure (:mod:`lightning_pfd.callbacks.schedule`).
         figure_every_n: draw the measurement's figures on passes whose index is a multiple of
             it (0: never).
     """

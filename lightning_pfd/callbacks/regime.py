@@ -18,7 +18,7 @@ history (kept in ``state_dict`` for resume), runs
 ``events`` when a ``WandbLogger`` is attached, and a console line. At the end of fit it classifies
 the regime (``events/regime_code``: 0 generalization, 1 transition, 2 memorization; W&B summary
 ``events/regime``), writes the report (PNG figures + markdown, as ``python -m lightning_pfd
-report``) and logs the figures (W&B, TensorBoard: :func:`~lightning_pfd.callbacks.base.log_figure`)
+report``) and logs the figures (W&B, TensorBoard: :func:`~lightning_pfd.callbacks.figures.log_figure`)
 as ``plots/dynamics`` and ``plots/icr_memorization``.
 
 The curves it reads are those of the roles (``keys``) plus every key without a role that lists
@@ -65,7 +65,8 @@ from ..analysis.history import History
 from ..analysis.per_unit import load_units
 from ..analysis.report import check_settings, save_detector_settings
 from ..errors import ConfigError
-from .base import log_figure, log_to_loggers, per_unit_store
+from .base import per_unit_store
+from .figures import log_figure, log_to_loggers
 from .state import callback_state_key
 
 __all__ = ["RegimeMonitor"]
@@ -87,9 +88,17 @@ class RegimeMonitor(Callback):
     and report at the end of fit.
 
     Args:
-        keys: overrides of the metric names per role (roles of
-            :data:`~lightning_pfd.analysis.events.DEFAULT_KEYS`: e_gen, e_mem, loss_train,
-            loss_test, gap, icr, mem_ratio).
+        keys: the event roles: role -> the logged metric that plays it, overriding
+            :data:`~lightning_pfd.analysis.events.DEFAULT_KEYS` role by role. The roles and what
+            reads them: ``e_gen`` (default ``pfd/e_gen``): early learning, double descent and the
+            regime; ``e_mem`` (``pfd/e_mem``): the regime and, without a ratio, the memorization
+            onset; ``mem_ratio`` (``mem/ratio``): the memorization onset and the regime; ``icr``
+            (``icr/icr``): the ICR minimum and the onset's lead; ``gap`` (``loss/gap``), or
+            ``loss_test`` − ``loss_train`` (``loss/test_fixed``, ``loss/train_fixed``) without
+            it: the loss gap in the regime's detail (it does not vote). E.g.
+            ``{"e_gen": "sw/e_gen"}`` runs early learning and double descent on a user metric.
+            The monitor records these curves (and their ``_se``); the assignment is saved with
+            the detector settings, so ``report`` reads the same curves.
         window, min_sigma, min_rel, confirm: detector parameters (docs/events.md): ``min_sigma``
             is the z every leg of an event must reach on the held-out seeds (calibrated
             default), ``min_rel`` an optional effect-size floor (fraction of the curve).

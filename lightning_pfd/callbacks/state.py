@@ -1,9 +1,9 @@
-"""Checkpoint keys of callbacks."""
+"""A callback's names: its checkpoint key and the config path of its arguments."""
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["callback_state_key"]
+__all__ = ["callback_state_key", "callback_field"]
 
 
 def callback_state_key(callback: Any, **kwargs: Any) -> str:
@@ -13,3 +13,8 @@ def callback_state_key(callback: Any, **kwargs: Any) -> str:
     several instances of one class with different settings keep separate states and checkpoints
     written earlier keep loading."""
     return f"{type(callback).__qualname__}{kwargs!r}"
+
+
+def callback_field(callback: Any, arg: str) -> str:
+    """The config path of a callback argument, e.g. ``trainer.callbacks[ICRMonitor].tap``."""
+    return f"trainer.callbacks[{type(callback).__name__}].{arg}"

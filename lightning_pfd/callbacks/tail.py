@@ -21,8 +21,9 @@ from .. import keys
 from ..evaluation.base import strategy_comm
 from ..errors import renamed_fields
 from ..evaluation.tail import TAIL_LEAVES, TailEvaluation, TailMeasure, TailSettings, check_reference
-from .base import callback_field, check_metric_prefix, check_unique_metric_names
+from .base import check_metric_prefix, check_unique_metric_names
 from .monitor import EvaluationMonitor
+from .state import callback_field
 
 __all__ = ["TailMonitor"]
 _LEAVES = (*TAIL_LEAVES, "density")

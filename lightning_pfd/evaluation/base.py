@@ -27,7 +27,8 @@ and :meth:`Comm.all_true` are derived; :meth:`Comm.reduce_sum` is the backend's 
 Implementations: :data:`SINGLE` (one process: every collective is the identity),
 :class:`TorchDistributed` (``torch.distributed``) and :class:`StrategyCollective` (a Lightning /
 Fabric strategy's public ``all_gather`` / ``reduce``; :func:`strategy_comm` builds it for a
-Trainer). Every process must call the collectives in the same order.
+Trainer). Every process must call the collectives in the same order. :func:`process_of` resolves
+the (rank, world) of the evaluations that take them as arguments.
 """
 from __future__ import annotations
 
@@ -36,10 +37,12 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple, Union, 
 
 import torch
 
+from ..errors import ConfigError
 from . import sharding
 
 __all__ = ["Evaluation", "Measurement", "Units", "NonFinite", "Comm", "Collective", "SingleProcess",
-           "SINGLE", "TorchDistributed", "StrategyCollective", "strategy_comm"]
+           "SINGLE", "TorchDistributed", "StrategyCollective", "strategy_comm", "distributed_world",
+           "process_of"]
 
 
 # ----------------------------------------------------------------------------- processes
@@ -65,10 +68,14 @@ class Comm:
             return sharding.shard_indices(n_or_items, self.rank, self.world)
         return sharding.shard(n_or_items, self.rank, self.world)
 
-    def gather_rows(self, rows: torch.Tensor, n: int) -> torch.Tensor:
-        """All ``n`` rows in global order from this process's strided shard ``rows``."""
+    def gather_rows(self, rows: torch.Tensor, n: Optional[int] = None) -> torch.Tensor:
+        """All ``n`` rows in global order from this process's strided shard ``rows`` (``n``:
+        the global row count, gathered when None)."""
         if self.world == 1:
             return rows
+        if n is None:
+            count = torch.tensor([rows.shape[0]], dtype=torch.long, device=rows.device)
+            n = int(torch.stack(self.all_gather_equal(count)).sum())
         padded = sharding.pad_rows(rows.contiguous(), sharding.shard_size(n, 0, self.world))
         return sharding.gather_shards(self.all_gather_equal(padded), n, self.world)
 
@@ -114,13 +121,22 @@ class SingleProcess(Comm):
 SINGLE = SingleProcess()
 
 
+def distributed_world() -> int:
+    """The ``torch.distributed`` world size (1 when it is not available or not initialised)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
 class TorchDistributed(Comm):
     """``torch.distributed`` (one process when it is not initialised)."""
 
     def __init__(self):
         import torch.distributed as dist
 
-        self.world = sharding.distributed_world()
+        self.world = distributed_world()
         self.rank = dist.get_rank() if self.world > 1 else 0
 
     def all_gather_equal(self, t: torch.Tensor) -> List[torch.Tensor]:
@@ -133,7 +149,31 @@ class TorchDistributed(Comm):
         return parts
 
     def reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        return sharding.distributed_sum(t) if self.world > 1 else t
+        """``t`` summed over the processes by ``all_reduce`` (a copy; ``t`` itself on one)."""
+        if self.world == 1:
+            return t
+        import torch.distributed as dist
+
+        t = t.clone()
+        dist.all_reduce(t)
+        return t
+
+
+def process_of(rank: Optional[int], world: Optional[int],
+               reduce: Optional[Callable] = None) -> Tuple[int, int]:
+    """(rank, world): as given, else from torch.distributed ((0, 1) without it). Several processes
+    need either torch.distributed or an explicit ``reduce``, else the sums would stay partial."""
+    if world is None:
+        world = distributed_world()
+    if rank is None:
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if world > 1 and distributed_world() > 1 else 0
+    sharding.check_world(rank, world)
+    if world > 1 and reduce is None and distributed_world() != world:
+        raise ConfigError("world", f"{world} processes but torch.distributed has "
+                          f"{distributed_world()}: pass `reduce` (a sum over the processes)", value=world)
+    return rank, world
 
 
 class StrategyCollective(Comm):

@@ -46,7 +46,6 @@ held-out samples (noise and sigma frozen per sample), ``gap = test_fixed - train
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
@@ -54,6 +53,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 import torch
 
 from ..cache import cache_dir, hash_key, load_tensor_verified, save_tensor_atomic
+from ..classpath import import_class
 from ..diffusion import EmpiricalDenoiser
 from ..diffusion.sampling import (PRECISIONS, SAMPLERS, SamplerSettings, _hparams, check_compile, describe_grid,
                                   module_device, same_grid)
@@ -347,11 +347,6 @@ class FlowEvaluation:
                               "reference) and compute()", value=type(probe).__name__)
         self._metrics[key] = (metric, reference)
 
-    def metric_keys(self) -> List[str]:
-        """Every key :meth:`measure` can return (losses only with ``loss_fn`` and data)."""
-        return [*self._metrics, *(f"{k}_se" for k in self.pfd_metric_keys()), "nonfinite", "train_fixed",
-                "test_fixed", "gap"]
-
     def flow_metric_keys(self) -> List[str]:
         """The registered metrics between student and a reference (NaN for a non-finite student)."""
         return list(self._metrics)
@@ -567,9 +562,8 @@ def metric_factory(spec: Any, field: str = "metrics") -> tuple:
                           accepted=["class_path", "init_args", "reference"])
     cls = spec["class_path"]
     if isinstance(cls, str):
-        module, _, name = cls.rpartition(".")
         try:
-            cls = getattr(importlib.import_module(module), name)
+            cls = import_class(cls)
         except (ImportError, AttributeError, ValueError) as e:
             raise ConfigError(f"{field}.class_path", f"cannot import it ({type(e).__name__}: {e})",
                               value=spec["class_path"], accepted="an importable pkg.module.Class") from None

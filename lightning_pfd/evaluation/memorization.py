@@ -34,8 +34,8 @@ from ..contracts import GENERATING_MODELS, check_on_samples
 from ..errors import ConfigError
 from ..metrics.memorization import (CRITERIA, _is_memorized, _memorization_compute, check_chunk_size,
                                     check_criterion, embed, memorization_scores, reference_features)
-from .base import SINGLE, Comm, Measurement, NonFinite, Units
-from .sharding import distributed_sum, process_of, shard_indices
+from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, process_of
+from .sharding import shard_indices
 
 __all__ = ["MemorizationEvaluation", "MemorizationMeasure", "check_memorization_settings", "resolve_descriptor"]
 
@@ -222,7 +222,7 @@ class MemorizationEvaluation:
         must call this; ``reduce`` sums a float64 vector over processes (default: all_reduce)."""
         rank, world = process_of(rank, world, reduce)
         stats = self.shard_statistics(model, rank, world)
-        return self.results((reduce or distributed_sum)(stats) if world > 1 else stats)
+        return self.results((reduce or TorchDistributed().reduce_sum)(stats) if world > 1 else stats)
 
     @staticmethod
     def merge(parts: Sequence[torch.Tensor]) -> torch.Tensor:

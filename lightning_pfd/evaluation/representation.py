@@ -62,8 +62,8 @@ from ..diffusion.streams import STREAMS, stream
 from ..errors import ConfigError
 from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, _icr_at, _icr_compute,
                            _icr_update, _icr_zero_states, check_tau, pool_features)
-from .base import SINGLE, Comm, Measurement, NonFinite, Units
-from .sharding import check_world, distributed_sum, process_of, shard_indices
+from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, process_of
+from .sharding import check_world, shard_indices
 
 __all__ = ["RepresentationEvaluation", "ICRMeasure", "check_representation_settings", "fixed_subset",
            "resolve_num_images", "denoiser_of", "merge_statistics", "well_posed", "sigma_leaf",
@@ -566,7 +566,7 @@ class RepresentationEvaluation:
         call this; ``reduce`` sums a float64 vector over the processes (default: all_reduce)."""
         rank, world = process_of(rank, world, reduce)
         stats = self.shard_statistics(model, rank, world)
-        return self.results(_reduce(stats, reduce or distributed_sum) if world > 1 else stats)
+        return self.results(_reduce(stats, reduce or TorchDistributed().reduce_sum) if world > 1 else stats)
 
     def _icr_or_nan(self, states: Dict[str, torch.Tensor], tau: Any) -> torch.Tensor:
         try:

@@ -5,26 +5,18 @@ split over the ``world`` processes by position: rank ``r`` takes items ``r, r + 
 …`` (no padding sampler, so no item is counted twice; Lightning's ``DistributedSampler`` would
 duplicate items of an uneven set). Rank ``r`` holds ``len(range(r, n, world))`` items, so shard
 sizes differ by at most one. Results come back in the global order with :func:`gather_shards`
-(from the per-rank parts, e.g. a ``strategy.all_gather``) or :func:`all_gather_shards`
-(``torch.distributed`` collective); tensors are summed over ranks with :func:`distributed_sum`,
-scalars with :func:`all_reduce_sum`; :func:`process_of` resolves the (rank, world) of a
-measurement.
-
-Everything is the identity on one process (``world == 1`` or ``torch.distributed`` not
-initialised), so the same code runs in a notebook.
+from the per-rank parts. The collectives that move the parts between processes are those of
+:class:`~lightning_pfd.evaluation.base.Comm` (``Comm.gather_rows``, ``Comm.reduce_sum``); this
+module is index arithmetic only.
 """
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
+from typing import List, Sequence, TypeVar
 
 import torch
 
-from ..errors import ConfigError
-
 __all__ = ["check_world", "shard_indices", "shard", "shard_size", "shard_sizes", "pad_rows",
-           "gather_shards", "distributed_world", "process_of", "all_gather_shards",
-           "distributed_sum", "all_reduce_sum"]
+           "gather_shards"]
 
 T = TypeVar("T")
 
@@ -91,67 +83,3 @@ def gather_shards(parts: Sequence[torch.Tensor], n: int, world: int) -> torch.Te
     for r, (p, s) in enumerate(zip(parts, sizes)):
         out[r::world] = p[:s].to(out.device)
     return out
-
-
-def distributed_world() -> int:
-    """The ``torch.distributed`` world size (1 when it is not available or not initialised)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
-
-
-def all_gather_shards(rows: torch.Tensor, n: int) -> torch.Tensor:
-    """All ``n`` rows in global order on every rank, from this rank's strided shard ``rows``
-    (a ``torch.distributed`` collective: every rank must call it; the identity on one process)."""
-    world = distributed_world()
-    if world == 1:
-        return rows
-    import torch.distributed as dist
-
-    per = math.ceil(n / world)
-    padded = pad_rows(rows.contiguous(), per)
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded)
-    return gather_shards(parts, n, world)
-
-
-def process_of(rank: Optional[int], world: Optional[int],
-               reduce: Optional[Callable] = None) -> Tuple[int, int]:
-    """(rank, world): as given, else from torch.distributed ((0, 1) without it). Several processes
-    need either torch.distributed or an explicit ``reduce``, else the sums would stay partial."""
-    if world is None:
-        world = distributed_world()
-    if rank is None:
-        import torch.distributed as dist
-
-        rank = dist.get_rank() if world > 1 and distributed_world() > 1 else 0
-    check_world(rank, world)
-    if world > 1 and reduce is None and distributed_world() != world:
-        raise ConfigError("world", f"{world} processes but torch.distributed has "
-                          f"{distributed_world()}: pass `reduce` (a sum over the processes)", value=world)
-    return rank, world
-
-
-def distributed_sum(t: torch.Tensor) -> torch.Tensor:
-    """``t`` summed over the torch.distributed processes (a copy; identity on one process).
-
-    Every rank must call it."""
-    if distributed_world() == 1:
-        return t
-    import torch.distributed as dist
-
-    t = t.clone()
-    dist.all_reduce(t)
-    return t
-
-
-def all_reduce_sum(value: Any, device: Any = None) -> float:
-    """``value`` summed over all ranks (float64 all-reduce; the identity on one process).
-
-    Every rank must call it. ``device`` is where the buffer lives (the module's device: NCCL needs
-    a GPU tensor)."""
-    if distributed_world() == 1:
-        return float(value)
-    return float(distributed_sum(torch.tensor([float(value)], dtype=torch.float64, device=device)))

@@ -46,6 +46,7 @@ from torch import nn
 from ..checkpoint import verified_stream
 from ..contracts import check_data_shape
 from ..errors import ConfigError, check_choice
+from ..evaluation.base import strategy_comm
 from .ema import EMA, ema_beta, sanitize_gradients
 from .optim import adam_with_warmup
 
@@ -236,10 +237,10 @@ class ResumableModule(pl.LightningModule):
                 lg.log_metrics(dict(metrics, epoch=trainer.current_epoch), step=step)
 
     def _reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed over the trainer's processes (:func:`strategy_comm`; ``t`` on one process)."""
         trainer = self.attached_trainer()
-        if trainer is None or trainer.world_size <= 1:
-            return t
-        return self.trainer.strategy.reduce(t.clone(), reduce_op="sum")
+        comm = None if trainer is None else strategy_comm(trainer)
+        return comm.reduce_sum(t.clone()) if comm is not None and comm.distributed() else t
 
     # -- divergence ----------------------------------------------------------------------------
     @property

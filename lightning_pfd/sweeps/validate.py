@@ -19,6 +19,7 @@ import json
 import re
 from typing import Any, Optional
 
+from ..classpath import import_class
 from ..errors import ConfigError
 from .spec import (SweepSpec, Trial, _class_name, _leaf, _seed_keys, check_known_key, expand_trials,
                    load_base)
@@ -225,13 +226,6 @@ def _parse_covering(parser: "FitParser", t: Trial, trials: list, spec: SweepSpec
     return {g: _substitute(cache[(g, sigs.get(g))], back) for g in groups if (g, sigs.get(g)) in cache}
 
 
-def _import(class_path: str):
-    import importlib
-
-    module, _, name = class_path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
 def _build(spec: Any, meta_net: bool = False):
     """Instantiate a parsed class config (``{class_path, init_args}``, nested); the ``net``
     argument of a model is built on the meta device (parameters without memory)."""
@@ -245,7 +239,7 @@ def _build(spec: Any, meta_net: bool = False):
             args[k] = build_net_meta(v)
         else:
             args[k] = _build(v)
-    return _import(spec["class_path"])(**args)
+    return import_class(spec["class_path"])(**args)
 
 
 def build_net_meta(spec: dict):
