@@ -138,3 +138,15 @@ def check_args(fn: Callable, values: Mapping[str, Any], skip: Tuple[str, ...] = 
             if typing.get_origin(annotation) is Literal:
                 raise cls(name, "unknown value", value=value, accepted=list(typing.get_args(annotation)))
             raise cls(name, f"must be {describe(annotation)}", value=value)
+
+
+def ranged(name: str, base: type, restrictions: Any, words: str) -> type:
+    """A restricted number type for a range the types above do not cover, with that range in
+    words for :func:`describe` and the errors (``ranged("Octaves", float, [(">=", 0), ("<=", 4)],
+    "a number in [0, 4]")``); ``restrictions`` as jsonargparse's ``restricted_number_type``."""
+    kind = restricted_number_type(name, base, restrictions)
+    _WORDS[kind] = words
+    return kind
+
+
+__all__ += ["ranged"]
