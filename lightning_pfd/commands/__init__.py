@@ -16,7 +16,9 @@ one :class:`Command` line in :data:`COMMANDS`. Shared by all of them:
   exit status is 2; ``--debug`` (anywhere on the command line) or ``LIGHTNING_PFD_DEBUG=1``
   re-raises it with its traceback (``report`` prints the bare one-line block, without the
   program name and the hint, as its documented output). Option errors come from
-  :class:`~lightning_pfd.errors.ShortErrorParser` (one block, status 2, "did you mean");
+  :class:`~lightning_pfd.errors.ShortErrorParser` (one block, status 2, "did you mean"), and an
+  option's range is its argparse type (:func:`typed`, from the restricted types of
+  :mod:`lightning_pfd.validation`), shown by ``--help``;
 * **threads** (:func:`configure_threads`): ``--threads N|auto`` (or ``LIGHTNING_PFD_THREADS``) is
   taken off the command line and, for a command that computes on this process's CPU
   (:attr:`Command.threaded`), the choice of :mod:`lightning_pfd.threads` is applied and printed
