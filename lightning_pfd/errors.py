@@ -19,7 +19,7 @@ import sys
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 __all__ = ["ConfigError", "MissingFileError", "did_you_mean", "check_choice", "renamed_fields",
-           "ShortErrorParser"]
+           "ShortErrorParser", "UsageExit"]
 
 _UNSET = object()
 
@@ -141,6 +141,11 @@ COMMON_OPTIONS_HELP = """options of every command (anywhere on the command line)
                         LIGHTNING_PFD_THREADS); auto: the usable cores minus busy ones"""
 
 
+class UsageExit(SystemExit):
+    """The exit (status 2) of a :class:`ShortErrorParser` refusing the command line, after its
+    block is printed: a command's ``main`` returns the status instead of exiting."""
+
+
 class ShortErrorParser(argparse.ArgumentParser):
     """``argparse`` parser for the extra commands: an error is one short block (no usage dump),
     options are never abbreviated, and the exit status is 2."""
@@ -152,10 +157,11 @@ class ShortErrorParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D102 - argparse's hook
+        message = re.sub(r"^argument (-[^:/ ]+)(?:/\S+)?: ", r"\1: ", message)  # like a ConfigError
         hint = ""
         m = re.search(r"unrecognized arguments: (\S+)", message)
         if m:
             close = suggest_option(m.group(1).split("=", 1)[0], self._option_string_actions.keys())
             hint = f"  hint: did you mean {close}? (options are never abbreviated)\n" if close else ""
         sys.stderr.write(f"{self.prog}: error: {message}\n{hint}  (options: {self.prog} --help)\n")
-        sys.exit(2)
+        raise UsageExit(2)

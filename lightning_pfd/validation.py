@@ -19,6 +19,7 @@ class's own checks.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import numbers
 import typing
@@ -124,17 +125,36 @@ def _hints(fn: Callable) -> Dict[str, Any]:
         return {}
 
 
+@functools.lru_cache(maxsize=None)
+def _declared(fn: Callable) -> Tuple[Tuple[str, Any], ...]:
+    """``(name, annotation)`` of ``fn``'s parameters, in order (resolved once per function:
+    :func:`check_args` runs on every call of a hot function)."""
+    hints = _hints(fn)
+    return tuple((name, hints[name]) for name in inspect.signature(fn).parameters if name in hints)
+
+
 def check_args(fn: Callable, values: Mapping[str, Any], skip: Tuple[str, ...] = ()) -> None:
     """Check ``values`` (e.g. ``locals()`` at the top of ``__init__``) against the restricted
     types and ``Literal`` choices of ``fn``'s signature; raise a ConfigError naming the first
     argument that does not conform (a TypeError for a value of the wrong kind)."""
-    hints = _hints(fn)
-    for name in inspect.signature(fn).parameters:
-        if name in skip or name not in values or name not in hints:
+    for name, annotation in _declared(fn):
+        if name in skip or name not in values:
             continue
-        value, annotation = values[name], hints[name]
+        value = values[name]
         if _accepts(annotation, value) is False:
             cls = ArgumentTypeError if _kind_error(annotation, value) else ConfigError
             if typing.get_origin(annotation) is Literal:
                 raise cls(name, "unknown value", value=value, accepted=list(typing.get_args(annotation)))
             raise cls(name, f"must be {describe(annotation)}", value=value)
+
+
+def ranged(name: str, base: type, restrictions: Any, words: str) -> type:
+    """A restricted number type for a range the types above do not cover, with that range in
+    words for :func:`describe` and the errors (``ranged("Octaves", float, [(">=", 0), ("<=", 4)],
+    "a number in [0, 4]")``); ``restrictions`` as jsonargparse's ``restricted_number_type``."""
+    kind = restricted_number_type(name, base, restrictions)
+    _WORDS[kind] = words
+    return kind
+
+
+__all__ += ["ranged"]

@@ -195,7 +195,8 @@ COMMAND_ERRORS = [
     (["report", "/nonexistent/run"], "error: run_dir: '/nonexistent/run' does not exist\n"),
     (["icr-sweep", "--ckpt", "/nonexistent.ckpt", "--data", "digits"],
      "python -m lightning_pfd icr-sweep: error: --ckpt: no such checkpoint file\n"),
-    (["pite", "--eta", "1.5"], "python -m lightning_pfd pite: error: --eta: must lie in (0, 1)"),
+    (["pite", "--num-samples", "100", "--n-train", "64"],
+     "python -m lightning_pfd pite: error: --num-samples: must be < --n-train (64)"),
     (["fit", "--config", "no_such_config"], "python -m lightning_pfd: error: --config: no such file"),
     (["sweep", "--config", "no_such_sweep"], "python -m lightning_pfd sweep: error: --config: no such"),
     (["fit", "--threads", "0"], "python -m lightning_pfd: error: --threads:"),
@@ -225,6 +226,40 @@ def test_one_error_handling_for_every_command(argv, start, capsys, monkeypatch, 
     monkeypatch.setenv("LIGHTNING_PFD_DEBUG", "1")
     with pytest.raises(ConfigError):
         _run(argv)
+
+
+#: (argv, the error line): a range or choice declared as the option's type, refused by argparse
+OPTION_ERRORS = [
+    (["pite", "--eta", "1.5"], "python -m lightning_pfd pite: error: --eta: must be a number in (0, 1); got '1.5'"),
+    (["pite", "--max-steps", "0"], "python -m lightning_pfd pite: error: --max-steps: must be an integer > 0; got '0'"),
+    (["pite", "--alpha", "2.5"], "python -m lightning_pfd pite: error: --alpha: must be a number in (1, 2]; got '2.5'"),
+    (["icr-sweep", "--ckpt", "m.ckpt", "--data", "digits", "--sigmas", "0.1", "inf"],
+     "python -m lightning_pfd icr-sweep: error: --sigmas: must be a finite number > 0; got 'inf'"),
+    (["icr-sweep", "--ckpt", "m.ckpt", "--data", "digits", "--level", "9"],
+     "python -m lightning_pfd icr-sweep: error: --level: invalid choice: 9 (choose from 0, 1, 2, 3, 4, 5)"),
+]
+
+
+@pytest.mark.parametrize("argv, line", OPTION_ERRORS)
+def test_option_types_refuse_a_value_naming_option_and_range(argv, line, capsys, monkeypatch, restore_threads):
+    """The option's declared type refuses the value while parsing: status 2 (returned by the
+    command's main), one block naming the option, the value and what is accepted."""
+    monkeypatch.delenv("LIGHTNING_PFD_DEBUG", raising=False)
+    assert _run(argv) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("[lightning_pfd] ")]
+    assert err[0] == line and len(err) == 2 and "--help" in err[1], err
+
+
+def test_help_shows_the_declared_ranges(capsys):
+    from lightning_pfd.commands import icr_sweep, pite, typed
+    from lightning_pfd.validation import PositiveInt
+
+    text = " ".join(pite.build_parser().format_help().split())
+    assert "--eta ETA RMSQE tail level, a number in (0, 1)" in text
+    assert "stability index of the LIM row, in (1, 2]" in text
+    text = " ".join(icr_sweep._parser().format_help().split())
+    assert "--seed SEED an integer >= 0" in text and "--level {0,1,2,3,4,5}" in text
+    assert typed(PositiveInt)("3") == 3 and type(typed(PositiveInt)("3")) is int  # plain values
 
 
 def test_renamed_fields_names_what_the_user_typed():

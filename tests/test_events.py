@@ -342,3 +342,34 @@ def test_flat_memorization_ratio_is_not_overridden_by_a_falling_e_mem():
     e_mem = 3.3 + 1.5 * np.exp(-t / 2)
     assert detect_memorization_onset(t, mem_ratio=np.zeros(24), e_mem=e_mem) is None
     assert detect_memorization_onset(t, mem_ratio=None, e_mem=e_mem) is not None
+
+
+@pytest.mark.parametrize("call, field, value", [
+    (lambda: detect_early_learning(T, T, window=0), "window", 0),
+    (lambda: detect_double_descent(T, T, confirm=1.5), "confirm", 1.5),
+    (lambda: detect_icr_minimum(T, T, min_sigma=float("inf")), "min_sigma", float("inf")),
+    (lambda: classify_regime(T, T, T, margin=-1), "margin", -1),
+    (lambda: smooth(T, window=0), "window", 0),
+])
+def test_declared_options_name_the_argument_and_value(call, field, value):
+    """The ranges declared in the signatures (validation.check_args): a ConfigError (a
+    ValueError) whose field is the argument itself and whose value is the one passed."""
+    from lightning_pfd.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        call()
+    assert e.value.field == field and e.value.value == value
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(kind="pink"), "kind"), (dict(phi=1.0), "phi"), (dict(common_phi=-0.1), "common_phi"),
+    (dict(n_eval=9), "n_eval"), (dict(num_seeds=3), "num_seeds")])
+def test_null_spec_declares_its_ranges(kwargs, field):
+    from lightning_pfd.analysis.calibration import NULLS, NullSpec
+    from lightning_pfd.errors import ConfigError
+
+    assert NULLS == ("white", "ar1", "seed_flip", "seed_flip_common")
+    NullSpec(n_eval=10, num_seeds=4, phi=0.0)  # the edges are accepted
+    with pytest.raises(ConfigError) as e:
+        NullSpec(**kwargs)
+    assert e.value.field == field and e.value.value == next(iter(kwargs.values()))

@@ -116,7 +116,7 @@ def test_report_bad_input(tmp_path, capsys):
     assert "no W&B run" in capsys.readouterr().err
     run = _write_csv(tmp_path / "run")
     assert main([str(run), "--window", "0"]) == 2
-    assert "--window: must be a positive integer" in capsys.readouterr().err
+    assert "--window: must be an integer > 0\n  value:    0" in capsys.readouterr().err
     assert main([str(run), "--key", "egen=pfd/x"]) == 2
     assert "did you mean 'e_gen'" in capsys.readouterr().err
     assert main([str(run), "--segment", "version_3"]) == 2

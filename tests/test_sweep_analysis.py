@@ -289,8 +289,11 @@ def test_bootstrap_is_seeded_and_falls_back_to_curves():
                                     dict(bounds=(1.0, 0.0)), dict(step=0.0), dict(min_overlap=2),
                                     dict(taper=-1.0), dict(floor_points=0), dict(prior_dof=-1)])
 def test_bad_fit_options_raise_config_error(kwargs):
-    with pytest.raises(ConfigError):
+    """Refused before any fit, naming the argument itself (the library knows no CLI flags)."""
+    with pytest.raises(ConfigError) as e:
         bootstrap_collapse(_synthetic_cells(0.5, sizes=(14, 16), logn=range(4, 8), K=1), **kwargs)
+    (name, value), = kwargs.items()
+    assert e.value.field == name and e.value.value == value
 
 
 def test_bad_standard_errors_raise_config_error():
@@ -524,12 +527,22 @@ def test_sweep_without_successful_trial_is_an_error(tmp_path, capsys):
     assert not (sweep / "report").exists()
 
 
-@pytest.mark.parametrize("kwargs", [dict(bootstrap=0), dict(gamma_bounds=(1.0, 0.6)),
-                                    dict(model_size="nope"), dict(which="last"), dict(level=2.0)])
-def test_sweep_report_bad_options_write_nothing(tmp_path, kwargs):
+@pytest.mark.parametrize("kwargs, argv", [
+    (dict(bootstrap=0), ["--bootstrap", "0"]), (dict(gamma_bounds=(1.0, 0.6)), ["--gamma-bounds", "1", "0.6"]),
+    (dict(model_size="nope"), ["--model-size", "nope"]), (dict(which="last"), None),
+    (dict(level=2.0), ["--level", "2"]), (dict(bootstrap_seed=-1), ["--bootstrap-seed", "-1"]),
+    (dict(kid_max_samples=1), ["--kid-max-samples", "1"])])
+def test_sweep_report_bad_options_write_nothing(tmp_path, kwargs, argv, capsys):
+    """The library names its argument; ``report SWEEP_DIR`` names the option the user typed."""
     sweep = _write_sweep(tmp_path / "sw", sizes=(2 ** 10,), logn=range(3, 5), seeds=(0,), extra_rows=False)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError) as e:
         write_sweep_report(sweep, **kwargs)
+    (name, value), = kwargs.items()
+    assert e.value.field == name and repr(e.value.value) == repr(value)
+    if argv is not None:
+        capsys.readouterr()
+        assert report_main([str(sweep), *argv]) == 2
+        assert capsys.readouterr().err.startswith(f"error: {argv[0]}: ")
     assert not (sweep / "report").exists()
 
 

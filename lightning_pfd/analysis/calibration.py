@@ -24,38 +24,41 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Literal, Optional, get_args
 
 import numpy as np
 
+from ..validation import HalfOpenUnitInterval, PositiveInt, check_args, ranged
 from .per_unit import UnitSeries
 
 __all__ = ["NULLS", "NullSpec", "trend", "planted_trend", "simulate", "calibrate"]
 
-NULLS = ("white", "ar1", "seed_flip", "seed_flip_common")
+#: the null families (module docstring)
+Null = Literal["white", "ar1", "seed_flip", "seed_flip_common"]
+NULLS = get_args(Null)
+#: an event planted on the trend (:func:`planted_trend`)
+PlantedEvent = Literal["double_descent", "early_learning"]
+#: evaluations of a synthetic run, seeds of a per-seed null (fewer leave no curve to test)
+NumEvaluations = ranged("NumEvaluations", int, (">=", 10), "an integer >= 10")
+NumSeeds = ranged("NumSeeds", int, (">=", 4), "an integer >= 4")
 
 
 @dataclass(frozen=True)
 class NullSpec:
     """A null family and its parameters (module docstring)."""
 
-    kind: str = "seed_flip"
-    n_eval: int = 500
+    kind: Null = "seed_flip"
+    n_eval: NumEvaluations = 500
     sd: float = 0.049
-    phi: float = 0.96
-    num_seeds: int = 256
+    phi: HalfOpenUnitInterval = 0.96
+    num_seeds: NumSeeds = 256
     m_ref: int = 256
     p_flip: float = 0.02
     common_sd: float = 0.02
-    common_phi: float = 0.9
+    common_phi: HalfOpenUnitInterval = 0.9
 
     def __post_init__(self) -> None:
-        if self.kind not in NULLS:
-            raise ValueError(f"kind must be one of {NULLS}, got {self.kind!r}")
-        if not (0.0 <= self.phi < 1.0) or not (0.0 <= self.common_phi < 1.0):
-            raise ValueError("phi and common_phi must be in [0, 1)")
-        if self.n_eval < 10 or self.num_seeds < 4:
-            raise ValueError("n_eval must be >= 10 and num_seeds >= 4")
+        check_args(NullSpec, vars(self))
 
 
 def trend(t: np.ndarray) -> np.ndarray:
@@ -63,21 +66,20 @@ def trend(t: np.ndarray) -> np.ndarray:
     return 1.5 + 1.5 * np.exp(-t / 60.0)
 
 
-def planted_trend(t: np.ndarray, event: Optional[str], height: float) -> np.ndarray:
+def planted_trend(t: np.ndarray, event: Optional[PlantedEvent], height: float) -> np.ndarray:
     """:func:`trend` with a planted event of ``height`` where the trend has flattened (after 50 %
     of the run it moves by < 0.02), so that ``height`` is the size of the legs:
     ``"double_descent"`` adds a Gaussian bump centred at 60 % of the run (sd 5 % of it: down, up
     by ``height``, down again); ``"early_learning"`` adds a smooth step of ``height`` centred at
     65 % (width 3 %): a minimum, then a rise of ``height`` that holds to the end."""
+    check_args(planted_trend, locals())
     n = t.size
     base = trend(t)
     if event is None or height == 0:
         return base
     if event == "double_descent":
         return base + height * np.exp(-0.5 * ((t - 0.6 * n) / (0.05 * n)) ** 2)
-    if event == "early_learning":
-        return base + height / (1.0 + np.exp(-(t - 0.65 * n) / (0.03 * n)))
-    raise ValueError(f"event must be None, 'double_descent' or 'early_learning', got {event!r}")
+    return base + height / (1.0 + np.exp(-(t - 0.65 * n) / (0.03 * n)))  # early_learning
 
 
 def _ar1(rng: np.random.Generator, n: int, phi: float, sd: float) -> np.ndarray:
@@ -99,7 +101,7 @@ def _flips(rng: np.random.Generator, n: int, m: int, p: float) -> np.ndarray:
     return out
 
 
-def simulate(spec: NullSpec, seed: int, event: Optional[str] = None, height: float = 0.0):
+def simulate(spec: NullSpec, seed: int, event: Optional[PlantedEvent] = None, height: float = 0.0):
     """One synthetic run: ``(epochs, values, units)`` where ``units`` is a
     :class:`~lightning_pfd.analysis.per_unit.UnitSeries` of per-seed squared distances
     (``seed_flip*``) or None (``white``, ``ar1``)."""
@@ -134,10 +136,11 @@ def simulate(spec: NullSpec, seed: int, event: Optional[str] = None, height: flo
     return t, values, units
 
 
-def calibrate(detector: Callable, spec: NullSpec, runs: int, *, event: Optional[str] = None,
+def calibrate(detector: Callable, spec: NullSpec, runs: PositiveInt, *, event: Optional[PlantedEvent] = None,
               height: float = 0.0, seed0: int = 0, use_units: bool = True, **kwargs) -> Dict[str, float]:
     """Run ``detector(epochs, values, units=..., **kwargs)`` on ``runs`` synthetic runs; returns
     ``{"rate", "events", "runs", "median_z"}`` (rate = fraction of runs with an event)."""
+    check_args(calibrate, locals())
     hits, zs = 0, []
     for r in range(runs):
         x, y, u = simulate(spec, seed0 + r, event, height)

@@ -51,6 +51,7 @@ import numpy as np
 
 from .. import keys as keys_registry
 from .inference import Curve, LegTest, contrast, curves_from_units, leg_test, scalar_curves, variogram, window_indices
+from ..validation import FiniteNonNegativeFloat, NonNegativeFloat, PositiveInt, check_args
 from .per_unit import UnitSeries
 from .smoothing import as_curve, smooth
 
@@ -191,16 +192,6 @@ def _fmt(x) -> str:
 def _epoch(x) -> float:
     x = float(x)
     return int(x) if x.is_integer() else x
-
-
-def _check_params(window, min_sigma, min_rel, confirm, min_amplitude=0.0):
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
-        raise ValueError(f"window must be a positive integer (epochs), got {window!r}")
-    if isinstance(confirm, bool) or not isinstance(confirm, (int, np.integer)) or confirm < 1:
-        raise ValueError(f"confirm must be a positive integer (evaluations), got {confirm!r}")
-    for name, v in (("min_sigma", min_sigma), ("min_rel", min_rel), ("min_amplitude", min_amplitude)):
-        if not (isinstance(v, (int, float, np.floating)) and math.isfinite(v) and v >= 0):
-            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
 
 
 def _prepare(epochs, values, name: str):
@@ -355,7 +346,6 @@ def _u_shape(x, y, units, *, name, window, min_sigma, min_rel, confirm, min_ampl
     and no later descent), tested on the held-out curve: descent = window at the descent start
     minus window at the minimum, rise = last ``window`` evaluations minus window at the minimum;
     both z >= ``min_sigma``."""
-    _check_params(window, min_sigma, min_rel, confirm, min_amplitude)
     if x.size < max(5, confirm + 2):
         return None
     sel, test, full, held = _curves(x, y, units, name)
@@ -398,8 +388,9 @@ def _u_shape(x, y, units, *, name, window, min_sigma, min_rel, confirm, min_ampl
     )
 
 
-def detect_early_learning(epochs, e_gen, *, units=None, window: int = 5, min_sigma: float = MIN_SIGMA,
-                          min_rel: float = 0.0, confirm: int = 3, min_amplitude: float = 0.0,
+def detect_early_learning(epochs, e_gen, *, units=None, window: PositiveInt = 5,
+                          min_sigma: FiniteNonNegativeFloat = MIN_SIGMA, min_rel: FiniteNonNegativeFloat = 0.0,
+                          confirm: PositiveInt = 3, min_amplitude: FiniteNonNegativeFloat = 0.0,
                           require_descent: bool = True) -> Optional[Event]:
     """Early learning (PFD paper §4.2, Fig. 4 left/middle): E_gen falls to an interior minimum,
     then rises until the end of training.
@@ -415,28 +406,30 @@ def detect_early_learning(epochs, e_gen, *, units=None, window: int = 5, min_sig
     absolute) on each leg. None when there is no such event or fewer than max(5, confirm + 2)
     finite points.
     """
+    check_args(detect_early_learning, locals())
     x, y = _prepare(epochs, e_gen, "e_gen")
     return _u_shape(x, y, units, name="early_learning", window=window, min_sigma=min_sigma,
                     min_rel=min_rel, confirm=confirm, min_amplitude=min_amplitude,
                     require_descent=require_descent)
 
 
-def detect_icr_minimum(epochs, icr, *, units=None, window: int = 5, min_sigma: float = MIN_SIGMA,
-                       min_rel: float = 0.0, confirm: int = 3,
-                       min_amplitude: float = 0.0) -> Optional[Event]:
+def detect_icr_minimum(epochs, icr, *, units=None, window: PositiveInt = 5,
+                       min_sigma: FiniteNonNegativeFloat = MIN_SIGMA, min_rel: FiniteNonNegativeFloat = 0.0,
+                       confirm: PositiveInt = 3, min_amplitude: FiniteNonNegativeFloat = 0.0) -> Optional[Event]:
     """U-shaped ICR over training (ICR paper §5.2, Fig. 5): the interior minimum, with a
     significant descent before it and a significant rise after it that holds to the end; the
     same test as :func:`detect_early_learning` (``units``: ICR's jackknife replicates, which give
     the paired error but no held-out half). In the data-rich regime ICR decreases monotonically
     and this returns None."""
+    check_args(detect_icr_minimum, locals())
     x, y = _prepare(epochs, icr, "icr")
     return _u_shape(x, y, units, name="icr_minimum", window=window, min_sigma=min_sigma,
                     min_rel=min_rel, confirm=confirm, min_amplitude=min_amplitude)
 
 
-def detect_double_descent(epochs, e_gen, *, units=None, window: int = 5, min_sigma: float = MIN_SIGMA,
-                          min_rel: float = 0.0, confirm: int = 3,
-                          min_amplitude: float = 0.0) -> Optional[Event]:
+def detect_double_descent(epochs, e_gen, *, units=None, window: PositiveInt = 5,
+                          min_sigma: FiniteNonNegativeFloat = MIN_SIGMA, min_rel: FiniteNonNegativeFloat = 0.0,
+                          confirm: PositiveInt = 3, min_amplitude: FiniteNonNegativeFloat = 0.0) -> Optional[Event]:
     """Epoch-wise double descent (PFD paper §4.2, Fig. 4 right): E_gen decreases, increases, then
     decreases again.
 
@@ -447,7 +440,7 @@ def detect_double_descent(epochs, e_gen, *, units=None, window: int = 5, min_sig
     descent minus window at min₁), ascent (peak minus min₁), second descent (peak minus min₂),
     each z >= ``min_sigma``. ``epoch`` = the peak; ``significance`` = the weakest held-out z.
     """
-    _check_params(window, min_sigma, min_rel, confirm, min_amplitude)
+    check_args(detect_double_descent, locals())
     x, y = _prepare(epochs, e_gen, "e_gen")
     if x.size < max(7, 2 * confirm + 3):
         return None
@@ -562,9 +555,10 @@ def _onset_from_e_mem(x, e, units, *, window, min_sigma, min_rel, confirm, min_a
 
 
 def detect_memorization_onset(epochs, mem_ratio=None, e_mem=None, icr=None, *,
-                              e_gen_min_epoch: Optional[float] = None, window: int = 5,
-                              min_sigma: float = MIN_SIGMA, min_rel: float = 0.0, confirm: int = 3,
-                              min_ratio_rise: float = 0.02,
+                              e_gen_min_epoch: Optional[float] = None, window: PositiveInt = 5,
+                              min_sigma: FiniteNonNegativeFloat = MIN_SIGMA,
+                              min_rel: FiniteNonNegativeFloat = 0.0, confirm: PositiveInt = 3,
+                              min_ratio_rise: FiniteNonNegativeFloat = 0.02,
                               icr_epochs=None, e_mem_epochs=None, units=None, e_mem_units=None,
                               icr_units=None) -> Optional[Event]:
     """Memorization onset (ICR paper §5.2, Fig. 5; PFD paper §4.2).
@@ -582,7 +576,7 @@ def detect_memorization_onset(epochs, mem_ratio=None, e_mem=None, icr=None, *,
     ``epochs`` are those of ``mem_ratio``; ``e_mem_epochs`` / ``icr_epochs`` default to them.
     Returns None when no onset is found.
     """
-    _check_params(window, min_sigma, min_rel, confirm, min_ratio_rise)
+    check_args(detect_memorization_onset, locals())
     if mem_ratio is None and e_mem is None:
         raise ValueError("detect_memorization_onset needs mem_ratio or e_mem (got neither)")
     ev = None
@@ -620,9 +614,9 @@ def _tail_mean(epochs, values, window, confirm):
 
 
 def classify_regime(epochs, e_gen, e_mem, *, mem_ratio=None, gap=None,
-                    early_learning: Optional[Event] = None, margin: float = 0.15,
+                    early_learning: Optional[Event] = None, margin: NonNegativeFloat = 0.15,
                     ratio_memorized: float = 0.5, ratio_clean: float = 0.05,
-                    window: int = 5, confirm: int = 3,
+                    window: PositiveInt = 5, confirm: PositiveInt = 3,
                     mem_ratio_epochs=None, gap_epochs=None) -> Optional[Regime]:
     """Regime of a finished run (PFD paper §4.1–4.2) [choice of rules]:
 
@@ -641,9 +635,7 @@ def classify_regime(epochs, e_gen, e_mem, *, mem_ratio=None, gap=None,
     generalization regime, growing in the memorization regime) but does not vote. Returns None
     with fewer than max(5, confirm + 2) finite E_gen values.
     """
-    if not (isinstance(margin, (int, float)) and margin >= 0):
-        raise ValueError(f"margin must be a number >= 0, got {margin!r}")
-    _check_params(window, 0.0, 0.0, confirm)
+    check_args(classify_regime, locals())
     n_eval = int(np.sum(np.isfinite(np.asarray(e_gen, dtype=np.float64))))
     if n_eval < max(5, confirm + 2):
         return None  # too short to tell the dynamics (early learning) apart
@@ -687,8 +679,8 @@ def classify_regime(epochs, e_gen, e_mem, *, mem_ratio=None, gap=None,
 
 # ----------------------------------------------------------------------------- all at once
 def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, str]] = None,
-                    window: int = 5, min_sigma: float = MIN_SIGMA, min_rel: float = 0.0,
-                    confirm: int = 3, final: bool = True,
+                    window: PositiveInt = 5, min_sigma: FiniteNonNegativeFloat = MIN_SIGMA,
+                    min_rel: FiniteNonNegativeFloat = 0.0, confirm: PositiveInt = 3, final: bool = True,
                     require_descent: bool = True,
                     units: Optional[Mapping[str, UnitSeries]] = None,
                     metric_keys: Optional[keys_registry.KeySet] = None) -> RunAnalysis:
@@ -699,7 +691,7 @@ def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, 
     {metric name: :class:`~lightning_pfd.analysis.per_unit.UnitSeries`} (the run's per-unit
     records: held-out tests with paired errors); ``metric_keys``: the run's keys, whose user keys
     get their own detectors (:func:`detect_registered`)."""
-    _check_params(window, min_sigma, min_rel, confirm)
+    check_args(analyze_history, locals())
     k = dict(DEFAULT_KEYS, **(keys or {}))
     unknown = set(keys or {}) - set(DEFAULT_KEYS)
     if unknown:
@@ -755,8 +747,9 @@ def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, 
     return RunAnalysis(events=events, regime=regime)
 
 
-def detect_registered(series: Mapping[str, tuple], *, exclude=(), window: int = 5,
-                      min_sigma: float = MIN_SIGMA, min_rel: float = 0.0, confirm: int = 3,
+def detect_registered(series: Mapping[str, tuple], *, exclude=(), window: PositiveInt = 5,
+                      min_sigma: FiniteNonNegativeFloat = MIN_SIGMA, min_rel: FiniteNonNegativeFloat = 0.0,
+                      confirm: PositiveInt = 3,
                       require_descent: bool = True,
                       units: Optional[Mapping[str, UnitSeries]] = None,
                       metric_keys: Optional[keys_registry.KeySet] = None) -> list:
@@ -766,6 +759,7 @@ def detect_registered(series: Mapping[str, tuple], *, exclude=(), window: int = 
     (:func:`detect_double_descent`), ``minimum`` / ``icr_minimum`` (the U-shaped minimum,
     :func:`detect_icr_minimum`) — runs on the curve alone. Events are named
     ``<key slug>_<detector>``; ``detail`` holds ``key``, ``display`` and ``detector``."""
+    check_args(detect_registered, locals())
     p = dict(window=window, min_sigma=min_sigma, min_rel=min_rel, confirm=confirm)
     out = []
     for mk in (keys_registry.BUILTIN if metric_keys is None else metric_keys).all_keys():

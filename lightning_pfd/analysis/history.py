@@ -38,11 +38,12 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Literal, Optional
 
 import numpy as np
 
 from ..errors import ConfigError
+from ..validation import check_args
 from .wandb_log import (check_wandb_log, read_wandb_log, read_wandb_records, scan_wandb_log,
                         wandb_leet_available)
 
@@ -50,7 +51,8 @@ __all__ = ["History", "Segment", "load_history", "find_run", "find_segments", "r
            "read_csv_segment", "read_wandb_records", "read_wandb_log", "scan_wandb_log",
            "merge_segments", "wandb_leet_available"]
 
-_SOURCES = ("auto", "csv", "wandb")
+#: where a run's history is read from: found by itself, a CSVLogger metrics.csv or a W&B run
+Source = Literal["auto", "csv", "wandb"]
 
 
 @dataclass
@@ -253,13 +255,12 @@ def _csv_segments(p: Path) -> list:
     return sorted((f for f in files if f.parent.parent == root), key=_csv_order)
 
 
-def find_segments(path, source: str = "auto") -> tuple:
+def find_segments(path, source: Source = "auto") -> tuple:
     """``(kind, files)``: kind "wandb" with the ``.wandb`` logs of one run, or "csv" with its
     ``metrics.csv`` files, oldest segment first (see the module docstring for what counts as
     one run). ``path`` may be a file, a run or version directory, a ``wandb`` directory or a
     logger save_dir. Raises :class:`~lightning_pfd.errors.ConfigError` when nothing is found."""
-    if source not in _SOURCES:
-        raise ConfigError("source", "unknown value", value=source, accepted=list(_SOURCES))
+    check_args(find_segments, locals())
     p = Path(path)
     if not p.exists():
         raise ConfigError("run_dir", f"{str(p)!r} does not exist")
@@ -283,7 +284,7 @@ def find_segments(path, source: str = "auto") -> tuple:
     raise ConfigError("run_dir", f"no {what} under {str(p)!r}")
 
 
-def find_run(path, source: str = "auto"):
+def find_run(path, source: Source = "auto"):
     """``(kind, file)`` of the *latest* segment of a run: kind "wandb" with the ``.wandb`` file
     or "csv" with the ``metrics.csv`` (see :func:`find_segments`)."""
     kind, files = find_segments(path, source)
@@ -304,11 +305,11 @@ def _select(files: list, segment) -> list:
             return [files[i]]
     elif str(segment) in names:
         return [files[names.index(str(segment))]]
-    raise ConfigError("--segment", "no such segment of this run", value=segment,
+    raise ConfigError("segment", "no such segment of this run", value=segment,
                       accepted=["all", "latest"] + list(range(len(files))) + names)
 
 
-def load_history(path, source: str = "auto", use_leet: Optional[bool] = None,
+def load_history(path, source: Source = "auto", use_leet: Optional[bool] = None,
                  segment="all") -> History:
     """Load a run's history, merging its segments (see module docstring). ``use_leet``: None =
     try ``wandb leet inspect`` then fall back to the built-in reader, True = leet only, False =

@@ -40,6 +40,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from ..validation import NonNegativeInt, PositiveFloat, PositiveInt, check_args
 from .per_unit import UnitSeries
 
 __all__ = ["Curve", "curves_from_units", "scalar_curves", "window_indices", "contrast",
@@ -196,9 +197,9 @@ def _isotonic(v: np.ndarray) -> np.ndarray:
     return np.concatenate([np.full(c, m) for m, c in blocks]) if blocks else v
 
 
-def variogram(curve: Curve, *, max_lag_frac: float = 1.0 / 6.0, max_lag: int = 40,
-              short_lag: int = 10, short_lag_frac: float = 1.0 / 20.0,
-              min_count: int = 5, num_lags: int = 12) -> np.ndarray:
+def variogram(curve: Curve, *, max_lag_frac: PositiveFloat = 1.0 / 6.0, max_lag: PositiveInt = 40,
+              short_lag: PositiveInt = 10, short_lag_frac: PositiveFloat = 1.0 / 20.0,
+              min_count: NonNegativeInt = 5, num_lags: PositiveInt = 12) -> np.ndarray:
     """V(h) for h = 0..T-1 of the noise that the units do not explain (module docstring, term
     2): the minimum of two upper bounds beyond the short lags.
 
@@ -214,6 +215,7 @@ def variogram(curve: Curve, *, max_lag_frac: float = 1.0 / 6.0, max_lag: int = 4
     A real event on the curve (a bump over tens of evaluations) inflates (a) at the lags of its
     own width; (b) is read where the event's curvature is small, so an event does not hide
     itself. At least ``min_count`` differences per lag."""
+    check_args(variogram, locals())
     n = len(curve)
     out = np.zeros(max(n, 1))
     h_max = min(max(1, int(math.ceil(max_lag_frac * n))), int(max_lag), (n - min_count) // DIFF_ORDER)

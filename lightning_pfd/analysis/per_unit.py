@@ -35,15 +35,18 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Literal, Optional, Sequence, Tuple, get_args
 
 import numpy as np
+
+from ..validation import check_args
 
 __all__ = ["KINDS", "UnitRecord", "PerUnitStore", "UnitSeries", "value_and_se", "read_records",
            "find_store", "load_units", "STORE_DIR"]
 
 #: what the per-unit values are and how the logged value is made from them
-KINDS = ("sq_dist", "indicator", "jackknife", "mean")
+Kind = Literal["sq_dist", "indicator", "jackknife", "mean"]
+KINDS = get_args(Kind)
 STORE_DIR = "per_unit"
 _FORMAT = 1
 _NAME_RE = re.compile(r"^epoch_(\d{6,})\.npz$")
@@ -53,9 +56,10 @@ def _slug(key: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]+", "_", key).strip("_")
 
 
-def value_and_se(values: np.ndarray, kind: str, value: Optional[float] = None) -> Tuple[float, float]:
+def value_and_se(values: np.ndarray, kind: Kind, value: Optional[float] = None) -> Tuple[float, float]:
     """``(value, standard error)`` from per-unit values (module docstring). For ``jackknife`` the
     value is the full-sample estimate ``value`` (the replicates only give the error)."""
+    check_args(value_and_se, locals())
     v = np.asarray(values, dtype=np.float64)
     n = v.size
     if n == 0 or not np.all(np.isfinite(v)):
@@ -68,10 +72,8 @@ def value_and_se(values: np.ndarray, kind: str, value: Optional[float] = None) -
         return e, (float(v.std(ddof=1)) / (2.0 * e * math.sqrt(n)) if e > 0 else 0.0)
     if kind in ("indicator", "mean"):  # a mean of per-unit values
         return float(v.mean()), (float(v.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan)
-    if kind == "jackknife":
-        est = float(v.mean()) if value is None else float(value)
-        return est, math.sqrt((n - 1) / n * float(np.sum((v - v.mean()) ** 2))) if n > 1 else math.nan
-    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    est = float(v.mean()) if value is None else float(value)  # jackknife
+    return est, math.sqrt((n - 1) / n * float(np.sum((v - v.mean()) ** 2))) if n > 1 else math.nan
 
 
 @dataclass(frozen=True)
@@ -82,14 +84,13 @@ class UnitRecord:
     key: str
     epoch: int
     step: int
-    kind: str
+    kind: Kind
     values: np.ndarray
     units: np.ndarray
     value: float = math.nan
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        check_args(UnitRecord, vars(self))
         v = np.asarray(self.values, dtype=np.float64).reshape(-1)
         u = np.asarray(self.units, dtype=np.int64).reshape(-1)
         if v.shape != u.shape:

@@ -35,7 +35,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from .. import keys as keys_registry
-from ..errors import ConfigError
+from ..errors import ConfigError, renamed_fields
+from ..validation import check_args
 from .events import DEFAULT_KEYS, MIN_SIGMA, RunAnalysis, analyze_history
 from .history import History
 
@@ -65,9 +66,12 @@ _EXPLAIN = {
 def check_settings(settings: dict, field: Callable[[str], str] = str) -> dict:
     """Validated copy of (a subset of) the detector settings; ``field(name)`` names a setting
     in the :class:`~lightning_pfd.errors.ConfigError` raised for a bad value (``--window``, a
-    file's ``window``...). Unknown names are an error too."""
-    out = {}
+    file's ``window``...). Unknown names are an error too. The ranges are those
+    :func:`~lightning_pfd.analysis.events.analyze_history` declares for its arguments."""
     for name, v in settings.items():
+        if name not in DEFAULT_SETTINGS:
+            raise ConfigError(field(name), "unknown detector setting", value=name,
+                              accepted=list(DEFAULT_SETTINGS))
         if name == "keys":
             if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
                 raise ConfigError(field(name), "must map roles to metric names", value=v)
@@ -75,24 +79,12 @@ def check_settings(settings: dict, field: Callable[[str], str] = str) -> dict:
             if unknown:
                 raise ConfigError(field(name), "unknown role", value=unknown[0],
                                   accepted=list(DEFAULT_KEYS))
-            out[name] = dict(v)
-        elif name in ("window", "confirm"):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(field(name), "must be a positive integer", value=v)
-            out[name] = v
-        elif name in ("min_sigma", "min_rel"):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                    or v < 0:
-                raise ConfigError(field(name), "must be a finite number >= 0", value=v)
-            out[name] = float(v)
-        elif name == "require_descent":
-            if not isinstance(v, bool):
-                raise ConfigError(field(name), "must be true or false", value=v)
-            out[name] = v
-        else:
-            raise ConfigError(field(name), "unknown detector setting", value=name,
-                              accepted=list(DEFAULT_SETTINGS))
-    return out
+        elif name == "require_descent" and not isinstance(v, bool):
+            raise ConfigError(field(name), "must be true or false", value=v)
+    with renamed_fields(field):
+        check_args(analyze_history, settings)
+    return {name: dict(v) if name == "keys" else float(v) if name in ("min_sigma", "min_rel") else v
+            for name, v in settings.items()}
 
 
 def _atomic_write(path: Path, text: str):
@@ -132,7 +124,7 @@ def load_detector_settings(path) -> dict:
     holds a bad value raises :class:`~lightning_pfd.errors.ConfigError` naming it."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError("--settings", f"{str(path)!r} does not exist")
+        raise ConfigError("path", f"{str(path)!r} does not exist")
     try:
         record = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as err:

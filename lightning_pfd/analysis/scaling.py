@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Literal, Optional, Sequence, Tuple, get_args
 
 import numpy as np
 
 from ..errors import ConfigError
+from ..validation import (ClosedUnitInterval, NonNegativeFloat, NonNegativeInt, OpenUnitInterval, PositiveFloat,
+                          PositiveInt, check_args, ranged)
 
 __all__ = [
     "Cell", "CollapseScore", "CollapseFit", "group_cells", "cell_means", "collapse_coordinate",
@@ -40,6 +42,10 @@ __all__ = [
 #: γ values whose spread is always reported: N alone (γ = 0) and the paper's N/√|θ| (γ = ½).
 REFERENCE_GAMMAS = (0.0, 0.5)
 _EPS = 1e-12
+#: the overlap taper of the collapse objective, in octaves of N
+Octaves = ranged("Octaves", float, [(">=", 0), ("<=", 4)], "a number of octaves in [0, 4]")
+#: a sample count that admits an unbiased (U-statistic) estimate
+AtLeastTwo = ranged("AtLeastTwo", int, (">=", 2), "an integer >= 2")
 
 
 # ----------------------------------------------------------------------------- cells
@@ -276,14 +282,8 @@ def _as_points(log2_n, log2_params, values, se=None):
     return x0, lp, y, var
 
 
-def _check_taper(taper):
-    if isinstance(taper, bool) or not isinstance(taper, (int, float)) or not 0 <= taper <= 4:
-        raise ConfigError("taper", "must be a number of octaves in [0, 4]", value=taper)
-    return float(taper)
-
-
-def collapse_spread(log2_n, log2_params, values, gamma: float, *, se=None, taper: float = 0.5,
-                    min_overlap: float = 0.25, shifts: bool = False) -> CollapseScore:
+def collapse_spread(log2_n, log2_params, values, gamma: float, *, se=None, taper: Octaves = 0.5,
+                    min_overlap: ClosedUnitInterval = 0.25, shifts: bool = False) -> CollapseScore:
     """The collapse objective S(γ) (docs/sweeps_analysis.md, "Collapse objective").
 
     Points are cell means ȳ_i (one per (N, |θ|)) with standard errors ``se`` (P,) or (P, Q)
@@ -309,8 +309,9 @@ def collapse_spread(log2_n, log2_params, values, gamma: float, *, se=None, taper
     few points of flat tails. (Comparing each curve with the others inside their overlap follows
     Bhattacharjee & Seno 2001, "A measure of data collapse for scaling".)
     """
+    check_args(collapse_spread, locals())
     x0, lp, y, var = _as_points(log2_n, log2_params, values, se)
-    return _Curves(x0, lp, y, var, _check_taper(taper), shifts).scores(float(gamma), float(min_overlap))[0]
+    return _Curves(x0, lp, y, var, float(taper), shifts).scores(float(gamma), float(min_overlap))[0]
 
 
 @dataclass
@@ -367,18 +368,16 @@ class CollapseFit:
                 "floors": {str(k): v for k, v in self.floors.items()}}
 
 
-def _check_fit_options(bounds, step, min_overlap):
+def _bounds(bounds, step) -> Tuple[float, float]:
+    """(lo, hi) of the γ search: two finite numbers lo < hi, at least ``step`` apart."""
     try:
         lo, hi = (float(b) for b in bounds)
     except (TypeError, ValueError):
         raise ConfigError("bounds", "must be two numbers (lo, hi)", value=bounds) from None
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
         raise ConfigError("bounds", "must be two finite numbers lo < hi", value=tuple(bounds))
-    if isinstance(step, bool) or not isinstance(step, (int, float)) or not 0 < step <= hi - lo:
-        raise ConfigError("step", "must be a number in (0, hi - lo]", value=step)
-    if isinstance(min_overlap, bool) or not isinstance(min_overlap, (int, float)) \
-            or not 0 <= min_overlap <= 1:
-        raise ConfigError("min_overlap", "must be a fraction in [0, 1]", value=min_overlap)
+    if step > hi - lo:
+        raise ConfigError("step", "must be at most hi - lo of the bounds", value=step)
     return lo, hi
 
 
@@ -386,8 +385,8 @@ def _check_fit_options(bounds, step, min_overlap):
 _REFINE = (25, 25)
 
 
-def fit_collapse(log2_n, log2_params, values, *, se=None, bounds=(-0.5, 1.5), step: float = 0.025,
-                 taper: float = 0.5, min_overlap: float = 0.25, shifts: bool = False) -> CollapseFit:
+def fit_collapse(log2_n, log2_params, values, *, se=None, bounds=(-0.5, 1.5), step: PositiveFloat = 0.025,
+                 taper: Octaves = 0.5, min_overlap: ClosedUnitInterval = 0.25, shifts: bool = False) -> CollapseFit:
     """γ̂ = argmin over ``bounds`` of the collapse objective S(γ) (:func:`collapse_spread`).
 
     A grid of ``step`` (81 points on the default [−0.5, 1.5]) locates the best γ; two zooms then
@@ -395,9 +394,10 @@ def fit_collapse(log2_n, log2_params, values, *, se=None, bounds=(-0.5, 1.5), st
     is continuous in γ, so the zooms converge to the minimum, not to a jump). ``values`` (P,) fits one quantity, (P, Q)
     the quantities jointly. The scores at γ = 0 and γ = ½ are reported alongside.
     """
-    lo, hi = _check_fit_options(bounds, step, min_overlap)
+    check_args(fit_collapse, locals())
+    lo, hi = _bounds(bounds, step)
     x0, lp, y, var = _as_points(log2_n, log2_params, values, se)
-    curves, mo = _Curves(x0, lp, y, var, _check_taper(taper), shifts), float(min_overlap)
+    curves, mo = _Curves(x0, lp, y, var, float(taper), shifts), float(min_overlap)
     refs = dict(zip(REFERENCE_GAMMAS, curves.scores(np.array(REFERENCE_GAMMAS), mo)))
     grid = np.linspace(lo, hi, int(round((hi - lo) / step)) + 1)
     if curves.usable() < 2:
@@ -418,7 +418,7 @@ def fit_collapse(log2_n, log2_params, values, *, se=None, bounds=(-0.5, 1.5), st
     return CollapseFit(best.gamma, best, refs, grid, obj)
 
 
-def within_noise_threshold(n_eff: float, level: float = 0.95, n_fitted: int = 1) -> float:
+def within_noise_threshold(n_eff: float, level: OpenUnitInterval = 0.95, n_fitted: NonNegativeInt = 1) -> float:
     """S below which the residuals are consistent with noise: √(χ²_level(ν)/ν), ν = n_eff −
     n_fitted (the effective number of overlapping points less the fitted γ). Under a perfect
     collapse with correct standard errors, n_eff·S² is approximately χ²(ν) (the residuals of
@@ -426,30 +426,25 @@ def within_noise_threshold(n_eff: float, level: float = 0.95, n_fitted: int = 1)
     is in docs/sweeps_analysis.md)."""
     from scipy.stats import chi2
 
+    check_args(within_noise_threshold, locals())
     nu = max(float(n_eff) - n_fitted, 1.0)
     return float(math.sqrt(chi2.ppf(level, nu) / nu))
 
 
-def _check_bootstrap(B, level, method):
-    if isinstance(B, bool) or not isinstance(B, (int, np.integer)) or B < 1:
-        raise ConfigError("B", "must be a positive integer (bootstrap resamples)", value=B)
-    if not (isinstance(level, (int, float)) and 0 < level < 1):
-        raise ConfigError("level", "must be a probability in (0, 1)", value=level)
-    if method not in BOOTSTRAP_METHODS:
-        raise ConfigError("method", "unknown bootstrap method", value=method, accepted=list(BOOTSTRAP_METHODS))
+#: the bootstrap of :func:`bootstrap_collapse`; ``auto`` = ``normal`` when some cell has K ≥ 2
+#: repeats, else ``curves``.
+BootstrapMethod = Literal["auto", "seeds", "normal", "curves"]
+BOOTSTRAP_METHODS = get_args(BootstrapMethod)
 
 
-#: ``auto`` = ``normal`` when some cell has K ≥ 2 repeats, else ``curves``.
-BOOTSTRAP_METHODS = ("auto", "seeds", "normal", "curves")
-
-
-def cell_standard_errors(cells: Sequence[Cell], prior_dof: float = 4.0) -> Optional[np.ndarray]:
+def cell_standard_errors(cells: Sequence[Cell], prior_dof: NonNegativeFloat = 4.0) -> Optional[np.ndarray]:
     """Standard errors (P, Q) of the cell means from the repeats, moderated towards the pooled
     variance: s̃_i² = ((K_i − 1) s_i² + d₀ s₀²) / (K_i − 1 + d₀), se_i = s̃_i / √K_i, with s₀² the
     pooled within-cell variance of the quantity and d₀ = ``prior_dof`` (the moderated variance of
     Smyth 2004, "Linear models and empirical Bayes methods for assessing differential expression",
     eq. 6, with a fixed d₀): with K = 2 a cell's own variance has one degree of freedom and can be
     0 by chance. d₀ = 0: each cell's own variance. None when no cell has K ≥ 2."""
+    check_args(cell_standard_errors, locals())
     K = np.array([c.samples.shape[0] for c in cells], dtype=np.float64)
     dof = K - 1
     if not (dof > 0).any():
@@ -465,11 +460,12 @@ def cell_standard_errors(cells: Sequence[Cell], prior_dof: float = 4.0) -> Optio
     return np.sqrt(mod / K[:, None])
 
 
-def subtract_floors(log2_n, log2_params, means, var, floor_points: int = 1):
+def subtract_floors(log2_n, log2_params, means, var, floor_points: PositiveInt = 1):
     """Per-width floor from the data-rich end: f_w = mean of the cell means at the
     ``floor_points`` largest N of width w; returns ``(means − f_w, var', floors)`` with
     var'_i = se_i² + Var f_w − 2 Cov(ȳ_i, f_w) (exact for independent cells) and
     floors = {log₂|θ|: (f_w, se f_w)}."""
+    check_args(subtract_floors, locals())
     ln = np.asarray(log2_n, dtype=np.float64)
     lp = np.asarray(log2_params, dtype=np.float64)
     y = np.array(means, dtype=np.float64)
@@ -500,19 +496,10 @@ def _fitted_floors(floors: dict, score: Optional[CollapseScore]) -> Dict[float, 
     return out
 
 
-def _check_floor_points(floor_points):
-    if floor_points is None:
-        return None
-    if isinstance(floor_points, bool) or not isinstance(floor_points, (int, np.integer)) or floor_points < 1:
-        raise ConfigError("floor_points", "must be None or a positive integer (largest N per width)",
-                          value=floor_points)
-    return int(floor_points)
-
-
 def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] = None, *,
-                       B: int = 200, seed: int = 0, level: float = 0.90, method: str = "auto",
-                       floor_points: Optional[int] = None, prior_dof: float = 4.0,
-                       **fit_kwargs) -> CollapseFit:
+                       B: PositiveInt = 200, seed: NonNegativeInt = 0, level: OpenUnitInterval = 0.90,
+                       method: BootstrapMethod = "auto", floor_points: Optional[PositiveInt] = None,
+                       prior_dof: NonNegativeFloat = 4.0, **fit_kwargs) -> CollapseFit:
     """:func:`fit_collapse` on the cell means, in standard-error units, with a bootstrap.
 
     ``columns`` picks the quantities of ``Cell.samples`` (default all, fitted jointly). The
@@ -535,10 +522,8 @@ def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] =
     Refits that find no γ are counted in ``bootstrap_failed``. ``seed`` seeds a
     ``numpy.random.Generator``.
     """
-    _check_bootstrap(B, level, method)
-    floor_points = _check_floor_points(floor_points)
-    if isinstance(prior_dof, bool) or not isinstance(prior_dof, (int, float)) or prior_dof < 0:
-        raise ConfigError("prior_dof", "must be a number >= 0", value=prior_dof)
+    check_args(bootstrap_collapse, locals())
+    floor_points = None if floor_points is None else int(floor_points)
     cells = list(cells)
     if not cells:
         raise ConfigError("cells", "no cell to fit (no successful repeat)")
@@ -727,7 +712,8 @@ def _kernel_sum(x, y, d, chunk, skip_diagonal) -> float:
     return total
 
 
-def psi_kid(a, b, *, paired: bool = False, max_samples: Optional[int] = None, chunk: int = 1024) -> float:
+def psi_kid(a, b, *, paired: bool = False, max_samples: Optional[AtLeastTwo] = None,
+            chunk: PositiveInt = 1024) -> float:
     """KID in Ψ space: the unbiased MMD² with the cubic polynomial kernel k(x, y) = (x·y/d + 1)³
     (Bińkowski et al. 2018), on all points (no random subsets: deterministic).
 
@@ -739,18 +725,15 @@ def psi_kid(a, b, *, paired: bool = False, max_samples: Optional[int] = None, ch
     form would include the correlated pairs k(a_i, b_i) and be biased by O(1/m).
     ``max_samples`` keeps the first rows of each (in seed order) to bound the O(m²d) cost.
     """
+    check_args(psi_kid, locals())
     a, b = _features(a, "a"), _features(b, "b")
     if a.shape[1] != b.shape[1]:
         raise ConfigError("b", "feature dimensions differ", value=(a.shape[1], b.shape[1]))
     if max_samples is not None:
-        if int(max_samples) < 2:
-            raise ConfigError("max_samples", "must be >= 2", value=max_samples)
         a, b = a[:int(max_samples)], b[:int(max_samples)]
     if paired and a.shape[0] != b.shape[0]:
         raise ConfigError("b", "paired KID needs the same number of rows (one per seed)",
                           value=(a.shape[0], b.shape[0]))
-    if int(chunk) < 1:
-        raise ConfigError("chunk", "must be >= 1", value=chunk)
     m, n, d, c = a.shape[0], b.shape[0], a.shape[1], int(chunk)
     kaa = _kernel_sum(a, a, d, c, True) / (m * (m - 1))
     kbb = _kernel_sum(b, b, d, c, True) / (n * (n - 1))

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..validation import PositiveInt, check_args
+
 __all__ = [
     "as_curve",
     "moving_median",
@@ -41,12 +43,6 @@ def as_curve(y, name: str = "y") -> np.ndarray:
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D sequence of per-epoch values, got shape {arr.shape}")
     return arr.copy()
-
-
-def _check_window(window: int) -> int:
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
-        raise ValueError(f"window must be a positive integer (number of epochs), got {window!r}")
-    return int(window)
 
 
 def fill_nan(y) -> np.ndarray:
@@ -69,10 +65,10 @@ def _centred_windows(n: int, window: int) -> tuple[np.ndarray, np.ndarray]:
     return i - h, i + h + 1
 
 
-def moving_median(y, window: int = 5) -> np.ndarray:
+def moving_median(y, window: PositiveInt = 5) -> np.ndarray:
     """Centred running median over ``window`` points (odd windows are symmetric)."""
-    y = fill_nan(y)
-    window = _check_window(window)
+    check_args(moving_median, locals())
+    y, window = fill_nan(y), int(window)
     if window == 1 or y.size < 3:
         return y
     lo, hi = _centred_windows(y.size, window)
@@ -86,10 +82,10 @@ def moving_median(y, window: int = 5) -> np.ndarray:
     return np.nanmedian(masked, axis=1)
 
 
-def moving_average(y, window: int = 5) -> np.ndarray:
+def moving_average(y, window: PositiveInt = 5) -> np.ndarray:
     """Centred running mean over ``window`` points (windows shrink symmetrically at the ends)."""
-    y = fill_nan(y)
-    window = _check_window(window)
+    check_args(moving_average, locals())
+    y, window = fill_nan(y), int(window)
     if window == 1 or y.size < 3:
         return y
     lo, hi = _centred_windows(y.size, window)
@@ -97,7 +93,7 @@ def moving_average(y, window: int = 5) -> np.ndarray:
     return (csum[hi] - csum[lo]) / (hi - lo)
 
 
-def smooth(y, window: int = 5) -> np.ndarray:
+def smooth(y, window: PositiveInt = 5) -> np.ndarray:
     """Running median then running mean, both over ``window`` points; NaNs interpolated first.
 
     Short curves (fewer than 3 points) and ``window == 1`` are returned unchanged.
@@ -119,9 +115,10 @@ def estimate_noise(y) -> float:
     return float(_MAD_TO_SIGMA * mad / np.sqrt(6.0))
 
 
-def smoothed_noise(sigma: float, window: int) -> float:
+def smoothed_noise(sigma: float, window: PositiveInt) -> float:
     """Standard deviation of the noise left after :func:`smooth` with ``window`` points:
     1.2533 · σ / √window (median efficiency 2/π; the following mean adds a little more
     averaging, so this is a slightly conservative bound)."""
-    window = _check_window(window)
+    check_args(smoothed_noise, locals())
+    window = int(window)
     return float(np.sqrt(np.pi / 2.0) * sigma / np.sqrt(window))

@@ -36,13 +36,14 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Literal, Optional, Sequence, get_args
 
 import numpy as np
 
-from ..errors import ConfigError, ShortErrorParser
+from ..errors import ConfigError, ShortErrorParser, renamed_fields
+from ..validation import NonNegativeInt, OpenUnitInterval, PositiveInt, check_args
 from .report import _atomic_write, _fmt, holds_report
-from .scaling import (bias_variance_cell, bootstrap_collapse, cell_means,
+from .scaling import (AtLeastTwo, bias_variance_cell, bootstrap_collapse, cell_means,
                       collapse_coordinate, group_cells, psi_fid, psi_kid, transition_point)
 
 __all__ = ["RESULTS_FILE", "SPEC_FILE", "SWEEP_REPORT_FILES", "SweepData", "load_sweep",
@@ -56,6 +57,8 @@ FIGURES = ("egen_emem_vs_logN.png", "egen_emem_collapsed.png", "practical_metric
 #: files that make a directory "hold a sweep report".
 SWEEP_REPORT_FILES = ("report.md", "analysis.json") + FIGURES
 _NEEDED = ("trial_id", "status", "n_train", "n_params")
+#: which E_gen / E_mem of a trial: at the end of training or at its best epoch
+Which = Literal["final", "best"]
 _CELL_KEYS = (("e_gen", "E_gen"), ("e_mem", "E_mem"), ("loss_train", "ℓ_train"),
               ("loss_test", "ℓ_test"), ("gap", "ℓ_test − ℓ_train"),
               ("memorization_ratio", "mem. ratio"), ("fid", "FID (Ψ)"), ("kid", "KID (Ψ)"))
@@ -92,7 +95,7 @@ def _read_json(path: Path, field_name: str):
         raise ConfigError(field_name, f"{path} is not valid JSON ({err})") from None
 
 
-def load_sweep(sweep_dir, which: str = "final") -> SweepData:
+def load_sweep(sweep_dir, which: Which = "final") -> SweepData:
     """Read ``sweep_results.json`` (+ ``sweep.json``) and split the rows.
 
     A row is usable when its status is ``ok`` and it has positive integer ``n_train`` /
@@ -100,12 +103,11 @@ def load_sweep(sweep_dir, which: str = "final") -> SweepData:
     ``excluded`` with the reason (its own ``error`` for a failed trial). A row that is not an
     object or lacks the identifying fields makes the input incomplete. Raises ConfigError when
     the file is missing or not a list of rows."""
-    if which not in ("final", "best"):
-        raise ConfigError("--which", "unknown value", value=which, accepted=["final", "best"])
+    check_args(load_sweep, locals())
     p = Path(sweep_dir)
     d = p.parent if p.name == RESULTS_FILE else p
     if not (d / RESULTS_FILE).is_file():
-        raise ConfigError("SWEEP_DIR", f"no {RESULTS_FILE} in this directory", value=str(d),
+        raise ConfigError("sweep_dir", f"no {RESULTS_FILE} in this directory", value=str(d),
                           suggestion="run `python -m lightning_pfd sweep` first, or pass the sweep's directory")
     data = _read_json(d / RESULTS_FILE, str(d / RESULTS_FILE))
     meta = data if isinstance(data, dict) else {}
@@ -745,18 +747,18 @@ def free_sweep_report_dir(out, force: bool = False) -> Path:
     return out.with_name(f"{out.name}-{i}")
 
 
-def _check_options(bootstrap, level, bounds, kid_max_samples, which):
-    if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 1:
-        raise ConfigError("--bootstrap", "must be a positive integer (resamples)", value=bootstrap)
-    if not isinstance(level, (int, float)) or not 0 < level < 1:
-        raise ConfigError("--level", "must be a probability in (0, 1)", value=level)
+def _gamma_bounds(gamma_bounds) -> tuple:
+    """(lo, hi): two finite numbers lo < hi."""
+    try:
+        bounds = tuple(float(b) for b in gamma_bounds)
+    except (TypeError, ValueError):
+        raise ConfigError("gamma_bounds", "must be two numbers LO HI", value=gamma_bounds) from None
+    if len(bounds) != 2:
+        raise ConfigError("gamma_bounds", "must be two numbers LO HI", value=gamma_bounds)
     lo, hi = bounds
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-        raise ConfigError("--gamma-bounds", "must be two finite numbers LO < HI", value=tuple(bounds))
-    if kid_max_samples is not None and (not isinstance(kid_max_samples, int) or kid_max_samples < 2):
-        raise ConfigError("--kid-max-samples", "must be an integer >= 2", value=kid_max_samples)
-    if which not in ("final", "best"):
-        raise ConfigError("--which", "unknown value", value=which, accepted=["final", "best"])
+        raise ConfigError("gamma_bounds", "must be two finite numbers LO < HI", value=bounds)
+    return bounds
 
 
 def _pick_size(rows, model_size) -> int:
@@ -766,7 +768,7 @@ def _pick_size(rows, model_size) -> int:
     for p, rs in sizes.items():
         if str(model_size) in (str(p), _label(rs)) or str(model_size) in {str(r.get("model_label")) for r in rs}:
             return p
-    raise ConfigError("--model-size", "no successful trial of this model size", value=model_size,
+    raise ConfigError("model_size", "no successful trial of this model size", value=model_size,
                       accepted=[f"{_label(rs)} ({p})" for p, rs in sizes.items()])
 
 
@@ -787,9 +789,9 @@ def _consistency(sweep, per_trial, mismatch) -> list:
 
 
 def write_sweep_report(sweep_dir, out_dir=None, force: bool = False, *, model_size=None,
-                       bootstrap: int = 200, bootstrap_seed: int = 0, level: float = 0.90,
-                       gamma_bounds=(-0.5, 1.5), which: str = "final",
-                       kid_max_samples: Optional[int] = 4096) -> dict:
+                       bootstrap: PositiveInt = 200, bootstrap_seed: NonNegativeInt = 0,
+                       level: OpenUnitInterval = 0.90, gamma_bounds=(-0.5, 1.5), which: Which = "final",
+                       kid_max_samples: Optional[AtLeastTwo] = 4096) -> dict:
     """Analyse a sweep and write the figures, ``report.md`` and ``analysis.json``.
 
     ``out_dir`` defaults to ``SWEEP_DIR/report``; a directory holding a report is kept and the
@@ -797,23 +799,19 @@ def write_sweep_report(sweep_dir, out_dir=None, force: bool = False, *, model_si
     picks the size of the Fig. 7 panel (default the largest). ``which``: ``final`` or ``best``
     E_gen/E_mem of each trial. Returns ``{"out_dir", "markdown", "json", "figures", "incomplete",
     "analysis"}``. Raises ConfigError (nothing written) for a bad option, a missing or malformed
-    ``sweep_results.json`` or a sweep without any successful trial."""
-    try:
-        bounds = tuple(float(b) for b in gamma_bounds)
-    except (TypeError, ValueError):
-        raise ConfigError("--gamma-bounds", "must be two numbers LO HI", value=gamma_bounds) from None
-    if len(bounds) != 2:
-        raise ConfigError("--gamma-bounds", "must be two numbers LO HI", value=gamma_bounds)
-    _check_options(bootstrap, level, bounds, kid_max_samples, which)
+    ``sweep_results.json`` or a sweep without any successful trial; its field is the argument's
+    name (:func:`main` names the option)."""
+    check_args(write_sweep_report, locals())
+    bounds = _gamma_bounds(gamma_bounds)
     sweep = load_sweep(sweep_dir, which=which)
     if not sweep.ok:
         reasons = "; ".join(f"{r.get('trial_id')}: {r['_reason']}" for r in sweep.excluded[:5])
-        raise ConfigError("SWEEP_DIR", "no successful trial (status 'ok' with finite E_gen/E_mem) to analyse",
+        raise ConfigError("sweep_dir", "no successful trial (status 'ok' with finite E_gen/E_mem) to analyse",
                           value=str(sweep.directory), suggestion=reasons or "the results file holds no trial")
     size = _pick_size(sweep.ok, model_size)
     want = Path(out_dir) if out_dir is not None else sweep.directory / "report"
     if want.exists() and not want.is_dir():
-        raise ConfigError("--out", "is a file, not a directory", value=str(want))
+        raise ConfigError("out_dir", "is a file, not a directory", value=str(want))
     out = free_sweep_report_dir(want, force=force)
 
     per_trial, bv, problems, mismatch = _endpoint_metrics(sweep, kid_max_samples)
@@ -882,7 +880,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite a report in the output directory")
     p.add_argument("--model-size", default=None,
                    help="|θ| or model label of the Fig. 7 panel (default: the largest model)")
-    p.add_argument("--which", choices=("final", "best"), default="final",
+    p.add_argument("--which", choices=get_args(Which), default="final",
                    help="E_gen/E_mem of each trial: at the end of training (default) or the best epoch")
     p.add_argument("--bootstrap", type=int, default=200,
                    help="bootstrap resamples for γ̂ and S (default 200; parametric from the repeats)")
@@ -895,6 +893,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: the option of each argument of :func:`write_sweep_report` (an error names what the user typed)
+_OPTIONS = {"sweep_dir": "SWEEP_DIR", "out_dir": "--out", "model_size": "--model-size",
+            "bootstrap": "--bootstrap", "bootstrap_seed": "--bootstrap-seed", "level": "--level",
+            "gamma_bounds": "--gamma-bounds", "which": "--which", "kid_max_samples": "--kid-max-samples"}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Sweep branch of ``python -m lightning_pfd report``; returns the exit status (0 written, 1
     written from incomplete input, 2 error: one short block on stderr)."""
@@ -903,10 +907,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv = argv[1:]
     args = build_parser().parse_args(argv)
     try:
-        res = write_sweep_report(args.sweep_dir, args.out, args.force, model_size=args.model_size,
-                                 bootstrap=args.bootstrap, bootstrap_seed=args.bootstrap_seed,
-                                 level=args.level, gamma_bounds=args.gamma_bounds, which=args.which,
-                                 kid_max_samples=args.kid_max_samples)
+        with renamed_fields(_OPTIONS):
+            res = write_sweep_report(args.sweep_dir, args.out, args.force, model_size=args.model_size,
+                                     bootstrap=args.bootstrap, bootstrap_seed=args.bootstrap_seed,
+                                     level=args.level, gamma_bounds=args.gamma_bounds, which=args.which,
+                                     kid_max_samples=args.kid_max_samples)
     except ConfigError as err:
         print(err.block(), file=sys.stderr)
         return 2

@@ -16,7 +16,9 @@ one :class:`Command` line in :data:`COMMANDS`. Shared by all of them:
   exit status is 2; ``--debug`` (anywhere on the command line) or ``LIGHTNING_PFD_DEBUG=1``
   re-raises it with its traceback (``report`` prints the bare one-line block, without the
   program name and the hint, as its documented output). Option errors come from
-  :class:`~lightning_pfd.errors.ShortErrorParser` (one block, status 2, "did you mean");
+  :class:`~lightning_pfd.errors.ShortErrorParser` (one block, status 2, "did you mean"), and an
+  option's range is its argparse type (:func:`typed`, from the restricted types of
+  :mod:`lightning_pfd.validation`), shown by ``--help``;
 * **threads** (:func:`configure_threads`): ``--threads N|auto`` (or ``LIGHTNING_PFD_THREADS``) is
   taken off the command line and, for a command that computes on this process's CPU
   (:attr:`Command.threaded`), the choice of :mod:`lightning_pfd.threads` is applied and printed
@@ -32,11 +34,11 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 __all__ = ["Command", "COMMANDS", "LIGHTNING_SUBCOMMANDS", "PROG", "CONFIG_DIR", "DEFAULT_CONFIG",
            "USER_ERROR", "main", "command_for", "run_guarded", "print_user_error", "debug_enabled",
-           "pop_flag", "configure_threads", "print_extra_help", "quiet_known_noise"]
+           "pop_flag", "configure_threads", "print_extra_help", "quiet_known_noise", "typed"]
 
 PROG = "python -m lightning_pfd"
 #: the embedded configs (``--config quickstart`` names ``CONFIG_DIR / "quickstart.yaml"``)
@@ -85,6 +87,31 @@ COMMANDS = {c.name: c for c in (
 )}
 
 
+def typed(annotation) -> Callable[[str], Any]:
+    """An argparse ``type=`` for an option whose values are declared by a restricted number type
+    of :mod:`lightning_pfd.validation` (``typed(PositiveInt)``): argparse refuses a value outside
+    it naming the option, the value and the range in words (``--batch-size: must be an integer
+    > 0; got '0'``, exit status 2). The value is returned as a plain ``int``/``float``; the range
+    in words is the function's ``words`` (for the option's help)."""
+    import argparse
+
+    from ..validation import describe
+
+    base = int if issubclass(annotation, int) else float
+    words = describe(annotation)
+
+    def convert(text: str):
+        try:
+            value = base(text)
+            annotation(value)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"must be {words}; got {text!r}") from None
+        return value
+
+    convert.__name__ = convert.words = words
+    return convert
+
+
 def command_for(argv: Sequence[str]) -> Command:
     """The command ``argv`` runs: a registered name, else ``fit`` (LightningCLI parses the rest:
     its subcommands, ``--help``, or nothing at all, which runs the quickstart)."""
@@ -126,9 +153,10 @@ def run_guarded(body: Callable[[list], Optional[int]], argv: Optional[Sequence[s
                 prog: Optional[str] = PROG, hint: bool = True) -> int:
     """``body(argv)`` (``--debug`` removed; ``argv`` None: ``sys.argv[1:]``) as an exit status:
     a :class:`~lightning_pfd.errors.ConfigError` is printed by :func:`print_user_error` (status 2),
-    or re-raised with its traceback under ``--debug`` / ``LIGHTNING_PFD_DEBUG``. Every command's
-    ``main`` runs its body through this."""
-    from ..errors import ConfigError
+    or re-raised with its traceback under ``--debug`` / ``LIGHTNING_PFD_DEBUG``; an option
+    refused by the command's parser (printed by it) is status 2 too. Every command's ``main``
+    runs its body through this."""
+    from ..errors import ConfigError, UsageExit
 
     args = list(sys.argv[1:] if argv is None else argv)
     debug = debug_enabled(args)
@@ -140,6 +168,8 @@ def run_guarded(body: Callable[[list], Optional[int]], argv: Optional[Sequence[s
         if debug:
             raise
         return print_user_error(err, prog, hint)
+    except UsageExit as err:
+        return int(err.code)
     finally:
         _DEBUG.reset(token)
 

@@ -17,11 +17,14 @@ Examples::
 when the checkpoint does not record the network), a short name (digits, fashion, cifar10, gmm) or
 a datamodule class path.
 
-Bad arguments fail before anything heavy is loaded, as a :class:`~lightning_pfd.errors.ConfigError`
-naming the flag (one block, exit status 2; ``--debug`` shows the traceback): a missing
-checkpoint or config file, non-positive or duplicate noise levels, ``--num-images`` < 2, ``--level`` outside 0..5, ``--d-proj`` / ``--probe-train`` /
-``--batch-size`` / ``--views-per-image`` < 1, a negative ``--seed``, an unknown short name or a
-malformed class path in ``--data`` / ``--module-class``, ``--out`` naming a file, malformed
+Bad arguments fail before anything heavy is loaded, in one block naming the flag and the
+value (exit status 2; ``--debug`` shows the traceback). The ranges are the options' types, refused
+by argparse while parsing (shown by ``--help``): noise levels that are not finite and > 0,
+``--num-images`` < 2, ``--level`` outside 0..5, ``--d-proj`` / ``--probe-train`` /
+``--batch-size`` / ``--views-per-image`` < 1, a negative ``--seed``. Then, as a
+:class:`~lightning_pfd.errors.ConfigError`: a missing checkpoint or config file, duplicate noise
+levels, an unknown short name or a malformed class path in ``--data`` / ``--module-class``,
+``--out`` naming a file, malformed
 ``--data-args`` / ``--net``. After loading: an unknown ``--tap`` (with the net's taps and the
 closest name), ``--num-images`` larger than the training set, noise levels outside the
 denoiser's range, ``--d-proj`` larger than the tap's feature dimension; a datamodule or network
@@ -40,7 +43,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from ..errors import ConfigError, ShortErrorParser, renamed_fields
 from ..evaluation.icr_sweep import DEFAULT_SIGMAS, sweep, sweep_evaluation
-from . import COMMANDS, run_guarded
+from ..validation import FinitePositiveFloat, NonNegativeInt, PositiveInt, ranged
+from . import COMMANDS, run_guarded, typed
 
 __all__ = ["main", "validate_args", "check_loaded", "build_datamodule", "load_module", "instantiate",
            "format_table", "plot", "SHORT_NAMES", "fit_data_to_model", "reliability_warnings"]
@@ -220,6 +224,12 @@ def plot(rows: List[Dict[str, float]], path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- command
+#: the option types: argparse refuses a value outside them naming the option (status 2)
+_SIGMA = typed(FinitePositiveFloat)
+_POSITIVE = typed(PositiveInt)
+_NUM_IMAGES = typed(ranged("AtLeastTwo", int, (">=", 2), "an integer >= 2"))
+
+
 def _parser() -> argparse.ArgumentParser:
     p = ShortErrorParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt", required=True, help="checkpoint of a DiffusionModule")
@@ -230,17 +240,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--net", default=None,
                    help="JSON/YAML {class_path, init_args} of the net, when the checkpoint lacks it")
     p.add_argument("--module-class", default="lightning_pfd.modules.DiffusionModule")
-    p.add_argument("--sigmas", type=float, nargs="+", default=list(DEFAULT_SIGMAS))
-    p.add_argument("--num-images", type=int, default=None,
-                   help="ICR subset size (default: min(4096, N), the paper's 4096)")
-    p.add_argument("--level", type=int, default=3)
+    p.add_argument("--sigmas", type=_SIGMA, nargs="+", default=list(DEFAULT_SIGMAS),
+                   help=f"noise levels, distinct, each {_SIGMA.words}")
+    p.add_argument("--num-images", type=_NUM_IMAGES, default=None,
+                   help=f"ICR subset size, {_NUM_IMAGES.words} (default: min(4096, N), the paper's 4096)")
+    p.add_argument("--level", type=int, choices=range(6), default=3, help="augmentation level")
     p.add_argument("--tap", default=None)
-    p.add_argument("--d-proj", type=int, default=None)
-    p.add_argument("--views-per-image", type=int, default=1)
-    p.add_argument("--probe-train", type=int, default=None,
-                   help="training images for the probe (default: all)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--d-proj", type=_POSITIVE, default=None, help=f"{_POSITIVE.words} (or left out)")
+    p.add_argument("--views-per-image", type=_POSITIVE, default=1, help=_POSITIVE.words)
+    p.add_argument("--probe-train", type=_POSITIVE, default=None,
+                   help=f"training images for the probe, {_POSITIVE.words} (default: all)")
+    p.add_argument("--batch-size", type=_POSITIVE, default=256, help=_POSITIVE.words)
+    p.add_argument("--seed", type=typed(NonNegativeInt), default=0, help=typed(NonNegativeInt).words)
     p.add_argument("--out", default="icr_sweep", help="output folder (csv, json, png)")
     return p
 
@@ -249,20 +260,8 @@ def validate_args(args) -> None:
     """Every check of the command's arguments that needs no data, no checkpoint, no network."""
     if not Path(args.ckpt).is_file():
         raise ConfigError("--ckpt", "no such checkpoint file", value=args.ckpt)
-    if not args.sigmas or not all(s > 0 and math.isfinite(s) for s in args.sigmas):
-        raise ConfigError("--sigmas", "need finite noise levels > 0", value=args.sigmas)
     if len(set(args.sigmas)) != len(args.sigmas):
         raise ConfigError("--sigmas", "noise levels repeat", value=args.sigmas)
-    for name, lo in (("num_images", 2), ("views_per_image", 1), ("batch_size", 1), ("seed", 0)):
-        if getattr(args, name) is not None and getattr(args, name) < lo:
-            raise ConfigError(f"--{name.replace('_', '-')}", f"must be >= {lo}", value=getattr(args, name))
-    for name in ("d_proj", "probe_train"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')}", "must be >= 1 (or left out)",
-                              value=getattr(args, name))
-    if args.level not in range(6):
-        raise ConfigError("--level", "unknown augmentation level", value=args.level,
-                          accepted=list(range(6)))
     _validate_data_arg(args.data)
     if "." not in args.module_class.strip("."):
         raise ConfigError("--module-class", "expected a class path 'package.module.Class'",

@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..errors import ConfigError, ShortErrorParser, renamed_fields
-from . import COMMANDS, run_guarded
+from ..validation import NonNegativeFloat, NonNegativeInt, OpenUnitInterval, PositiveInt, ranged
+from . import COMMANDS, run_guarded, typed
 
 __all__ = ["main", "build_parser", "format_table", "tail_evaluations", "NUM_SPLITS",
            "parse_observable", "sbm_preconds", "summarize", "verdict", "claims", "bulk_qe",
@@ -50,6 +51,14 @@ PROG = COMMANDS["pite"].prog
 DEFAULT_OBSERVABLES = ("max", "exceedance:threshold=25")
 _LIM_SAMPLERS = ("ode", "ddim", "heun", "sde")
 _TIME_GRIDS = ("uniform", "edm")
+
+
+#: the option types: argparse refuses a value outside them naming the option (status 2)
+_POSITIVE = typed(PositiveInt)
+_COUNT = typed(NonNegativeInt)
+_EMA_DECAY = typed(ranged("AtMostOne", float, ("<=", 1), "a number <= 1"))
+#: the stability index of a Levy-Ito model (:mod:`lightning_pfd.diffusion.levy`)
+_ALPHA = typed(ranged("StabilityIndex", float, [(">", 1), ("<=", 2)], "a number in (1, 2]"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,20 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sbm-preconds", default="edm",
                    help="comma-separated SBM rows, each a diffusion family (preconditioning): "
                         "edm, vp, ve or another registered one (e.g. edm,vp)")
-    p.add_argument("--max-steps", type=int, default=None,
-                   help="training steps per model (default: the configs' trainer.max_steps)")
-    p.add_argument("--crop-size", type=int, default=0,
+    p.add_argument("--max-steps", type=_POSITIVE, default=None,
+                   help="training steps per model, an integer > 0 (default: the configs' "
+                        "trainer.max_steps)")
+    p.add_argument("--crop-size", type=_COUNT, default=0,
                    help="crop side (overrides data crop_size and net img_resolution); 0 = config")
-    p.add_argument("--model-channels", type=int, default=0, help="U-Net width; 0 = config")
-    p.add_argument("--num-blocks", type=int, default=0, help="U-Net blocks per level; 0 = config")
-    p.add_argument("--lr", type=float, default=0.0, help="learning rate of all models; 0 = config")
-    p.add_argument("--ema-decay", type=float, default=-1.0,
-                   help="EMA decay of all models; < 0 = config")
-    p.add_argument("--n-train", type=int, default=0, help="training crops; 0 = config")
-    p.add_argument("--batch-size", type=int, default=0, help="training batch; 0 = config")
-    p.add_argument("--num-samples", type=int, default=512,
-                   help="generated samples per model and training seed (evaluation seeds "
-                        "0..num_samples-1, the same for every model)")
+    p.add_argument("--model-channels", type=_COUNT, default=0, help="U-Net width; 0 = config")
+    p.add_argument("--num-blocks", type=_COUNT, default=0, help="U-Net blocks per level; 0 = config")
+    p.add_argument("--lr", type=typed(NonNegativeFloat), default=0.0,
+                   help="learning rate of all models, a number >= 0; 0 = config")
+    p.add_argument("--ema-decay", type=_EMA_DECAY, default=-1.0,
+                   help="EMA decay of all models, a number <= 1; < 0 = config")
+    p.add_argument("--n-train", type=_COUNT, default=0, help="training crops; 0 = config")
+    p.add_argument("--batch-size", type=_COUNT, default=0, help="training batch; 0 = config")
+    p.add_argument("--num-samples", type=_POSITIVE, default=512,
+                   help="generated samples per model and training seed, an integer > 0 and < "
+                        "--n-train (evaluation seeds 0..num_samples-1, the same for every model)")
     p.add_argument("--seeds", default="0,1,2",
                    help="comma-separated training seeds: every row is trained once per seed "
                         "(network initialisation, batch order, training noise); the table "
@@ -83,11 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale-aware-row", action="store_true",
                    help="add the row lim_x0A: the LIM config with parameterization x0_A (EDM's "
                         "preconditioning at the per-image level r sqrt(A), docs/levy.md)")
-    p.add_argument("--alpha", type=float, default=1.7,
+    p.add_argument("--alpha", type=_ALPHA, default=1.7,
                    help="stability index of the LIM row, in (1, 2] (the blog: 1.7); the data's "
                         "Hill tail index is recorded next to it")
-    p.add_argument("--lim-steps", type=int, default=None,
-                   help="LIM sampler steps (default: the config's num_steps)")
+    p.add_argument("--lim-steps", type=_POSITIVE, default=None,
+                   help="LIM sampler steps, an integer > 0 (default: the config's num_steps)")
     p.add_argument("--lim-sampler", default=None, choices=list(_LIM_SAMPLERS),
                    help="LIM sampler (default: the config's)")
     p.add_argument("--lim-time-grid", default=None, choices=list(_TIME_GRIDS),
@@ -98,9 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-of-range", default="keep", choices=["keep", "clip"],
                    help="generated values above the training range (+1 = log_max mm/h): keep "
                         "(faithful extrapolation) or clip to log_max; always counted")
-    p.add_argument("--eta", type=float, default=0.975, help="RMSQE tail level")
+    p.add_argument("--eta", type=typed(OpenUnitInterval), default=0.975,
+                   help="RMSQE tail level, a number in (0, 1)")
     p.add_argument("--floor", type=float, default=1e-3, help="LOADER density floor (x peak)")
-    p.add_argument("--threads", type=int, default=0,
+    p.add_argument("--threads", type=_COUNT, default=0,
                    help="torch threads (0 = leave as is: the choice of `python -m lightning_pfd "
                         "--threads N|auto`, printed as the first line)")
     p.add_argument("--out", default="runs/pite", help="output directory")
@@ -175,30 +187,11 @@ def _check_config_arg(flag: str, value: str) -> None:
 def _validate(a) -> None:
     _check_config_arg("--sbm-config", a.sbm_config)
     _check_config_arg("--lim-config", a.lim_config)
-    for name in ("num_samples", "max_steps", "lim_steps"):
-        v = getattr(a, name)
-        if v is not None and v < 1:
-            raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {v}")
-    if a.ema_decay > 1:
-        raise ValueError(f"--ema-decay: must be <= 1 (negative = config), got {a.ema_decay}")
-    if a.lr < 0:
-        raise ValueError(f"--lr: must be >= 0, got {a.lr}")
-    for name in ("crop_size", "model_channels", "num_blocks", "n_train", "batch_size", "threads"):
-        if getattr(a, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(a, name)}")
-    if not 0 < a.eta < 1:
-        raise ValueError(f"--eta: must lie in (0, 1), got {a.eta}")
     if a.n_train and a.num_samples >= a.n_train:
-        raise ValueError(f"--num-samples: must be < --n-train ({a.n_train}) for the same-law "
-                         f"floor (n_gen = num_samples), got {a.num_samples}")
+        raise ConfigError("--num-samples", f"must be < --n-train ({a.n_train}) for the same-law "
+                          "floor (n_gen = num_samples)", value=a.num_samples)
     _preconds(a)
     train_seeds(a)
-    from ..diffusion.levy import check_alpha
-
-    try:
-        check_alpha(a.alpha)
-    except ValueError:
-        raise ValueError(f"--alpha: must lie in (1, 2], got {a.alpha}") from None
     for spec in a.observable or DEFAULT_OBSERVABLES:
         parse_observable(spec)
 

@@ -27,15 +27,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, get_args
 
 from ..analysis.events import DEFAULT_KEYS
-from ..analysis.history import History, load_history
+from ..analysis.history import History, Source, load_history
 from ..analysis.per_unit import find_store, load_units
 from ..analysis.report import (DEFAULT_SETTINGS, _fmt, check_settings, find_saved_settings,
                                free_report_dir, load_detector_settings, saved_metric_keys,
                                write_report)
-from ..errors import ConfigError, ShortErrorParser
+from ..errors import ConfigError, ShortErrorParser, renamed_fields
 from . import run_guarded
 
 __all__ = ["main", "build_parser", "resolve_settings"]
@@ -67,7 +67,9 @@ def resolve_settings(history: History, args) -> tuple:
     (or ``--settings FILE``), overridden by the command line. ``sources[name]`` says where each
     came from: "default", "run: <file>", "file: <file>" or "command line"."""
     if args.settings:
-        saved, path, warnings = load_detector_settings(args.settings), Path(args.settings), []
+        with renamed_fields({"path": "--settings"}):
+            saved = load_detector_settings(args.settings)
+        path, warnings = Path(args.settings), []
         origin = f"file: {path}"
     else:
         saved, path, warnings = find_saved_settings(history)
@@ -105,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "report, the first free OUT-2, OUT-3, ... is used instead")
     p.add_argument("--force", action="store_true",
                    help="overwrite a report already in the output directory")
-    p.add_argument("--source", choices=("auto", "csv", "wandb"), default="auto")
+    p.add_argument("--source", choices=get_args(Source), default="auto")
     p.add_argument("--segment", default="all",
                    help="segments of a resumed run to read: all (merged by epoch, default), "
                         "latest, an index (0 = oldest) or a directory name (version_1, "
@@ -159,8 +161,9 @@ def _print_settings(settings: dict, sources: dict) -> None:
 
 def _run(args) -> int:
     _cli_settings(args)  # bad options fail before anything is read
-    hist = load_history(args.run_dir, source=args.source,
-                        use_leet=False if args.no_leet else None, segment=args.segment)
+    with renamed_fields({"segment": "--segment", "source": "--source"}):
+        hist = load_history(args.run_dir, source=args.source,
+                            use_leet=False if args.no_leet else None, segment=args.segment)
     settings, sources, warnings = resolve_settings(hist, args)
     want = Path(args.out) if args.out else _default_out(args.run_dir)
     if want.exists() and not want.is_dir():
