@@ -32,7 +32,7 @@ from .errors import ConfigError
 
 __all__ = ["PositiveFloat", "PositiveInt", "NonNegativeFloat", "NonNegativeInt",
            "ClosedUnitInterval", "OpenUnitInterval", "HalfOpenUnitInterval", "GreaterThanOne",
-           "FinitePositiveFloat", "FiniteNonNegativeFloat",
+           "FinitePositiveFloat", "FiniteNonNegativeFloat", "IntAtLeastTwo",
            "check_args", "describe"]
 
 #: a number in [0, 1): an EMA decay, a quantile below the maximum
@@ -42,6 +42,8 @@ FinitePositiveFloat = restricted_number_type("FinitePositiveFloat", float, [(">"
 #: a finite number >= 0
 FiniteNonNegativeFloat = restricted_number_type("FiniteNonNegativeFloat", float,
                                                 [(">=", 0), ("<", float("inf"))])
+#: an integer >= 2: a sample count a split or a nearest-neighbour ratio needs
+IntAtLeastTwo = restricted_number_type("IntAtLeastTwo", int, (">=", 2))
 #: a number > 1: a ratio that must grow
 GreaterThanOne = restricted_number_type("GreaterThanOne", float, (">", 1))
 
@@ -52,6 +54,7 @@ _WORDS: Dict[type, str] = {
     ClosedUnitInterval: "a number in [0, 1]", OpenUnitInterval: "a number in (0, 1)",
     HalfOpenUnitInterval: "a number in [0, 1)", GreaterThanOne: "a number > 1",
     FinitePositiveFloat: "a finite number > 0", FiniteNonNegativeFloat: "a finite number >= 0",
+    IntAtLeastTwo: "an integer >= 2",
 }
 _RESTRICTED = tuple(_WORDS)
 

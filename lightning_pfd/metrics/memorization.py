@@ -36,7 +36,7 @@ import torch
 from torchmetrics import Metric
 
 from ..errors import ConfigError
-from ..validation import PositiveInt, check_args
+from ..validation import IntAtLeastTwo, PositiveInt, check_args
 
 __all__ = ["MemorizationRatio", "memorization_ratio", "memorization_scores", "embed",
            "reference_features", "resolve_threshold", "Criterion", "CRITERIA", "DEFAULT_THRESHOLDS"]
@@ -154,7 +154,7 @@ def _nn_ratio(g: torch.Tensor, ref: torch.Tensor, chunk_size: int,
 
 def memorization_scores(generated_features: torch.Tensor, reference_features: torch.Tensor,
                         criterion: Criterion = "cosine", chunk_size: PositiveInt = 4096,
-                        candidates: int = 8) -> torch.Tensor:
+                        candidates: IntAtLeastTwo = 8) -> torch.Tensor:
     """Per-sample score: max cosine similarity (``cosine``) or d_1/d_2 (``nn_ratio``), float64.
 
     ``candidates`` (>= 2, ``nn_ratio`` only): nearest neighbours by the fast expanded distance
@@ -162,8 +162,6 @@ def memorization_scores(generated_features: torch.Tensor, reference_features: to
     nearest may lie outside them are recomputed against the whole reference).
     """
     check_args(memorization_scores, locals())
-    if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 2:
-        raise ConfigError("candidates", "must be an int >= 2", value=candidates)
     g = generated_features.reshape(generated_features.shape[0], -1).to(torch.float64)
     r = reference_features.reshape(reference_features.shape[0], -1).to(torch.float64).to(g.device)
     if g.shape[1] != r.shape[1]:
