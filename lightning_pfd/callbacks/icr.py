@@ -37,7 +37,7 @@ from ..errors import renamed_fields
 from ..evaluation.representation import (DEFAULT_NUM_IMAGES, ICR_LEAVES, AugLevel, ICRMeasure, RepresentationEvaluation,
                                          check_representation_settings, fixed_subset,
                                          resolve_num_images, sigma_leaf, well_posed)
-from ..metrics.icr import DEFAULT_COND_MAX
+from ..metrics.icr import DEFAULT_COND_MAX, TauSpec
 from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeFloat, NonNegativeInt, PositiveInt
 from .base import callback_field, check_metric_prefix, check_unique_metric_names, require_train_data
 from .monitor import EvaluationMonitor
@@ -68,7 +68,7 @@ class ICRMonitor(EvaluationMonitor):
                  sigmas: Optional[Sequence[float]] = None, level: Optional[AugLevel] = None,
                  vector_jitter: NonNegativeFloat = 0.0, image_shape: Optional[Sequence[int]] = None,
                  tap: Optional[str] = None, d_proj: Optional[PositiveInt] = None, views_per_image: PositiveInt = 1,
-                 tau: Any = "auto", normalize: bool = False, seed: NonNegativeInt = 0, batch_size: PositiveInt = 256,
+                 tau: TauSpec = "auto", normalize: bool = False, seed: NonNegativeInt = 0, batch_size: PositiveInt = 256,
                  every_n_epochs: int = 1, name: str = "icr", cond_max: float = DEFAULT_COND_MAX,
                  schedule: Union[str, List[int]] = "every_n_epochs"):
         super().__init__(None, every_n_epochs=every_n_epochs, schedule=schedule)

@@ -61,7 +61,7 @@ from ..diffusion.noise import seeded_noise, seeded_uniform
 from ..diffusion.streams import STREAMS, stream
 from ..errors import ConfigError
 from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeFloat, NonNegativeInt, PositiveInt, check_args
-from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, _icr_at, _icr_compute,
+from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, TauSpec, _icr_at, _icr_compute,
                            _icr_update, _icr_zero_states, check_tau, pool_features)
 from .base import SINGLE, Comm, Measurement, NonFinite, Units
 from .sharding import check_world, distributed_sum, process_of, shard_indices
@@ -99,7 +99,7 @@ def check_representation_settings(num_images: Optional[IntAtLeastTwo] = None, si
                                   sigmas: Optional[Sequence[float]] = None, level: Optional[AugLevel] = 3,
                                   vector_jitter: NonNegativeFloat = 0.0, image_shape: Optional[Sequence[int]] = None,
                                   tap: Optional[str] = None, d_proj: Optional[PositiveInt] = None,
-                                  views_per_image: PositiveInt = 1, tau: Any = "auto", normalize: bool = False,
+                                  views_per_image: PositiveInt = 1, tau: TauSpec = "auto", normalize: bool = False,
                                   cond_max: float = DEFAULT_COND_MAX, seed: NonNegativeInt = 0,
                                   batch_size: PositiveInt = 256) -> Dict[str, Any]:
     """The protocol's settings, validated (ConfigError naming the argument: the declared types,
@@ -115,13 +115,7 @@ def check_representation_settings(num_images: Optional[IntAtLeastTwo] = None, si
     levels = [float(sigma)] + [float(s) for s in (sigmas or [])]
     if not all(s > 0 and math.isfinite(s) for s in levels):
         raise ConfigError("sigmas", "noise levels must be finite and > 0", value=levels)
-    try:
-        tau = check_tau(tau, cond_max=cond_max)
-    except ValueError as e:
-        field = "cond_max" if str(e).startswith("cond_max") else "tau"
-        raise ConfigError(field, str(e).split(": ", 1)[-1], value=cond_max if field == "cond_max" else tau,
-                          accepted=None if field == "cond_max" else
-                          ["auto", "relative", "a number >= 0"]) from None
+    tau = check_tau(tau, cond_max=cond_max)
     if image_shape is not None and (len(image_shape) != 3 or min(image_shape) < 1):
         raise ConfigError("image_shape", "must be None or (C, H, W)", value=image_shape)
     if tap is not None and not isinstance(tap, str):
@@ -247,7 +241,7 @@ class RepresentationEvaluation:
                  level: Optional[AugLevel] = 3, vector_jitter: NonNegativeFloat = 0.0,
                  image_shape: Optional[Sequence[int]] = None, tap: Optional[str] = None,
                  d_proj: Optional[PositiveInt] = None, views_per_image: PositiveInt = 1,
-                 tau: Any = "auto", normalize: bool = False, cond_max: float = DEFAULT_COND_MAX,
+                 tau: TauSpec = "auto", normalize: bool = False, cond_max: float = DEFAULT_COND_MAX,
                  seed: NonNegativeInt = 0, batch_size: PositiveInt = 256):
         settings = check_representation_settings(
             num_images=num_images, sigma=sigma, sigmas=sigmas, level=level, vector_jitter=vector_jitter,
