@@ -44,7 +44,7 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def fit_digits_gmm(n_components: int = 10, seed: int = 0, reg_covar: float = 1e-3,
+def fit_digits_gmm(n_components: PositiveInt = 10, seed: int = 0, reg_covar: float = 1e-3,
                    as_image: bool = False, use_cache: bool = True) -> GaussianMixtureDenoiser:
     """An analytic teacher: a full-covariance GMM fitted (EM, seeded) to all 1797 UCI digits as
     64-d vectors in [-1, 1]; ``as_image`` gives it the data shape (1, 8, 8). The fit is cached."""
@@ -52,7 +52,8 @@ def fit_digits_gmm(n_components: int = 10, seed: int = 0, reg_covar: float = 1e-
 
     from .digits import load_digits_tensor
 
-    if isinstance(n_components, bool) or not isinstance(n_components, int) or not 1 <= n_components <= 1797:
+    check_args(fit_digits_gmm, locals())
+    if n_components > 1797:  # one component per digit image at most
         raise ValueError(f"n_components: must be an integer in [1, 1797], got {n_components!r}")
     shape = (1, 8, 8) if as_image else (64,)
     key = hash_key("gmm_digits", 1, n_components, seed, float(reg_covar), sklearn.__version__)

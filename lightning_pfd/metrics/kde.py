@@ -24,7 +24,7 @@ _KDE_TRUNCATION = 9.0  # kernels are cut at >= 9 bandwidths (exp(-40.5) = 2.6e-1
 
 
 # ----------------------------------------------------------------------------- KDE
-def bandwidth_rule(x, rule: str = "silverman") -> float:
+def bandwidth_rule(x, rule: Literal[BANDWIDTH_RULES] = "silverman") -> float:
     """Rule-of-thumb Gaussian-kernel bandwidth of the 1-D sample ``x``.
 
     ``"silverman"``: 0.9 min(sigma, IQR/1.34) n^(-1/5) (Silverman 1986, eq. 3.31);
@@ -33,10 +33,8 @@ def bandwidth_rule(x, rule: str = "silverman") -> float:
     (ties), Silverman's rule uses sigma. Degenerate samples (n < 2 or all equal) get
     1e-3 max(1, |x_0|).
     """
+    check_args(bandwidth_rule, {"rule": rule})
     x = np.asarray(x, dtype=np.float64).reshape(-1)
-    if rule not in BANDWIDTH_RULES:
-        raise ConfigError("bandwidth", "unknown rule (or pass a number > 0)", value=rule,
-                          accepted=list(BANDWIDTH_RULES))
     if x.size < 2 or np.ptp(x) == 0:
         return 1e-3 * max(1.0, abs(float(x[0])))
     n = x.size
@@ -56,11 +54,9 @@ def bandwidth_rule(x, rule: str = "silverman") -> float:
 
 
 def _bandwidth(x: np.ndarray, bandwidth) -> float:
-    """A positive number as is, or :func:`bandwidth_rule` of ``x`` (a rule name)."""
+    """A number (checked by the caller's declared :data:`Bandwidth`) as is, or
+    :func:`bandwidth_rule` of ``x`` (a rule name)."""
     if isinstance(bandwidth, (int, float)) and not isinstance(bandwidth, bool):
-        if not (bandwidth > 0 and math.isfinite(bandwidth)):
-            raise ConfigError("bandwidth", "must be a number > 0 or a rule name", value=bandwidth,
-                              accepted=list(BANDWIDTH_RULES))
         return float(bandwidth)
     return bandwidth_rule(x, bandwidth)
 

@@ -232,12 +232,13 @@ def _rmsqe_compute(gen: torch.Tensor, ref: torch.Tensor, eta: OpenUnitInterval =
 
 
 # ----------------------------------------------------------------------------- LOADER
-def kde_density(samples, points, bandwidth="silverman") -> np.ndarray:
+def kde_density(samples, points, bandwidth: Bandwidth = "silverman") -> np.ndarray:
     """Gaussian KDE of ``samples`` evaluated at ``points`` (numpy float64, shape of ``points``).
 
     Exact kernel sums (kernels truncated at 9 bandwidths: relative error < 3e-18 of a kernel's
     peak); ``bandwidth`` is a number or a rule name applied to ``samples`` (:func:`bandwidth_rule`).
     """
+    check_args(kde_density, {"bandwidth": bandwidth})
     x = np.sort(_as_1d(samples, "samples").numpy())
     pts = np.asarray(points, dtype=np.float64)
     h = _bandwidth(x, bandwidth)
