@@ -75,3 +75,31 @@ def test_flow_evaluation_names_its_arguments_and_the_monitor_maps_the_others():
         FlowEvaluation(data, num_eval=0, use_cache=False, field=lambda a: f"monitor.{a}")
     assert e.value.field == "monitor.num_eval"
     assert OTHER_FIELDS["seed_offset"] == "data.init_args.gen_seed_offset"
+
+
+def test_the_parsed_config_holds_plain_numbers(tmp_path):
+    """jsonargparse parses a ``PositiveInt`` value as an ``int`` subclass; the command line turns
+    the parsed config back into built-in numbers, so what it saves (a trial's config YAML, the
+    run's config, hyperparameters in a checkpoint loaded with ``weights_only=True``) holds only
+    those. (A config given as a dict is normalised too: tests/test_sweep.py resumes a trial.)"""
+    import io
+
+    import yaml
+
+    from lightning_pfd.commands.fit import PFDLightningCLI
+
+    cfg = {"model": {"class_path": "lightning_pfd.modules.DiffusionModule",
+                     "init_args": {"net": {"class_path": "lightning_pfd.nets.MLPNet",
+                                           "init_args": {"dim": 2, "hidden": 8, "depth": 1}}}},
+           "data": {"class_path": "lightning_pfd.data.GaussianMixtureDataModule",
+                    "init_args": {"dim": 2, "n_train": 16, "batch_size": 8}},
+           "trainer": {"default_root_dir": str(tmp_path / "run"), "logger": False}}
+    cli = PFDLightningCLI(args=cfg, run=False)
+    parsed = cli.config.data.init_args
+    assert parsed.n_train == 16 and type(parsed.n_train) is int and type(parsed.batch_size) is int
+    yaml.safe_dump(cli.config.as_dict())
+    hp = dict(cli.datamodule.hparams)
+    buf = io.BytesIO()
+    torch.save({"datamodule_hyper_parameters": hp, "hyper_parameters": dict(cli.model.hparams)}, buf)
+    buf.seek(0)
+    assert torch.load(buf, weights_only=True)["datamodule_hyper_parameters"]["n_train"] == 16

@@ -32,6 +32,7 @@ from ..callbacks.wandb_setup import LogConfigCallback, has_wandb_credentials
 from ..checkpoint import atomic_write_bytes, load_checkpoint, truncated_epoch
 from ..contracts import check_data_shape
 from ..errors import ConfigError, did_you_mean, suggest_option
+from ..validation import plain_numbers
 from ..locks import acquire as acquire_lock
 from ..locks import release_all as release_locks
 from . import (CONFIG_DIR, DEFAULT_CONFIG, LIGHTNING_SUBCOMMANDS, PROG, debug_enabled, pop_flag,
@@ -408,6 +409,9 @@ class PFDLightningCLI(LightningCLI):
             super().parse_arguments(parser, args)
         finally:
             _PARSING.reset(token)
+        plain_numbers(self.config)  # built-in numbers in hparams, checkpoints and saved configs
+        if isinstance(args, dict):  # jsonargparse writes parsed values back into a given dict
+            plain_numbers(args)
         sub = self.config.get("subcommand")
         cfg = self.config.get(sub) if sub else None
         self._given_ckpt_path = cfg.get("ckpt_path") if cfg is not None else None
