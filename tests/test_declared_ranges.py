@@ -103,3 +103,17 @@ def test_the_parsed_config_holds_plain_numbers(tmp_path):
     torch.save({"datamodule_hyper_parameters": hp, "hyper_parameters": dict(cli.model.hparams)}, buf)
     buf.seek(0)
     assert torch.load(buf, weights_only=True)["datamodule_hyper_parameters"]["n_train"] == 16
+
+
+def test_a_missing_file_a_datamodule_refuses_is_named_by_its_config_path(tmp_path):
+    """A MissingFileError (also an OSError) raised in a datamodule's __init__ gets the config
+    path of its field like any ConfigError."""
+    from lightning_pfd.commands.fit import at_config_path
+    from lightning_pfd.data import TensorFileDataModule
+    from lightning_pfd.errors import MissingFileError
+
+    with pytest.raises(MissingFileError) as e:
+        TensorFileDataModule(path=str(tmp_path / "none.npz"))
+    renamed = at_config_path(e.value)
+    assert isinstance(renamed, ConfigError) and renamed.field == "data.init_args.path"
+    assert renamed.value == str(tmp_path / "none.npz")

@@ -329,7 +329,10 @@ def at_config_path(error: ConfigError) -> ConfigError:
     kw = dict(accepted=error.accepted, suggestion=error.suggestion)
     if error.has_value:
         kw["value"] = error.value
-    renamed = type(error).__new__(type(error))
+    try:
+        renamed = type(error).__new__(type(error))
+    except TypeError:  # a ConfigError that is also an OSError (MissingFileError): a plain one
+        renamed = ConfigError.__new__(ConfigError)
     ConfigError.__init__(renamed, prefix + error.field, error.problem, **kw)
     renamed.__traceback__ = error.__traceback__
     return renamed
