@@ -106,6 +106,11 @@ class PFDArgumentParser(LightningArgumentParser):
         m = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
         if m:
             return _attribute_hint(m.group(1), m.group(2))
+        m = re.search(r"Expected a typing\.Literal\[(.*?)\]\. Got value: (.*)", message)
+        if m:  # a declared choice (validation: Literal): the closest accepted value
+            close = _literal_hint(m.group(1), m.group(2).strip())
+            if close:
+                return close
         m = re.search(r'Parser key "([\w.]+)"', message)
         if m:
             return _value_hint(m.group(1), message)
@@ -153,6 +158,19 @@ def _config_paths(path: str, key: str) -> list:
         if isinstance(cb, dict) and key in (cb.get("init_args") or {}):
             paths.append(f"trainer.callbacks[{str(cb.get('class_path', '?')).rsplit('.', 1)[-1]}].{key}")
     return paths
+
+
+def _literal_hint(choices: str, value: str) -> Optional[str]:
+    """"did you mean ...?" for a value refused by a ``Literal`` (``choices`` as jsonargparse
+    prints them: ``'heun', 'euler'``)."""
+    import ast
+
+    try:
+        accepted = list(ast.literal_eval(f"[{choices}]"))
+    except (ValueError, SyntaxError):
+        return None
+    close = did_you_mean(value, accepted)
+    return f"did you mean {close!r}? (accepted: {accepted})" if close is not None else f"accepted: {accepted}"
 
 
 def _value_hint(key: str, message: str) -> Optional[str]:
