@@ -60,9 +60,9 @@ from ..diffusion.features import extract_features, random_projection, resolve_ta
 from ..diffusion.noise import seeded_noise, seeded_uniform
 from ..diffusion.streams import STREAMS, stream
 from ..errors import ConfigError
-from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeFloat, NonNegativeInt, PositiveInt, check_args
 from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, TauSpec, _icr_at, _icr_compute,
                            _icr_update, _icr_zero_states, check_tau, pool_features)
+from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeFloat, NonNegativeInt, PositiveInt, check_args
 from .base import SINGLE, Comm, Measurement, NonFinite, Units
 from .sharding import check_world, distributed_sum, process_of, shard_indices
 
