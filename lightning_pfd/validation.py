@@ -33,8 +33,8 @@ from .errors import ConfigError
 
 __all__ = ["PositiveFloat", "PositiveInt", "NonNegativeFloat", "NonNegativeInt",
            "ClosedUnitInterval", "OpenUnitInterval", "HalfOpenUnitInterval", "GreaterThanOne",
-           "FinitePositiveFloat", "FiniteNonNegativeFloat",
-           "check_args", "describe"]
+           "FinitePositiveFloat", "FiniteNonNegativeFloat", "IntAtLeastTwo",
+           "check_args", "describe", "plain_numbers"]
 
 #: a number in [0, 1): an EMA decay, a quantile below the maximum
 HalfOpenUnitInterval = restricted_number_type("HalfOpenUnitInterval", float, [(">=", 0), ("<", 1)])
@@ -43,6 +43,8 @@ FinitePositiveFloat = restricted_number_type("FinitePositiveFloat", float, [(">"
 #: a finite number >= 0
 FiniteNonNegativeFloat = restricted_number_type("FiniteNonNegativeFloat", float,
                                                 [(">=", 0), ("<", float("inf"))])
+#: an integer >= 2: a sample count a split or a nearest-neighbour ratio needs
+IntAtLeastTwo = restricted_number_type("IntAtLeastTwo", int, (">=", 2))
 #: a number > 1: a ratio that must grow
 GreaterThanOne = restricted_number_type("GreaterThanOne", float, (">", 1))
 
@@ -53,6 +55,7 @@ _WORDS: Dict[type, str] = {
     ClosedUnitInterval: "a number in [0, 1]", OpenUnitInterval: "a number in (0, 1)",
     HalfOpenUnitInterval: "a number in [0, 1)", GreaterThanOne: "a number > 1",
     FinitePositiveFloat: "a finite number > 0", FiniteNonNegativeFloat: "a finite number >= 0",
+    IntAtLeastTwo: "an integer >= 2",
 }
 _RESTRICTED = tuple(_WORDS)
 
@@ -112,6 +115,28 @@ def _kind_error(annotation: Any, value: Any) -> bool:
         if typing.get_origin(a) is Literal and any(type(value) is type(x) for x in typing.get_args(a)):
             return False
     return True
+
+
+def plain_numbers(value: Any) -> Any:
+    """``value`` with every restricted number jsonargparse parsed (a ``PositiveInt(16)``, an
+    ``int`` subclass) turned into the plain ``int`` / ``float`` it equals, in place through
+    namespaces, dicts and lists: so saved hyperparameters, checkpoints (loaded with
+    ``weights_only=True``) and YAML dumps hold only built-in numbers."""
+    cls = type(value)
+    if isinstance(value, (int, float)) and cls not in (int, float, bool) \
+            and cls.__module__ == "jsonargparse.typing":
+        return int(value) if isinstance(value, int) else float(value)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            value[k] = plain_numbers(v)
+    elif isinstance(value, list):
+        value[:] = [plain_numbers(v) for v in value]
+    elif isinstance(value, tuple):
+        return type(value)(plain_numbers(v) for v in value) if cls is tuple else value
+    elif hasattr(value, "__dict__") and cls.__name__ == "Namespace":
+        for k, v in vars(value).items():
+            setattr(value, k, plain_numbers(v))
+    return value
 
 
 class ArgumentTypeError(ConfigError, TypeError):

@@ -249,7 +249,7 @@ def test_a_student_grid_other_than_the_teacher_grid_is_refused():
     dm, mon = _teacher_dm(), GeneralizationMonitor(num_eval=8, use_cache=False)
     mon.check_setup(_world(1), _student(), dm)  # Heun-18 on both sides
     err = _refused(mon, _world(1), _student(num_steps=5), dm, "model.init_args.num_steps")
-    assert "num_steps=5" in err.problem and "num_steps=18" in err.problem and "data.init_args" in err.suggestion
+    assert "num_steps=5" in err.problem and "num_steps=18" in err.problem and "datamodule" in err.suggestion
     err = _refused(mon, _world(1), _student(rho=3.0), dm, "model.init_args.rho")
     err = _refused(mon, _world(1), _student(sampler="euler"), dm, "model.init_args.sampler")
     assert err.accepted == ["heun"]

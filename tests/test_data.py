@@ -53,7 +53,7 @@ def test_subset_of_digits_rows_come_from_the_training_split():
 
 @pytest.mark.parametrize("bad", [0, -3, 1601, 10_000])
 def test_bad_n_train_raises_at_construction(bad):
-    with pytest.raises(ValueError, match=r"n_train.*\[1, 1600\]|n_train: must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"n_train.*\[1, 1600\]|n_train: must be an integer > 0"):
         DigitsDataModule(n_train=bad)
 
 

@@ -426,7 +426,7 @@ def test_a_teacher_grid_other_than_the_evaluation_grid_is_refused():
     check_one_solver(SamplerSettings(num_steps=6), dm, dm.teacher)  # the same solver passes
     with pytest.raises(ConfigError) as err:
         check_one_solver(SamplerSettings(num_steps=6, rho=3.0), dm, dm.teacher)
-    assert err.value.field == "model.init_args.rho" and "rho=3" in err.value.problem
+    assert err.value.field == "rho" and "rho=3" in err.value.problem
     with pytest.raises(ConfigError) as err:
         check_one_solver(SamplerSettings(num_steps=6, sampler="euler"), dm, dm.teacher,
                          field=lambda a: f"monitor.{a}", overridden={"sampler"})

@@ -269,8 +269,10 @@ def test_bandwidth_rules_compute_what_their_names_say():
     assert loader_settings(x, bandwidth=0.3)["bandwidth"] == 0.3
     ties = np.r_[np.zeros(80), np.arange(1.0, 21.0)]  # IQR = 0: Silverman falls back on sigma
     assert bandwidth_rule(ties, "silverman") == pytest.approx(0.9 * np.std(ties, ddof=1) * 100 ** -0.2)
-    with pytest.raises(ConfigError, match="bandwidth"):
+    with pytest.raises(ConfigError, match="rule.*silverman"):  # named by the argument, with the close name
         bandwidth_rule(x, "silvermann")
+    with pytest.raises(ConfigError, match="bandwidth"):
+        kde_density(x, [0.0], bandwidth="silvermann")
 
 
 def test_loader_sees_generated_mass_beyond_the_reference_maximum():

@@ -52,14 +52,15 @@ is written through ``logger.log_metrics`` because ``self.log`` is not allowed in
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.utilities.rank_zero import rank_prefixed_message, rank_zero_warn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, renamed_fields
+from ..validation import HalfOpenUnitInterval, NonNegativeFloat, PositiveInt, check_args
 from .schedule import MeasurementSchedule
 from .state import callback_field, callback_state_key
 
@@ -89,32 +90,19 @@ class ICREarlyStopping(EarlyStopping):
     one check without improvement; module docstring).
     """
 
-    def __init__(self, monitor: str = "icr/icr", min_delta: float = 0.0, patience: int = 5,
-                 smoothing: float = 0.0, every_n_epochs: Optional[int] = None,
-                 mode: str = "min", verbose: bool = False,
+    def __init__(self, monitor: str = "icr/icr", min_delta: NonNegativeFloat = 0.0, patience: PositiveInt = 5,
+                 smoothing: HalfOpenUnitInterval = 0.0, every_n_epochs: Optional[PositiveInt] = None,
+                 mode: Literal["min", "max"] = "min", verbose: bool = False,
                  strict: bool = True, check_finite: bool = False,
                  stopping_threshold: Optional[float] = None,
                  divergence_threshold: Optional[float] = None,
                  check_on_train_epoch_end: bool = False, log_rank_zero_only: bool = False,
-                 dry_run: bool = False, min_rise_z: Optional[float] = None):
+                 dry_run: bool = False, min_rise_z: Optional[NonNegativeFloat] = None):
         field = lambda arg: callback_field(self, arg)  # noqa: E731
-        if not 0.0 <= float(smoothing) < 1.0:
-            raise ConfigError(field("smoothing"), "the EMA coefficient must lie in [0, 1)", value=smoothing)
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-            raise ConfigError(field("patience"), "must be an integer >= 1", value=patience)
-        if every_n_epochs is not None and (isinstance(every_n_epochs, bool) or
-                                           not isinstance(every_n_epochs, int) or every_n_epochs < 1):
-            raise ConfigError(field("every_n_epochs"), "must be None or an integer >= 1",
-                              value=every_n_epochs)
-        if not float(min_delta) >= 0:
-            raise ConfigError(field("min_delta"), "must be >= 0", value=min_delta)
-        if mode not in ("min", "max"):
-            raise ConfigError(field("mode"), "unknown mode", value=mode, accepted=["min", "max"])
+        with renamed_fields(field):
+            check_args(ICREarlyStopping.__init__, locals())
         if not isinstance(dry_run, bool):
             raise ConfigError(field("dry_run"), "must be a bool", value=dry_run)
-        if min_rise_z is not None and (isinstance(min_rise_z, bool) or not isinstance(min_rise_z, (int, float))
-                                       or not min_rise_z >= 0):
-            raise ConfigError(field("min_rise_z"), "must be None or a number >= 0 (a z-score)", value=min_rise_z)
         if not isinstance(monitor, str) or not monitor:
             raise ConfigError(field("monitor"), "must be a logged metric name", value=monitor)
         super().__init__(monitor=monitor, min_delta=min_delta, patience=patience, verbose=verbose,

@@ -35,10 +35,12 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 
 from .. import keys
-from ..errors import ConfigError
+from ..diffusion.sampling import check_compile
+from ..errors import ConfigError, renamed_fields
 from ..evaluation.base import strategy_comm
-from ..evaluation.flow import FlowEvaluation, FlowMeasure, check_flow_args, metric_factory
+from ..evaluation.flow import FlowEvaluation, FlowMeasure, PrecisionName, SamplerName, metric_factory
 from ..metrics.descriptors import build_descriptor
+from ..validation import NonNegativeInt, PositiveInt, check_args
 from .base import check_metric_prefix, check_unique_metric_names
 from .monitor import EvaluationMonitor
 from .state import callback_field
@@ -51,6 +53,13 @@ DEFAULT_KEYS = {"e_gen": "pfd/e_gen", "e_mem": "pfd/e_mem", "e_gen_se": "pfd/e_g
                 "samples": "pfd/samples", "train_fixed": "loss/train_fixed",
                 "test_fixed": "loss/test_fixed", "gap": "loss/gap"}
 
+#: the config fields of the model's and the datamodule's arguments the flow evaluation reports
+#: by their bare names (the monitor's own arguments are named through ``callback_field``)
+OTHER_FIELDS = {"sampler": "model.init_args.sampler", "num_steps": "model.init_args.num_steps",
+                "sigma_min": "model.init_args.sigma_min", "sigma_max": "model.init_args.sigma_max",
+                "rho": "model.init_args.rho", "sample_compile": "model.init_args.sample_compile",
+                "seed_offset": "data.init_args.gen_seed_offset"}
+
 
 class GeneralizationMonitor(EvaluationMonitor):
     """Log E_gen, E_mem (PFD), frozen-noise losses, their gap and user ``metrics`` on schedule.
@@ -60,18 +69,19 @@ class GeneralizationMonitor(EvaluationMonitor):
     ``schedule``: callbacks.base; ``image_every_n_epochs`` (0: no sample grid), ``num_images``; ``name``: the
     metric namespace; ``metrics``: module docstring."""
 
-    def __init__(self, num_eval: int = 1024, every_n_epochs: int = 1, descriptor: Any = None,
-                 sampler: Optional[str] = None, sigmas: Optional[Sequence[float]] = None,
-                 batch_size: int = 256, chunk_size: int = 4096, num_loss_samples: Optional[int] = 1024,
-                 image_every_n_epochs: int = 10, num_images: int = 8, use_cache: bool = True,
+    def __init__(self, num_eval: PositiveInt = 1024, every_n_epochs: int = 1, descriptor: Any = None,
+                 sampler: Optional[SamplerName] = None, sigmas: Optional[Sequence[float]] = None,
+                 batch_size: PositiveInt = 256, chunk_size: PositiveInt = 4096,
+                 num_loss_samples: Optional[PositiveInt] = 1024,
+                 image_every_n_epochs: NonNegativeInt = 10, num_images: PositiveInt = 8, use_cache: bool = True,
                  name: Optional[str] = None, schedule: Union[str, List[int]] = "every_n_epochs",
-                 precision: Optional[str] = None, metrics: Optional[Dict[str, Dict[str, Any]]] = None,
+                 precision: Optional[PrecisionName] = None, metrics: Optional[Dict[str, Dict[str, Any]]] = None,
                  compile: Union[bool, str, None] = None):
-        super().__init__(None, every_n_epochs=every_n_epochs, schedule=schedule, figure_every_n=0)
         field = functools.partial(callback_field, self)
-        check_flow_args(field, num_eval=num_eval, batch_size=batch_size, chunk_size=chunk_size, num_images=num_images,
-                        image_every_n_epochs=image_every_n_epochs, num_loss_samples=num_loss_samples,
-                        sampler=sampler, precision=precision, compile=compile)
+        with renamed_fields(field):
+            check_args(GeneralizationMonitor.__init__, locals())
+        check_compile(compile, field("compile"))
+        super().__init__(None, every_n_epochs=every_n_epochs, schedule=schedule, figure_every_n=0)
         self.name = None if name is None else check_metric_prefix(self, "name", name)
         self.num_eval, self.descriptor_spec, self.descriptor = num_eval, descriptor, build_descriptor(descriptor)
         self.sampler, self.sigmas, self.precision, self.compile = sampler, sigmas, precision, compile
@@ -107,8 +117,14 @@ class GeneralizationMonitor(EvaluationMonitor):
         return {"name": self.name or "pfd", "descriptor": desc, "num_eval": self.num_eval}
 
     def _build(self, trainer, pl_module, datamodule) -> FlowEvaluation:
-        """The run's FlowEvaluation (it refuses a bad setup with a ConfigError)."""
-        return self.protocol.build(datamodule, pl_module, strategy_comm(trainer))
+        """The run's FlowEvaluation (it refuses a bad setup with a ConfigError, named by the
+        config field of the model's or datamodule's argument at fault)."""
+        with renamed_fields(OTHER_FIELDS):
+            return self.protocol.build(datamodule, pl_module, strategy_comm(trainer))
+
+    def prepare(self, trainer, pl_module, comm) -> None:
+        with renamed_fields(OTHER_FIELDS):
+            super().prepare(trainer, pl_module, comm)
 
     def check_setup(self, trainer, pl_module, datamodule) -> None:
         shape = self._build(trainer, pl_module, datamodule).shape

@@ -34,10 +34,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from .. import keys
 from ..errors import renamed_fields
-from ..evaluation.representation import (DEFAULT_NUM_IMAGES, ICR_LEAVES, ICRMeasure, RepresentationEvaluation,
+from ..evaluation.representation import (DEFAULT_NUM_IMAGES, ICR_LEAVES, AugLevel, ICRMeasure, RepresentationEvaluation,
                                          check_representation_settings, fixed_subset,
                                          resolve_num_images, sigma_leaf, well_posed)
-from ..metrics.icr import DEFAULT_COND_MAX
+from ..metrics.icr import DEFAULT_COND_MAX, TauSpec
+from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeFloat, NonNegativeInt, PositiveInt
 from .base import check_metric_prefix, check_unique_metric_names, require_train_data
 from .monitor import EvaluationMonitor
 from .state import callback_field
@@ -64,11 +65,11 @@ class ICRMonitor(EvaluationMonitor):
 
     _DEFAULT_NAME = "icr"
 
-    def __init__(self, num_images: Optional[int] = None, sigma: float = 0.29,
-                 sigmas: Optional[Sequence[float]] = None, level: Optional[int] = None,
-                 vector_jitter: float = 0.0, image_shape: Optional[Sequence[int]] = None,
-                 tap: Optional[str] = None, d_proj: Optional[int] = None, views_per_image: int = 1,
-                 tau: Any = "auto", normalize: bool = False, seed: int = 0, batch_size: int = 256,
+    def __init__(self, num_images: Optional[IntAtLeastTwo] = None, sigma: FinitePositiveFloat = 0.29,
+                 sigmas: Optional[Sequence[float]] = None, level: Optional[AugLevel] = None,
+                 vector_jitter: NonNegativeFloat = 0.0, image_shape: Optional[Sequence[int]] = None,
+                 tap: Optional[str] = None, d_proj: Optional[PositiveInt] = None, views_per_image: PositiveInt = 1,
+                 tau: TauSpec = "auto", normalize: bool = False, seed: NonNegativeInt = 0, batch_size: PositiveInt = 256,
                  every_n_epochs: int = 1, name: str = "icr", cond_max: float = DEFAULT_COND_MAX,
                  schedule: Union[str, List[int]] = "every_n_epochs"):
         super().__init__(None, every_n_epochs=every_n_epochs, schedule=schedule)

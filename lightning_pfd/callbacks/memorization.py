@@ -27,8 +27,9 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from .. import keys
 from ..errors import renamed_fields
 from ..evaluation.base import strategy_comm
-from ..evaluation.memorization import (MemorizationEvaluation, MemorizationMeasure,
-                                       check_memorization_settings, resolve_descriptor)
+from ..evaluation.memorization import MemorizationEvaluation, MemorizationMeasure, resolve_descriptor
+from ..metrics.memorization import Criterion, resolve_threshold
+from ..validation import NonNegativeInt, PositiveInt, check_args
 from .base import check_metric_prefix, check_unique_metric_names, require_train_data
 from .monitor import EvaluationMonitor
 from .state import callback_field
@@ -50,14 +51,15 @@ class MemorizationMonitor(EvaluationMonitor):
 
     _DEFAULT_NAME = "mem"
 
-    def __init__(self, num_samples: int = 256, every_n_epochs: int = 5,
-                 criterion: str = "nn_ratio", threshold: Optional[float] = None,
-                 descriptor: Union[str, Callable, None] = None, chunk_size: int = 4096,
-                 seed: int = 20_000_000, batch_size: int = 256, cache: bool = True,
+    def __init__(self, num_samples: PositiveInt = 256, every_n_epochs: int = 5,
+                 criterion: Criterion = "nn_ratio", threshold: Optional[float] = None,
+                 descriptor: Union[str, Callable, None] = None, chunk_size: PositiveInt = 4096,
+                 seed: NonNegativeInt = 20_000_000, batch_size: PositiveInt = 256, cache: bool = True,
                  name: str = "mem", schedule: Union[str, List[int]] = "every_n_epochs"):
         super().__init__(None, every_n_epochs=every_n_epochs, schedule=schedule)
         with self._fields():
-            check_memorization_settings(num_samples, criterion, threshold, chunk_size, seed, batch_size)
+            check_args(MemorizationMonitor.__init__, locals())
+            resolve_threshold(criterion, threshold)
             self.descriptor = resolve_descriptor(descriptor)  # built now: a bad name fails early
         self.name = check_metric_prefix(self, "name", name)
         self.descriptor_spec = descriptor if isinstance(descriptor, str) or descriptor is None \

@@ -33,13 +33,15 @@ configurations of this class on the package's four evaluations.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, List, Optional, Union
 
 import torch
 
 from .. import keys
-from ..errors import ConfigError
+from ..errors import ConfigError, renamed_fields
 from ..evaluation.base import Comm, Evaluation, Measurement, strategy_comm
+from ..validation import NonNegativeInt, check_args
 from .base import MeasurementCallback, check_metric_prefix, check_unique_metric_names
 from .state import callback_field
 
@@ -58,21 +60,17 @@ class EvaluationMonitor(MeasurementCallback):
     """
 
     def __init__(self, evaluation: Evaluation, name: Optional[str] = None, every_n_epochs: int = 1,
-                 schedule: Union[str, List[int]] = "every_n_epochs", figure_every_n: int = 1):
+                 schedule: Union[str, List[int]] = "every_n_epochs", figure_every_n: NonNegativeInt = 1):
+        with renamed_fields(functools.partial(callback_field, self)):
+            check_args(EvaluationMonitor.__init__, locals())
         super().__init__(every_n_epochs=every_n_epochs, schedule=schedule)
-        self.figure_every_n = self._check_figure_every_n(figure_every_n)
+        self.figure_every_n = figure_every_n
         self.protocol: Optional[Evaluation] = None
         if evaluation is not None or type(self) is EvaluationMonitor:
             self.protocol = self._check_evaluation(evaluation)
         self.name = None if name is None else check_metric_prefix(self, "name", name)
 
     # ------------------------------------------------------------------ configuration
-    def _check_figure_every_n(self, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(callback_field(self, "figure_every_n"), "must be an integer >= 0",
-                              value=value, accepted="an integer >= 0 (0: no figures)")
-        return value
-
     def _check_evaluation(self, evaluation: Any) -> Evaluation:
         if not (callable(getattr(evaluation, "prepare", None)) and callable(getattr(evaluation, "measure", None))):
             raise ConfigError(callback_field(self, "evaluation"), "must be an evaluation object with "

@@ -65,6 +65,7 @@ from ..analysis.history import History
 from ..analysis.per_unit import load_units
 from ..analysis.report import check_settings, save_detector_settings
 from ..errors import ConfigError
+from ..validation import NonNegativeInt, check_args
 from .base import per_unit_store
 from .figures import log_figure, log_to_loggers
 from .state import callback_state_key
@@ -114,14 +115,11 @@ class RegimeMonitor(Callback):
 
     def __init__(self, keys: Optional[dict] = None, window: int = 5, min_sigma: float = MIN_SIGMA,
                  min_rel: float = 0.0, confirm: int = 3, write_report: bool = True,
-                 report_dir: Optional[str] = None, plot_every_n_epochs: int = 0,
+                 report_dir: Optional[str] = None, plot_every_n_epochs: NonNegativeInt = 0,
                  require_descent: bool = True, verbose: bool = True) -> None:
         check_settings(dict(keys=dict(keys or {}), window=window, min_sigma=min_sigma,
                             min_rel=min_rel, confirm=confirm))
-        if isinstance(plot_every_n_epochs, bool) or not isinstance(plot_every_n_epochs, int) \
-                or plot_every_n_epochs < 0:
-            raise ConfigError("plot_every_n_epochs", "must be an integer >= 0",
-                              value=plot_every_n_epochs)
+        check_args(RegimeMonitor.__init__, locals())
         self.keys = dict(DEFAULT_KEYS, **(keys or {}))
         self.metric_keys_seen = keys_registry.BUILTIN  # the trainer's keys, collected at setup
         self.params = dict(window=window, min_sigma=min_sigma, min_rel=min_rel, confirm=confirm)

@@ -20,7 +20,10 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 from .. import keys
 from ..evaluation.base import strategy_comm
 from ..errors import renamed_fields
-from ..evaluation.tail import TAIL_LEAVES, TailEvaluation, TailMeasure, TailSettings, check_reference
+from ..evaluation.tail import TAIL_LEAVES, ReferenceSplit, TailEvaluation, TailMeasure, TailSettings
+from ..metrics.kde import Bandwidth
+from ..metrics.tails import Definition
+from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeInt, OpenUnitInterval, PositiveInt, check_args
 from .base import check_metric_prefix, check_unique_metric_names
 from .monitor import EvaluationMonitor
 from .state import callback_field
@@ -39,16 +42,17 @@ class TailMonitor(EvaluationMonitor):
 
     _DEFAULT_NAME = "tail"
 
-    def __init__(self, every_n_epochs: int = 1, num_samples: int = 512, observable: str = "max",
-                 observable_kwargs: Optional[Dict[str, Any]] = None, reference: str = "train",
-                 eta: float = 0.975, window: Optional[Sequence[float]] = None, floor: float = 1e-3,
-                 relative_floor: bool = True, bandwidth: Any = "silverman", num_splits: int = 8,
-                 seed_offset: int = 50_000_000, batch_size: int = 256,
-                 num_steps: Optional[int] = None, plot: bool = True, name: str = "tail",
-                 definition: str = "blog", schedule: Union[str, List[int]] = "every_n_epochs"):
+    def __init__(self, every_n_epochs: int = 1, num_samples: IntAtLeastTwo = 512, observable: str = "max",
+                 observable_kwargs: Optional[Dict[str, Any]] = None, reference: ReferenceSplit = "train",
+                 eta: OpenUnitInterval = 0.975, window: Optional[Sequence[float]] = None,
+                 floor: FinitePositiveFloat = 1e-3, relative_floor: bool = True, bandwidth: Bandwidth = "silverman",
+                 num_splits: PositiveInt = 8, seed_offset: NonNegativeInt = 50_000_000, batch_size: PositiveInt = 256,
+                 num_steps: Optional[PositiveInt] = None, plot: bool = True, name: str = "tail",
+                 definition: Definition = "blog", schedule: Union[str, List[int]] = "every_n_epochs"):
         super().__init__(None, every_n_epochs=every_n_epochs, schedule=schedule)
         with renamed_fields(callback_field(self, "")):
-            self.reference = check_reference(reference)
+            check_args(TailMonitor.__init__, locals())
+            self.reference = reference
             self.settings = TailSettings(
                 observable, observable_kwargs or {}, num_samples, eta, definition, window=window,
                 floor=floor, relative_floor=relative_floor, bandwidth=bandwidth, num_splits=num_splits,

@@ -32,6 +32,7 @@ from ..callbacks.wandb_setup import LogConfigCallback, has_wandb_credentials
 from ..checkpoint import atomic_write_bytes, load_checkpoint, truncated_epoch
 from ..contracts import check_data_shape
 from ..errors import ConfigError, did_you_mean, suggest_option
+from ..validation import plain_numbers
 from ..locks import acquire as acquire_lock
 from ..locks import release_all as release_locks
 from . import (CONFIG_DIR, DEFAULT_CONFIG, LIGHTNING_SUBCOMMANDS, PROG, debug_enabled, pop_flag,
@@ -105,6 +106,11 @@ class PFDArgumentParser(LightningArgumentParser):
         m = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
         if m:
             return _attribute_hint(m.group(1), m.group(2))
+        m = re.search(r"Expected a typing\.Literal\[(.*?)\]\. Got value: (.*)", message)
+        if m:  # a declared choice (validation: Literal): the closest accepted value
+            close = _literal_hint(m.group(1), m.group(2).strip())
+            if close:
+                return close
         m = re.search(r'Parser key "([\w.]+)"', message)
         if m:
             return _value_hint(m.group(1), message)
@@ -152,6 +158,19 @@ def _config_paths(path: str, key: str) -> list:
         if isinstance(cb, dict) and key in (cb.get("init_args") or {}):
             paths.append(f"trainer.callbacks[{str(cb.get('class_path', '?')).rsplit('.', 1)[-1]}].{key}")
     return paths
+
+
+def _literal_hint(choices: str, value: str) -> Optional[str]:
+    """"did you mean ...?" for a value refused by a ``Literal`` (``choices`` as jsonargparse
+    prints them: ``'heun', 'euler'``)."""
+    import ast
+
+    try:
+        accepted = list(ast.literal_eval(f"[{choices}]"))
+    except (ValueError, SyntaxError):
+        return None
+    close = did_you_mean(value, accepted)
+    return f"did you mean {close!r}? (accepted: {accepted})" if close is not None else f"accepted: {accepted}"
 
 
 def _value_hint(key: str, message: str) -> Optional[str]:
@@ -328,7 +347,10 @@ def at_config_path(error: ConfigError) -> ConfigError:
     kw = dict(accepted=error.accepted, suggestion=error.suggestion)
     if error.has_value:
         kw["value"] = error.value
-    renamed = type(error).__new__(type(error))
+    try:
+        renamed = type(error).__new__(type(error))
+    except TypeError:  # a ConfigError that is also an OSError (MissingFileError): a plain one
+        renamed = ConfigError.__new__(ConfigError)
     ConfigError.__init__(renamed, prefix + error.field, error.problem, **kw)
     renamed.__traceback__ = error.__traceback__
     return renamed
@@ -408,6 +430,9 @@ class PFDLightningCLI(LightningCLI):
             super().parse_arguments(parser, args)
         finally:
             _PARSING.reset(token)
+        plain_numbers(self.config)  # built-in numbers in hparams, checkpoints and saved configs
+        if isinstance(args, dict):  # jsonargparse writes parsed values back into a given dict
+            plain_numbers(args)
         sub = self.config.get("subcommand")
         cfg = self.config.get(sub) if sub else None
         self._given_ckpt_path = cfg.get("ckpt_path") if cfg is not None else None

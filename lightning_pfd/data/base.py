@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from ..cache import hash_key
 from ..errors import ConfigError
+from ..validation import NonNegativeInt, PositiveInt, check_args
 
 __all__ = ["TensorDataModule", "BatchedTensorDataset", "batched_collate", "SeededReplacementSampler",
            "SeededPermutationSampler", "epoch_seed", "seeded_subset_indices", "seeded_split", "check_data",
@@ -230,13 +231,6 @@ def check_data(x: torch.Tensor, field: str, value_range=DEFAULT_VALUE_RANGE,
                       "high], or value_range=None to skip the range check)")
 
 
-def _check_optional_int(name: str, value, minimum: int) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: must be an integer >= {minimum} or None, got {value!r}")
-
-
 def _as_labels(labels, n: int, name: str) -> Optional[torch.Tensor]:
     if labels is None:
         return None
@@ -272,16 +266,12 @@ class TensorDataModule(pl.LightningDataModule):
 
     def __init__(self, train_data: Optional[torch.Tensor] = None, val_data: Optional[torch.Tensor] = None,
                  train_labels: Optional[torch.Tensor] = None, val_labels: Optional[torch.Tensor] = None,
-                 batch_size: int = 128, val_batch_size: Optional[int] = None, num_workers: int = 0,
-                 samples_per_epoch: Optional[int] = None, n_train: Optional[int] = None,
-                 subset_seed: int = 0, seed: int = 0,
+                 batch_size: PositiveInt = 128, val_batch_size: Optional[PositiveInt] = None,
+                 num_workers: NonNegativeInt = 0, samples_per_epoch: Optional[PositiveInt] = None,
+                 n_train: Optional[PositiveInt] = None, subset_seed: int = 0, seed: int = 0,
                  value_range: Optional[tuple[float, float]] = DEFAULT_VALUE_RANGE):
+        check_args(TensorDataModule.__init__, locals())
         super().__init__()
-        _check_optional_int("batch_size", batch_size, 1)
-        _check_optional_int("val_batch_size", val_batch_size, 1)
-        _check_optional_int("num_workers", num_workers, 0)
-        _check_optional_int("samples_per_epoch", samples_per_epoch, 1)
-        _check_optional_int("n_train", n_train, 1)
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
         self.num_workers = num_workers

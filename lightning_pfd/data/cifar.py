@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..validation import NonNegativeInt, PositiveInt
 from .base import DEFAULT_VALUE_RANGE, TensorDataModule, _check_choice, _scale_uint8
 
 __all__ = ["CIFAR10DataModule", "load_cifar10", "CifarUnpickler", "safe_load_cifar_pickle"]
@@ -188,9 +189,9 @@ class CIFAR10DataModule(TensorDataModule):
     ``classes`` keeps only the given labels; ``n_train`` picks a seeded subset.
     """
 
-    def __init__(self, root: str, classes: Optional[list[int]] = None, batch_size: int = 128,
-                 val_batch_size: Optional[int] = None, num_workers: int = 0,
-                 samples_per_epoch: Optional[int] = None, n_train: Optional[int] = None,
+    def __init__(self, root: str, classes: Optional[list[int]] = None, batch_size: PositiveInt = 128,
+                 val_batch_size: Optional[PositiveInt] = None, num_workers: NonNegativeInt = 0,
+                 samples_per_epoch: Optional[PositiveInt] = None, n_train: Optional[PositiveInt] = None,
                  subset_seed: int = 0, seed: int = 0,
                  value_range: Optional[tuple[float, float]] = DEFAULT_VALUE_RANGE):
         super().__init__(batch_size=batch_size, val_batch_size=val_batch_size, num_workers=num_workers,

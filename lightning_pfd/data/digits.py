@@ -4,12 +4,13 @@
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
 
-from .base import DEFAULT_VALUE_RANGE, TensorDataModule, _check_choice, _pad_to, seeded_split
+from ..validation import NonNegativeInt, PositiveInt, check_args
+from .base import DEFAULT_VALUE_RANGE, TensorDataModule, _pad_to, seeded_split
 
 __all__ = ["DigitsDataModule", "load_digits_tensor"]
 
@@ -45,15 +46,14 @@ class DigitsDataModule(TensorDataModule):
             of the 1797 - n_val training images).
     """
 
-    def __init__(self, image_size: int = 8, resize: str = "bilinear", as_vector: bool = False,
-                 n_val: int = 197, split_seed: int = 0, batch_size: int = 128,
-                 val_batch_size: Optional[int] = None, num_workers: int = 0,
-                 samples_per_epoch: Optional[int] = None, n_train: Optional[int] = None,
+    def __init__(self, image_size: Literal[8, 16, 32] = 8, resize: Literal["bilinear", "pad"] = "bilinear",
+                 as_vector: bool = False, n_val: PositiveInt = 197, split_seed: int = 0, batch_size: PositiveInt = 128,
+                 val_batch_size: Optional[PositiveInt] = None, num_workers: NonNegativeInt = 0,
+                 samples_per_epoch: Optional[PositiveInt] = None, n_train: Optional[PositiveInt] = None,
                  subset_seed: int = 0, seed: int = 0,
                  value_range: Optional[tuple[float, float]] = DEFAULT_VALUE_RANGE):
-        _check_choice("image_size", image_size, (8, 16, 32))
-        _check_choice("resize", resize, ("bilinear", "pad"))
-        if isinstance(n_val, bool) or not isinstance(n_val, int) or not 1 <= n_val < N_DIGITS:
+        check_args(DigitsDataModule.__init__, locals())
+        if n_val >= N_DIGITS:  # the rest is the training split
             raise ValueError(f"n_val: must be an integer in [1, {N_DIGITS - 1}], got {n_val!r}")
         super().__init__(batch_size=batch_size, val_batch_size=val_batch_size, num_workers=num_workers,
                          samples_per_epoch=samples_per_epoch, n_train=n_train,

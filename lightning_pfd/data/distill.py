@@ -24,6 +24,7 @@ from ..cache import cache_dir, hash_key, load_tensor_verified, save_tensor_atomi
 from ..diffusion import GaussianDenoiser, GaussianMixtureDenoiser, clamp_sigmas
 from ..diffusion.sampling import SamplerSettings
 from ..errors import MissingFileError
+from ..validation import NonNegativeInt, PositiveInt, check_args
 from .base import TensorDataModule, _check_choice
 from .gmm import check_disjoint_ranges
 
@@ -43,7 +44,7 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def fit_digits_gmm(n_components: int = 10, seed: int = 0, reg_covar: float = 1e-3,
+def fit_digits_gmm(n_components: PositiveInt = 10, seed: int = 0, reg_covar: float = 1e-3,
                    as_image: bool = False, use_cache: bool = True) -> GaussianMixtureDenoiser:
     """An analytic teacher: a full-covariance GMM fitted (EM, seeded) to all 1797 UCI digits as
     64-d vectors in [-1, 1]; ``as_image`` gives it the data shape (1, 8, 8). The fit is cached."""
@@ -51,7 +52,8 @@ def fit_digits_gmm(n_components: int = 10, seed: int = 0, reg_covar: float = 1e-
 
     from .digits import load_digits_tensor
 
-    if isinstance(n_components, bool) or not isinstance(n_components, int) or not 1 <= n_components <= 1797:
+    check_args(fit_digits_gmm, locals())
+    if n_components > 1797:  # one component per digit image at most
         raise ValueError(f"n_components: must be an integer in [1, 1797], got {n_components!r}")
     shape = (1, 8, 8) if as_image else (64,)
     key = hash_key("gmm_digits", 1, n_components, seed, float(reg_covar), sklearn.__version__)
@@ -73,7 +75,7 @@ def fit_digits_gmm(n_components: int = 10, seed: int = 0, reg_covar: float = 1e-
 
 
 def cached_endpoints(denoiser, fingerprint: str, seed_offset: int, n: int, shape: Sequence[int],
-                     settings: SamplerSettings, batch_size: int = 256, device=None,
+                     settings: SamplerSettings, batch_size: PositiveInt = 256, device=None,
                      use_cache: bool = True, tag: str = "endpoints") -> torch.Tensor:
     """Phi_denoiser(x_T) for seeds [seed_offset, seed_offset + n), float64 on CPU, cached on disk.
 
@@ -134,24 +136,23 @@ class TeacherDistillationDataModule(TensorDataModule):
 
     def __init__(self, teacher: Any = None, teacher_ckpt: Optional[str] = None,
                  teacher_load_kwargs: Optional[dict] = None,
-                 n_components: int = 10, fit_seed: int = 0, reg_covar: float = 1e-3,
-                 digits_as_image: bool = False, n_train: int = 64, n_test: int = 1024,
-                 n_gen: int = 10_000, train_seed_offset: int = 0, test_seed_offset: int = 1_000_000,
-                 gen_seed_offset: int = 2_000_000, num_steps: int = 18, sigma_min: float = 0.002,
+                 n_components: PositiveInt = 10, fit_seed: int = 0, reg_covar: float = 1e-3,
+                 digits_as_image: bool = False, n_train: PositiveInt = 64, n_test: PositiveInt = 1024,
+                 n_gen: PositiveInt = 10_000, train_seed_offset: NonNegativeInt = 0, test_seed_offset: NonNegativeInt = 1_000_000,
+                 gen_seed_offset: NonNegativeInt = 2_000_000, num_steps: int = 18, sigma_min: float = 0.002,
                  sigma_max: float = 80.0, rho: float = 7.0, sampler: str = "heun",
-                 gen_batch_size: int = 256, device: Optional[str] = None,
+                 gen_batch_size: PositiveInt = 256, device: Optional[str] = None,
                  data_shape: Optional[list[int]] = None, use_cache: bool = True,
-                 batch_size: int = 128, val_batch_size: Optional[int] = None, num_workers: int = 0,
-                 samples_per_epoch: Optional[int] = None, seed: int = 0,
+                 batch_size: PositiveInt = 128, val_batch_size: Optional[PositiveInt] = None, num_workers: NonNegativeInt = 0,
+                 samples_per_epoch: Optional[PositiveInt] = None, seed: int = 0,
                  value_range: Optional[tuple[float, float]] = None):
         # ---- validate everything before any work -----------------------------------------
+        check_args(TeacherDistillationDataModule.__init__, locals())
         check_disjoint_ranges(("train_seed_offset", train_seed_offset, "n_train", n_train),
                               ("test_seed_offset", test_seed_offset, "n_test", n_test),
                               ("gen_seed_offset", gen_seed_offset, "n_gen", n_gen))
-        settings = SamplerSettings.checked("data.init_args.", sampler=sampler, num_steps=num_steps,
+        settings = SamplerSettings.checked(sampler=sampler, num_steps=num_steps,
                                            sigma_min=sigma_min, sigma_max=sigma_max, rho=rho)
-        if isinstance(gen_batch_size, bool) or not isinstance(gen_batch_size, int) or gen_batch_size < 1:
-            raise ValueError(f"gen_batch_size: must be an integer >= 1, got {gen_batch_size!r}")
         if teacher is not None and teacher_ckpt is not None:
             raise ValueError("teacher, teacher_ckpt: give one of them, not both")
         if teacher_load_kwargs is not None and teacher_ckpt is None:
@@ -163,7 +164,7 @@ class TeacherDistillationDataModule(TensorDataModule):
             teacher = "gmm_digits"
         if isinstance(teacher, str):
             _check_choice("teacher", teacher, ANALYTIC_TEACHERS)
-            if isinstance(n_components, bool) or not isinstance(n_components, int) or not 1 <= n_components <= 1797:
+            if n_components > 1797:  # the digits the GMM teacher is fitted to
                 raise ValueError(f"n_components: must be an integer in [1, 1797], got {n_components!r}")
         elif isinstance(teacher, dict):
             keys = set(teacher) - {"shape"}

@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..validation import NonNegativeInt, PositiveInt
 from .base import DEFAULT_VALUE_RANGE, TensorDataModule, _check_choice, _pad_to, _scale_uint8
 
 __all__ = ["FashionMNISTDataModule", "read_idx", "FASHION_FILES", "DEFAULT_FASHION_ROOT"]
@@ -81,9 +82,9 @@ class FashionMNISTDataModule(TensorDataModule):
     """
 
     def __init__(self, root: str = DEFAULT_FASHION_ROOT, pad_to_32: bool = False,
-                 classes: Optional[list[int]] = None, batch_size: int = 128,
-                 val_batch_size: Optional[int] = None, num_workers: int = 0,
-                 samples_per_epoch: Optional[int] = None, n_train: Optional[int] = None,
+                 classes: Optional[list[int]] = None, batch_size: PositiveInt = 128,
+                 val_batch_size: Optional[PositiveInt] = None, num_workers: NonNegativeInt = 0,
+                 samples_per_epoch: Optional[PositiveInt] = None, n_train: Optional[PositiveInt] = None,
                  subset_seed: int = 0, seed: int = 0,
                  value_range: Optional[tuple[float, float]] = DEFAULT_VALUE_RANGE):
         super().__init__(batch_size=batch_size, val_batch_size=val_batch_size, num_workers=num_workers,

@@ -6,19 +6,16 @@ from typing import Optional, Sequence
 import torch
 
 from ..diffusion import GaussianMixtureDenoiser
+from ..validation import NonNegativeInt, PositiveInt, check_args
 from .base import TensorDataModule
 
 __all__ = ["GaussianMixtureDataModule", "random_gmm", "check_disjoint_ranges"]
 
 
 def check_disjoint_ranges(*ranges: tuple[str, int, str, int]) -> None:
-    """Raise ValueError unless the half-open seed ranges [offset, offset + count) are valid and
-    pairwise disjoint. Each range is ``(offset_name, offset, count_name, count)``."""
-    for oname, off, cname, n in ranges:
-        if isinstance(off, bool) or not isinstance(off, int) or off < 0:
-            raise ValueError(f"{oname}: seed offset must be an integer >= 0, got {off!r}")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{cname}: the number of samples must be an integer >= 1, got {n!r}")
+    """Raise ValueError unless the half-open seed ranges [offset, offset + count) are pairwise
+    disjoint. Each range is ``(offset_name, offset, count_name, count)``: an integer offset >= 0
+    and count >= 1 (the callers declare them so: ``NonNegativeInt``, ``PositiveInt``)."""
     for i, (a, oa, ca, na) in enumerate(ranges):
         for b, ob, cb, nb in ranges[i + 1:]:
             if oa < ob + nb and ob < oa + na:
@@ -56,12 +53,13 @@ class GaussianMixtureDataModule(TensorDataModule):
     """
 
     def __init__(self, weights: Optional[list] = None, means: Optional[list] = None,
-                 covs: Optional[list] = None, n_components: int = 5, dim: int = 5, gmm_seed: int = 0,
-                 shape: Optional[list[int]] = None, n_train: int = 1024, n_val: int = 1024,
-                 train_seed_offset: int = 0, val_seed_offset: int = 1_000_000,
-                 batch_size: int = 128, val_batch_size: Optional[int] = None, num_workers: int = 0,
-                 samples_per_epoch: Optional[int] = None, seed: int = 0,
+                 covs: Optional[list] = None, n_components: PositiveInt = 5, dim: PositiveInt = 5, gmm_seed: int = 0,
+                 shape: Optional[list[int]] = None, n_train: PositiveInt = 1024, n_val: PositiveInt = 1024,
+                 train_seed_offset: NonNegativeInt = 0, val_seed_offset: NonNegativeInt = 1_000_000,
+                 batch_size: PositiveInt = 128, val_batch_size: Optional[PositiveInt] = None, num_workers: NonNegativeInt = 0,
+                 samples_per_epoch: Optional[PositiveInt] = None, seed: int = 0,
                  value_range: Optional[tuple[float, float]] = None):
+        check_args(GaussianMixtureDataModule.__init__, locals())
         check_disjoint_ranges(("train_seed_offset", train_seed_offset, "n_train", n_train),
                               ("val_seed_offset", val_seed_offset, "n_val", n_val))
         given = [p is not None for p in (weights, means, covs)]

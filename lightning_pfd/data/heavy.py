@@ -14,19 +14,23 @@ Every pixel then has exactly the chosen marginal, neighbouring pixels are strong
 from __future__ import annotations
 
 import math
-from typing import Optional
+import typing
+from typing import Literal, Optional
 
 import torch
 
 from ..diffusion.noise import seeded_noise
 from ..diffusion.streams import stream
+from ..validation import IntAtLeastTwo, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, check_args
 from .base import TensorDataModule
 from .gmm import check_disjoint_ranges
 
 __all__ = ["heavy_tailed_fields", "gaussian_random_field", "HeavyTailedFieldDataModule",
            "MARGINALS"]
 
-MARGINALS = ("student_t", "gpd")
+#: the heavy-tailed marginals (module docstring)
+Marginal = Literal["student_t", "gpd"]
+MARGINALS = typing.get_args(Marginal)
 
 
 def _filter(size: int, slope: float, k0: float, device=None) -> torch.Tensor:
@@ -58,27 +62,14 @@ def _marginal_isf(q: torch.Tensor, marginal: str, tail_index: float) -> torch.Te
     return -torch.from_numpy(stdtrit(tail_index, q.cpu().numpy())).to(q.device)  # symmetric
 
 
-def heavy_tailed_fields(seeds, size: int = 32, tail_index: float = 3.0,
-                        marginal: str = "gpd", slope: float = 3.0, k0: float = 1.0,
+def heavy_tailed_fields(seeds, size: IntAtLeastTwo = 32, tail_index: PositiveFloat = 3.0,
+                        marginal: Marginal = "gpd", slope: NonNegativeFloat = 3.0, k0: PositiveFloat = 1.0,
                         device=None) -> torch.Tensor:
     """(len(seeds), 1, size, size) float64 fields with the chosen heavy-tailed marginal."""
-    _check(size, tail_index, marginal, slope, k0)
+    check_args(heavy_tailed_fields, locals())
     z = gaussian_random_field(seeds, size, slope, k0, device)
     q = (0.5 * torch.erfc(z / math.sqrt(2.0))).clamp(1e-300, 1 - 2.0**-53)  # 1 - Phi(z)
     return _marginal_isf(q, marginal, float(tail_index)).unsqueeze(1)
-
-
-def _check(size, tail_index, marginal, slope, k0) -> None:
-    if isinstance(size, bool) or not isinstance(size, int) or size < 2:
-        raise ValueError(f"size: must be an integer >= 2, got {size!r}")
-    if not tail_index > 0:
-        raise ValueError(f"tail_index: must be > 0, got {tail_index}")
-    if marginal not in MARGINALS:
-        raise ValueError(f"marginal: must be one of {list(MARGINALS)}, got {marginal!r}")
-    if not slope >= 0:
-        raise ValueError(f"slope: must be >= 0, got {slope}")
-    if not k0 > 0:
-        raise ValueError(f"k0: must be > 0, got {k0}")
 
 
 class HeavyTailedFieldDataModule(TensorDataModule):
@@ -91,15 +82,13 @@ class HeavyTailedFieldDataModule(TensorDataModule):
     256 fields), unlike :class:`PrecipitationDataModule`'s log1p space.
     """
 
-    def __init__(self, size: int = 32, tail_index: float = 3.0, marginal: str = "gpd",
-                 slope: float = 3.0, k0: float = 1.0, scale: float = 1.0, n_train: int = 4096,
-                 n_val: int = 1024, train_seed_offset: int = 0, val_seed_offset: int = 1_000_000,
-                 batch_size: int = 64, val_batch_size: Optional[int] = None, num_workers: int = 0,
-                 samples_per_epoch: Optional[int] = None, seed: int = 0,
+    def __init__(self, size: IntAtLeastTwo = 32, tail_index: PositiveFloat = 3.0, marginal: Marginal = "gpd",
+                 slope: NonNegativeFloat = 3.0, k0: PositiveFloat = 1.0, scale: PositiveFloat = 1.0, n_train: PositiveInt = 4096,
+                 n_val: PositiveInt = 1024, train_seed_offset: NonNegativeInt = 0, val_seed_offset: NonNegativeInt = 1_000_000,
+                 batch_size: PositiveInt = 64, val_batch_size: Optional[PositiveInt] = None, num_workers: NonNegativeInt = 0,
+                 samples_per_epoch: Optional[PositiveInt] = None, seed: int = 0,
                  value_range: Optional[tuple[float, float]] = None):
-        _check(size, tail_index, marginal, slope, k0)
-        if not scale > 0:
-            raise ValueError(f"scale: must be > 0, got {scale}")
+        check_args(HeavyTailedFieldDataModule.__init__, locals())
         check_disjoint_ranges(("train_seed_offset", train_seed_offset, "n_train", n_train),
                               ("val_seed_offset", val_seed_offset, "n_val", n_val))
         super().__init__(batch_size=batch_size, val_batch_size=val_batch_size,

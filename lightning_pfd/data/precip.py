@@ -21,19 +21,23 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional, Sequence
+import typing
+from typing import Literal, Optional, Sequence
 
 import numpy as np
 import torch
 
-from ..errors import ConfigError, check_choice
+from ..errors import ConfigError
+from ..validation import NonNegativeInt, PositiveFloat, PositiveInt, check_args
 from .base import DEFAULT_VALUE_RANGE, TensorDataModule
 
 __all__ = ["PrecipitationDataModule", "load_stageiv", "random_crops", "STAGEIV_PATH",
            "log1p_transform", "log1p_inverse", "out_of_range_fraction", "OUT_OF_RANGE_POLICIES"]
 
 #: what ``log1p_inverse`` does with training-space values above +1 (precipitation > log_max)
-OUT_OF_RANGE_POLICIES = ("keep", "clip")
+#: what :func:`log1p_inverse` does above +1 (its docstring)
+OutOfRange = Literal["keep", "clip"]
+OUT_OF_RANGE_POLICIES = typing.get_args(OutOfRange)
 
 STAGEIV_PATH = Path(__file__).resolve().parent / "assets" / "stageiv_florence.nc"
 STAGEIV_VARIABLE = "Total_precipitation_surface_1_Hour_Accumulation"
@@ -76,13 +80,13 @@ def log1p_transform(p: torch.Tensor, log_max: float) -> torch.Tensor:
     return 2.0 * torch.log1p(p.clamp_min(0)) / math.log1p(log_max) - 1.0
 
 
-def log1p_inverse(y: torch.Tensor, log_max: float, out_of_range: str = "keep") -> torch.Tensor:
+def log1p_inverse(y: torch.Tensor, log_max: float, out_of_range: OutOfRange = "keep") -> torch.Tensor:
     """Training space -> mm/h (float64): expm1((max(y, -1) + 1)/2 log1p(log_max)).
 
     ``out_of_range``: "keep" (default) extrapolates above +1 (faithful: y = 1 + d gives
     (1 + log_max)^(1 + d/2) - 1 mm/h); "clip" caps y at +1, i.e. at ``log_max`` mm/h. Below -1
     is 0 mm/h under both policies (no precipitation below 0)."""
-    check_choice("out_of_range", out_of_range, OUT_OF_RANGE_POLICIES)
+    check_args(log1p_inverse, {"out_of_range": out_of_range})
     y = torch.as_tensor(y).to(torch.float64)
     y = y.clamp_min(-1.0) if out_of_range == "keep" else y.clamp(-1.0, 1.0)
     return torch.expm1((y + 1.0) * 0.5 * math.log1p(log_max))
@@ -133,23 +137,17 @@ class PrecipitationDataModule(TensorDataModule):
     #: unit of the fields after :meth:`inverse_transform` (observables, figures)
     physical_unit = "mm/h"
 
-    def __init__(self, crop_size: int = 32, n_train: int = 2048, n_val: int = 512,
+    def __init__(self, crop_size: PositiveInt = 32, n_train: PositiveInt = 2048, n_val: NonNegativeInt = 512,
                  train_frames: Optional[Sequence[int]] = None,
-                 val_frames: Optional[Sequence[int]] = None, log_max: float = 200.0,
-                 crop_seed: int = 0, path: Optional[str] = None, batch_size: int = 64,
-                 val_batch_size: Optional[int] = None, num_workers: int = 0,
-                 samples_per_epoch: Optional[int] = None, seed: int = 0,
+                 val_frames: Optional[Sequence[int]] = None, log_max: PositiveFloat = 200.0,
+                 crop_seed: int = 0, path: Optional[str] = None, batch_size: PositiveInt = 64,
+                 val_batch_size: Optional[PositiveInt] = None, num_workers: NonNegativeInt = 0,
+                 samples_per_epoch: Optional[PositiveInt] = None, seed: int = 0,
                  value_range: Optional[tuple[float, float]] = DEFAULT_VALUE_RANGE,
-                 out_of_range: str = "keep"):
-        check_choice("data.init_args.out_of_range", out_of_range, OUT_OF_RANGE_POLICIES)
-        if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 1:
-            raise ValueError(f"n_train: must be an integer >= 1, got {n_train!r}")
-        if isinstance(n_val, bool) or not isinstance(n_val, int) or n_val < 0:
-            raise ValueError(f"n_val: must be an integer >= 0, got {n_val!r}")
-        if not 1 <= int(crop_size) <= 87:
+                 out_of_range: OutOfRange = "keep"):
+        check_args(PrecipitationDataModule.__init__, locals())
+        if crop_size > 87:
             raise ValueError(f"crop_size: must lie in [1, 87] (the grid is 118 x 87), got {crop_size}")
-        if not log_max > 0:
-            raise ValueError(f"log_max: must be > 0 (mm/h), got {log_max}")
         train_frames = list(range(18)) if train_frames is None else [int(i) for i in train_frames]
         val_frames = list(range(18, 23)) if val_frames is None else [int(i) for i in val_frames]
         for name, fr in (("train_frames", train_frames), ("val_frames", val_frames)):

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..errors import MissingFileError
+from ..validation import HalfOpenUnitInterval, NonNegativeInt, PositiveInt, check_args
 from .base import DEFAULT_VALUE_RANGE, TensorDataModule, _scale_uint8, seeded_split
 
 __all__ = ["TensorFileDataModule", "load_tensor_file"]
@@ -79,13 +80,12 @@ def _to_float(x: torch.Tensor, name: str) -> torch.Tensor:
 class TensorFileDataModule(TensorDataModule):
     """Data from a ``.npz`` / ``.pt`` file (see the module docstring for the accepted keys)."""
 
-    def __init__(self, path: str, val_fraction: float = 0.1, split_seed: int = 0,
-                 batch_size: int = 128, val_batch_size: Optional[int] = None, num_workers: int = 0,
-                 samples_per_epoch: Optional[int] = None, n_train: Optional[int] = None,
+    def __init__(self, path: str, val_fraction: HalfOpenUnitInterval = 0.1, split_seed: int = 0,
+                 batch_size: PositiveInt = 128, val_batch_size: Optional[PositiveInt] = None, num_workers: NonNegativeInt = 0,
+                 samples_per_epoch: Optional[PositiveInt] = None, n_train: Optional[PositiveInt] = None,
                  subset_seed: int = 0, seed: int = 0,
                  value_range: Optional[tuple[float, float]] = DEFAULT_VALUE_RANGE):
-        if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"val_fraction: must be in [0, 1), got {val_fraction}")
+        check_args(TensorFileDataModule.__init__, locals())
         if not Path(path).is_file():
             raise MissingFileError("path", path, "a .npz or .pt file")
         super().__init__(batch_size=batch_size, val_batch_size=val_batch_size, num_workers=num_workers,

@@ -48,7 +48,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Union
 
 import torch
 
@@ -57,17 +57,23 @@ from ..classpath import import_class
 from ..diffusion import EmpiricalDenoiser
 from ..diffusion.sampling import (PRECISIONS, SAMPLERS, SamplerSettings, _hparams, check_compile, describe_grid,
                                   module_device, same_grid)
-from ..errors import ConfigError
+from ..errors import ConfigError, renamed_fields
 from ..metrics.descriptors import IdentityDescriptor, build_descriptor, descriptor_fingerprint
 from ..metrics.pfd import ProbabilityFlowDistance, paired_sq_distances
+from ..validation import NonNegativeInt, PositiveInt, check_args
 from . import sharding
 from .base import SINGLE, Collective, Comm, Measurement, NonFinite, StrategyCollective, TorchDistributed, Units
 
 __all__ = ["FlowEvaluation", "FlowResult", "Reference", "Collective", "TorchDistributed",
-           "StrategyCollective", "image_grid", "metric_factory", "pfd_standard_error", "check_flow_args", "check_sigma_space_model",
+           "StrategyCollective", "image_grid", "metric_factory", "pfd_standard_error", "check_sigma_space_model",
            "check_one_solver", "DEFAULT_GEN_SEED_OFFSET", "LOSS_TRAIN_SEED_OFFSET", "LOSS_TEST_SEED_OFFSET"]
 
 DEFAULT_GEN_SEED_OFFSET = 2_000_000
+#: the PF-ODE samplers and precisions an evaluation accepts (:data:`SAMPLERS`, :data:`PRECISIONS`)
+SamplerName = Literal[tuple(sorted(SAMPLERS))]
+PrecisionName = Literal[tuple(PRECISIONS)]
+#: the arguments of FlowEvaluation a caller's ``field`` renames (``seed_offset`` is the datamodule's)
+_OWN_ARGS = ("num_eval", "batch_size", "chunk_size", "num_loss_samples")
 LOSS_TRAIN_SEED_OFFSET = 20_000_000  # frozen (noise, sigma) of the i-th training sample
 LOSS_TEST_SEED_OFFSET = 30_000_000  # ... of the i-th held-out sample
 _CACHE_VERSION = 2  # 2: the precision is part of the key
@@ -187,24 +193,27 @@ class FlowEvaluation:
         use_cache: read / write the reference cache (``$LIGHTNING_PFD_CACHE/pfd``).
         comm: the :class:`Collective` to shard over (default :class:`TorchDistributed`).
         default_metrics: register ``e_gen`` (teacher) and ``e_mem`` (empirical) PFDs.
-        field: maps an argument name to the config field named in errors (a monitor passes
-            ``trainer.callbacks[GeneralizationMonitor].<arg>``).
+        field: maps an argument name to the name reported in errors (default: the name itself;
+            a monitor passes its own config field).
 
-    Bad values raise :class:`~lightning_pfd.errors.ConfigError` here, before any sampling; the
-    descriptor is tried on two training samples.
+    Ranges are declared in the signature (:mod:`lightning_pfd.validation`). Bad values raise
+    :class:`~lightning_pfd.errors.ConfigError` here, before any sampling; the descriptor is tried
+    on two training samples.
     """
 
     def __init__(self, train_data: torch.Tensor, *, test_data: Optional[torch.Tensor] = None,
                  teacher: Any = None, teacher_fingerprint: Optional[str] = None,
-                 train_fingerprint: Optional[str] = None, num_eval: int = 1024,
-                 seed_offset: int = DEFAULT_GEN_SEED_OFFSET, seeds: Optional[Sequence[int]] = None,
+                 train_fingerprint: Optional[str] = None, num_eval: PositiveInt = 1024,
+                 seed_offset: NonNegativeInt = DEFAULT_GEN_SEED_OFFSET, seeds: Optional[Sequence[int]] = None,
                  settings: Optional[SamplerSettings] = None, descriptor: Any = None,
-                 batch_size: int = 256, chunk_size: int = 4096, num_loss_samples: Optional[int] = 1024,
+                 batch_size: PositiveInt = 256, chunk_size: PositiveInt = 4096,
+                 num_loss_samples: Optional[PositiveInt] = 1024,
                  use_cache: bool = True, comm: Optional[Collective] = None, default_metrics: bool = True,
                  field: Optional[Callable[[str], str]] = None):
         self._field = field or (lambda arg: arg)
+        with renamed_fields(self._field, _OWN_ARGS):  # seed_offset: the caller's (a datamodule's) own
+            check_args(FlowEvaluation.__init__, locals())
         self.comm = comm if comm is not None else TorchDistributed()
-        check_flow_args(self._field, batch_size=batch_size, chunk_size=chunk_size, num_loss_samples=num_loss_samples)
         self.seeds = self._check_seeds(num_eval, seed_offset, seeds)
         self.num_eval = len(self.seeds)
         if settings is not None and not isinstance(settings, SamplerSettings):
@@ -284,10 +293,6 @@ class FlowEvaluation:
             if len(seeds) == 0:
                 raise ConfigError(self._field("seeds"), "needs at least one seed", value=[])
         else:
-            if not _is_int(num_eval) or num_eval < 1:
-                raise ConfigError(self._field("num_eval"), "must be an integer >= 1", value=num_eval)
-            if not _is_int(seed_offset) or seed_offset < 0:
-                raise ConfigError("data.init_args.gen_seed_offset", "must be an integer >= 0", value=seed_offset)
             seeds = torch.arange(seed_offset, seed_offset + num_eval)
         _check_world(len(seeds), self.comm.world, self._field)
         return seeds
@@ -583,26 +588,6 @@ def check_sigma_space_model(model: Any) -> None:
                           suggestion="for LevyItoModule use TailMonitor and MemorizationMonitor")
 
 
-_MINIMUM = {"image_every_n_epochs": 0}  # 0: no sample grid
-
-
-def check_flow_args(field: Callable[[str], str] = lambda a: a, **args: Any) -> None:
-    """ConfigError (named through ``field``) unless the given ``num_eval``, ``batch_size``,
-    ``chunk_size``, ``num_images`` are integers >= 1, ``image_every_n_epochs`` >= 0,
-    ``num_loss_samples`` None or >= 1, ``sampler`` None or a known sampler, ``precision`` None or a
-    known precision, ``compile`` a bool or a torch.compile mode."""
-    for arg, v in args.items():
-        if arg == "compile":
-            check_compile(v, field(arg))
-        elif arg in ("sampler", "precision"):
-            accepted = sorted(SAMPLERS) if arg == "sampler" else list(PRECISIONS)
-            if v is not None and v not in accepted:
-                raise ConfigError(field(arg), f"unknown {arg}", value=v, accepted=accepted)
-        elif not (v is None and arg == "num_loss_samples") and (not _is_int(v) or v < _MINIMUM.get(arg, 1)):
-            raise ConfigError(field(arg), f"must be an integer >= {_MINIMUM.get(arg, 1)}"
-                              + (" or None" if arg == "num_loss_samples" else ""), value=v)
-
-
 def _check_world(num_eval: Any, world: int, f: Callable[[str], str]) -> None:
     if _is_int(num_eval) and num_eval < world:  # an empty shard would hang the gathers
         raise ConfigError(f("num_eval"), f"{num_eval} evaluation seeds for world size {world}: every "
@@ -616,7 +601,7 @@ def _check_n_gen(datamodule: Any, num_eval: Any, f: Callable[[str], str]) -> Non
         raise ConfigError(f("num_eval"), f"exceeds the datamodule's reserved evaluation range n_gen = {n_gen} "
                           "(the evaluation seeds must stay disjoint from the training / test seeds)",
                           value=num_eval, accepted=f"an integer in [1, {n_gen}]",
-                          suggestion="lower num_eval or raise data.init_args.n_gen")
+                          suggestion="lower num_eval or raise the datamodule's n_gen")
 
 
 _GRID_ARGS = ("num_steps", "sigma_min", "sigma_max", "rho")
@@ -627,7 +612,8 @@ def check_one_solver(settings: SamplerSettings, datamodule: Any, teacher: Any,
     """Refuse a teacher datamodule whose solver (``teacher_sigmas``, ``sampler``: the one that
     generated the training set) differs from ``settings``: E_gen would compare endpoints of two
     solvers. ``overridden``: the arguments (``sampler``, ``sigmas``) the caller set itself, named
-    through ``field`` in the error; the others are the model's (``model.init_args.*``)."""
+    through ``field`` in the error; the others are the model's, named by their bare argument name
+    (``sampler``, ``num_steps``, ``sigma_min``, ``sigma_max``, ``rho``)."""
     t_grid = getattr(datamodule, "teacher_sigmas", None)
     if t_grid is None:  # e.g. an exact GMM law: its flow is computed on the student's grid
         return
@@ -646,18 +632,18 @@ def check_one_solver(settings: SamplerSettings, datamodule: Any, teacher: Any,
     problem = (f"student and teacher flows need one PF-ODE grid and sampler, but the student's is {ours} "
                f"and the teacher data's is {theirs} (E_gen would compare endpoints of two different solvers)")
     if same:  # only the sampler differs
-        name = field("sampler") if "sampler" in overridden else "model.init_args.sampler"
+        name = field("sampler") if "sampler" in overridden else "sampler"
         raise ConfigError(name, problem, value=settings.sampler, accepted=[t_sampler],
-                          suggestion="use the same sampler in the model (or the monitor) and in data.init_args.sampler")
+                          suggestion="use the same sampler in the model (or the monitor) and in the teacher datamodule")
     if "sigmas" in overridden:
         raise ConfigError(field("sigmas"), problem, suggestion="drop the monitor's sigmas or give the teacher's grid")
     hp = _hparams(datamodule)
     arg = next((a for a in _GRID_ARGS if settings.grid is None and a in hp
                 and float(getattr(settings, a)) != float(hp[a])), None)
     name = arg or "num_steps"
-    raise ConfigError(f"model.init_args.{name}", problem,
+    raise ConfigError(name, problem,
                       value=getattr(settings, name) if settings.grid is None else None,
-                      suggestion=f"set model.init_args.{name} and data.init_args.{name} to the same value")
+                      suggestion=f"set the model's {name} and the teacher datamodule's {name} to the same value")
 
 
 def _describe(settings: SamplerSettings) -> str:
@@ -684,11 +670,15 @@ class FlowMeasure:
     is sampled through the model's ``generate`` when the evaluation uses the model's own solver.
     """
 
-    def __init__(self, *, num_eval: int = 1024, descriptor: Any = None, sampler: Optional[str] = None,
-                 sigmas: Optional[Sequence[float]] = None, precision: Optional[str] = None,
-                 compile: Union[bool, str, None] = None, batch_size: int = 256, chunk_size: int = 4096,
-                 num_loss_samples: Optional[int] = 1024, use_cache: bool = True, num_images: int = 8,
+    def __init__(self, *, num_eval: PositiveInt = 1024, descriptor: Any = None, sampler: Optional[SamplerName] = None,
+                 sigmas: Optional[Sequence[float]] = None, precision: Optional[PrecisionName] = None,
+                 compile: Union[bool, str, None] = None, batch_size: PositiveInt = 256, chunk_size: PositiveInt = 4096,
+                 num_loss_samples: Optional[PositiveInt] = 1024, use_cache: bool = True, num_images: PositiveInt = 8,
                  metrics: Optional[Dict[str, tuple]] = None, field: Optional[Callable[[str], str]] = None):
+        with renamed_fields(field or (lambda arg: arg)):
+            check_args(FlowMeasure.__init__, locals())
+            if compile is not None:
+                check_compile(compile, "compile")
         self.kwargs = dict(num_eval=num_eval, descriptor=descriptor, batch_size=batch_size, chunk_size=chunk_size,
                            num_loss_samples=num_loss_samples, use_cache=use_cache)
         self.sampler, self.sigmas, self.precision, self.compile = sampler, sigmas, precision, compile
@@ -699,7 +689,7 @@ class FlowMeasure:
         """The student's torch.compile mode: ``compile``, else the model's ``sample_compile``."""
         if self.compile is not None:
             return self.compile
-        return check_compile(getattr(model, "sample_compile", False), "model.init_args.sample_compile")
+        return check_compile(getattr(model, "sample_compile", False), "sample_compile")
 
     def build(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> FlowEvaluation:
         """A new evaluation of ``model`` on ``datamodule`` (a bad setup raises a ConfigError)."""

@@ -32,12 +32,13 @@ from torch import nn
 
 from ..contracts import GENERATING_MODELS, check_on_samples
 from ..errors import ConfigError
-from ..metrics.memorization import (CRITERIA, _is_memorized, _memorization_compute, check_chunk_size,
-                                    check_criterion, embed, memorization_scores, reference_features)
+from ..metrics.memorization import (Criterion, _is_memorized, _memorization_compute, embed, memorization_scores,
+                                    reference_features, resolve_threshold)
+from ..validation import NonNegativeInt, PositiveInt, check_args
 from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, process_of
 from .sharding import shard_indices
 
-__all__ = ["MemorizationEvaluation", "MemorizationMeasure", "check_memorization_settings", "resolve_descriptor"]
+__all__ = ["MemorizationEvaluation", "MemorizationMeasure", "resolve_descriptor"]
 
 
 def resolve_descriptor(descriptor: Union[str, Callable, None]) -> Optional[Callable]:
@@ -53,21 +54,6 @@ def resolve_descriptor(descriptor: Union[str, Callable, None]) -> Optional[Calla
         raise ConfigError("descriptor", "must be None (pixel space), a descriptor name / file, or a "
                           "callable batch -> features", value=type(descriptor).__name__)
     return descriptor
-
-
-def check_memorization_settings(num_samples: int = 256, criterion: str = "nn_ratio",
-                                threshold: Optional[float] = None, chunk_size: int = 4096,
-                                seed: int = 20_000_000, batch_size: int = 256) -> float:
-    """Validate the settings (ConfigError naming the argument); returns the resolved threshold."""
-    for name, value, lo in (("num_samples", num_samples, 1), ("batch_size", batch_size, 1),
-                            ("seed", seed, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-            raise ConfigError(name, f"must be an integer >= {lo}", value=value)
-    if criterion not in CRITERIA:
-        raise ConfigError("criterion", "unknown memorization criterion", value=criterion,
-                          accepted=list(CRITERIA))
-    check_chunk_size(chunk_size)
-    return check_criterion(criterion, threshold)
 
 
 class MemorizationEvaluation:
@@ -87,12 +73,12 @@ class MemorizationEvaluation:
             ``datamodule.fingerprint``, called only when the cache is used).
     """
 
-    def __init__(self, train_data: torch.Tensor, num_samples: int = 256, criterion: str = "nn_ratio",
+    def __init__(self, train_data: torch.Tensor, num_samples: PositiveInt = 256, criterion: Criterion = "nn_ratio",
                  threshold: Optional[float] = None, descriptor: Union[str, Callable, None] = None,
-                 chunk_size: int = 4096, seed: int = 20_000_000, batch_size: int = 256,
+                 chunk_size: PositiveInt = 4096, seed: NonNegativeInt = 20_000_000, batch_size: PositiveInt = 256,
                  cache: bool = True, fingerprint: Union[str, Callable[[], str], None] = None):
-        self.threshold = check_memorization_settings(num_samples, criterion, threshold, chunk_size, seed,
-                                                     batch_size)
+        check_args(MemorizationEvaluation.__init__, locals())
+        self.threshold = resolve_threshold(criterion, threshold)
         self.num_samples, self.criterion, self.chunk_size = num_samples, criterion, chunk_size
         self.seed, self.batch_size = seed, batch_size
         self.descriptor = resolve_descriptor(descriptor)

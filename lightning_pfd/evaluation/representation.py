@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -60,8 +60,9 @@ from ..diffusion.features import extract_features, random_projection, resolve_ta
 from ..diffusion.noise import seeded_noise, seeded_uniform
 from ..diffusion.streams import STREAMS, stream
 from ..errors import ConfigError
-from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, _icr_at, _icr_compute,
+from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, TauSpec, _icr_at, _icr_compute,
                            _icr_update, _icr_zero_states, check_tau, pool_features)
+from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeFloat, NonNegativeInt, PositiveInt, check_args
 from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, process_of
 from .sharding import check_world, shard_indices
 
@@ -90,49 +91,31 @@ Statistics = Dict[float, Dict[str, torch.Tensor]]
 
 
 # ----------------------------------------------------------------------------- settings
-def _integer(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(name, f"must be an integer >= {minimum}", value=value)
-    return value
+#: an augmentation level of :func:`~lightning_pfd.diffusion.augment.augment`
+AugLevel = Literal[AUG_LEVELS]
 
 
-def check_representation_settings(num_images: Optional[int] = None, sigma: float = 0.29,
-                                  sigmas: Optional[Sequence[float]] = None, level: Optional[int] = 3,
-                                  vector_jitter: float = 0.0, image_shape: Optional[Sequence[int]] = None,
-                                  tap: Optional[str] = None, d_proj: Optional[int] = None,
-                                  views_per_image: int = 1, tau: Any = "auto", normalize: bool = False,
-                                  cond_max: float = DEFAULT_COND_MAX, seed: int = 0,
-                                  batch_size: int = 256) -> Dict[str, Any]:
-    """The protocol's settings, validated (ConfigError naming the argument) and normalised:
-    ``level`` None -> 3, ``sigmas`` = the extra levels without repeats or ``sigma``, ``tau`` as
+def check_representation_settings(num_images: Optional[IntAtLeastTwo] = None, sigma: FinitePositiveFloat = 0.29,
+                                  sigmas: Optional[Sequence[float]] = None, level: Optional[AugLevel] = 3,
+                                  vector_jitter: NonNegativeFloat = 0.0, image_shape: Optional[Sequence[int]] = None,
+                                  tap: Optional[str] = None, d_proj: Optional[PositiveInt] = None,
+                                  views_per_image: PositiveInt = 1, tau: TauSpec = "auto", normalize: bool = False,
+                                  cond_max: float = DEFAULT_COND_MAX, seed: NonNegativeInt = 0,
+                                  batch_size: PositiveInt = 256) -> Dict[str, Any]:
+    """The protocol's settings, validated (ConfigError naming the argument: the declared types,
+    then the rules between arguments) and normalised: ``level`` None -> 3, ``sigmas`` = the
+    extra levels without repeats or ``sigma``, ``tau`` as
     :func:`~lightning_pfd.metrics.icr.check_tau` returns it, ``image_shape`` a tuple."""
-    if num_images is not None:
-        _integer("num_images", num_images, 2)
-    for name, value, lo in (("views_per_image", views_per_image, 1), ("batch_size", batch_size, 1),
-                            ("seed", seed, 0)):
-        _integer(name, value, lo)
+    check_args(check_representation_settings, locals())
     if views_per_image > MAX_VIEWS_PER_IMAGE:
         raise ConfigError("views_per_image", "the seeded streams of the views hold "
                           f"{2 * MAX_VIEWS_PER_IMAGE} views per image", value=views_per_image,
                           accepted=f"an integer in [1, {MAX_VIEWS_PER_IMAGE}]")
-    if d_proj is not None:
-        _integer("d_proj", d_proj, 1)
     level = 3 if level is None else level
-    if level not in AUG_LEVELS:
-        raise ConfigError("level", "must be None or an augmentation level", value=level,
-                          accepted=list(AUG_LEVELS))
     levels = [float(sigma)] + [float(s) for s in (sigmas or [])]
     if not all(s > 0 and math.isfinite(s) for s in levels):
-        raise ConfigError("sigma, sigmas", "noise levels must be finite and > 0", value=levels)
-    if not float(vector_jitter) >= 0:
-        raise ConfigError("vector_jitter", "must be >= 0", value=vector_jitter)
-    try:
-        tau = check_tau(tau, cond_max=cond_max)
-    except ValueError as e:
-        field = "cond_max" if str(e).startswith("cond_max") else "tau"
-        raise ConfigError(field, str(e).split(": ", 1)[-1], value=cond_max if field == "cond_max" else tau,
-                          accepted=None if field == "cond_max" else
-                          ["auto", "relative", "a number >= 0"]) from None
+        raise ConfigError("sigmas", "noise levels must be finite and > 0", value=levels)
+    tau = check_tau(tau, cond_max=cond_max)
     if image_shape is not None and (len(image_shape) != 3 or min(image_shape) < 1):
         raise ConfigError("image_shape", "must be None or (C, H, W)", value=image_shape)
     if tap is not None and not isinstance(tap, str):
@@ -253,12 +236,13 @@ class RepresentationEvaluation:
             ``batch_size`` rows only when 2 views_per_image > batch_size).
     """
 
-    def __init__(self, train_data: torch.Tensor, num_images: Optional[int] = None, sigma: float = 0.29,
-                 sigmas: Optional[Sequence[float]] = None, level: Optional[int] = 3,
-                 vector_jitter: float = 0.0, image_shape: Optional[Sequence[int]] = None,
-                 tap: Optional[str] = None, d_proj: Optional[int] = None, views_per_image: int = 1,
-                 tau: Any = "auto", normalize: bool = False, cond_max: float = DEFAULT_COND_MAX,
-                 seed: int = 0, batch_size: int = 256):
+    def __init__(self, train_data: torch.Tensor, num_images: Optional[IntAtLeastTwo] = None,
+                 sigma: FinitePositiveFloat = 0.29, sigmas: Optional[Sequence[float]] = None,
+                 level: Optional[AugLevel] = 3, vector_jitter: NonNegativeFloat = 0.0,
+                 image_shape: Optional[Sequence[int]] = None, tap: Optional[str] = None,
+                 d_proj: Optional[PositiveInt] = None, views_per_image: PositiveInt = 1,
+                 tau: TauSpec = "auto", normalize: bool = False, cond_max: float = DEFAULT_COND_MAX,
+                 seed: NonNegativeInt = 0, batch_size: PositiveInt = 256):
         settings = check_representation_settings(
             num_images=num_images, sigma=sigma, sigmas=sigmas, level=level, vector_jitter=vector_jitter,
             image_shape=image_shape, tap=tap, d_proj=d_proj, views_per_image=views_per_image, tau=tau,

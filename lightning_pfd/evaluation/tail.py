@@ -50,33 +50,35 @@ import contextlib
 import dataclasses
 import inspect
 import math
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
+import typing
+from typing import Any, Callable, Dict, Literal, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 from ..contracts import GENERATING_MODELS, check_on_samples
 from ..errors import ConfigError
+from ..metrics.kde import Bandwidth
 from ..metrics.observables import get_observable
+from ..validation import (FinitePositiveFloat, IntAtLeastTwo, NonNegativeInt, OpenUnitInterval, PositiveInt,
+                          check_args)
 from .base import SINGLE, Comm, Measurement, NonFinite
-from ..metrics.tails import (kde_density, loader_options, loader_settings,
+from ..metrics.tails import (Definition, kde_density, loader_options, loader_settings,
                              matched_rmsqe_contributions, matched_score, rmsqe_options,
                              same_law_floor, top_share)
 
 __all__ = ["TailSettings", "TailEvaluation", "TailMeasure", "NONFINITE_POLICIES", "REFERENCE_SPLITS", "DIAGNOSTICS",
-           "check_generate", "check_reference", "kde_curves", "density_figure"]
+           "NonfinitePolicy", "ReferenceSplit", "check_generate", "kde_curves", "density_figure"]
 
-NONFINITE_POLICIES = ("nan", "drop")
-REFERENCE_SPLITS = ("train", "val")
+#: what becomes of non-finite sample observables (module docstring)
+NonfinitePolicy = Literal["nan", "drop"]
+NONFINITE_POLICIES = typing.get_args(NonfinitePolicy)
+#: the datamodule split a tail measurement compares with
+ReferenceSplit = Literal["train", "val"]
+REFERENCE_SPLITS = typing.get_args(ReferenceSplit)
 METRICS = ("rmsqe", "loader")
 #: the diagnostics of :meth:`TailEvaluation.diagnostics` (keys of ``measure``)
 DIAGNOSTICS = ("rmsqe_clipped", "loader_clipped", "above_range", "below_range", "rmsqe_top_share")
-
-
-def _integer(name: str, v: Any, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v).is_integer() or v < lo:
-        raise ConfigError(name, f"must be an integer >= {lo}", value=v)
-    return int(v)
 
 
 @dataclasses.dataclass
@@ -97,39 +99,32 @@ class TailSettings:
 
     observable: str = "max"
     observable_kwargs: Dict[str, Any] = dataclasses.field(default_factory=dict)
-    num_samples: int = 512
-    eta: float = 0.975
-    definition: str = "blog"
+    num_samples: IntAtLeastTwo = 512
+    eta: OpenUnitInterval = 0.975
+    definition: Definition = "blog"
     u_max: Optional[float] = None
-    num_levels: int = 200
+    num_levels: PositiveInt = 200
     window: Any = None
-    floor: float = 1e-3
+    floor: FinitePositiveFloat = 1e-3
     relative_floor: bool = True
-    bandwidth: Any = "silverman"
-    num_splits: int = 8
-    split_seed: int = 0
-    seed_offset: int = 50_000_000
-    batch_size: int = 256
-    num_steps: Optional[int] = None
-    nonfinite: str = "nan"
+    bandwidth: Bandwidth = "silverman"
+    num_splits: PositiveInt = 8
+    split_seed: NonNegativeInt = 0
+    seed_offset: NonNegativeInt = 50_000_000
+    batch_size: PositiveInt = 256
+    num_steps: Optional[PositiveInt] = None
+    nonfinite: NonfinitePolicy = "nan"
 
     def __post_init__(self) -> None:
         self.observable_kwargs = dict(self.observable_kwargs or {})
         get_observable(self.observable, **self.observable_kwargs)  # name and keyword arguments
-        for name, lo in (("num_samples", 2), ("num_splits", 1), ("split_seed", 0),
-                         ("seed_offset", 0), ("batch_size", 1)):
-            setattr(self, name, _integer(name, getattr(self, name), lo))
-        if self.num_steps is not None:
-            self.num_steps = _integer("num_steps", self.num_steps, 1)
+        check_args(TailSettings, vars(self))
         r = rmsqe_options(self.eta, self.u_max, self.num_levels, self.definition)
         self.eta, self.u_max, self.num_levels, self.definition = (
             r["eta"], r["u_max"], r["num_levels"], r["definition"])
         lo = loader_options(self.window, self.floor, self.relative_floor, self.bandwidth)
         self.window, self.floor = lo["window"], lo["floor"]
         self.relative_floor, self.bandwidth = lo["relative_floor"], lo["bandwidth"]
-        if self.nonfinite not in NONFINITE_POLICIES:
-            raise ConfigError("nonfinite", "unknown policy for non-finite sample observables",
-                              value=self.nonfinite, accepted=list(NONFINITE_POLICIES))
 
     def rmsqe_kwargs(self) -> dict:
         return rmsqe_options(self.eta, self.u_max, self.num_levels, self.definition)
@@ -143,14 +138,6 @@ class TailSettings:
         if self.num_steps is not None:
             kw["num_steps"] = self.num_steps
         return kw
-
-
-def check_reference(reference: str) -> str:
-    """ConfigError unless ``reference`` names a datamodule split ("train" or "val")."""
-    if reference not in REFERENCE_SPLITS:
-        raise ConfigError("reference", "unknown reference split", value=reference,
-                          accepted=list(REFERENCE_SPLITS))
-    return reference
 
 
 def check_generate(model: Any, num_steps: Optional[int] = None) -> None:
@@ -206,11 +193,11 @@ class TailEvaluation:
         self._floors: Optional[Dict[str, float]] = None
 
     @classmethod
-    def from_datamodule(cls, datamodule: Any, reference: str = "train",
+    def from_datamodule(cls, datamodule: Any, reference: ReferenceSplit = "train",
                         settings: Optional[TailSettings] = None, **kwargs: Any) -> "TailEvaluation":
         """Reference = the datamodule's ``<reference>_data`` (after ``setup``), physical units
         by its ``inverse_transform`` when it has one."""
-        check_reference(reference)
+        check_args(TailEvaluation.from_datamodule, {"reference": reference})
         data = getattr(datamodule, f"{reference}_data", None) if datamodule is not None else None
         if data is None or len(data) == 0:
             have = [r for r in REFERENCE_SPLITS if getattr(datamodule, f"{r}_data", None) is not None]
@@ -460,8 +447,10 @@ class TailMeasure:
     every process) and the density figure ``density`` (data vs model, on demand).
     """
 
-    def __init__(self, settings: TailSettings, reference: str = "train",
+    def __init__(self, settings: TailSettings, reference: ReferenceSplit = "train",
                  fields: Callable[[], Any] = contextlib.nullcontext):
+        with fields():
+            check_args(TailMeasure.__init__, locals())
         self.settings, self.reference, self.fields = settings, reference, fields
         self.evaluation: Optional[TailEvaluation] = None
 

@@ -18,6 +18,7 @@ from typing import Dict, Tuple
 import torch
 from torchmetrics import Metric
 
+from ..validation import PositiveInt, check_args
 from .descriptors import build_descriptor
 
 __all__ = ["BiasVarianceDecomposition", "bias_variance_decomposition"]
@@ -69,10 +70,9 @@ class BiasVarianceDecomposition(Metric):
     higher_is_better = False
     full_state_update = False
 
-    def __init__(self, num_students: int, descriptor=None, **kwargs):
+    def __init__(self, num_students: PositiveInt, descriptor=None, **kwargs):
+        check_args(BiasVarianceDecomposition.__init__, locals())
         super().__init__(**kwargs)
-        if int(num_students) < 1:
-            raise ValueError(f"num_students: must be >= 1, got {num_students}")
         self.num_students = int(num_students)
         self.descriptor = build_descriptor(descriptor)
         z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731

@@ -51,10 +51,13 @@ Pure torch; torchmetrics is the only extra dependency (no Lightning import).
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Union
+from typing import Dict, Literal, Optional, Union
 
 import torch
 from torchmetrics import Metric
+
+from ..errors import ConfigError
+from ..validation import FiniteNonNegativeFloat, NonNegativeFloat, PositiveInt, check_args
 
 __all__ = [
     "InvariantContaminationRatio",
@@ -75,7 +78,8 @@ __all__ = [
 DEFAULT_TAU_REL = 1e-3
 DEFAULT_COND_MAX = 1e8
 TAU_MODES = ("auto", "relative")
-TauSpec = Union[str, float, None]
+#: the ridge: "auto" (also None), "relative" or a finite number >= 0
+TauSpec = Union[Literal[TAU_MODES], FiniteNonNegativeFloat, None]
 
 
 def pool_features(h: torch.Tensor) -> torch.Tensor:
@@ -95,25 +99,14 @@ def _check_views(h1: torch.Tensor, h2: torch.Tensor) -> None:
         raise ValueError(f"h1, h2: expected shape (B, d) or (B, C, H, W), got {tuple(h1.shape)}")
 
 
-def check_tau(tau: TauSpec, tau_rel: float = DEFAULT_TAU_REL,
+def check_tau(tau: TauSpec, tau_rel: NonNegativeFloat = DEFAULT_TAU_REL,
               cond_max: float = DEFAULT_COND_MAX) -> TauSpec:
-    """Validate and normalise the ridge spec: "auto" (also None), "relative" or a number >= 0."""
-    if tau is None:
-        tau = "auto"
-    if isinstance(tau, str):
-        if tau not in TAU_MODES:
-            raise ValueError(f"tau: must be 'auto' (default), 'relative' or a number >= 0, got {tau!r}")
-    elif isinstance(tau, bool) or not isinstance(tau, (int, float)) or not float(tau) >= 0 \
-            or float(tau) == float("inf"):
-        raise ValueError(f"tau: must be 'auto' (default), 'relative' or a finite number >= 0, "
-                         f"got {tau!r}")
-    else:
-        tau = float(tau)
-    if isinstance(tau_rel, bool) or not isinstance(tau_rel, (int, float)) or not float(tau_rel) >= 0:
-        raise ValueError(f"tau_rel: must be a number >= 0, got {tau_rel!r}")
+    """Validate (the declared types, and ``cond_max`` >= 1) and normalise the ridge spec:
+    "auto" (also None), "relative" or a finite number >= 0 (as a float)."""
+    check_args(check_tau, locals())
     if isinstance(cond_max, bool) or not isinstance(cond_max, (int, float)) or not float(cond_max) >= 1:
-        raise ValueError(f"cond_max: must be a number >= 1, got {cond_max!r}")
-    return tau
+        raise ConfigError("cond_max", "must be a number >= 1", value=cond_max)
+    return "auto" if tau is None else tau if isinstance(tau, str) else float(tau)
 
 
 def _l2_normalize(h: torch.Tensor) -> torch.Tensor:
@@ -348,13 +341,12 @@ class InvariantContaminationRatio(Metric):
     full_state_update = False
 
     def __init__(self, tau: TauSpec = "auto", normalize: bool = False,
-                 tau_rel: float = DEFAULT_TAU_REL, num_features: Optional[int] = None,
+                 tau_rel: NonNegativeFloat = DEFAULT_TAU_REL, num_features: Optional[PositiveInt] = None,
                  cond_max: float = DEFAULT_COND_MAX, **kwargs) -> None:
+        check_args(InvariantContaminationRatio.__init__, locals())
         tau = check_tau(tau, tau_rel, cond_max)
         if not isinstance(normalize, bool):
-            raise ValueError(f"normalize: must be a bool, got {normalize!r}")
-        if num_features is not None and (not isinstance(num_features, int) or num_features < 1):
-            raise ValueError(f"num_features: must be None or an int >= 1, got {num_features!r}")
+            raise ConfigError("normalize", "must be a bool", value=normalize)
         super().__init__(**kwargs)
         self.tau = tau
         self.tau_rel = float(tau_rel)

@@ -7,20 +7,24 @@ the kinks (p = q, p = f, q = f). Pure numpy on sorted float64 samples; the conve
 from __future__ import annotations
 
 import math
+from typing import Literal, Union
 
 import numpy as np
 
 from ..errors import ConfigError
+from ..validation import FinitePositiveFloat, PositiveInt, check_args
 
 __all__ = ["bandwidth_rule", "integrate_abs_log_ratio", "BANDWIDTH_RULES"]
 
 BANDWIDTH_RULES = ("silverman", "scott", "normal_reference", "ISJ")
+#: a KDE bandwidth: a rule name (:func:`bandwidth_rule`) or a finite number > 0
+Bandwidth = Union[Literal[BANDWIDTH_RULES], FinitePositiveFloat]
 _SQRT_2PI = math.sqrt(2.0 * math.pi)
 _KDE_TRUNCATION = 9.0  # kernels are cut at >= 9 bandwidths (exp(-40.5) = 2.6e-18 of their peak)
 
 
 # ----------------------------------------------------------------------------- KDE
-def bandwidth_rule(x, rule: str = "silverman") -> float:
+def bandwidth_rule(x, rule: Literal[BANDWIDTH_RULES] = "silverman") -> float:
     """Rule-of-thumb Gaussian-kernel bandwidth of the 1-D sample ``x``.
 
     ``"silverman"``: 0.9 min(sigma, IQR/1.34) n^(-1/5) (Silverman 1986, eq. 3.31);
@@ -29,10 +33,8 @@ def bandwidth_rule(x, rule: str = "silverman") -> float:
     (ties), Silverman's rule uses sigma. Degenerate samples (n < 2 or all equal) get
     1e-3 max(1, |x_0|).
     """
+    check_args(bandwidth_rule, {"rule": rule})
     x = np.asarray(x, dtype=np.float64).reshape(-1)
-    if rule not in BANDWIDTH_RULES:
-        raise ConfigError("bandwidth", "unknown rule (or pass a number > 0)", value=rule,
-                          accepted=list(BANDWIDTH_RULES))
     if x.size < 2 or np.ptp(x) == 0:
         return 1e-3 * max(1.0, abs(float(x[0])))
     n = x.size
@@ -52,24 +54,11 @@ def bandwidth_rule(x, rule: str = "silverman") -> float:
 
 
 def _bandwidth(x: np.ndarray, bandwidth) -> float:
-    """A positive number as is, or :func:`bandwidth_rule` of ``x`` (a rule name)."""
+    """A number (checked by the caller's declared :data:`Bandwidth`) as is, or
+    :func:`bandwidth_rule` of ``x`` (a rule name)."""
     if isinstance(bandwidth, (int, float)) and not isinstance(bandwidth, bool):
-        if not (bandwidth > 0 and math.isfinite(bandwidth)):
-            raise ConfigError("bandwidth", "must be a number > 0 or a rule name", value=bandwidth,
-                              accepted=list(BANDWIDTH_RULES))
         return float(bandwidth)
     return bandwidth_rule(x, bandwidth)
-
-
-def _check_bandwidth(bandwidth) -> None:
-    if isinstance(bandwidth, str):
-        if bandwidth not in BANDWIDTH_RULES:
-            raise ConfigError("bandwidth", "unknown rule (or pass a number > 0)", value=bandwidth,
-                              accepted=list(BANDWIDTH_RULES))
-    elif isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) \
-            or not (bandwidth > 0 and math.isfinite(bandwidth)):
-        raise ConfigError("bandwidth", "must be a number > 0 or a rule name", value=bandwidth,
-                          accepted=list(BANDWIDTH_RULES))
 
 
 class _TruncatedKDE:
@@ -146,33 +135,16 @@ def _check_window(window) -> tuple[float, float]:
     return lo, hi
 
 
-def _check_floor(floor) -> float:
-    try:
-        f = float(floor)
-    except (TypeError, ValueError):
-        raise ConfigError("floor", "must be a number > 0", value=floor) from None
-    if not (f > 0 and math.isfinite(f)):
-        raise ConfigError("floor", "must be a number > 0", value=floor)
-    return f
-
-
-def _check_quadrature(panels, nodes) -> tuple[int, int]:
-    for name, v in (("panels", panels), ("nodes", nodes)):
-        if isinstance(v, bool) or not float(v).is_integer() or int(v) < 1:
-            raise ConfigError(name, "must be an integer >= 1", value=v)
-    return int(panels), int(nodes)
-
-
-def integrate_abs_log_ratio(p, q, window, floor: float, panels: int = 64,
-                            nodes: int = 16) -> float:
+def integrate_abs_log_ratio(p, q, window, floor: FinitePositiveFloat, panels: PositiveInt = 64,
+                            nodes: PositiveInt = 16) -> float:
     """int_window |log max(p, floor) - log max(q, floor)| dx by composite Gauss–Legendre.
 
     ``p`` and ``q`` are callables mapping a float64 numpy array of points to densities
     (a generic helper for analytic densities; LOADER itself uses kink-aware panels).
     """
+    check_args(integrate_abs_log_ratio, locals())
     lo, hi = _check_window(window)
-    floor = _check_floor(floor)
-    panels, nodes = _check_quadrature(panels, nodes)
+    floor, panels, nodes = float(floor), int(panels), int(nodes)
     x, w = _legendre_nodes((lo, hi), panels, nodes)
     lp = np.log(np.maximum(np.asarray(p(x), dtype=np.float64), floor))
     lq = np.log(np.maximum(np.asarray(q(x), dtype=np.float64), floor))

@@ -29,26 +29,27 @@ Pure torch + torchmetrics (no Lightning import).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+import typing
+from typing import Callable, Literal, Optional, Tuple
 
 import torch
 from torchmetrics import Metric
 
 from ..errors import ConfigError
+from ..validation import IntAtLeastTwo, PositiveInt, check_args
 
 __all__ = ["MemorizationRatio", "memorization_ratio", "memorization_scores", "embed",
-           "reference_features", "check_criterion", "check_chunk_size", "CRITERIA",
-           "DEFAULT_THRESHOLDS"]
+           "reference_features", "resolve_threshold", "Criterion", "CRITERIA", "DEFAULT_THRESHOLDS"]
 
-CRITERIA = ("cosine", "nn_ratio")
+#: the memorization criteria (module docstring)
+Criterion = Literal["cosine", "nn_ratio"]
+CRITERIA = typing.get_args(Criterion)
 DEFAULT_THRESHOLDS = {"cosine": 0.6, "nn_ratio": 1.0 / 3.0}
 
 
-def check_criterion(criterion: str, threshold=None) -> float:
-    """The threshold for ``criterion`` (its default when None), validated."""
-    if criterion not in CRITERIA:
-        raise ConfigError("criterion", "unknown memorization criterion", value=criterion,
-                          accepted=list(CRITERIA))
+def resolve_threshold(criterion: Criterion, threshold: Optional[float] = None) -> float:
+    """The threshold for ``criterion`` (its default when None); a ConfigError naming
+    ``threshold`` when it lies outside the criterion's range (a rule between two arguments)."""
     if threshold is None:
         return DEFAULT_THRESHOLDS[criterion]
     threshold = float(threshold)
@@ -57,12 +58,6 @@ def check_criterion(criterion: str, threshold=None) -> float:
     if criterion == "nn_ratio" and not 0.0 < threshold <= 1.0:
         raise ConfigError("threshold", "an nn_ratio threshold must lie in (0, 1]", value=threshold)
     return threshold
-
-
-def check_chunk_size(chunk_size) -> None:
-    """Raise :class:`ConfigError` unless ``chunk_size`` is an integer >= 1."""
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ConfigError("chunk_size", "must be an int >= 1", value=chunk_size)
 
 
 def _check_descriptor(descriptor) -> None:
@@ -158,18 +153,15 @@ def _nn_ratio(g: torch.Tensor, ref: torch.Tensor, chunk_size: int,
 
 
 def memorization_scores(generated_features: torch.Tensor, reference_features: torch.Tensor,
-                        criterion: str = "cosine", chunk_size: int = 4096,
-                        candidates: int = 8) -> torch.Tensor:
+                        criterion: Criterion = "cosine", chunk_size: PositiveInt = 4096,
+                        candidates: IntAtLeastTwo = 8) -> torch.Tensor:
     """Per-sample score: max cosine similarity (``cosine``) or d_1/d_2 (``nn_ratio``), float64.
 
     ``candidates`` (>= 2, ``nn_ratio`` only): nearest neighbours by the fast expanded distance
     whose distances are recomputed exactly (a margin for near ties; rows where the true two
     nearest may lie outside them are recomputed against the whole reference).
     """
-    check_criterion(criterion, None)
-    check_chunk_size(chunk_size)
-    if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 2:
-        raise ConfigError("candidates", "must be an int >= 2", value=candidates)
+    check_args(memorization_scores, locals())
     g = generated_features.reshape(generated_features.shape[0], -1).to(torch.float64)
     r = reference_features.reshape(reference_features.shape[0], -1).to(torch.float64).to(g.device)
     if g.shape[1] != r.shape[1]:
@@ -221,11 +213,11 @@ class MemorizationRatio(Metric):
     higher_is_better = False
     full_state_update = False
 
-    def __init__(self, threshold: Optional[float] = None, criterion: str = "cosine",
-                 descriptor: Optional[Callable] = None, chunk_size: int = 4096,
+    def __init__(self, threshold: Optional[float] = None, criterion: Criterion = "cosine",
+                 descriptor: Optional[Callable] = None, chunk_size: PositiveInt = 4096,
                  **kwargs) -> None:
-        self.threshold = check_criterion(criterion, threshold)
-        check_chunk_size(chunk_size)
+        check_args(MemorizationRatio.__init__, locals())
+        self.threshold = resolve_threshold(criterion, threshold)
         _check_descriptor(descriptor)
         super().__init__(**kwargs)
         self.criterion = criterion
@@ -265,12 +257,12 @@ def reference_features(train: torch.Tensor, descriptor: Optional[Callable] = Non
 
 
 def memorization_ratio(generated: torch.Tensor, train: torch.Tensor,
-                       threshold: Optional[float] = None, criterion: str = "cosine",
+                       threshold: Optional[float] = None, criterion: Criterion = "cosine",
                        descriptor: Optional[Callable] = None,
-                       chunk_size: int = 4096) -> torch.Tensor:
+                       chunk_size: PositiveInt = 4096) -> torch.Tensor:
     """Functional twin of :class:`MemorizationRatio`."""
-    threshold = check_criterion(criterion, threshold)
-    check_chunk_size(chunk_size)
+    check_args(memorization_ratio, locals())
+    threshold = resolve_threshold(criterion, threshold)
     _check_descriptor(descriptor)
     ref = reference_features(train, descriptor)
     g = embed(generated, descriptor).to(ref.device)

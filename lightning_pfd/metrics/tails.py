@@ -83,7 +83,8 @@ rank only (or pass it to the constructor) so that it is not duplicated world-siz
 from __future__ import annotations
 
 import math
-from typing import Sequence
+import typing
+from typing import Literal, Optional, Sequence
 
 import numpy as np
 import torch
@@ -91,8 +92,8 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from ..errors import ConfigError
-from .kde import (_KDE_TRUNCATION, BANDWIDTH_RULES, _bandwidth, _check_bandwidth, _check_floor,
-                  _check_quadrature, _check_window, _kde_peak, _loader_details, _TruncatedKDE,
+from ..validation import FinitePositiveFloat, OpenUnitInterval, PositiveInt, check_args
+from .kde import (_KDE_TRUNCATION, BANDWIDTH_RULES, Bandwidth, _bandwidth, _check_window, _kde_peak, _loader_details, _TruncatedKDE,
                   bandwidth_rule, integrate_abs_log_ratio)
 
 __all__ = [
@@ -106,7 +107,9 @@ __all__ = [
 
 QUANTILE_METHOD = "linear"  # torch.quantile interpolation of the "root_mean_levels" variant
 QUANTILE_CONVENTION = "left-continuous inverse of the empirical CDF: x_(ceil(n u))"
-RMSQE_DEFINITIONS = ("blog", "root_mean_levels")
+#: the RMSQE definitions (:func:`rmsqe`)
+Definition = Literal["blog", "root_mean_levels"]
+RMSQE_DEFINITIONS = typing.get_args(Definition)
 
 
 def _tail_update(x, name: str) -> torch.Tensor:
@@ -132,20 +135,6 @@ def _check_sample(t: torch.Tensor, name: str) -> torch.Tensor:
 
 def _as_1d(x, name: str) -> torch.Tensor:
     return _check_sample(_tail_update(x, name), name)
-
-
-def _check_eta(eta: float) -> float:
-    eta = float(eta)
-    if not 0.0 < eta < 1.0:
-        raise ConfigError("eta", "must lie in the open interval (0, 1)", value=eta)
-    return eta
-
-
-def _check_definition(definition: str) -> str:
-    if definition not in RMSQE_DEFINITIONS:
-        raise ConfigError("definition", "unknown RMSQE definition", value=definition,
-                          accepted=list(RMSQE_DEFINITIONS))
-    return definition
 
 
 # ----------------------------------------------------------------------------- RMSQE
@@ -194,8 +183,8 @@ def quantile_step_contributions(gen, ref, lo: float, hi: float = 1.0) -> np.ndar
         return np.bincount(ig, weights=(g[ig] - r[ir]) ** 2 * np.diff(edges), minlength=n) / L
 
 
-def rmsqe(gen, ref, eta: float = 0.975, u_max: float | None = None, num_levels: int = 200,
-          definition: str = "blog") -> torch.Tensor:
+def rmsqe(gen, ref, eta: OpenUnitInterval = 0.975, u_max: float | None = None, num_levels: PositiveInt = 200,
+          definition: Definition = "blog") -> torch.Tensor:
     """Tail quantile error between the samples ``gen`` and ``ref`` (float64 scalar).
 
     ``definition="blog"`` (default): the blog's formula int_eta^1 |F_gen^{-1}(u) -
@@ -213,16 +202,14 @@ def rmsqe(gen, ref, eta: float = 0.975, u_max: float | None = None, num_levels: 
                           num_levels, definition)
 
 
-def _rmsqe_compute(gen: torch.Tensor, ref: torch.Tensor, eta: float = 0.975,
-                   u_max: float | None = None, num_levels: int = 200,
-                   definition: str = "blog") -> torch.Tensor:
+def _rmsqe_compute(gen: torch.Tensor, ref: torch.Tensor, eta: OpenUnitInterval = 0.975,
+                   u_max: float | None = None, num_levels: PositiveInt = 200,
+                   definition: Definition = "blog") -> torch.Tensor:
     """The *compute* primitive of :func:`rmsqe` and :class:`RootMeanSquaredQuantileError`, on
     the flat float64 samples of :func:`_tail_update` (checked here: non-empty, finite)."""
-    eta = _check_eta(eta)
-    definition = _check_definition(definition)
+    check_args(_rmsqe_compute, locals())
+    eta = float(eta)
     g, r = _check_sample(gen, "gen"), _check_sample(ref, "ref")
-    if isinstance(num_levels, bool) or int(num_levels) < 1:
-        raise ConfigError("num_levels", "must be an integer >= 1", value=num_levels)
     n_min = min(g.numel(), r.numel())
     if definition == "blog":
         hi = 1.0 if u_max is None else float(u_max)
@@ -245,12 +232,13 @@ def _rmsqe_compute(gen: torch.Tensor, ref: torch.Tensor, eta: float = 0.975,
 
 
 # ----------------------------------------------------------------------------- LOADER
-def kde_density(samples, points, bandwidth="silverman") -> np.ndarray:
+def kde_density(samples, points, bandwidth: Bandwidth = "silverman") -> np.ndarray:
     """Gaussian KDE of ``samples`` evaluated at ``points`` (numpy float64, shape of ``points``).
 
     Exact kernel sums (kernels truncated at 9 bandwidths: relative error < 3e-18 of a kernel's
     peak); ``bandwidth`` is a number or a rule name applied to ``samples`` (:func:`bandwidth_rule`).
     """
+    check_args(kde_density, {"bandwidth": bandwidth})
     x = np.sort(_as_1d(samples, "samples").numpy())
     pts = np.asarray(points, dtype=np.float64)
     h = _bandwidth(x, bandwidth)
@@ -272,9 +260,9 @@ def _reference_window(r: np.ndarray) -> tuple[float, float]:
     return (lo - 0.5, hi + 0.5) if lo == hi else (lo, hi)
 
 
-def loader(gen, ref, window: Sequence[float] | str | None = None, floor: float = 1e-3,
-           relative_floor: bool = True, bandwidth="silverman", panels: int = 2,
-           nodes: int = 8, return_details: bool = False):
+def loader(gen, ref, window: Sequence[float] | str | None = None, floor: FinitePositiveFloat = 1e-3,
+           relative_floor: bool = True, bandwidth: Bandwidth = "silverman", panels: PositiveInt = 2,
+           nodes: PositiveInt = 8, return_details: bool = False):
     """LOADER = int |log max(p_gen, f) - log max(p_ref, f)| dx with Gaussian KDEs (module docstring).
 
     Args:
@@ -302,12 +290,13 @@ def loader(gen, ref, window: Sequence[float] | str | None = None, floor: float =
 
 def _loader_compute(gen: torch.Tensor, ref: torch.Tensor,
                     window: Sequence[float] | str | None = None, floor: float = 1e-3,
-                    relative_floor: bool = True, bandwidth="silverman", panels: int = 2,
-                    nodes: int = 8, return_details: bool = False):
+                    relative_floor: bool = True, bandwidth="silverman", panels: PositiveInt = 2,
+                    nodes: PositiveInt = 8, return_details: bool = False):
     """The *compute* primitive of :func:`loader` and :class:`LogAbsoluteDensityRatio`, on the
     flat float64 samples of :func:`_tail_update` (checked here: non-empty, finite)."""
+    check_args(_loader_compute, locals())
     g, r = _check_sample(gen, "gen"), _check_sample(ref, "ref")
-    panels, nodes = _check_quadrature(panels, nodes)
+    panels, nodes = int(panels), int(nodes)
     settings = loader_settings(r, window, floor, relative_floor, bandwidth)
     det = _loader_details(np.sort(g.numpy()), np.sort(r.numpy()), settings["bandwidth"],
                           settings["floor"], settings["window"], panels, nodes)
@@ -332,15 +321,14 @@ def _check_n_gen(n_ref: int, n_gen) -> int:
     return int(n_gen)
 
 
-def reference_splits(n_ref: int, n_gen: int, num_splits: int = 8, seed: int = 0):
+def reference_splits(n_ref: int, n_gen: int, num_splits: PositiveInt = 8, seed: int = 0):
     """``num_splits`` seeded random splits of range(n_ref) into (n_gen indices, the rest).
 
     Drawn *without* replacement (``torch.randperm``); the same (n_ref, n_gen, num_splits, seed)
     always give the same splits, so :func:`same_law_floor` and :func:`matched_score` share them.
     """
+    check_args(reference_splits, locals())
     n_gen = _check_n_gen(int(n_ref), n_gen)
-    if int(num_splits) < 1:
-        raise ConfigError("num_splits", "must be an integer >= 1", value=num_splits)
     gen = torch.Generator().manual_seed(int(seed))
     out = []
     for _ in range(int(num_splits)):
@@ -355,7 +343,7 @@ def _metric_fn(metric: str, n_gen: int, kwargs: dict, ref: torch.Tensor):
         raise ConfigError("metric", "unknown tail metric", value=metric, accepted=sorted(_COMPUTE))
     kwargs = dict(kwargs)
     if metric == "rmsqe":
-        if _check_definition(kwargs.get("definition", "blog")) == "root_mean_levels" \
+        if kwargs.get("definition", "blog") == "root_mean_levels" \
                 and kwargs.get("u_max") is None:
             # the model score rmsqe(gen, ref) uses 1 - 1/min(n_gen, n_ref) = 1 - 1/n_gen
             kwargs["u_max"] = 1.0 - 1.0 / n_gen
@@ -421,7 +409,7 @@ def _matched_compute(gen: torch.Tensor, ref: torch.Tensor, metric: str, num_spli
 
 
 def matched_rmsqe_contributions(gen, ref, num_splits: int = 8, seed: int = 0,
-                                n_gen: int | None = None, eta: float = 0.975,
+                                n_gen: int | None = None, eta: OpenUnitInterval = 0.975,
                                 u_max: float | None = None, **_ignored) -> torch.Tensor:
     """The blog RMSQE of :func:`matched_score` split by generated sample (float64, length
     len(gen), in the order of ``gen``): entry i is the mean over the splits of the part of
@@ -430,7 +418,8 @@ def matched_rmsqe_contributions(gen, ref, num_splits: int = 8, seed: int = 0,
     blog RMSQE, so ``max / sum`` is the share of the score due to its single largest
     contribution."""
     g, r = _check_sample(_tail_update(gen, "gen"), "gen"), _check_sample(_tail_update(ref, "ref"), "ref")
-    eta = _check_eta(eta)
+    check_args(matched_rmsqe_contributions, {"eta": eta})
+    eta = float(eta)
     hi = 1.0 if u_max is None else float(u_max)
     n_gen = _check_n_gen(r.numel(), g.numel() if n_gen is None else n_gen)
     order = np.argsort(g.numpy(), kind="stable")
@@ -470,11 +459,12 @@ def hill_tail_index(x, k: int) -> dict:
     return {"k": k, "alpha": a, "se": a / math.sqrt(k), "threshold": thr}
 
 
-def rmsqe_options(eta: float = 0.975, u_max: float | None = None, num_levels: int = 200,
-                  definition: str = "blog") -> dict:
+def rmsqe_options(eta: OpenUnitInterval = 0.975, u_max: float | None = None, num_levels: PositiveInt = 200,
+                  definition: Definition = "blog") -> dict:
     """The RMSQE keyword arguments of :func:`rmsqe`, checked (ConfigError naming the bad one)
     and normalised, before any sample is seen."""
-    eta, definition = _check_eta(eta), _check_definition(definition)
+    check_args(rmsqe_options, locals())
+    eta = float(eta)
     if u_max is not None:
         try:
             ok = eta < float(u_max) <= 1.0
@@ -483,24 +473,22 @@ def rmsqe_options(eta: float = 0.975, u_max: float | None = None, num_levels: in
         if not ok:
             raise ConfigError("u_max", f"must be None or lie in (eta, 1] = ({eta}, 1]", value=u_max)
         u_max = float(u_max)
-    if isinstance(num_levels, bool) or not float(num_levels).is_integer() or int(num_levels) < 1:
-        raise ConfigError("num_levels", "must be an integer >= 1", value=num_levels)
     return dict(eta=eta, u_max=u_max, num_levels=int(num_levels), definition=definition)
 
 
-def loader_options(window: Sequence[float] | str | None = None, floor: float = 1e-3,
-                   relative_floor: bool = True, bandwidth="silverman") -> dict:
+def loader_options(window: Sequence[float] | str | None = None, floor: FinitePositiveFloat = 1e-3,
+                   relative_floor: bool = True, bandwidth: Bandwidth = "silverman") -> dict:
     """The LOADER keyword arguments of :func:`loader_settings`, checked (ConfigError naming the
     bad one) and normalised, before any sample is seen."""
+    check_args(loader_options, locals())
     window = _window_arg(window)
-    floor = _check_floor(floor)
-    _check_bandwidth(bandwidth)
+    floor = float(floor)
     return dict(window=window, floor=floor, relative_floor=bool(relative_floor),
                 bandwidth=float(bandwidth) if not isinstance(bandwidth, str) else bandwidth)
 
 
-def loader_settings(ref, window: Sequence[float] | str | None = None, floor: float = 1e-3,
-                    relative_floor: bool = True, bandwidth="silverman") -> dict:
+def loader_settings(ref, window: Sequence[float] | str | None = None, floor: FinitePositiveFloat = 1e-3,
+                    relative_floor: bool = True, bandwidth: Bandwidth = "silverman") -> dict:
     """Freeze LOADER's reference-dependent settings on the full reference ``ref``.
 
     Returns ``dict(window, floor, relative_floor=False, bandwidth)``: the bandwidth rule
@@ -511,10 +499,10 @@ def loader_settings(ref, window: Sequence[float] | str | None = None, floor: flo
     ``loader(gen, ref, ...)`` computes, so passing this dict to both the model score and
     :func:`same_law_floor` makes the two use the same bandwidth / floor / window rule.
     """
+    check_args(loader_settings, locals())
     r = _as_1d(ref, "ref")
     window = _window_arg(window)
-    floor = _check_floor(floor)
-    _check_bandwidth(bandwidth)
+    floor = float(floor)
     rn = np.sort(r.numpy())
     if isinstance(window, str):
         window = _reference_window(rn)
@@ -532,12 +520,9 @@ class _TailMetric(Metric):
     higher_is_better = False
     full_state_update = False
 
-    def __init__(self, reference=None, num_splits: int | None = None, n_gen: int | None = None,
+    def __init__(self, reference=None, num_splits: Optional[PositiveInt] = None, n_gen: Optional[PositiveInt] = None,
                  split_seed: int = 0, **kwargs):
-        if num_splits is not None and int(num_splits) < 1:
-            raise ConfigError("num_splits", "must be >= 1 (or None = whole reference)", value=num_splits)
-        if n_gen is not None and (isinstance(n_gen, bool) or int(n_gen) < 1):
-            raise ConfigError("n_gen", "must be an integer >= 1 (or None = len(preds))", value=n_gen)
+        check_args(_TailMetric.__init__, locals())
         super().__init__(**kwargs)
         self.add_state("preds", default=[], dist_reduce_fx="cat")
         self.add_state("target", default=[], dist_reduce_fx="cat")
@@ -579,8 +564,8 @@ class RootMeanSquaredQuantileError(_TailMetric):
     ``same_law_floor(ref, "rmsqe", num_splits, split_seed, n_gen)``) instead of rmsqe(gen, ref).
     """
 
-    def __init__(self, eta: float = 0.975, u_max: float | None = None, num_levels: int = 200,
-                 reference=None, definition: str = "blog", **kwargs):
+    def __init__(self, eta: OpenUnitInterval = 0.975, u_max: float | None = None, num_levels: PositiveInt = 200,
+                 reference=None, definition: Definition = "blog", **kwargs):
         opts = rmsqe_options(eta, u_max, num_levels, definition)
         super().__init__(reference=reference, **kwargs)
         self.eta, self.u_max, self.num_levels = opts["eta"], opts["u_max"], opts["num_levels"]
@@ -600,11 +585,12 @@ class LogAbsoluteDensityRatio(_TailMetric):
     window, floor, floor fractions; see :func:`loader`).
     """
 
-    def __init__(self, window: Sequence[float] | str | None = None, floor: float = 1e-3,
-                 relative_floor: bool = True, bandwidth="silverman", panels: int = 2,
-                 nodes: int = 8, reference=None, **kwargs):
+    def __init__(self, window: Sequence[float] | str | None = None, floor: FinitePositiveFloat = 1e-3,
+                 relative_floor: bool = True, bandwidth: Bandwidth = "silverman", panels: PositiveInt = 2,
+                 nodes: PositiveInt = 8, reference=None, **kwargs):
+        check_args(LogAbsoluteDensityRatio.__init__, locals())
         opts = loader_options(window, floor, relative_floor, bandwidth)
-        panels, nodes = _check_quadrature(panels, nodes)
+        panels, nodes = int(panels), int(nodes)
         super().__init__(reference=reference, **kwargs)
         self.panels, self.nodes = panels, nodes
         self.window, self.floor = opts["window"], opts["floor"]
