@@ -34,30 +34,50 @@ from .errors import ConfigError
 __all__ = ["PositiveFloat", "PositiveInt", "NonNegativeFloat", "NonNegativeInt",
            "ClosedUnitInterval", "OpenUnitInterval", "HalfOpenUnitInterval", "GreaterThanOne",
            "FinitePositiveFloat", "FiniteNonNegativeFloat", "IntAtLeastTwo",
-           "check_args", "describe", "plain_numbers"]
-
-#: a number in [0, 1): an EMA decay, a quantile below the maximum
-HalfOpenUnitInterval = restricted_number_type("HalfOpenUnitInterval", float, [(">=", 0), ("<", 1)])
-#: a finite number > 0 (``inf`` and ``nan`` refused): a learning rate, a sigma
-FinitePositiveFloat = restricted_number_type("FinitePositiveFloat", float, [(">", 0), ("<", float("inf"))])
-#: a finite number >= 0
-FiniteNonNegativeFloat = restricted_number_type("FiniteNonNegativeFloat", float,
-                                                [(">=", 0), ("<", float("inf"))])
-#: an integer >= 2: a sample count a split or a nearest-neighbour ratio needs
-IntAtLeastTwo = restricted_number_type("IntAtLeastTwo", int, (">=", 2))
-#: a number > 1: a ratio that must grow
-GreaterThanOne = restricted_number_type("GreaterThanOne", float, (">", 1))
+           "check_args", "describe", "plain_numbers", "ranged"]
 
 #: what each restricted type accepts, in words
 _WORDS: Dict[type, str] = {
     PositiveFloat: "a number > 0", PositiveInt: "an integer > 0",
     NonNegativeFloat: "a number >= 0", NonNegativeInt: "an integer >= 0",
     ClosedUnitInterval: "a number in [0, 1]", OpenUnitInterval: "a number in (0, 1)",
-    HalfOpenUnitInterval: "a number in [0, 1)", GreaterThanOne: "a number > 1",
-    FinitePositiveFloat: "a finite number > 0", FiniteNonNegativeFloat: "a finite number >= 0",
-    IntAtLeastTwo: "an integer >= 2",
 }
-_RESTRICTED = tuple(_WORDS)
+#: the types :func:`ranged` made, by (base, restrictions)
+_RANGED: Dict[tuple, type] = {}
+
+
+def _restriction_key(restrictions: Any) -> tuple:
+    pairs = [restrictions] if isinstance(restrictions, tuple) and isinstance(restrictions[0], str) \
+        else list(restrictions)
+    return tuple(sorted((str(op), float(v)) for op, v in pairs))
+
+
+def ranged(name: str, base: type, restrictions: Any, words: str) -> type:
+    """A restricted number type for a range the types above do not cover, with that range in
+    words for :func:`describe` and the errors (``ranged("Octaves", float, [(">=", 0), ("<=", 4)],
+    "a number in [0, 4]")``); ``restrictions`` as jsonargparse's ``restricted_number_type``.
+    jsonargparse registers one type per range, so declaring a range twice returns the first type."""
+    key = (base, _restriction_key(restrictions))
+    if key in _RANGED:
+        return _RANGED[key]
+    kind = restricted_number_type(name, base, restrictions)
+    _WORDS.setdefault(kind, words)
+    _RANGED[key] = kind
+    return kind
+
+
+#: a number in [0, 1): an EMA decay, a quantile below the maximum
+HalfOpenUnitInterval = ranged("HalfOpenUnitInterval", float, [(">=", 0), ("<", 1)], "a number in [0, 1)")
+#: a finite number > 0 (``inf`` and ``nan`` refused): a learning rate, a sigma
+FinitePositiveFloat = ranged("FinitePositiveFloat", float, [(">", 0), ("<", float("inf"))],
+                             "a finite number > 0")
+#: a finite number >= 0
+FiniteNonNegativeFloat = ranged("FiniteNonNegativeFloat", float, [(">=", 0), ("<", float("inf"))],
+                                "a finite number >= 0")
+#: an integer >= 2: a sample count a split or a nearest-neighbour ratio needs
+IntAtLeastTwo = ranged("IntAtLeastTwo", int, (">=", 2), "an integer >= 2")
+#: a number > 1: a ratio that must grow
+GreaterThanOne = ranged("GreaterThanOne", float, (">", 1), "a number > 1")
 
 
 def describe(annotation: Any) -> str:
@@ -172,14 +192,3 @@ def check_args(fn: Callable, values: Mapping[str, Any], skip: Tuple[str, ...] = 
                 raise cls(name, "unknown value", value=value, accepted=list(typing.get_args(annotation)))
             raise cls(name, f"must be {describe(annotation)}", value=value)
 
-
-def ranged(name: str, base: type, restrictions: Any, words: str) -> type:
-    """A restricted number type for a range the types above do not cover, with that range in
-    words for :func:`describe` and the errors (``ranged("Octaves", float, [(">=", 0), ("<=", 4)],
-    "a number in [0, 4]")``); ``restrictions`` as jsonargparse's ``restricted_number_type``."""
-    kind = restricted_number_type(name, base, restrictions)
-    _WORDS[kind] = words
-    return kind
-
-
-__all__ += ["ranged"]

@@ -108,3 +108,13 @@ def test_a_config_file_value_is_named_by_its_path(tmp_path, capsys):
         PFDLightningCLI(args=["--config", str(cfg)], run=False)
     err = capsys.readouterr().err
     assert e.value.code == 2 and 'Parser key "model.init_args.width"' in err and "-2" in err
+
+
+def test_a_range_declared_twice_is_one_type():
+    """jsonargparse registers one type per range: a second declaration of the same range (in
+    another module, under another name) is the first type, not an import-time error."""
+    from lightning_pfd.validation import IntAtLeastTwo, ranged
+
+    assert ranged("AtLeastTwoAgain", int, (">=", 2), "an integer >= 2") is IntAtLeastTwo
+    Unit = ranged("UnitAgain", float, [(">=", 0), ("<", 1)], "a number in [0, 1)")
+    assert Unit is HalfOpenUnitInterval

@@ -28,7 +28,7 @@ from typing import Dict, List, Literal, Optional, Sequence, Tuple, get_args
 import numpy as np
 
 from ..errors import ConfigError
-from ..validation import (ClosedUnitInterval, NonNegativeFloat, NonNegativeInt, OpenUnitInterval, PositiveFloat,
+from ..validation import (ClosedUnitInterval, IntAtLeastTwo, NonNegativeFloat, NonNegativeInt, OpenUnitInterval, PositiveFloat,
                           PositiveInt, check_args, ranged)
 
 __all__ = [
@@ -45,7 +45,6 @@ _EPS = 1e-12
 #: the overlap taper of the collapse objective, in octaves of N
 Octaves = ranged("Octaves", float, [(">=", 0), ("<=", 4)], "a number of octaves in [0, 4]")
 #: a sample count that admits an unbiased (U-statistic) estimate
-AtLeastTwo = ranged("AtLeastTwo", int, (">=", 2), "an integer >= 2")
 
 
 # ----------------------------------------------------------------------------- cells
@@ -712,7 +711,7 @@ def _kernel_sum(x, y, d, chunk, skip_diagonal) -> float:
     return total
 
 
-def psi_kid(a, b, *, paired: bool = False, max_samples: Optional[AtLeastTwo] = None,
+def psi_kid(a, b, *, paired: bool = False, max_samples: Optional[IntAtLeastTwo] = None,
             chunk: PositiveInt = 1024) -> float:
     """KID in Ψ space: the unbiased MMD² with the cubic polynomial kernel k(x, y) = (x·y/d + 1)³
     (Bińkowski et al. 2018), on all points (no random subsets: deterministic).

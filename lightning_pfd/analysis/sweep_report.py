@@ -41,9 +41,9 @@ from typing import Dict, List, Literal, Optional, Sequence, get_args
 import numpy as np
 
 from ..errors import ConfigError, ShortErrorParser, renamed_fields
-from ..validation import NonNegativeInt, OpenUnitInterval, PositiveInt, check_args
+from ..validation import IntAtLeastTwo, NonNegativeInt, OpenUnitInterval, PositiveInt, check_args
 from .report import _atomic_write, _fmt, holds_report
-from .scaling import (AtLeastTwo, bias_variance_cell, bootstrap_collapse, cell_means,
+from .scaling import (bias_variance_cell, bootstrap_collapse, cell_means,
                       collapse_coordinate, group_cells, psi_fid, psi_kid, transition_point)
 
 __all__ = ["RESULTS_FILE", "SPEC_FILE", "SWEEP_REPORT_FILES", "SweepData", "load_sweep",
@@ -791,7 +791,7 @@ def _consistency(sweep, per_trial, mismatch) -> list:
 def write_sweep_report(sweep_dir, out_dir=None, force: bool = False, *, model_size=None,
                        bootstrap: PositiveInt = 200, bootstrap_seed: NonNegativeInt = 0,
                        level: OpenUnitInterval = 0.90, gamma_bounds=(-0.5, 1.5), which: Which = "final",
-                       kid_max_samples: Optional[AtLeastTwo] = 4096) -> dict:
+                       kid_max_samples: Optional[IntAtLeastTwo] = 4096) -> dict:
     """Analyse a sweep and write the figures, ``report.md`` and ``analysis.json``.
 
     ``out_dir`` defaults to ``SWEEP_DIR/report``; a directory holding a report is kept and the

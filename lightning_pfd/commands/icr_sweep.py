@@ -43,7 +43,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from ..errors import ConfigError, ShortErrorParser, renamed_fields
 from ..evaluation.icr_sweep import DEFAULT_SIGMAS, sweep, sweep_evaluation
-from ..validation import FinitePositiveFloat, NonNegativeInt, PositiveInt, ranged
+from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeInt, PositiveInt
 from . import COMMANDS, run_guarded, typed
 
 __all__ = ["main", "validate_args", "check_loaded", "build_datamodule", "load_module", "instantiate",
@@ -227,7 +227,7 @@ def plot(rows: List[Dict[str, float]], path: Path) -> None:
 #: the option types: argparse refuses a value outside them naming the option (status 2)
 _SIGMA = typed(FinitePositiveFloat)
 _POSITIVE = typed(PositiveInt)
-_NUM_IMAGES = typed(ranged("AtLeastTwo", int, (">=", 2), "an integer >= 2"))
+_NUM_IMAGES = typed(IntAtLeastTwo)
 
 
 def _parser() -> argparse.ArgumentParser:
