@@ -299,6 +299,14 @@ def display(key: str) -> str:
     return BUILTIN.display(key)
 
 
+def higher_is_better(key: str) -> Optional[bool]:
+    """torchmetrics' ``higher_is_better`` of the metric logged as built-in ``key``: the direction
+    is declared once, in the table below (it must be known without importing torch), and the
+    metric classes read it from here."""
+    lower = BUILTIN.get(key).lower_is_better
+    return None if lower is None else not lower
+
+
 def slug(key: str) -> str:
     """``key`` as one identifier (``sw/e_gen`` -> ``sw_e_gen``), e.g. in event names."""
     return re.sub(r"[^A-Za-z0-9_]+", "_", key).strip("_")

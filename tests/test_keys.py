@@ -114,9 +114,14 @@ def test_a_metric_class_is_the_one_declaration_of_its_key():
     assert (plain.display, plain.lower_is_better, plain.detectors) == ("u/x", None, ())
 
 
-def test_builtin_directions_agree_with_the_metric_classes():
-    """The built-in table and torchmetrics' ``higher_is_better`` of the shipped metrics say the
-    same (E_mem has no direction: it depends on the regime)."""
+def test_builtin_directions_are_declared_once():
+    """torchmetrics' ``higher_is_better`` of the shipped metrics is read from the key table (the
+    one declaration, readable without torch): no metric class states a direction of its own
+    literally, and the classes agree with the table (E_mem has no direction: it depends on the
+    regime)."""
+    import ast
+    from pathlib import Path
+
     from lightning_pfd.metrics import (InvariantContaminationRatio, LogAbsoluteDensityRatio, MemorizationRatio,
                                        ProbabilityFlowDistance, RootMeanSquaredQuantileError)
 
@@ -124,6 +129,11 @@ def test_builtin_directions_agree_with_the_metric_classes():
                      ("mem/ratio", MemorizationRatio), ("tail/rmsqe", RootMeanSquaredQuantileError),
                      ("tail/loader", LogAbsoluteDensityRatio)]:
         assert keys.get(key).lower_is_better is (not cls.higher_is_better), key
+        source = Path(__import__(cls.__module__, fromlist=["_"]).__file__).read_text()
+        (node,) = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
+        literal = [a for a in node.body if isinstance(a, ast.Assign) and isinstance(a.value, ast.Constant)
+                   and any(getattr(t, "id", None) == "higher_is_better" for t in a.targets)]
+        assert not literal, f"{cls.__name__} states higher_is_better literally"
 
 
 @pytest.mark.parametrize("kwargs, field", [

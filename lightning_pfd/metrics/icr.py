@@ -56,6 +56,7 @@ from typing import Dict, Literal, Optional, Union
 import torch
 from torchmetrics import Metric
 
+from .. import keys
 from ..errors import ConfigError
 from ..validation import FiniteNonNegativeFloat, NonNegativeFloat, PositiveInt, check_args
 
@@ -337,7 +338,7 @@ class InvariantContaminationRatio(Metric):
     """
 
     is_differentiable = False
-    higher_is_better = False
+    higher_is_better = keys.higher_is_better("icr/icr")  # the key table declares it
     full_state_update = False
 
     def __init__(self, tau: TauSpec = "auto", normalize: bool = False,

@@ -35,6 +35,7 @@ from typing import Callable, Literal, Optional, Tuple
 import torch
 from torchmetrics import Metric
 
+from .. import keys
 from ..errors import ConfigError
 from ..validation import IntAtLeastTwo, PositiveInt, check_args
 
@@ -210,7 +211,7 @@ class MemorizationRatio(Metric):
     """
 
     is_differentiable = False
-    higher_is_better = False
+    higher_is_better = keys.higher_is_better("mem/ratio")  # the key table declares it
     full_state_update = False
 
     def __init__(self, threshold: Optional[float] = None, criterion: Criterion = "cosine",

@@ -19,6 +19,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 from torchmetrics import Metric
 
+from .. import keys
 from ..diffusion.noise import seeded_noise
 from ..diffusion.sampling import (SamplerSettings, clamp_sigmas, heun_sample, karras_sigmas, module_device,
                                   resolve_sampler)
@@ -78,7 +79,7 @@ class ProbabilityFlowDistance(Metric):
     """
 
     is_differentiable = False
-    higher_is_better = False
+    higher_is_better = keys.higher_is_better("pfd/e_gen")  # the key table declares it
     full_state_update = False
 
     def __init__(self, descriptor=None, per_dimension: bool = False, **kwargs):

@@ -91,6 +91,7 @@ import torch
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
+from .. import keys
 from ..errors import ConfigError
 from ..validation import FinitePositiveFloat, OpenUnitInterval, PositiveInt, check_args
 from .kde import (_KDE_TRUNCATION, BANDWIDTH_RULES, Bandwidth, _bandwidth, _check_window, _kde_peak, _loader_details, _TruncatedKDE,
@@ -517,7 +518,6 @@ class _TailMetric(Metric):
     """Shared state handling: 'cat' states of scalar observables (exact under DDP)."""
 
     is_differentiable = False
-    higher_is_better = False
     full_state_update = False
 
     def __init__(self, reference=None, num_splits: Optional[PositiveInt] = None, n_gen: Optional[PositiveInt] = None,
@@ -564,6 +564,8 @@ class RootMeanSquaredQuantileError(_TailMetric):
     ``same_law_floor(ref, "rmsqe", num_splits, split_seed, n_gen)``) instead of rmsqe(gen, ref).
     """
 
+    higher_is_better = keys.higher_is_better("tail/rmsqe")  # the key table declares it
+
     def __init__(self, eta: OpenUnitInterval = 0.975, u_max: float | None = None, num_levels: PositiveInt = 200,
                  reference=None, definition: Definition = "blog", **kwargs):
         opts = rmsqe_options(eta, u_max, num_levels, definition)
@@ -584,6 +586,8 @@ class LogAbsoluteDensityRatio(_TailMetric):
     Without splits, ``last_details`` holds the details dict of the last ``compute`` (effective
     window, floor, floor fractions; see :func:`loader`).
     """
+
+    higher_is_better = keys.higher_is_better("tail/loader")  # the key table declares it
 
     def __init__(self, window: Sequence[float] | str | None = None, floor: FinitePositiveFloat = 1e-3,
                  relative_floor: bool = True, bandwidth: Bandwidth = "silverman", panels: PositiveInt = 2,
