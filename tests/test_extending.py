@@ -38,7 +38,7 @@ from lightning_pfd.cli import CONFIG_DIR, main
 from lightning_pfd.diffusion import GaussianDenoiser
 from lightning_pfd.diffusion.families import _FAMILIES, build_family, get_family
 from lightning_pfd.errors import ConfigError
-from lightning_pfd.evaluation.flow import Collective
+from lightning_pfd.evaluation.base import Comm
 from lightning_pfd.commands.fit import PFDLightningCLI
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
@@ -148,7 +148,7 @@ def test_sliced_wasserstein_against_closed_forms(ext):
         my_metrics.SlicedWasserstein(num_projections=0)
 
 
-class _ThreadCollective(Collective):
+class _ThreadCollective(Comm):
     """``world`` processes simulated by threads exchanging tensors through shared slots."""
 
     def __init__(self, slots, barrier, rank):

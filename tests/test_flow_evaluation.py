@@ -33,7 +33,8 @@ from lightning_pfd.diffusion.sampling import SamplerSettings, sample_endpoints
 from lightning_pfd.diffusion.streams import stream
 from lightning_pfd.errors import ConfigError
 from lightning_pfd.evaluation import flow as flow_mod
-from lightning_pfd.evaluation.flow import Collective, FlowEvaluation, check_one_solver
+from lightning_pfd.evaluation.base import Comm
+from lightning_pfd.evaluation.flow import FlowEvaluation, check_one_solver
 from lightning_pfd.metrics import probability_flow_distance
 from lightning_pfd.metrics.baselines import gaussian_pfd
 from lightning_pfd.modules import DiffusionModule
@@ -168,7 +169,7 @@ class _ThreadGroup:
         self.barrier = threading.Barrier(world, timeout=60)
 
 
-class ThreadCollective(Collective):
+class ThreadCollective(Comm):
     """world processes simulated by threads that exchange tensors through shared slots."""
 
     def __init__(self, group, rank):

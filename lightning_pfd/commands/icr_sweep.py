@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import math
 import sys
@@ -43,6 +42,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from ..errors import ConfigError, ShortErrorParser, renamed_fields
 from ..evaluation.icr_sweep import DEFAULT_SIGMAS, sweep, sweep_evaluation
+from ..classpath import import_class
 from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeInt, PositiveInt
 from . import COMMANDS, run_guarded, typed
 
@@ -64,11 +64,10 @@ _FLAG_ARGS = ("num_images", "sigma", "sigmas", "tap", "d_proj", "level", "views_
 # ----------------------------------------------------------------------------- loading
 def _import(path: str, field: str = "class_path"):
     """The class at ``package.module.Class`` (ConfigError naming ``field`` when it does not exist)."""
-    module, _, name = path.rpartition(".")
-    if not module:
+    if not path.rpartition(".")[0]:
         raise ConfigError(field, "expected a class path 'package.module.Class'", value=path)
     try:
-        return getattr(importlib.import_module(module), name)
+        return import_class(path)
     except (ImportError, AttributeError) as e:
         raise ConfigError(field, f"cannot import {path!r} ({type(e).__name__}: {e})", value=path) from e
 

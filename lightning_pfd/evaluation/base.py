@@ -40,7 +40,7 @@ import torch
 from ..errors import ConfigError
 from . import sharding
 
-__all__ = ["Evaluation", "Measurement", "Units", "NonFinite", "Comm", "Collective", "SingleProcess",
+__all__ = ["Evaluation", "Measurement", "Units", "NonFinite", "Comm", "SingleProcess",
            "SINGLE", "TorchDistributed", "StrategyCollective", "strategy_comm", "distributed_world",
            "process_of"]
 
@@ -104,10 +104,6 @@ class Comm:
         """``flag`` on every process (a sum of the failures)."""
         failures = torch.tensor([0.0 if flag else 1.0], dtype=torch.float64, device=device)
         return float(self.all_sum(failures)[0]) == 0.0
-
-
-#: the historical name of :class:`Comm`
-Collective = Comm
 
 
 class SingleProcess(Comm):

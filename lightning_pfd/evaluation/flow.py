@@ -34,7 +34,7 @@ subclass, or a ``functools.partial``) called with the keyword arguments ``dist_s
 ``distributed_available_fn``; the result has ``update(student_features, reference_features)``
 (rows of both come from the same seeds, float64, shape (B, F); called once per ``batch_size``
 rows) and ``compute()``. Each process updates it with its own shard; ``compute`` synchronises
-the states through the evaluation's :class:`Collective` (torch.distributed by default), so a
+the states through the evaluation's :class:`~lightning_pfd.evaluation.base.Comm` (torch.distributed by default), so a
 torchmetrics metric whose states are sums or concatenations gives the same value for every number
 of processes. A student with any
 non-finite endpoint or feature gives NaN for every metric -- never a value over part of the seeds.
@@ -62,9 +62,9 @@ from ..metrics.descriptors import IdentityDescriptor, build_descriptor, descript
 from ..metrics.pfd import ProbabilityFlowDistance, paired_sq_distances
 from ..validation import NonNegativeInt, PositiveInt, check_args
 from . import sharding
-from .base import SINGLE, Collective, Comm, Measurement, NonFinite, StrategyCollective, TorchDistributed, Units
+from .base import SINGLE, Comm, Measurement, NonFinite, StrategyCollective, TorchDistributed, Units
 
-__all__ = ["FlowEvaluation", "FlowResult", "Reference", "Collective", "TorchDistributed",
+__all__ = ["FlowEvaluation", "FlowResult", "Reference", "Comm", "TorchDistributed",
            "StrategyCollective", "image_grid", "metric_factory", "pfd_standard_error", "check_sigma_space_model",
            "check_one_solver", "DEFAULT_GEN_SEED_OFFSET", "LOSS_TRAIN_SEED_OFFSET", "LOSS_TEST_SEED_OFFSET"]
 
@@ -191,7 +191,7 @@ class FlowEvaluation:
             denoiser (memory knobs).
         num_loss_samples: leading training / held-out samples of the frozen-noise losses (None: all).
         use_cache: read / write the reference cache (``$LIGHTNING_PFD_CACHE/pfd``).
-        comm: the :class:`Collective` to shard over (default :class:`TorchDistributed`).
+        comm: the :class:`~lightning_pfd.evaluation.base.Comm` to shard over (default :class:`TorchDistributed`).
         default_metrics: register ``e_gen`` (teacher) and ``e_mem`` (empirical) PFDs.
         field: maps an argument name to the name reported in errors (default: the name itself;
             a monitor passes its own config field).
@@ -208,7 +208,7 @@ class FlowEvaluation:
                  settings: Optional[SamplerSettings] = None, descriptor: Any = None,
                  batch_size: PositiveInt = 256, chunk_size: PositiveInt = 4096,
                  num_loss_samples: Optional[PositiveInt] = 1024,
-                 use_cache: bool = True, comm: Optional[Collective] = None, default_metrics: bool = True,
+                 use_cache: bool = True, comm: Optional[Comm] = None, default_metrics: bool = True,
                  field: Optional[Callable[[str], str]] = None):
         self._field = field or (lambda arg: arg)
         with renamed_fields(self._field, _OWN_ARGS):  # seed_offset: the caller's (a datamodule's) own
