@@ -254,7 +254,7 @@ def _quickstart_parts(train_steps: int, root: str):
 
     pl.seed_everything(0, verbose=False)
     dm = TeacherDistillationDataModule(**QS_DATA)
-    model = DiffusionModule(MLPNet(**QS_NET), precond="edm", lr=1e-3, ema_decay=0.995)
+    model = DiffusionModule(MLPNet(**QS_NET), family="edm", lr=1e-3, ema_decay=0.995)
     if train_steps:
         pl.Trainer(accelerator="cpu", devices=1, max_steps=train_steps, logger=False, enable_checkpointing=False,
                    enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
@@ -295,7 +295,7 @@ def _icr_unet_rounds(rec: "Record", rounds: int) -> None:
 
     torch.manual_seed(0)
     model = DiffusionModule(UNet(img_resolution=16, in_channels=1, model_channels=16, channel_mult=[1, 2],
-                                 num_blocks=1, attn_resolutions=[]), precond="edm")
+                                 num_blocks=1, attn_resolutions=[]), family="edm")
     data = torch.rand(1024, 1, 16, 16) * 2 - 1
     ev = RepresentationEvaluation(data, num_images=None, sigma=0.29, level=1, views_per_image=1, d_proj=16, seed=1)
     ev.measure(model, 0, 1)  # warm-up
@@ -524,7 +524,7 @@ def _training_case(net_args: dict, windows_n: int, every: int = 25, bare: bool =
     root = tempfile.mkdtemp(prefix="pfd_bench_train_")
     pl.seed_everything(0, verbose=False)
     dm = TeacherDistillationDataModule(**QS_DATA)
-    model = DiffusionModule(MLPNet(**net_args), precond="edm", lr=1e-3, ema_decay=0.995)
+    model = DiffusionModule(MLPNet(**net_args), family="edm", lr=1e-3, ema_decay=0.995)
     net = copy.deepcopy(model.net)  # the plain loop's copy of the same initial weights
     if bare:
         model = _bare_module(model.net)

@@ -24,6 +24,7 @@ import numbers
 import typing
 from typing import Any, Callable, Dict, Literal, Mapping, Optional, Tuple
 
+from jsonargparse import Namespace
 from jsonargparse.typing import (ClosedUnitInterval, NonNegativeFloat, NonNegativeInt,
                                  OpenUnitInterval, PositiveFloat, PositiveInt,
                                  restricted_number_type)
@@ -33,7 +34,7 @@ from .errors import ConfigError
 __all__ = ["PositiveFloat", "PositiveInt", "NonNegativeFloat", "NonNegativeInt",
            "ClosedUnitInterval", "OpenUnitInterval", "HalfOpenUnitInterval", "GreaterThanOne",
            "FinitePositiveFloat", "FiniteNonNegativeFloat",
-           "check_args", "describe"]
+           "check_args", "describe", "plain_numbers"]
 
 #: a number in [0, 1): an EMA decay, a quantile below the maximum
 HalfOpenUnitInterval = restricted_number_type("HalfOpenUnitInterval", float, [(">=", 0), ("<", 1)])
@@ -138,3 +139,25 @@ def check_args(fn: Callable, values: Mapping[str, Any], skip: Tuple[str, ...] = 
             if typing.get_origin(annotation) is Literal:
                 raise cls(name, "unknown value", value=value, accepted=list(typing.get_args(annotation)))
             raise cls(name, f"must be {describe(annotation)}", value=value)
+
+
+def plain_numbers(value: Any) -> Any:
+    """``value`` with every restricted number -- what jsonargparse makes of a value of a declared
+    type, an instance of a subclass of int or float such as :data:`PositiveInt` -- turned into the
+    plain int or float, through namespaces (in place), lists, tuples and dicts. The command line
+    hands classes plain numbers, so their saved hyper-parameters, ``hparams.yaml`` and
+    checkpoints hold plain numbers too."""
+    if isinstance(value, bool) or type(value) in (int, float):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain_numbers(v) for v in value)
+    if isinstance(value, dict):
+        return {k: plain_numbers(v) for k, v in value.items()}
+    if isinstance(value, Namespace):
+        for k, v in vars(value).items():
+            setattr(value, k, plain_numbers(v))
+    return value

@@ -34,6 +34,7 @@ from ..contracts import check_data_shape
 from ..errors import ConfigError, did_you_mean, suggest_option
 from ..locks import acquire as acquire_lock
 from ..locks import release_all as release_locks
+from ..validation import plain_numbers
 from . import (CONFIG_DIR, DEFAULT_CONFIG, LIGHTNING_SUBCOMMANDS, PROG, debug_enabled, pop_flag,
                print_extra_help, run_guarded)
 from .fit_help import parser_kwargs
@@ -156,10 +157,19 @@ def _config_paths(path: str, key: str) -> list:
 
 def _value_hint(key: str, message: str) -> Optional[str]:
     """Which value of ``key`` the parser refused: the one jsonargparse reports ("Given value:"),
-    said to come from the command line when it was typed there (a key may be given twice)."""
+    said to come from the command line when it was typed there (a key may be given twice); for
+    a declared set of choices (``Literal``), the accepted one closest to it."""
     m = re.search(r"Given value: (.*)", message)
     refused = m.group(1).strip() if m else None
     typed = _argv_values(key)
+    choices = re.search(r"typing\.Literal\[(.*?)\]", message)  # a declared set of choices
+    got = re.search(r"Got value: (\S+)", message)
+    value = refused if refused is not None else (got.group(1) if got else (typed[-1] if typed else None))
+    if choices and value is not None:
+        accepted = re.findall(r"'([^']*)'", choices.group(1))
+        close = did_you_mean(value, accepted)
+        if close is not None:
+            return f"did you mean {close!r}? (accepted: {', '.join(accepted)})"
     if refused is not None and refused in typed:
         return f"the value given for --{key} was {refused!r}"
     if refused is not None:
@@ -373,7 +383,9 @@ class PFDLightningCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         """A class that refuses its arguments raises a ConfigError naming them, not a nested
-        jsonargparse union error that echoes the whole config."""
+        jsonargparse union error that echoes the whole config. Classes receive plain numbers
+        (:func:`~lightning_pfd.validation.plain_numbers`), never jsonargparse's restricted types."""
+        plain_numbers(self.config)
         try:
             super().instantiate_classes()
         except ConfigError as e:

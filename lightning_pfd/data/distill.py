@@ -148,8 +148,8 @@ class TeacherDistillationDataModule(TensorDataModule):
         check_disjoint_ranges(("train_seed_offset", train_seed_offset, "n_train", n_train),
                               ("test_seed_offset", test_seed_offset, "n_test", n_test),
                               ("gen_seed_offset", gen_seed_offset, "n_gen", n_gen))
-        settings = SamplerSettings.checked("data.init_args.", sampler=sampler, num_steps=num_steps,
-                                           sigma_min=sigma_min, sigma_max=sigma_max, rho=rho)
+        settings = SamplerSettings(sampler=sampler, num_steps=num_steps, sigma_min=sigma_min,
+                                   sigma_max=sigma_max, rho=rho)
         if isinstance(gen_batch_size, bool) or not isinstance(gen_batch_size, int) or gen_batch_size < 1:
             raise ValueError(f"gen_batch_size: must be an integer >= 1, got {gen_batch_size!r}")
         if teacher is not None and teacher_ckpt is not None:

@@ -2,7 +2,7 @@
 *Evaluating the Representation Space of Diffusion Models via Self-Supervised Principles*, the ICR paper).
 
 The network is fed what it sees inside the denoiser, ``(c_in x, c_noise) =
-precond.network_input(x, sigma)``, and the output of the module ``net.feature_taps[tap]`` is
+denoiser.network_input(x, sigma)``, and the output of the module ``net.feature_taps[tap]`` is
 returned, mean-pooled over space for (B, C, H, W) activations (App. C). When the net offers
 ``forward_features(x_in, c_noise, tap)`` (UNet, MLPNet) the forward stops right after the tap;
 otherwise a forward hook captures the tap output and aborts the rest of the forward pass with an
