@@ -406,7 +406,7 @@ def cases(fx: Path) -> List[Case]:
              fit + ["--trainer.max_ep", "2"], setup=[write_config()], must=["max_ep", "max_epochs"],
              note="the hint should name the option the abbreviation stands for"))
     add(Case("cli-03", "CLI", "negative learning rate as typed (quickstart)",
-             ["fit", "--config", "quickstart", "--model.init_args.lr", "-1e-3"], must=["lr", "0.001"]))
+             ["fit", "--config", "quickstart", "--model.init_args.lr", "-1e-3"], must=["lr", "-1e-3"]))
     add(Case("cli-06", "CLI", "max_epochs as a word", fit + ["--trainer.max_epochs", "two"],
              setup=[write_config()], must=["max_epochs", "two"]))
     add(Case("cli-08", "CLI", "missing config file", ["fit", "--config", "my_config.yaml"],

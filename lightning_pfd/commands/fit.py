@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -78,7 +79,12 @@ class PFDArgumentParser(LightningArgumentParser):
     unknown option. ``--debug`` / ``LIGHTNING_PFD_DEBUG=1`` restores jsonargparse's full output."""
 
     def error(self, message: str, ex=None):
-        if debug_enabled():
+        if debug_enabled():  # the traceback of the refusal, then jsonargparse's own report
+            if ex is not None and ex.__traceback__ is not None:
+                traceback.print_exception(ex, file=sys.stderr)
+            else:
+                sys.stderr.write("Traceback (most recent call last):\n")
+                traceback.print_stack(file=sys.stderr)
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = parser.prog.replace(" [options]", "")
