@@ -33,7 +33,7 @@ from .errors import ConfigError
 
 __all__ = ["PositiveFloat", "PositiveInt", "NonNegativeFloat", "NonNegativeInt",
            "ClosedUnitInterval", "OpenUnitInterval", "HalfOpenUnitInterval", "GreaterThanOne",
-           "FinitePositiveFloat", "FiniteNonNegativeFloat",
+           "FinitePositiveFloat", "FiniteNonNegativeFloat", "StabilityIndex",
            "check_args", "describe", "plain_numbers"]
 
 #: a number in [0, 1): an EMA decay, a quantile below the maximum
@@ -45,6 +45,8 @@ FiniteNonNegativeFloat = restricted_number_type("FiniteNonNegativeFloat", float,
                                                 [(">=", 0), ("<", float("inf"))])
 #: a number > 1: a ratio that must grow
 GreaterThanOne = restricted_number_type("GreaterThanOne", float, (">", 1))
+#: a number in (1, 2]: the stability index alpha of alpha-stable noise
+StabilityIndex = restricted_number_type("StabilityIndex", float, [(">", 1), ("<=", 2)])
 
 #: what each restricted type accepts, in words
 _WORDS: Dict[type, str] = {
@@ -53,6 +55,7 @@ _WORDS: Dict[type, str] = {
     ClosedUnitInterval: "a number in [0, 1]", OpenUnitInterval: "a number in (0, 1)",
     HalfOpenUnitInterval: "a number in [0, 1)", GreaterThanOne: "a number > 1",
     FinitePositiveFloat: "a finite number > 0", FiniteNonNegativeFloat: "a finite number >= 0",
+    StabilityIndex: "a number in (1, 2]",
 }
 _RESTRICTED = tuple(_WORDS)
 

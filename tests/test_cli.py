@@ -133,6 +133,16 @@ def test_a_misspelt_declared_choice_suggests_the_close_one(tmp_path, where, caps
     assert not (tmp_path / "run").exists()
 
 
+def test_debug_prints_the_traceback_of_a_refusal_while_parsing(tmp_path, capsys):
+    """``--debug``: a value its declared type refuses while parsing shows the traceback too."""
+    cfg = _tiny_config(tmp_path, **{"model.init_args.lr": 0})
+    with pytest.raises(SystemExit) as e:
+        _run(["fit", "--config", str(cfg), "--debug"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback (most recent call last)" in err
+    assert "does not conform to restriction v>0" in err and not (tmp_path / "run").exists()
+
+
 def test_unknown_config_name_lists_embedded_configs(capsys):
     assert _run(["fit", "--config", "no_such_config"]) == 2
     assert "quickstart" in capsys.readouterr().err
@@ -386,3 +396,23 @@ def test_quickstart_start_up_prints_our_line_first_and_no_library_noise(tmp_path
     assert [n for n in START_UP_NOISE if n in text] == [], text
     assert "W&B ran offline (no credentials): upload later with `wandb login`" in text
     assert list((tmp_path / "runs" / "quickstart" / "wandb").glob("offline-run-*"))  # W&B did log
+
+
+def test_a_missing_file_refused_by_a_datamodule_is_named_by_its_config_path():
+    """A MissingFileError (a ConfigError that is also a FileNotFoundError) raised in a
+    datamodule's ``__init__`` keeps its class and gets the datamodule's config path."""
+    import lightning.pytorch as pl
+
+    from lightning_pfd.commands.fit import at_config_path
+    from lightning_pfd.errors import MissingFileError
+
+    class NeedsAFile(pl.LightningDataModule):
+        def __init__(self, ckpt: str = "nowhere.ckpt"):
+            super().__init__()
+            raise MissingFileError("ckpt", ckpt, "a checkpoint file")
+
+    with pytest.raises(MissingFileError) as e:
+        NeedsAFile()
+    err = at_config_path(e.value)
+    assert isinstance(err, FileNotFoundError) and err.field == "data.init_args.ckpt"
+    assert err.value == "nowhere.ckpt" and str(err).startswith("data.init_args.ckpt: no such file")

@@ -344,10 +344,9 @@ def at_config_path(error: ConfigError) -> ConfigError:
     kw = dict(accepted=error.accepted, suggestion=error.suggestion)
     if error.has_value:
         kw["value"] = error.value
-    renamed = type(error).__new__(type(error))
-    ConfigError.__init__(renamed, prefix + error.field, error.problem, **kw)
-    renamed.__traceback__ = error.__traceback__
-    return renamed
+    # renamed in place: a subclass that is also an OSError (MissingFileError) has no generic __new__
+    ConfigError.__init__(error, prefix + error.field, error.problem, **kw)
+    return error
 
 
 class PFDLightningCLI(LightningCLI):

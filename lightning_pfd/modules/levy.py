@@ -12,14 +12,14 @@ import torch
 from torch import nn
 
 from ..diffusion.levy import (LEVY_SAMPLERS, LEVY_TIME_GRIDS, PARAMETERIZATIONS, CosineSchedule,
-                              LevyLoss, LevySamplerName, LevyTimeGrid, Parameterization, check_alpha,
+                              LevyLoss, LevySamplerName, LevyTimeGrid, Parameterization,
                               denoiser_dsm_loss, denoiser_to_score, fractional_dsm_loss, levy_sample,
                               sample_alpha_stable)
 from ..diffusion.sampling import CompileMode, check_compile, compile_denoiser, pad_rows
 from ..diffusion.streams import alpha_stable_stream, stream
 from ..errors import ConfigError, check_choice
 from ..validation import (ClosedUnitInterval, FiniteNonNegativeFloat, FinitePositiveFloat, NonNegativeInt,
-                          PositiveFloat, PositiveInt, check_args)
+                          PositiveFloat, PositiveInt, StabilityIndex, check_args)
 from .base import EMAModule, OnDivergence, check_training_args
 
 __all__ = ["LevyItoModule", "LevyScoreNet", "trimmed_mean"]
@@ -207,7 +207,7 @@ class LevyItoModule(EMAModule):
                                    "sigma_data", "M", "parameterization"})
     TRAINED = "score_net"
 
-    def __init__(self, net: nn.Module, alpha: float = 1.7, loss: LevyLoss = "squared",
+    def __init__(self, net: nn.Module, alpha: StabilityIndex = 1.7, loss: LevyLoss = "squared",
                  huber_delta: PositiveFloat = 1.0, reject_A: Optional[float] = 20.0,
                  clamp_A: Optional[float] = None,
                  clamp_eps: Optional[PositiveFloat] = None, isotropic: bool = True,
@@ -225,7 +225,6 @@ class LevyItoModule(EMAModule):
                  parameterization: Parameterization = "eps", time_grid: LevyTimeGrid = "uniform",
                  rho: PositiveFloat = 7.0,
                  sample_compile: Union[bool, CompileMode] = False):
-        check_alpha(alpha)
         check_args(LevyItoModule.__init__, locals())
         super().__init__()
         check_compile(sample_compile, "sample_compile")
