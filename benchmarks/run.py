@@ -490,19 +490,19 @@ def _bare_module(net, lr: float = 1e-3, decay: float = 0.995):
     class Bare(pl.LightningModule):
         def __init__(self):
             super().__init__()
-            self.precond, self.loss = EDMFamily().precondition(net), EDMFamily().loss()
-            self.ema = [p.detach().clone() for p in self.precond.parameters()]
+            self.live_denoiser, self.loss = EDMFamily().precondition(net), EDMFamily().loss()
+            self.ema = [p.detach().clone() for p in self.live_denoiser.parameters()]
 
         def training_step(self, batch, batch_idx):
             y = batch[0] if isinstance(batch, (list, tuple)) else batch
-            return self.loss(self.precond, y).mean()
+            return self.loss(self.live_denoiser, y).mean()
 
         def on_train_batch_end(self, outputs, batch, batch_idx):
             with torch.no_grad():
-                torch._foreach_lerp_(self.ema, [p.detach() for p in self.precond.parameters()], 1 - decay)
+                torch._foreach_lerp_(self.ema, [p.detach() for p in self.live_denoiser.parameters()], 1 - decay)
 
         def configure_optimizers(self):
-            return torch.optim.Adam(self.precond.parameters(), lr=lr, fused=True)
+            return torch.optim.Adam(self.live_denoiser.parameters(), lr=lr, fused=True)
 
     return Bare()
 
@@ -531,8 +531,8 @@ def _training_case(net_args: dict, windows_n: int, every: int = 25, bare: bool =
     dm.setup("fit")
     data = dm.train_data
     torch.manual_seed(1)
-    precond = EDMFamily().precondition(net)
-    params = list(precond.parameters())
+    denoiser = EDMFamily().precondition(net)
+    params = list(denoiser.parameters())
     ema = [p.detach().clone() for p in params]
     opt = torch.optim.Adam(params, lr=1e-3, fused=True)
     loss_fn, batch = EDMFamily().loss(), QS_DATA["batch_size"]
@@ -540,7 +540,7 @@ def _training_case(net_args: dict, windows_n: int, every: int = 25, bare: bool =
     def plain_steps(k: int) -> None:
         for _ in range(k):
             y = data[torch.randint(0, len(data), (batch,))]
-            loss = loss_fn(precond, y).mean()
+            loss = loss_fn(denoiser, y).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

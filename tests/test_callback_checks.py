@@ -383,18 +383,18 @@ class _OddNaN(pl.LightningModule):
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.precond = EDMFamily().precondition(_RankNaNNet(D, hidden=8, depth=1, emb_dim=8))
+        self.den = EDMFamily().precondition(_RankNaNNet(D, hidden=8, depth=1, emb_dim=8))
         self.loss_fn = EDMFamily().loss()
         self.sigmas = karras_sigmas(3)
         self.data_shape = (D,)
 
     @property
     def denoiser(self):
-        return self.precond
+        return self.den
 
     def generate(self, seeds, sampler=None, batch_size=256, **kw):
         seeds = torch.as_tensor(seeds)
-        x = sample_endpoints(self.precond, seeds, self.data_shape, self.sigmas, sampler or "heun", batch_size)
+        x = sample_endpoints(self.den, seeds, self.data_shape, self.sigmas, sampler or "heun", batch_size)
         x[seeds % 2 == 1] = math.nan
         return x
 
