@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     teacher = GaussianDenoiser(torch.zeros(args.dim), A @ A.T / args.dim + 0.05 * torch.eye(args.dim))
     dm = TeacherDM(teacher, args.n_train, args.n_val)
     torch.manual_seed(0)
-    model = DiffusionModule(MLPNet(args.dim, hidden=args.hidden, depth=args.depth), precond="vp")
+    model = DiffusionModule(MLPNet(args.dim, hidden=args.hidden, depth=args.depth), family="vp")
     cb = TimedMonitor(num_eval=args.m, batch_size=args.batch_size, num_loss_samples=args.num_loss_samples,
                       image_every_n_epochs=0)
     kw = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,

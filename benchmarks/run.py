@@ -254,7 +254,7 @@ def _quickstart_parts(train_steps: int, root: str):
 
     pl.seed_everything(0, verbose=False)
     dm = TeacherDistillationDataModule(**QS_DATA)
-    model = DiffusionModule(MLPNet(**QS_NET), precond="edm", lr=1e-3, ema_decay=0.995)
+    model = DiffusionModule(MLPNet(**QS_NET), family="edm", lr=1e-3, ema_decay=0.995)
     if train_steps:
         pl.Trainer(accelerator="cpu", devices=1, max_steps=train_steps, logger=False, enable_checkpointing=False,
                    enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
@@ -295,7 +295,7 @@ def _icr_unet_rounds(rec: "Record", rounds: int) -> None:
 
     torch.manual_seed(0)
     model = DiffusionModule(UNet(img_resolution=16, in_channels=1, model_channels=16, channel_mult=[1, 2],
-                                 num_blocks=1, attn_resolutions=[]), precond="edm")
+                                 num_blocks=1, attn_resolutions=[]), family="edm")
     data = torch.rand(1024, 1, 16, 16) * 2 - 1
     ev = RepresentationEvaluation(data, num_images=None, sigma=0.29, level=1, views_per_image=1, d_proj=16, seed=1)
     ev.measure(model, 0, 1)  # warm-up
@@ -490,19 +490,19 @@ def _bare_module(net, lr: float = 1e-3, decay: float = 0.995):
     class Bare(pl.LightningModule):
         def __init__(self):
             super().__init__()
-            self.precond, self.loss = EDMFamily().precondition(net), EDMFamily().loss()
-            self.ema = [p.detach().clone() for p in self.precond.parameters()]
+            self.live_denoiser, self.loss = EDMFamily().precondition(net), EDMFamily().loss()
+            self.ema = [p.detach().clone() for p in self.live_denoiser.parameters()]
 
         def training_step(self, batch, batch_idx):
             y = batch[0] if isinstance(batch, (list, tuple)) else batch
-            return self.loss(self.precond, y).mean()
+            return self.loss(self.live_denoiser, y).mean()
 
         def on_train_batch_end(self, outputs, batch, batch_idx):
             with torch.no_grad():
-                torch._foreach_lerp_(self.ema, [p.detach() for p in self.precond.parameters()], 1 - decay)
+                torch._foreach_lerp_(self.ema, [p.detach() for p in self.live_denoiser.parameters()], 1 - decay)
 
         def configure_optimizers(self):
-            return torch.optim.Adam(self.precond.parameters(), lr=lr, fused=True)
+            return torch.optim.Adam(self.live_denoiser.parameters(), lr=lr, fused=True)
 
     return Bare()
 
@@ -524,15 +524,15 @@ def _training_case(net_args: dict, windows_n: int, every: int = 25, bare: bool =
     root = tempfile.mkdtemp(prefix="pfd_bench_train_")
     pl.seed_everything(0, verbose=False)
     dm = TeacherDistillationDataModule(**QS_DATA)
-    model = DiffusionModule(MLPNet(**net_args), precond="edm", lr=1e-3, ema_decay=0.995)
+    model = DiffusionModule(MLPNet(**net_args), family="edm", lr=1e-3, ema_decay=0.995)
     net = copy.deepcopy(model.net)  # the plain loop's copy of the same initial weights
     if bare:
         model = _bare_module(model.net)
     dm.setup("fit")
     data = dm.train_data
     torch.manual_seed(1)
-    precond = EDMFamily().precondition(net)
-    params = list(precond.parameters())
+    denoiser = EDMFamily().precondition(net)
+    params = list(denoiser.parameters())
     ema = [p.detach().clone() for p in params]
     opt = torch.optim.Adam(params, lr=1e-3, fused=True)
     loss_fn, batch = EDMFamily().loss(), QS_DATA["batch_size"]
@@ -540,7 +540,7 @@ def _training_case(net_args: dict, windows_n: int, every: int = 25, bare: bool =
     def plain_steps(k: int) -> None:
         for _ in range(k):
             y = data[torch.randint(0, len(data), (batch,))]
-            loss = loss_fn(precond, y).mean()
+            loss = loss_fn(denoiser, y).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -406,7 +406,7 @@ def cases(fx: Path) -> List[Case]:
              fit + ["--trainer.max_ep", "2"], setup=[write_config()], must=["max_ep", "max_epochs"],
              note="the hint should name the option the abbreviation stands for"))
     add(Case("cli-03", "CLI", "negative learning rate as typed (quickstart)",
-             ["fit", "--config", "quickstart", "--model.init_args.lr", "-1e-3"], must=["lr", "0.001"]))
+             ["fit", "--config", "quickstart", "--model.init_args.lr", "-1e-3"], must=["lr", "-1e-3"]))
     add(Case("cli-06", "CLI", "max_epochs as a word", fit + ["--trainer.max_epochs", "two"],
              setup=[write_config()], must=["max_epochs", "two"]))
     add(Case("cli-08", "CLI", "missing config file", ["fit", "--config", "my_config.yaml"],
@@ -452,7 +452,7 @@ def cases(fx: Path) -> List[Case]:
                  must=must, hint=hint, expect=expect, note=note))
 
     m(1, "lr 0", ["--model.init_args.lr", "0"], ["lr"])
-    m(2, "precond misspelt (edn)", ["--model.init_args.precond", "edn"], ["precond", "edn"], hint=True)
+    m(2, "family misspelt (edn)", ["--model.init_args.family", "edn"], ["family", "edn"], hint=True)
     m(3, "sampler misspelt (heunn)", ["--model.init_args.sampler", "heunn"], ["sampler", "heunn"],
       hint=True)
     m(4, "num_steps 0", ["--model.init_args.num_steps", "0"], ["num_steps"])
@@ -534,7 +534,7 @@ def cases(fx: Path) -> List[Case]:
       [("ICRMonitor", dict(ICR_OK, num_images=5000))], ["num_images", "5000"])
     k(5, "ICRMonitor sigma 500 outside a VP denoiser's range [0.001, 152]",
       [("ICRMonitor", dict(ICR_OK, sigma=500.0))], ["sigma", "500"],
-      argv=fit + ["--model.init_args.precond", "vp"],
+      argv=fit + ["--model.init_args.family", "vp"],
       setup=[write_config(callbacks=[("ICRMonitor", dict(ICR_OK, sigma=500.0))])])
     k(7, "ICRMonitor with a LevyItoModule config (lim_precip)", None, ["LevyItoModule"],
       argv=["fit", "--config", "lim_precip", "--trainer.callbacks+=lightning_pfd.callbacks.ICRMonitor"],
@@ -646,7 +646,7 @@ def cases(fx: Path) -> List[Case]:
 
     t(1, "--max-steps 0", ["--max-steps", "0"], ["--max-steps"])
     t(2, "--eta 1.5", ["--eta", "1.5"], ["--eta"])
-    t(3, "--sbm-preconds misspelt (edn)", ["--sbm-preconds", "edn"], ["--sbm-preconds", "edn"],
+    t(3, "--sbm-families misspelt (edn)", ["--sbm-families", "edn"], ["--sbm-families", "edn"],
       hint=True)
     t(4, "--num-samples >= --n-train", ["--num-samples", "4096"], ["--num-samples"])
     t(5, "--lim-config missing file", ["--lim-config", "my_lim.yaml"], ["--lim-config", "my_lim.yaml"])
@@ -753,8 +753,8 @@ def cases(fx: Path) -> List[Case]:
 
     mlp = "from lightning_pfd.nets import MLPNet\nfrom lightning_pfd.modules import DiffusionModule\n"
     a(1, "DiffusionModule lr=-1", mlp + "DiffusionModule(MLPNet(64), lr=-1)", ["lr"])
-    a(2, "DiffusionModule precond='edn'", mlp + "DiffusionModule(MLPNet(64), precond='edn')",
-      ["precond", "edn"], hint=True)
+    a(2, "DiffusionModule family='edn'", mlp + "DiffusionModule(MLPNet(64), family='edn')",
+      ["family", "edn"], hint=True)
     a(3, "DiffusionModule sigma_min > sigma_max", mlp + "DiffusionModule(MLPNet(64), sigma_min=100.0)",
       ["sigma_min"])
     a(4, "DiffusionModule betas=(1.5, 0.999)", mlp + "DiffusionModule(MLPNet(64), betas=(1.5, 0.999))",

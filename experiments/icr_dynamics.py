@@ -37,7 +37,7 @@ def run(n_train: int, args) -> dict:
     dm = DigitsDataModule(as_vector=True, n_train=n_train, batch_size=args.batch_size,
                           samples_per_epoch=args.steps_per_epoch * args.batch_size, seed=args.seed)
     net = MLPNet(dim=64, hidden=args.hidden, depth=args.depth)
-    module = DiffusionModule(net, precond="edm", lr=args.lr, ema_decay=args.ema)
+    module = DiffusionModule(net, family="edm", lr=args.lr, ema_decay=args.ema)
     icr = ICRMonitor(num_images=min(n_train, args.icr_images), sigma=0.29, level=3,
                      image_shape=(1, 8, 8), d_proj=args.d_proj, views_per_image=args.views,
                      seed=1, tap=args.tap)

@@ -171,7 +171,7 @@ def diagnostics(name: str, run: Path, views: int) -> dict:
            "tap_last": icr_of_map(tap_fn(module), data, views)}
     # untrained net, same architecture (seed 0): what the tap measures before any learning
     torch.manual_seed(0)
-    fresh = DiffusionModule(_fresh_net(module), precond="edm")
+    fresh = DiffusionModule(_fresh_net(module), family="edm")
     out["tap_untrained"] = icr_of_map(tap_fn(fresh), data, views)
     # measurement noise: the last checkpoint re-measured with other view seeds (same images)
     vals = []

@@ -92,12 +92,15 @@ class SigmaSpaceModel(GenerativeModel, Protocol):
 
     * ``denoiser``: the evaluation denoiser D(x; sigma) (the EMA weights, eval mode);
     * ``network_input(x, sigma) -> (c_in x, c_noise)``: what its raw network sees (feature taps);
-    * ``sigmas``: the float64 PF-ODE grid ``generate`` uses by default (clamped to the
-      denoiser's range), with ``hparams.sampler`` the solver
-      (:meth:`~lightning_pfd.diffusion.sampling.SamplerSettings.from_module` reads both);
+    * ``sampler_settings``: the :class:`~lightning_pfd.diffusion.sampling.SamplerSettings`
+      ``generate`` uses by default (solver and grid), and ``sigmas`` that grid as float64,
+      clamped to the denoiser's range
+      (:meth:`~lightning_pfd.diffusion.sampling.SamplerSettings.from_module` reads the settings,
+      and an optional boolean ``sample_autocast``: bf16 on CUDA);
     * ``loss_fn(denoiser, y, seeds=None)`` and ``generate`` as in :class:`GenerativeModel`.
     """
 
+    sampler_settings: Any
     sigmas: torch.Tensor
 
     @property

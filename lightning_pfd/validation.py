@@ -33,7 +33,7 @@ from .errors import ConfigError
 
 __all__ = ["PositiveFloat", "PositiveInt", "NonNegativeFloat", "NonNegativeInt",
            "ClosedUnitInterval", "OpenUnitInterval", "HalfOpenUnitInterval", "GreaterThanOne",
-           "FinitePositiveFloat", "FiniteNonNegativeFloat", "IntAtLeastTwo",
+           "FinitePositiveFloat", "FiniteNonNegativeFloat", "IntAtLeastTwo", "StabilityIndex",
            "check_args", "describe", "plain_numbers", "ranged"]
 
 #: what each restricted type accepts, in words
@@ -78,6 +78,8 @@ FiniteNonNegativeFloat = ranged("FiniteNonNegativeFloat", float, [(">=", 0), ("<
 IntAtLeastTwo = ranged("IntAtLeastTwo", int, (">=", 2), "an integer >= 2")
 #: a number > 1: a ratio that must grow
 GreaterThanOne = ranged("GreaterThanOne", float, (">", 1), "a number > 1")
+#: a number in (1, 2]: the stability index alpha of alpha-stable noise
+StabilityIndex = ranged("StabilityIndex", float, [(">", 1), ("<=", 2)], "a number in (1, 2]")
 
 
 def describe(annotation: Any) -> str:

@@ -46,9 +46,9 @@ def _dm(n=24, n_val=8, d=D, **kw):
     return dm
 
 
-def _module(precond="edm", d=D, hidden=8, **kw):
+def _module(family="edm", d=D, hidden=8, **kw):
     torch.manual_seed(0)
-    return DiffusionModule(MLPNet(d, hidden=hidden, depth=1, emb_dim=8), precond=precond, num_steps=3,
+    return DiffusionModule(MLPNet(d, hidden=hidden, depth=1, emb_dim=8), family=family, num_steps=3,
                            ema_decay=0.9, **kw)
 
 
@@ -112,7 +112,7 @@ def test_icr_sizes_noise_range_and_projection():
     assert "24" in err.problem
     _refused(ICRMonitor(num_images=3), _world(4), module, dm, "num_images")
     ICRMonitor(num_images=4).check_setup(_world(4), module, dm)
-    vp = _module(precond="vp")
+    vp = _module(family="vp")
     _refused(ICRMonitor(num_images=8, sigma=500.0), _world(1), vp, dm, "sigma")
     _refused(ICRMonitor(num_images=8, sigmas=[1e-5]), _world(1), vp, dm, "sigmas")
     err = _refused(ICRMonitor(num_images=8, d_proj=16), _world(1), module, dm, "d_proj")
@@ -328,7 +328,7 @@ def _all_monitors(num=8):
 
 def _poison(module):
     with torch.no_grad():
-        for p in list(module.precond.parameters()) + list(module.denoiser.parameters()):
+        for p in list(module.live_denoiser.parameters()) + list(module.denoiser.parameters()):
             p.fill_(math.nan)
 
 
@@ -383,18 +383,18 @@ class _OddNaN(pl.LightningModule):
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.precond = EDMFamily().precondition(_RankNaNNet(D, hidden=8, depth=1, emb_dim=8))
+        self.den = EDMFamily().precondition(_RankNaNNet(D, hidden=8, depth=1, emb_dim=8))
         self.loss_fn = EDMFamily().loss()
         self.sigmas = karras_sigmas(3)
         self.data_shape = (D,)
 
     @property
     def denoiser(self):
-        return self.precond
+        return self.den
 
     def generate(self, seeds, sampler=None, batch_size=256, **kw):
         seeds = torch.as_tensor(seeds)
-        x = sample_endpoints(self.precond, seeds, self.data_shape, self.sigmas, sampler or "heun", batch_size)
+        x = sample_endpoints(self.den, seeds, self.data_shape, self.sigmas, sampler or "heun", batch_size)
         x[seeds % 2 == 1] = math.nan
         return x
 

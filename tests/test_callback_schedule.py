@@ -41,7 +41,7 @@ def _dm(seed=0, n=24):
 
 def _module():
     torch.manual_seed(0)
-    return DiffusionModule(MLPNet(D, hidden=8, depth=1, emb_dim=8), precond="edm", num_steps=3,
+    return DiffusionModule(MLPNet(D, hidden=8, depth=1, emb_dim=8), family="edm", num_steps=3,
                            ema_decay=0.9)
 
 

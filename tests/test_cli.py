@@ -99,8 +99,14 @@ def _assert_fails_before_training(tmp_path, cfg, field, capsys):
      "preset"),
     ({"data.init_args.n_train": 0}, "n_train"),
     ({"data.init_args.n_train": 100000}, "n_train"),
-    ({"model.init_args.sigma_min": 100.0}, "sigma_min"),
-    ({"model.init_args.precond": "edn"}, "precond"),
+    ({"model.init_args.sigma_min": 100.0}, "model.init_args.sigma_min"),
+    ({"model.init_args.family": "edn"}, "model.init_args.family"),
+    # the module and the family name their own argument; the command line adds the path
+    ({"model.init_args.family": "ve", "model.init_args.family_args": {"sigma_max": -1.0}},
+     "model.init_args.family_args.sigma_max"),
+    ({"model.init_args.ema_decay": 1.5}, "model.init_args.ema_decay"),
+    ({"model.init_args.on_divergence": "halt"}, "model.init_args.on_divergence"),
+    ({"model.init_args.sample_compile": "fast"}, "model.init_args.sample_compile"),
     ({"data": {"class_path": "lightning_pfd.data.CIFAR10DataModule",
                "init_args": {"root": "/nonexistent/cifar"}}}, "cifar"),
     ({"model.init_args.net": {"class_path": "lightning_pfd.nets.UNet",
@@ -113,12 +119,36 @@ def test_bad_configuration_fails_before_training(tmp_path, override, field, caps
     _assert_fails_before_training(tmp_path, cfg, field, capsys)
 
 
+@pytest.mark.parametrize("where", ["config", "option"])
+def test_a_misspelt_declared_choice_suggests_the_close_one(tmp_path, where, capsys):
+    """``sampler`` is declared as a set of choices: a close misspelling, in the config file or on
+    the command line, is refused while parsing with the field and the suggestion."""
+    cfg = _tiny_config(tmp_path, **({"model.init_args.sampler": "heunn"} if where == "config" else {}))
+    args = ["fit", "--config", str(cfg)] + (["--model.init_args.sampler", "heunn"] if where == "option" else [])
+    with pytest.raises(SystemExit) as e:
+        _run(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and 'Parser key "model.init_args.sampler"' in err
+    assert "did you mean 'heun'? (accepted: heun, euler)" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_debug_prints_the_traceback_of_a_refusal_while_parsing(tmp_path, capsys):
+    """``--debug``: a value its declared type refuses while parsing shows the traceback too."""
+    cfg = _tiny_config(tmp_path, **{"model.init_args.lr": 0})
+    with pytest.raises(SystemExit) as e:
+        _run(["fit", "--config", str(cfg), "--debug"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback (most recent call last)" in err
+    assert "does not conform to restriction v>0" in err and not (tmp_path / "run").exists()
+
+
 def test_unknown_config_name_lists_embedded_configs(capsys):
     assert _run(["fit", "--config", "no_such_config"]) == 2
     assert "quickstart" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("override", [{"model.init_args.precond": "ve"},
+@pytest.mark.parametrize("override", [{"model.init_args.family": "ve"},
                                       {"model.init_args.family": "ve",
                                        "model.init_args.family_args": {"sigma_max": 50.0}}])
 def test_fit_a_family_named_in_the_yaml(tmp_path, override):
@@ -131,7 +161,9 @@ def test_fit_a_family_named_in_the_yaml(tmp_path, override):
     assert _run(["fit", "--config", str(cfg)]) == 0
     ckpt = load_checkpoint(sorted((tmp_path / "run").rglob("*.ckpt"))[0])
     hp = ckpt["hyper_parameters"]
-    assert hp["precond"] == "ve"
+    assert hp["family"] == "ve" and "precond" not in hp
+    # the declared types checked the YAML values; the module received (and saved) plain numbers
+    assert type(hp["num_steps"]) is int and hp["num_steps"] == 6
     assert hp.get("family_args") == override.get("model.init_args.family_args")
     rows = list(csv.DictReader((next((tmp_path / "run").rglob("metrics.csv"))).open()))
     val = [float(r["val/loss"]) for r in rows if r.get("val/loss")]
@@ -297,17 +329,17 @@ def test_pite_has_an_sbm_row_for_every_registered_family(tmp_path):
     names = list(family_names())
     assert {"edm", "vp", "ve"} <= set(names)
     a = build_parser().parse_args(["--out", str(tmp_path), "--crop-size", "8", "--n-train", "16",
-                                   "--sbm-preconds", ",".join(names)])
+                                   "--sbm-families", ",".join(names)])
     rows = _rows(a)
     assert [r[0] for r in rows] == [f"sbm_{q}" for q in names] + ["lim"]
     for q, (name, cfg, extra) in zip(names, rows):
         with mock.patch.object(sys, "argv", ["x"]):
             model = PFDLightningCLI(args=_cli_args(a, cfg, name, extra), run=False).model
-        assert model.family.name == q and model.hparams.precond == q
+        assert model.family.name == q and model.hparams.family == q
         assert _label({}, name) == f"SBM ({q.upper()})"
     with pytest.raises(ConfigError) as err:
-        _rows(build_parser().parse_args(["--sbm-preconds", "edn"]))
-    assert err.value.field == "--sbm-preconds" and err.value.accepted == names
+        _rows(build_parser().parse_args(["--sbm-families", "edn"]))
+    assert err.value.field == "--sbm-families" and err.value.accepted == names
     assert err.value.suggestion == "did you mean 'edm'?"
 
 
@@ -399,3 +431,23 @@ def test_quickstart_start_up_prints_our_line_first_and_no_library_noise(tmp_path
     assert [n for n in START_UP_NOISE if n in text] == [], text
     assert "W&B ran offline (no credentials): upload later with `wandb login`" in text
     assert list((tmp_path / "runs" / "quickstart" / "wandb").glob("offline-run-*"))  # W&B did log
+
+
+def test_a_missing_file_refused_by_a_datamodule_is_named_by_its_config_path():
+    """A MissingFileError (a ConfigError that is also a FileNotFoundError) raised in a
+    datamodule's ``__init__`` keeps its class and gets the datamodule's config path."""
+    import lightning.pytorch as pl
+
+    from lightning_pfd.commands.fit import at_config_path
+    from lightning_pfd.errors import MissingFileError
+
+    class NeedsAFile(pl.LightningDataModule):
+        def __init__(self, ckpt: str = "nowhere.ckpt"):
+            super().__init__()
+            raise MissingFileError("ckpt", ckpt, "a checkpoint file")
+
+    with pytest.raises(MissingFileError) as e:
+        NeedsAFile()
+    err = at_config_path(e.value)
+    assert isinstance(err, FileNotFoundError) and err.field == "data.init_args.ckpt"
+    assert err.value == "nowhere.ckpt" and str(err).startswith("data.init_args.ckpt: no such file")

@@ -19,16 +19,16 @@ from lightning_pfd.nets import MLPNet
 
 def test_protocol_members_are_the_documented_ones():
     assert protocol_members(SigmaSpaceModel) == ("data_shape", "denoiser", "generate", "loss_fn",
-                                                 "network_input", "sigmas")
+                                                 "network_input", "sampler_settings", "sigmas")
     assert protocol_members(GenerativeModel) == ("data_shape", "generate", "loss_fn")
     assert set(protocol_members(TeacherDataModule)) == set(protocol_members(SampleDataModule)) | {
         "teacher_fingerprint", "teacher_sigmas", "sampler_settings", "n_gen", "gen_seed_offset"}
     assert protocol_members(FeatureDenoiser) == ("__call__", "net", "network_input")
 
 
-@pytest.mark.parametrize("precond", ["edm", "vp", "ve"])
-def test_diffusion_module_is_a_sigma_space_model(precond):
-    m = DiffusionModule(MLPNet(3, hidden=8, depth=1), precond=precond, num_steps=3)
+@pytest.mark.parametrize("family", ["edm", "vp", "ve"])
+def test_diffusion_module_is_a_sigma_space_model(family):
+    m = DiffusionModule(MLPNet(3, hidden=8, depth=1), family=family, num_steps=3)
     assert isinstance(m, SigmaSpaceModel) and isinstance(m, GenerativeModel)
     assert isinstance(m.denoiser, FeatureDenoiser)
     x = torch.randn(2, 3)
@@ -39,12 +39,12 @@ def test_diffusion_module_is_a_sigma_space_model(precond):
 def test_levy_module_is_generative_but_not_sigma_space():
     m = LevyItoModule(MLPNet(3, hidden=8, depth=1), num_steps=3)
     assert isinstance(m, GenerativeModel) and not isinstance(m, SigmaSpaceModel)
-    assert missing_members(m, SigmaSpaceModel) == ("denoiser", "network_input", "sigmas")
+    assert missing_members(m, SigmaSpaceModel) == ("denoiser", "network_input", "sampler_settings", "sigmas")
     with pytest.raises(ConfigError) as e:
         check_contract(m, SigmaSpaceModel, "model", "GeneralizationMonitor")
     msg = str(e.value)
     assert e.value.field == "model" and "GeneralizationMonitor needs a SigmaSpaceModel" in msg
-    assert "LevyItoModule has no `denoiser`, `network_input`, `sigmas`" in msg
+    assert "LevyItoModule has no `denoiser`, `network_input`, `sampler_settings`, `sigmas`" in msg
     check_contract(m, GenerativeModel, "model", "TailMonitor")  # satisfied: no error
 
 

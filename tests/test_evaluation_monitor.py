@@ -46,7 +46,7 @@ def _fit(tmp_path, monitor, epochs=3):
     dm = TensorDataModule(train_data=torch.randn(16, 3, generator=g), val_data=torch.randn(8, 3, generator=g),
                           batch_size=8, value_range=None)
     torch.manual_seed(0)
-    model = DiffusionModule(MLPNet(3, hidden=8, depth=1, emb_dim=8), precond="edm", num_steps=3)
+    model = DiffusionModule(MLPNet(3, hidden=8, depth=1, emb_dim=8), family="edm", num_steps=3)
     calls = []
     log_dict = model.log_dict
 

@@ -35,7 +35,7 @@ def _callbacks():
 
 def _fit(root: Path, epochs: int, ckpt_path=None):
     torch.manual_seed(0)
-    model = OneThread(MLPNet(3, hidden=16, depth=1, emb_dim=8), precond="edm", num_steps=6)
+    model = OneThread(MLPNet(3, hidden=16, depth=1, emb_dim=8), family="edm", num_steps=6)
     ck = ModelCheckpoint(dirpath=str(root / "ck"), save_last=True, save_top_k=0)
     cbs = _callbacks()
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, limit_train_batches=2,

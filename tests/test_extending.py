@@ -16,7 +16,7 @@ directory on ``sys.path``:
 - the iDDPM family (``my_families.py``): its coefficients, sigma table, grid and training sigmas
   against the EDM paper's Table 1 written out independently in numpy, the exact Gaussian
   denoiser recovered through its preconditioning, and a short fit of ``iddpm.yaml`` through the
-  page's launcher ``fit.py`` (``precond: iddpm`` + ``family_args``) with finite samples.
+  page's launcher ``fit.py`` (``family: iddpm`` + ``family_args``) with finite samples.
 """
 import csv
 import math
@@ -413,10 +413,10 @@ def test_exact_network_through_iddpm_preconditioning_is_the_exact_gaussian_denoi
 def test_iddpm_bad_parameters_name_the_config_field(ext):
     import my_families  # noqa: F401
 
-    for args, field in (({"M": 1}, "model.init_args.family_args.M"),
-                        ({"j_0": 999}, "model.init_args.family_args.j_0"),
-                        ({"C_1": 0.0}, "model.init_args.family_args.C_1"),
-                        ({"C1": 0.1}, "model.init_args.family_args")):
+    for args, field in (({"M": 1}, "family_args.M"),
+                        ({"j_0": 999}, "family_args.j_0"),
+                        ({"C_1": 0.0}, "family_args.C_1"),
+                        ({"C1": 0.1}, "family_args")):
         with pytest.raises(ConfigError) as e:
             build_family("iddpm", {}, args)
         assert e.value.field == field
@@ -427,7 +427,7 @@ def _iddpm_run_config(ext: Path, tmp_path: Path, **model_args) -> tuple:
     a 4-step run on the digits vectors, CSV logging: (config path, run root)."""
     root = tmp_path / "run"
     cfg = yaml.safe_load((ext / "iddpm.yaml").read_text())
-    assert cfg["model"]["init_args"]["precond"] == "iddpm"
+    assert cfg["model"]["init_args"]["family"] == "iddpm"
     cfg["model"]["init_args"]["net"]["init_args"].update(hidden=32, depth=1)
     cfg["model"]["init_args"]["num_steps"] = 6
     for k, v in model_args.items():
@@ -464,7 +464,7 @@ def test_iddpm_yaml_fit_through_the_launcher(ext, tmp_path, monkeypatch):
     from my_families import IDDPMFamily
 
     model = cli.model
-    assert model.family == IDDPMFamily() and model.hparams.precond == "iddpm"
+    assert model.family == IDDPMFamily() and model.hparams.family == "iddpm"
     assert model.hparams.family_args == {"M": 1000, "C_1": 0.001, "C_2": 0.008, "j_0": 8}
     assert int(model.ema.num_updates) == 4
     val = [float(r["val/loss"]) for r in _csv_rows(root) if r.get("val/loss")]
@@ -483,12 +483,12 @@ def test_iddpm_named_by_class_path_in_the_yaml_needs_no_launcher(ext, tmp_path, 
     from lightning_pfd.diffusion.families import family_names
 
     assert "iddpm" not in family_names()  # nothing imported my_families yet
-    cfg_path, root = _iddpm_run_config(ext, tmp_path, precond=None, family_args=None,
+    cfg_path, root = _iddpm_run_config(ext, tmp_path, family_args=None,
                                        family={"class_path": "my_families.IDDPMFamily", "init_args": {"M": 1000}})
     with mock.patch.object(sys, "argv", ["python -m lightning_pfd"]):
         code, cli = _run_cli(monkeypatch, lambda: main(["fit", "--config", str(cfg_path)]))
     assert code == 0 and "iddpm" in family_names()
-    assert cli.model.hparams.precond == "iddpm" and cli.model.family == get_family("iddpm")()
+    assert cli.model.hparams.family == "iddpm" and cli.model.family == get_family("iddpm")()
 
 
 def test_iddpm_from_python_by_name_or_object(ext):
@@ -497,10 +497,10 @@ def test_iddpm_from_python_by_name_or_object(ext):
     from lightning_pfd.modules import DiffusionModule
     from lightning_pfd.nets import MLPNet
 
-    by_name = DiffusionModule(MLPNet(3, hidden=8, depth=1), precond="iddpm", family_args={"M": 1000})
+    by_name = DiffusionModule(MLPNet(3, hidden=8, depth=1), family="iddpm", family_args={"M": 1000})
     by_object = DiffusionModule(MLPNet(3, hidden=8, depth=1), family=IDDPMFamily(M=1000))
     assert by_name.family == by_object.family == IDDPMFamily()
-    assert by_name.hparams.precond == by_object.hparams.precond == "iddpm"
+    assert by_name.hparams.family == by_object.hparams.family == "iddpm"
 
 
 # ------------------------------------------------------------------ 6. a metric of a new kind

@@ -197,22 +197,22 @@ def test_registry_names_and_errors():
     assert get_family("ve") is VEFamily
     with pytest.raises(ConfigError) as e:
         get_family("vee")
-    assert e.value.field == "precond" and "did you mean 've'" in str(e.value)
+    assert e.value.field == "family" and "did you mean 've'" in str(e.value)
     with pytest.raises(ConfigError) as e:
         build_family("edm", {}, {"sigma_data": 0.3})
-    assert e.value.field == "model.init_args.family_args.sigma_data" and "model.init_args.sigma_data" in str(e.value)
+    assert e.value.field == "family_args.sigma_data" and "set sigma_data instead" in str(e.value)
     with pytest.raises(ConfigError) as e:
         build_family("ve", {}, {"sigma_mn": 0.1})
-    assert e.value.field == "model.init_args.family_args" and "sigma_min" in str(e.value)
+    assert e.value.field == "family_args" and "sigma_min" in str(e.value)
     with pytest.raises(ConfigError) as e:
         build_family("ve", {}, {"sigma_min": 200.0})
-    assert e.value.field == "model.init_args.family_args.sigma_min"
+    assert e.value.field == "family_args.sigma_min"
     with pytest.raises(ConfigError) as e:
         build_family("vp", {"vp_epsilon_t": 0.0})
-    assert e.value.field == "model.init_args.vp_epsilon_t"
+    assert e.value.field == "vp_epsilon_t"
     with pytest.raises(ConfigError) as e:
         build_family("edm", {"sigma_data": -1.0})
-    assert e.value.field == "model.init_args.sigma_data"
+    assert e.value.field == "sigma_data"
     # the module arguments a family does not read are ignored; the ones it reads are passed on
     assert build_family("vp", {"sigma_data": 9.0, "vp_beta_d": 10.0}) == VPFamily(beta_d=10.0)
     assert build_family("ve", {"sigma_data": 9.0}, {"sigma_max": 50.0}) == VEFamily(sigma_max=50.0)
@@ -227,7 +227,7 @@ def scratch_registry():
 
 
 def test_a_new_family_is_one_registered_class(scratch_registry, tmp_path):
-    """sub-VP-like toy family in a dozen lines: DiffusionModule(precond=name) trains and samples it."""
+    """sub-VP-like toy family in a dozen lines: DiffusionModule(family=name) trains and samples it."""
     import dataclasses
 
     @register_family
@@ -250,8 +250,8 @@ def test_a_new_family_is_one_registered_class(scratch_registry, tmp_path):
                               torch.zeros(1, dtype=torch.float64)])
 
     assert "toy" in family_names()
-    model = DiffusionModule(MLPNet(3, hidden=8, depth=1), precond="toy", family_args={"scale": 3.0}, num_steps=4)
-    assert model.family == ToyFamily(scale=3.0) and model.hparams.precond == "toy"
+    model = DiffusionModule(MLPNet(3, hidden=8, depth=1), family="toy", family_args={"scale": 3.0}, num_steps=4)
+    assert model.family == ToyFamily(scale=3.0) and model.hparams.family == "toy"
     x = model.generate([0, 1], sigmas=model.family.default_grid(4))
     assert x.shape == (2, 3) and bool(torch.isfinite(x).all())
     with pytest.raises(ValueError, match="already registered"):
@@ -271,19 +271,19 @@ def _fit(model, tmp_path, steps=6):
     return trainer
 
 
-@pytest.mark.parametrize("kwargs", [{"precond": "ve"}, {"family": "ve"}])
+@pytest.mark.parametrize("kwargs", [{"family": "ve"}, {"family": "ve", "family_args": {"sigma_max": 100.0}}])
 def test_ve_module_trains_and_samples_finite(tmp_path, kwargs):
     torch.manual_seed(0)
     model = DiffusionModule(MLPNet(3, hidden=16, depth=1), lr=1e-3, ema_decay=0.5, num_steps=6, **kwargs)
-    assert isinstance(model.family, VEFamily) and model.hparams.precond == "ve"
-    assert isinstance(model.precond, PreconditionedDenoiser) and isinstance(model.loss_fn, DenoisingLoss)
+    assert isinstance(model.family, VEFamily) and model.hparams.family == "ve"
+    assert isinstance(model.live_denoiser, PreconditionedDenoiser) and isinstance(model.loss_fn, DenoisingLoss)
     # the sampling grid is clamped to VE's supported range [0.02, 100]
     pos = model.sigmas[model.sigmas > 0]
     assert float(pos.min()) == pytest.approx(0.02) and float(pos.max()) == pytest.approx(80.0)
-    before = [p.detach().clone() for p in model.precond.parameters()]
+    before = [p.detach().clone() for p in model.live_denoiser.parameters()]
     trainer = _fit(model, tmp_path)
     assert int(model.ema.num_updates) == 6 and math.isfinite(float(trainer.callback_metrics["train/loss"]))
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.precond.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.live_denoiser.parameters()))
     x = model.generate(torch.arange(5))
     assert x.shape == (5, 3) and bool(torch.isfinite(x).all())
 
@@ -291,9 +291,9 @@ def test_ve_module_trains_and_samples_finite(tmp_path, kwargs):
 def test_family_object_round_trips_through_a_checkpoint(tmp_path):
     model = DiffusionModule(MLPNet(3, hidden=8, depth=1), family=VEFamily(sigma_min=0.05, sigma_max=50.0),
                             num_steps=4)
-    assert model.hparams.precond == "ve" and model.hparams.family_args == {"sigma_min": 0.05, "sigma_max": 50.0}
+    assert model.hparams.family == "ve" and model.hparams.family_args == {"sigma_min": 0.05, "sigma_max": 50.0}
     # the loggers' hparams.yaml (hparams_initial) records the same family, not the default "edm"
-    assert model.hparams_initial["precond"] == "ve" and model.hparams_initial["family_args"] == model.hparams.family_args
+    assert model.hparams_initial["family"] == "ve" and model.hparams_initial["family_args"] == model.hparams.family_args
     trainer = _fit(model, tmp_path, steps=2)
     path = tmp_path / "m.ckpt"
     trainer.save_checkpoint(path)
@@ -302,7 +302,7 @@ def test_family_object_round_trips_through_a_checkpoint(tmp_path):
     torch.testing.assert_close(loaded.generate([1, 2]), model.generate([1, 2]))
     # an EDM family object records its sigma_data / P_mean / P_std as the module arguments
     edm = DiffusionModule(MLPNet(3, hidden=8, depth=1), family=EDMFamily(sigma_data=0.3, P_std=1.5))
-    assert edm.hparams.sigma_data == 0.3 and edm.hparams.P_std == 1.5 and edm.hparams.precond == "edm"
+    assert edm.hparams.sigma_data == 0.3 and edm.hparams.P_std == 1.5 and edm.hparams.family == "edm"
     hp = {k: v for k, v in edm.hparams.items()}
     assert DiffusionModule(MLPNet(3, hidden=8, depth=1), **hp).family == edm.family
     # the object passed again together with its recorded family_args (load_from_checkpoint(..., family=))
@@ -310,20 +310,50 @@ def test_family_object_round_trips_through_a_checkpoint(tmp_path):
     assert again.family == model.family
 
 
-def test_module_family_conflicts_fail_at_construction():
+def test_module_family_errors_name_the_argument_at_construction():
+    """One name for the family (``family``); errors name the module's argument, no CLI path."""
     net = MLPNet(3, hidden=8, depth=1)
-    with pytest.raises(ConfigError) as e:
-        DiffusionModule(net, precond="vp", family="ve")
-    assert e.value.field == "model.init_args.family"
+    with pytest.raises(TypeError):  # the former synonym is gone
+        DiffusionModule(net, precond="ve")
     with pytest.raises(ConfigError) as e:
         DiffusionModule(net, family="vee")
-    assert e.value.field == "model.init_args.family"
+    assert e.value.field == "family" and e.value.suggestion == "did you mean 've'?"
+    with pytest.raises(ConfigError) as e:
+        DiffusionModule(net, family=3)
+    assert e.value.field == "family" and e.value.accepted == list(family_names())
     with pytest.raises(ConfigError) as e:
         DiffusionModule(net, family=VEFamily(), family_args={"sigma_min": 0.1})
-    assert e.value.field == "model.init_args.family_args"
+    assert e.value.field == "family_args"
     with pytest.raises(ConfigError) as e:
-        DiffusionModule(net, precond="vp", family=VEFamily())
-    assert e.value.field == "model.init_args.family"
+        DiffusionModule(net, family="ve", family_args={"sigma_max": -1})
+    assert e.value.field == "family_args.sigma_max" and e.value.value == -1
+
+
+def test_a_checkpoint_naming_the_family_precond_is_refused_with_the_fix(tmp_path):
+    """A checkpoint of the release that called the family ``precond`` (hparams key and the
+    weights under ``precond.``) is refused, naming the conversion; converted, it loads."""
+    from lightning_pfd.checkpoint import load_checkpoint, save_checkpoint
+
+    model = DiffusionModule(MLPNet(3, hidden=8, depth=1), family="vp", num_steps=3)
+    trainer = _fit(model, tmp_path, steps=2)
+    path = tmp_path / "old.ckpt"
+    trainer.save_checkpoint(path)
+    ckpt = load_checkpoint(path)  # rewrite it as the former release wrote it
+    hp = ckpt["hyper_parameters"]
+    hp["precond"] = hp.pop("family")
+    ckpt["state_dict"] = {k.replace("live_denoiser.", "precond.", 1): v for k, v in ckpt["state_dict"].items()}
+    save_checkpoint(ckpt, path)
     with pytest.raises(ConfigError) as e:
-        DiffusionModule(net, precond="ve", family_args={"sigma_max": -1})
-    assert e.value.field == "model.init_args.family_args.sigma_max"
+        DiffusionModule.load_from_checkpoint(path, net=MLPNet(3, hidden=8, depth=1))
+    assert e.value.field == "ckpt_path" and "hp['family'] = hp.pop('precond')" in e.value.suggestion
+    with pytest.raises(ConfigError, match="named the diffusion family `precond`"):
+        model.resume_changes(load_checkpoint(path))
+    # the conversion the message gives
+    ckpt = load_checkpoint(path)
+    hp = ckpt["hyper_parameters"]
+    hp["family"] = hp.pop("precond")
+    ckpt["state_dict"] = {k.replace("precond.", "live_denoiser.", 1): v for k, v in ckpt["state_dict"].items()}
+    save_checkpoint(ckpt, path)
+    loaded = DiffusionModule.load_from_checkpoint(path, net=MLPNet(3, hidden=8, depth=1))
+    assert loaded.hparams.family == "vp"
+    torch.testing.assert_close(loaded.generate([1, 2]), model.generate([1, 2]), rtol=0, atol=0)

@@ -333,19 +333,21 @@ def test_one_precision_for_every_flow(precision, monkeypatch):
 
 def test_module_settings_follow_the_module_and_autocast_only_on_cuda():
     torch.manual_seed(0)
-    m = DiffusionModule(MLPNet(3, hidden=8, depth=1, emb_dim=8), precond="vp", num_steps=7, sampler="euler",
+    m = DiffusionModule(MLPNet(3, hidden=8, depth=1, emb_dim=8), family="vp", num_steps=7, sampler="euler",
                         sample_autocast=True)
     s = SamplerSettings.from_module(m)
     assert (s.sampler, s.num_steps, s.grid, s.precision) == ("euler", 7, None, "fp32")  # CPU: no autocast
     torch.testing.assert_close(s.sigmas(m.denoiser), m.sigmas, rtol=0, atol=0)
     assert SamplerSettings.from_module(m, precision="bf16").precision == "bf16"
     from types import SimpleNamespace
-    on_cuda = SimpleNamespace(hparams={"sample_autocast": True, "num_steps": 7}, device=torch.device("cuda"))
-    assert SamplerSettings.from_module(on_cuda).precision == "bf16"  # no CUDA needed to read the rule
+    on_cuda = SimpleNamespace(sampler_settings=SamplerSettings(num_steps=7), sample_autocast=True,
+                              device=torch.device("cuda"), hparams={"sampler": "euler"})
+    s = SamplerSettings.from_module(on_cuda)  # no CUDA needed to read the rule; hparams are not read
+    assert (s.precision, s.num_steps, s.sampler) == ("bf16", 7, "heun")
     custom = SamplerSettings.from_module(m, sigmas=[10.0, 1.0, 0.0])
     assert custom.grid == (10.0, 1.0, 0.0) and "2 steps" in custom.describe()
-    with pytest.raises(ConfigError, match=r"model\.init_args\.precision"):
-        SamplerSettings.checked("model.init_args.", precision="fp8")
+    with pytest.raises(ConfigError, match=r"^precision: unknown value"):
+        SamplerSettings(precision="fp8")
     for bad in ([1.0, 2.0, 0.0], [80.0], [math.nan, 0.0]):
         with pytest.raises(ConfigError, match="sigmas"):
             SamplerSettings(grid=bad)

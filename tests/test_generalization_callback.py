@@ -58,7 +58,7 @@ class ThreadSafeModule(DiffusionModule):
 
 def _module(seed=0):
     torch.manual_seed(seed)
-    return ThreadSafeModule(MLPNet(2, hidden=16, depth=1, emb_dim=8), precond="edm", num_steps=6)
+    return ThreadSafeModule(MLPNet(2, hidden=16, depth=1, emb_dim=8), family="edm", num_steps=6)
 
 
 def _trainer(tmp_path, cb, **kw):

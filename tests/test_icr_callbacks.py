@@ -210,11 +210,11 @@ class _DataModule(pl.LightningDataModule):
                           batch_size=8)
 
 
-def _mlp_module(dim=6, hidden=16, precond="edm"):
+def _mlp_module(dim=6, hidden=16, family="edm"):
     from lightning_pfd.modules import DiffusionModule
     from lightning_pfd.nets import MLPNet
     torch.manual_seed(0)
-    return DiffusionModule(MLPNet(dim=dim, hidden=hidden, depth=2), precond=precond, ema_decay=0.9)
+    return DiffusionModule(MLPNet(dim=dim, hidden=hidden, depth=2), family=family, ema_decay=0.9)
 
 
 def _unet_module():
@@ -223,7 +223,7 @@ def _unet_module():
     torch.manual_seed(0)
     net = UNet(img_resolution=8, in_channels=3, model_channels=8, channel_mult=[1, 2],
                num_blocks=1, attn_resolutions=[])
-    return DiffusionModule(net, precond="edm", ema_decay=0.9)
+    return DiffusionModule(net, family="edm", ema_decay=0.9)
 
 
 def _manual_icr(module, data, num_images, sigma, level, views_per_image=1, seed=0):
@@ -279,7 +279,7 @@ def test_icr_monitor_warns_when_n_is_small_and_projection_fixes_d(tmp_path):
 def test_icr_monitor_vp_uses_same_sigma_space():
     g = torch.Generator().manual_seed(3)
     data = torch.randn(64, 6, generator=g)
-    module = _mlp_module(precond="vp")
+    module = _mlp_module(family="vp")
     mon = ICRMonitor(num_images=64, sigma=0.29)
     got = mon.measure(module, data)[0.29]
     expect = _manual_icr(module, data, 64, 0.29, 3)

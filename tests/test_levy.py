@@ -773,7 +773,7 @@ def test_x0_A_flow_given_A_is_edm_flow_at_level_r_sqrt_A():
     v = 0.3
     m = LevyItoModule(_GaussianScaledOracle(v), parameterization="x0_A", sampler="heun",
                       time_grid="edm", num_steps=200, ema_decay=0.0)
-    m.ema.shadow.load_state_dict(m.score_net.state_dict())
+    m.score_model.load_state_dict(m.score_net.state_dict())
     seeds = list(range(40))
     x, x100 = m.generate(seeds, batch_size=16), m.generate(seeds, num_steps=100)
     k = alpha_stable_stream_("levy.sampler", 0)

@@ -55,23 +55,23 @@ def test_ema_rampup_forgets_the_initial_weights(tmp_path):
     _, train, val = _gmm_data(n=256)
     for rampup in (True, False):
         model = DiffusionModule(MLPNet(4, hidden=16, depth=1), ema_decay=0.995, ema_rampup=rampup, lr=1e-12)
-        init = [p.detach().clone() for p in model.ema.shadow.parameters()]
+        init = [p.detach().clone() for p in model.denoiser.parameters()]
         with torch.no_grad():
-            for p in model.precond.parameters():
+            for p in model.live_denoiser.parameters():
                 p.add_(1.0)
         _trainer(tmp_path).fit(model, TensorDataModule(train, val, batch_size=32, samples_per_epoch=32 * 200, value_range=None))
-        moved = torch.cat([(s - i).flatten() for s, i in zip(model.ema.shadow.parameters(), init)])
+        moved = torch.cat([(s - i).flatten() for s, i in zip(model.denoiser.parameters(), init)])
         kept = math.prod(ema_beta(i, 32, 0.995, rampup=rampup) for i in range(200))
         torch.testing.assert_close(moved, torch.full_like(moved, 1 - kept), rtol=0, atol=1e-5)
     assert math.prod(ema_beta(i, 32, 0.995) for i in range(200)) < 1e-3 < 0.995 ** 200
 
 
-@pytest.mark.parametrize("precond", ["edm", "vp"])
-def test_training_reduces_frozen_validation_loss(tmp_path, precond):
+@pytest.mark.parametrize("family", ["edm", "vp"])
+def test_training_reduces_frozen_validation_loss(tmp_path, family):
     torch.manual_seed(0)
     _, train, val = _gmm_data()
     dm = TensorDataModule(train, val, batch_size=64, samples_per_epoch=64 * 60, value_range=None)
-    model = DiffusionModule(MLPNet(4, hidden=64, depth=2), precond=precond, lr=2e-3, ema_decay=0.9)
+    model = DiffusionModule(MLPNet(4, hidden=64, depth=2), family=family, lr=2e-3, ema_decay=0.9)
     dm.setup()
     seeds = torch.arange(len(val))
     before = model.loss_fn(model.denoiser, val, seeds=seeds).mean().item()
@@ -108,13 +108,13 @@ def test_generate_is_per_seed_and_uses_the_ema_weights():
     b = model.generate(torch.tensor([4, 5]))
     torch.testing.assert_close(a[4:], b, rtol=1e-6, atol=1e-6)
     with torch.no_grad():
-        for p in model.precond.parameters():
+        for p in model.live_denoiser.parameters():
             p.add_(1.0)  # live weights change, EMA weights do not
     torch.testing.assert_close(model.generate(torch.tensor([4, 5])), b)
 
 
 @pytest.mark.parametrize("kwargs,field", [
-    ({"precond": "edn"}, "precond"), ({"sampler": "rk4"}, "sampler"), ({"lr": 0}, "lr"),
+    ({"family": "edn"}, "family"), ({"sampler": "rk4"}, "sampler"), ({"lr": 0}, "lr"),
     ({"sigma_min": 5.0, "sigma_max": 1.0}, "sigma_min"), ({"ema_decay": 1.5}, "ema_decay"),
     ({"warmup_steps": -1}, "warmup_steps"), ({"num_steps": 0}, "num_steps")])
 def test_bad_configuration_is_rejected_at_construction(kwargs, field):

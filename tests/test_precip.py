@@ -181,7 +181,7 @@ def test_pite_configs_share_net_and_data(pair):
     assert sbm["data"] == lim["data"]
     assert sbm["model"]["class_path"].endswith("DiffusionModule")
     assert lim["model"]["class_path"].endswith("LevyItoModule")
-    assert sbm["model"]["init_args"]["precond"] == "edm"  # VP only as the documented extra row
+    assert sbm["model"]["init_args"]["family"] == "edm"  # VP only as the documented extra row
     li = lim["model"]["init_args"]
     assert li["parameterization"] == "x0" and li["sampler"] == "heun" and li["time_grid"] == "edm"
     assert li["num_steps"] >= 100
@@ -198,7 +198,7 @@ def test_pite_config_builds_through_the_cli(tmp_path):
     from lightning_pfd.modules import DiffusionModule, LevyItoModule
 
     a = build_parser().parse_args(["--out", str(tmp_path), "--crop-size", "8", "--n-train", "16",
-                                   "--sbm-preconds", "edm,vp", "--lim-steps", "7"])
+                                   "--sbm-families", "edm,vp", "--lim-steps", "7"])
     rows = _rows(a)
     assert [r[0] for r in rows] == ["sbm_edm", "sbm_vp", "lim"]
     built = {}
@@ -213,7 +213,7 @@ def test_pite_config_builds_through_the_cli(tmp_path):
     assert built["lim"].trainer.max_steps == 1500  # the config's
     for q in ("edm", "vp"):
         m = built[f"sbm_{q}"].model
-        assert isinstance(m, DiffusionModule) and m.hparams.precond == q
+        assert isinstance(m, DiffusionModule) and m.hparams.family == q
         assert m.hparams.lr == lim.hparams.lr
 
 
@@ -294,8 +294,8 @@ def test_pite_out_of_range_uses_the_datamodules_range():
 
 
 @pytest.mark.parametrize("argv", [["--eta", "1.5"], ["--max-steps", "0"], ["--num-samples", "0"],
-                                  ["--crop-size", "-1"], ["--sbm-preconds", "edn"],
-                                  ["--sbm-preconds", "edm,edm"], ["--observable", "maxx"],
+                                  ["--crop-size", "-1"], ["--sbm-families", "edn"],
+                                  ["--sbm-families", "edm,edm"], ["--observable", "maxx"],
                                   ["--lim-steps", "0"], ["--seeds", "1,1"], ["--seeds", "a"],
                                   ["--alpha", "0.9"]])
 def test_pite_cli_rejects_bad_args(argv, capsys):

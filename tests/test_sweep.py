@@ -53,7 +53,7 @@ def tiny_base(root: Path, icr: bool = False) -> dict:
         "model": {"class_path": "lightning_pfd.modules.DiffusionModule",
                   "init_args": {"net": {"class_path": "lightning_pfd.nets.MLPNet",
                                         "init_args": {"dim": 64, "hidden": 32, "depth": 2}},
-                                "precond": "edm", "lr": 1.0e-3, "num_steps": 6}},
+                                "family": "edm", "lr": 1.0e-3, "num_steps": 6}},
         "data": {"class_path": "lightning_pfd.data.TeacherDistillationDataModule",
                  "init_args": {"teacher": "gmm_digits", "n_components": 4, "n_train": 16, "n_test": 32,
                                "n_gen": 64, "batch_size": 16, "samples_per_epoch": 64, "num_steps": 6}},

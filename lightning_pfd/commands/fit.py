@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -32,9 +33,9 @@ from ..callbacks.wandb_setup import LogConfigCallback, has_wandb_credentials
 from ..checkpoint import atomic_write_bytes, load_checkpoint, truncated_epoch
 from ..contracts import check_data_shape
 from ..errors import ConfigError, did_you_mean, suggest_option
-from ..validation import plain_numbers
 from ..locks import acquire as acquire_lock
 from ..locks import release_all as release_locks
+from ..validation import plain_numbers
 from . import (CONFIG_DIR, DEFAULT_CONFIG, LIGHTNING_SUBCOMMANDS, PROG, debug_enabled, pop_flag,
                print_extra_help, run_guarded)
 from .fit_help import parser_kwargs
@@ -78,7 +79,12 @@ class PFDArgumentParser(LightningArgumentParser):
     unknown option. ``--debug`` / ``LIGHTNING_PFD_DEBUG=1`` restores jsonargparse's full output."""
 
     def error(self, message: str, ex=None):
-        if debug_enabled():
+        if debug_enabled():  # the traceback of the refusal, then jsonargparse's own report
+            if ex is not None and ex.__traceback__ is not None:
+                traceback.print_exception(ex, file=sys.stderr)
+            else:
+                sys.stderr.write("Traceback (most recent call last):\n")
+                traceback.print_stack(file=sys.stderr)
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = parser.prog.replace(" [options]", "")
@@ -175,10 +181,19 @@ def _literal_hint(choices: str, value: str) -> Optional[str]:
 
 def _value_hint(key: str, message: str) -> Optional[str]:
     """Which value of ``key`` the parser refused: the one jsonargparse reports ("Given value:"),
-    said to come from the command line when it was typed there (a key may be given twice)."""
+    said to come from the command line when it was typed there (a key may be given twice); for
+    a declared set of choices (``Literal``), the accepted one closest to it."""
     m = re.search(r"Given value: (.*)", message)
     refused = m.group(1).strip() if m else None
     typed = _argv_values(key)
+    choices = re.search(r"typing\.Literal\[(.*?)\]", message)  # a declared set of choices
+    got = re.search(r"Got value: (\S+)", message)
+    value = refused if refused is not None else (got.group(1) if got else (typed[-1] if typed else None))
+    if choices and value is not None:
+        accepted = re.findall(r"'([^']*)'", choices.group(1))
+        close = did_you_mean(value, accepted)
+        if close is not None:
+            return f"did you mean {close!r}? (accepted: {', '.join(accepted)})"
     if refused is not None and refused in typed:
         return f"the value given for --{key} was {refused!r}"
     if refused is not None:
@@ -395,7 +410,8 @@ class PFDLightningCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         """A class that refuses its arguments raises a ConfigError naming them, not a nested
-        jsonargparse union error that echoes the whole config."""
+        jsonargparse union error that echoes the whole config (a bare argument name gets the
+        config path of the model, datamodule or callback that raised it)."""
         try:
             super().instantiate_classes()
         except ConfigError as e:
@@ -430,7 +446,7 @@ class PFDLightningCLI(LightningCLI):
             super().parse_arguments(parser, args)
         finally:
             _PARSING.reset(token)
-        plain_numbers(self.config)  # built-in numbers in hparams, checkpoints and saved configs
+        plain_numbers(self.config)  # classes get built-in numbers (hparams, checkpoints, saved configs)
         if isinstance(args, dict):  # jsonargparse writes parsed values back into a given dict
             plain_numbers(args)
         sub = self.config.get("subcommand")

@@ -8,7 +8,7 @@ Defaults (docs/levy.md, "PITE at CPU scale"): the configs ``experiments/pite_sbm
 preconditioning) and ``experiments/pite_lim`` (alpha = ``--alpha`` = 1.7, x0 parameterisation,
 Heun in r = sigma/gamma on EDM's grid, 100 steps, A = c_alpha A' >= 20 rejected as in the LIM
 reference code): 16x16 crops, a 78k-parameter U-Net, 1500 steps each, training seeds
-``--seeds 0,1,2`` (initialisation, batch order and training noise). ``--sbm-preconds edm,vp``
+``--seeds 0,1,2`` (initialisation, batch order and training noise). ``--sbm-families edm,vp``
 adds an SBM row with VP preconditioning; any registered diffusion family
 (:func:`lightning_pfd.diffusion.families.family_names`: edm, vp, ve, ...) can be a row. Every
 (row, seed) generates ``--num-samples`` samples from the same evaluation seeds 0..n-1; the
@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..errors import ConfigError, ShortErrorParser, renamed_fields
-from ..validation import NonNegativeFloat, NonNegativeInt, OpenUnitInterval, PositiveInt, ranged
+from ..validation import NonNegativeFloat, NonNegativeInt, OpenUnitInterval, PositiveInt, StabilityIndex, ranged
 from . import COMMANDS, run_guarded, typed
 
 __all__ = ["main", "build_parser", "format_table", "tail_evaluations", "NUM_SPLITS",
-           "parse_observable", "sbm_preconds", "summarize", "verdict", "claims", "bulk_qe",
+           "parse_observable", "sbm_families", "summarize", "verdict", "claims", "bulk_qe",
            "bulk_qe_floor", "train_seeds", "RUN_METRICS", "CLAIMS", "observable_label", "density_figure"]
 
 PROG = COMMANDS["pite"].prog
@@ -58,7 +58,7 @@ _POSITIVE = typed(PositiveInt)
 _COUNT = typed(NonNegativeInt)
 _EMA_DECAY = typed(ranged("AtMostOne", float, ("<=", 1), "a number <= 1"))
 #: the stability index of a Levy-Ito model (:mod:`lightning_pfd.diffusion.levy`)
-_ALPHA = typed(ranged("StabilityIndex", float, [(">", 1), ("<=", 2)], "a number in (1, 2]"))
+_ALPHA = typed(StabilityIndex)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SBM config (path or embedded name)")
     p.add_argument("--lim-config", default="experiments/pite_lim",
                    help="LIM config (path or embedded name)")
-    p.add_argument("--sbm-preconds", default="edm",
-                   help="comma-separated SBM rows, each a diffusion family (preconditioning): "
+    p.add_argument("--sbm-families", default="edm",
+                   help="comma-separated SBM rows, each a diffusion family: "
                         "edm, vp, ve or another registered one (e.g. edm,vp)")
     p.add_argument("--max-steps", type=_POSITIVE, default=None,
                    help="training steps per model, an integer > 0 (default: the configs' "
@@ -152,26 +152,26 @@ def parse_observable(spec: str):
     return str(spec), name, kw
 
 
-def sbm_preconds() -> tuple:
-    """The preconditionings an SBM row can have: every registered diffusion family (a row is
-    the SBM config with ``--model.init_args.precond=<family>``)."""
+def sbm_families() -> tuple:
+    """The diffusion families an SBM row can have: every registered diffusion family (a row is
+    the SBM config with ``--model.init_args.family=<family>``)."""
     from ..diffusion.families import family_names
 
     return tuple(family_names())
 
 
-def _preconds(a) -> list:
-    accepted = list(sbm_preconds())
-    out = [q.strip() for q in str(a.sbm_preconds).split(",") if q.strip()]
+def _families(a) -> list:
+    accepted = list(sbm_families())
+    out = [q.strip() for q in str(a.sbm_families).split(",") if q.strip()]
     if not out:
-        raise ConfigError("--sbm-preconds", "needs at least one preconditioning",
-                          value=a.sbm_preconds, accepted=accepted)
+        raise ConfigError("--sbm-families", "needs at least one diffusion family",
+                          value=a.sbm_families, accepted=accepted)
     for q in out:
         if q not in accepted:
-            raise ConfigError("--sbm-preconds", "unknown preconditioning", value=q,
+            raise ConfigError("--sbm-families", "unknown diffusion family", value=q,
                               accepted=accepted)
     if len(set(out)) != len(out):
-        raise ConfigError("--sbm-preconds", "lists a preconditioning twice", value=a.sbm_preconds)
+        raise ConfigError("--sbm-families", "lists a diffusion family twice", value=a.sbm_families)
     return out
 
 
@@ -190,7 +190,7 @@ def _validate(a) -> None:
     if a.n_train and a.num_samples >= a.n_train:
         raise ConfigError("--num-samples", f"must be < --n-train ({a.n_train}) for the same-law "
                           "floor (n_gen = num_samples)", value=a.num_samples)
-    _preconds(a)
+    _families(a)
     train_seeds(a)
     for spec in a.observable or DEFAULT_OBSERVABLES:
         parse_observable(spec)
@@ -252,8 +252,8 @@ def _overrides(a, table) -> list:
 
 def _rows(a) -> list:
     """(row name, config, extra overrides) of every model: one SBM per preconditioning, the LIM."""
-    rows = [(f"sbm_{q}", a.sbm_config, [f"--model.init_args.precond={q}", *a.sbm_override])
-            for q in _preconds(a)]
+    rows = [(f"sbm_{q}", a.sbm_config, [f"--model.init_args.family={q}", *a.sbm_override])
+            for q in _families(a)]
     lim = [f"--model.init_args.alpha={a.alpha}"] + list(a.lim_override) + _overrides(a, _LIM_OVERRIDES)
     rows.append(("lim", a.lim_config, lim))
     if getattr(a, "scale_aware_row", False):
@@ -663,7 +663,7 @@ def run(a) -> dict:
                                    f"{hp.get('time_grid', 'uniform')}, parameterization "
                                    f"{hp.get('parameterization', 'eps')}")
             else:
-                info["sampler"] = f"{hp.sampler}, {hp.num_steps} steps, precond {hp.precond}"
+                info["sampler"] = f"{hp.sampler}, {hp.num_steps} steps, family {hp.family}"
             for o, ev in evs.items():
                 rws = ev.observe_rows(x, inverse_transform=_inverse(dm, a.out_of_range)).cpu()
                 vals = ev.measure_rows(rws)

@@ -151,8 +151,8 @@ class TeacherDistillationDataModule(TensorDataModule):
         check_disjoint_ranges(("train_seed_offset", train_seed_offset, "n_train", n_train),
                               ("test_seed_offset", test_seed_offset, "n_test", n_test),
                               ("gen_seed_offset", gen_seed_offset, "n_gen", n_gen))
-        settings = SamplerSettings.checked(sampler=sampler, num_steps=num_steps,
-                                           sigma_min=sigma_min, sigma_max=sigma_max, rho=rho)
+        settings = SamplerSettings(sampler=sampler, num_steps=num_steps, sigma_min=sigma_min,
+                                   sigma_max=sigma_max, rho=rho)
         if teacher is not None and teacher_ckpt is not None:
             raise ValueError("teacher, teacher_ckpt: give one of them, not both")
         if teacher_load_kwargs is not None and teacher_ckpt is None:

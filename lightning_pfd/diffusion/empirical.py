@@ -25,15 +25,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+from typing import Literal, get_args
 
 import torch
 from torch import nn
 
-from ..errors import check_choice
+from ..validation import PositiveInt, check_args
 
 __all__ = ["EmpiricalDenoiser", "fp32_cross_term_bound", "PRECISIONS", "float64_matmul_is_fast"]
 
-PRECISIONS = ("mixed", "float64")
+EmpiricalPrecision = Literal["mixed", "float64"]
+PRECISIONS = get_args(EmpiricalPrecision)
 
 #: T = ln N + LOG_WEIGHT_SLACK: the points the mixed path drops weigh < e^-37 < 2^-53 in total
 LOG_WEIGHT_SLACK = 37.0
@@ -267,14 +269,12 @@ class EmpiricalDenoiser(nn.Module):
     #: D = 64; 0.61, 0.95, 1.33 for D = 784)
     float64_max_n_cpu = 256
 
-    def __init__(self, data: torch.Tensor, chunk_size: int = 4096, precision: str = "mixed"):
+    def __init__(self, data: torch.Tensor, chunk_size: PositiveInt = 4096, precision: EmpiricalPrecision = "mixed"):
+        check_args(EmpiricalDenoiser.__init__, locals())
         super().__init__()
-        check_choice("precision", precision, PRECISIONS)
         data = torch.as_tensor(data)
         if data.ndim < 2 or data.shape[0] < 1:
             raise ValueError(f"data: expected shape (N >= 1, *data_shape), got {tuple(data.shape)}")
-        if int(chunk_size) < 1:
-            raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
         y = data.detach().reshape(data.shape[0], -1).to(torch.float64)
         if not bool(torch.isfinite(y).all()):
             raise ValueError("data: contains NaN or inf")

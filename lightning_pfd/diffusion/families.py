@@ -15,8 +15,9 @@ A :class:`DiffusionFamily` holds exactly these; :class:`PreconditionedDenoiser` 
 :class:`DenoisingLoss` are the one generic denoiser and loss every family shares. Adding a
 family is one class in one file: subclass :class:`DiffusionFamily` (a frozen dataclass whose
 fields are its parameters), implement ``coefficients``, ``sample_sigma``, ``weight`` and
-``default_grid``, and decorate it with :func:`register_family`; ``DiffusionModule(precond=name)``
-and the YAML key ``model.init_args.precond: name`` then find it (see ``docs/extending.md``).
+``default_grid``, and decorate it with :func:`register_family`; ``DiffusionModule(family=name)``
+and the YAML key ``family: name`` of the module then find it (see ``docs/extending.md``). A
+family's fields declare what they accept with the types of :mod:`lightning_pfd.validation`.
 
 Shipped families: :class:`EDMFamily` ("edm"), :class:`VPFamily` ("vp", Song et al. 2021 as in
 the EDM paper's VP column) and :class:`VEFamily` ("ve", the VE column). Pure torch.
@@ -32,6 +33,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..validation import NonNegativeFloat, OpenUnitInterval, PositiveFloat, PositiveInt, check_args
 from .noise import seeded_noise, seeded_uniform
 from .sampling import SamplerSettings, karras_sigmas
 from .streams import stream
@@ -52,12 +54,6 @@ def as_sigma(sigma, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torc
     return s.reshape(-1, *([1] * (x.ndim - 1)))
 
 
-def _positive(field: str, value, what: str = "must be a number > 0") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(field, what, value=value)
-    return float(value)
-
-
 # ------------------------------------------------------------------------------ the base
 class DiffusionFamily(ABC):
     """One column of the EDM paper's Table 1: preconditioning, loss, sigma range, sampling grid.
@@ -65,7 +61,7 @@ class DiffusionFamily(ABC):
     Subclasses are frozen dataclasses (their fields are the family's parameters, e.g.
     ``sigma_data``) with a class attribute ``name`` (the registry key) and, optionally,
     ``MODULE_ARGS``: which ``DiffusionModule`` init arguments feed which field (``{"vp_beta_d":
-    "beta_d"}``); every other field is set through ``model.init_args.family_args``.
+    "beta_d"}``); every other field is set through the module's ``family_args``.
     """
 
     name: ClassVar[str] = ""
@@ -208,7 +204,7 @@ _FAMILIES: Dict[str, Type[DiffusionFamily]] = {}
 
 
 def register_family(cls: Type[DiffusionFamily]) -> Type[DiffusionFamily]:
-    """Class decorator: make ``cls`` available under ``cls.name`` (``precond: <name>``).
+    """Class decorator: make ``cls`` available under ``cls.name`` (``family: <name>``).
 
     Registering the same class again is a no-op; another class under a taken name is refused."""
     name = getattr(cls, "name", "")
@@ -227,7 +223,7 @@ def family_names() -> Tuple[str, ...]:
     return tuple(sorted(_FAMILIES))
 
 
-def get_family(name: str, field: str = "precond") -> Type[DiffusionFamily]:
+def get_family(name: str, field: str = "family") -> Type[DiffusionFamily]:
     """The family class registered under ``name`` (ConfigError naming ``field`` otherwise)."""
     if name not in _FAMILIES:
         raise ConfigError(field, "unknown diffusion family", value=name, accepted=list(family_names()))
@@ -235,33 +231,32 @@ def get_family(name: str, field: str = "precond") -> Type[DiffusionFamily]:
 
 
 def build_family(name: str, module_args: Optional[Mapping[str, object]] = None,
-                 family_args: Optional[Mapping[str, object]] = None,
-                 prefix: str = "model.init_args.") -> DiffusionFamily:
+                 family_args: Optional[Mapping[str, object]] = None) -> DiffusionFamily:
     """Instantiate family ``name`` from ``DiffusionModule`` init arguments.
 
     ``module_args`` are the module's arguments; those named in the family's ``MODULE_ARGS`` are
     passed on (renamed), the others ignored. ``family_args`` sets any other field of the
-    family. Errors name the config field the user wrote (``prefix`` + module argument, or
-    ``prefix + "family_args."`` + field)."""
-    cls = get_family(name, prefix + "precond")
+    family. Errors name the argument the user gave (``family``, a module argument such as
+    ``vp_beta_d``, or ``family_args.<field>``)."""
+    cls = get_family(name, "family")
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     to_module = {v: k for k, v in cls.MODULE_ARGS.items()}
     kwargs = {f: (module_args or {})[m] for m, f in cls.MODULE_ARGS.items() if m in (module_args or {})}
     extra = dict(family_args or {})
     for key in extra:
         if key in to_module:
-            raise ConfigError(prefix + "family_args." + key, f"is set by model.init_args."
+            raise ConfigError("family_args." + key, f"is set by the module argument "
                               f"{to_module[key]} for the {name!r} family", value=extra[key],
-                              suggestion=f"set model.init_args.{to_module[key]} instead")
+                              suggestion=f"set {to_module[key]} instead")
         if key not in fields:
-            raise ConfigError(prefix + "family_args", f"the {name!r} family has no parameter {key!r}",
+            raise ConfigError("family_args", f"the {name!r} family has no parameter {key!r}",
                               value=key, accepted=sorted(fields - set(to_module)))
     kwargs.update(extra)
     try:
         return cls(**kwargs)
     except ConfigError as e:
         where = to_module.get(e.field, "family_args." + e.field if e.field in extra else e.field)
-        raise ConfigError(prefix + where, e.problem, value=e.value, accepted=e.accepted,
+        raise ConfigError(where, e.problem, value=e.value, accepted=e.accepted,
                           suggestion=e.suggestion) from None
 
 
@@ -281,15 +276,16 @@ class EDMFamily(DiffusionFamily):
     MODULE_ARGS: ClassVar[Mapping[str, str]] = {"sigma_data": "sigma_data", "P_mean": "P_mean",
                                                 "P_std": "P_std"}
 
-    sigma_data: float = 0.5
+    sigma_data: PositiveFloat = 0.5
     P_mean: float = -1.2
-    P_std: float = 1.2
+    P_std: PositiveFloat = 1.2
     sigma_min: float = 0.0
     sigma_max: float = math.inf
 
     def __post_init__(self):
-        object.__setattr__(self, "sigma_data", _positive("sigma_data", self.sigma_data))
-        object.__setattr__(self, "P_std", _positive("P_std", self.P_std))
+        check_args(type(self), vars(self))
+        object.__setattr__(self, "sigma_data", float(self.sigma_data))
+        object.__setattr__(self, "P_std", float(self.P_std))
         if isinstance(self.P_mean, bool) or not isinstance(self.P_mean, (int, float)) \
                 or not math.isfinite(self.P_mean):
             raise ConfigError("P_mean", "must be a finite number", value=self.P_mean)
@@ -334,23 +330,16 @@ class VPFamily(DiffusionFamily):
     MODULE_ARGS: ClassVar[Mapping[str, str]] = {"vp_beta_d": "beta_d", "vp_beta_min": "beta_min",
                                                 "vp_M": "M", "vp_epsilon_t": "epsilon_t"}
 
-    beta_d: float = 19.9
-    beta_min: float = 0.1
+    beta_d: PositiveFloat = 19.9
+    beta_min: NonNegativeFloat = 0.1
     M: int = 1000
-    epsilon_t: float = 1e-5
-    epsilon_s: float = 1e-3
+    epsilon_t: OpenUnitInterval = 1e-5
+    epsilon_s: OpenUnitInterval = 1e-3
 
     def __post_init__(self):
-        for f in ("epsilon_t", "epsilon_s"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
-                raise ConfigError(f, "must lie in (0, 1)", value=v)
-            object.__setattr__(self, f, float(v))
-        object.__setattr__(self, "beta_d", _positive("beta_d", self.beta_d))
-        if isinstance(self.beta_min, bool) or not isinstance(self.beta_min, (int, float)) \
-                or not self.beta_min >= 0:
-            raise ConfigError("beta_min", "must be a number >= 0", value=self.beta_min)
-        object.__setattr__(self, "beta_min", float(self.beta_min))
+        check_args(type(self), vars(self))
+        for f in ("beta_d", "beta_min", "epsilon_t", "epsilon_s"):
+            object.__setattr__(self, f, float(getattr(self, f)))
         if isinstance(self.M, bool) or not isinstance(self.M, (int, float)) or not math.isfinite(self.M) \
                 or self.M != int(self.M) \
                 or self.M < 2:
@@ -392,8 +381,9 @@ class VPFamily(DiffusionFamily):
     def weight(self, sigma: torch.Tensor) -> torch.Tensor:
         return 1 / sigma**2
 
-    def default_grid(self, num_steps: int = 18) -> torch.Tensor:
-        n = _check_num_steps(num_steps)
+    def default_grid(self, num_steps: PositiveInt = 18) -> torch.Tensor:
+        check_args(type(self).default_grid, locals())
+        n = num_steps
         i = torch.arange(n, dtype=torch.float64)
         t = 1 + i / max(n - 1, 1) * (self.epsilon_s - 1)
         return torch.cat([self.sigma(t), torch.zeros(1, dtype=torch.float64)])
@@ -413,12 +403,12 @@ class VEFamily(DiffusionFamily):
 
     name: ClassVar[str] = "ve"
 
-    sigma_min: float = 0.02
-    sigma_max: float = 100.0
+    sigma_min: PositiveFloat = 0.02
+    sigma_max: PositiveFloat = 100.0
 
     def __post_init__(self):
-        lo = _positive("sigma_min", self.sigma_min)
-        hi = _positive("sigma_max", self.sigma_max)
+        check_args(type(self), vars(self))
+        lo, hi = float(self.sigma_min), float(self.sigma_max)
         if not (lo < hi and math.isfinite(hi)):
             raise ConfigError("sigma_min", f"need 0 < sigma_min < sigma_max = {hi:g} < inf", value=lo)
         object.__setattr__(self, "sigma_min", lo)
@@ -438,14 +428,9 @@ class VEFamily(DiffusionFamily):
     def weight(self, sigma: torch.Tensor) -> torch.Tensor:
         return 1 / sigma**2
 
-    def default_grid(self, num_steps: int = 18) -> torch.Tensor:
-        n = _check_num_steps(num_steps)
+    def default_grid(self, num_steps: PositiveInt = 18) -> torch.Tensor:
+        check_args(type(self).default_grid, locals())
+        n = num_steps
         i = torch.arange(n, dtype=torch.float64)
         s = self.sigma_max * (self.sigma_min / self.sigma_max) ** (i / max(n - 1, 1))
         return torch.cat([s, torch.zeros(1, dtype=torch.float64)])
-
-
-def _check_num_steps(num_steps) -> int:
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-        raise ConfigError("num_steps", "must be an integer >= 1", value=num_steps)
-    return num_steps

@@ -2,7 +2,7 @@
 *Evaluating the Representation Space of Diffusion Models via Self-Supervised Principles*, the ICR paper).
 
 The network is fed what it sees inside the denoiser, ``(c_in x, c_noise) =
-precond.network_input(x, sigma)``, and the output of the module ``net.feature_taps[tap]`` is
+denoiser.network_input(x, sigma)``, and the output of the module ``net.feature_taps[tap]`` is
 returned, mean-pooled over space for (B, C, H, W) activations (App. C). When the net offers
 ``forward_features(x_in, c_noise, tap)`` (UNet, MLPNet) the forward stops right after the tap;
 otherwise a forward hook captures the tap output and aborts the rest of the forward pass with an
@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..validation import PositiveInt, check_args
 from .noise import seeded_noise
 from .streams import stream
 
@@ -69,7 +70,7 @@ def tap_features(net: nn.Module, x_in: torch.Tensor, c_noise: torch.Tensor,
 
 @torch.no_grad()
 def extract_features(denoiser: nn.Module, x: torch.Tensor, sigma, tap: Optional[str] = None,
-                     batch_size: int = 256, pool: bool = True) -> torch.Tensor:
+                     batch_size: PositiveInt = 256, pool: bool = True) -> torch.Tensor:
     """Features h(x) at ``tap`` of ``denoiser.net`` fed ``denoiser.network_input(x, sigma)``.
 
     Returns float64 (B, C) (mean-pooled over space when ``pool``) on x's device. Chunked in
@@ -78,8 +79,7 @@ def extract_features(denoiser: nn.Module, x: torch.Tensor, sigma, tap: Optional[
     if not hasattr(denoiser, "network_input") or not hasattr(denoiser, "net"):
         raise ValueError("denoiser: must be a preconditioned denoiser with `.net` and "
                          "`.network_input(x, sigma)` (a family's PreconditionedDenoiser)")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size: must be an int >= 1, got {batch_size!r}")
+    check_args(extract_features, {"batch_size": batch_size})
     resolve_tap(denoiser.net, tap)
     sig = torch.as_tensor(sigma, dtype=torch.float64)
     out = []
@@ -94,10 +94,9 @@ def extract_features(denoiser: nn.Module, x: torch.Tensor, sigma, tap: Optional[
     return torch.cat(out)
 
 
-def random_projection(d: int, d_proj: int, seed: int = 0, device=None) -> torch.Tensor:
+def random_projection(d: int, d_proj: PositiveInt, seed: int = 0, device=None) -> torch.Tensor:
     """Fixed Gaussian projection matrix (d, d_proj), entries N(0, 1/d_proj), float64, seeded."""
-    if not isinstance(d_proj, int) or d_proj < 1:
-        raise ValueError(f"d_proj: must be an int >= 1, got {d_proj!r}")
+    check_args(random_projection, {"d_proj": d_proj})
     z = seeded_noise([int(seed)], (d, d_proj), dtype=torch.float64, device=device,
                      stream=stream("icr.projection"))
     return z[0] / d_proj ** 0.5

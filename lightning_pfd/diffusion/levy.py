@@ -36,11 +36,12 @@ Conventions
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence, get_args
 
 import torch
 
 from ..errors import ConfigError, check_choice
+from ..validation import PositiveFloat, check_args
 from .streams import stream as _stream
 from .noise import seeded_noise, seeded_uniform
 
@@ -54,12 +55,17 @@ __all__ = [
 
 #: reverse samplers: "ode" (the first-order exponential integrator in t, the former default),
 #: "ddim" (Euler in r = sigma/gamma), "heun" (second order in r), "sde"
-LEVY_SAMPLERS = ("ode", "ddim", "heun", "sde")
+LevySamplerName = Literal["ode", "ddim", "heun", "sde"]
+LEVY_SAMPLERS = get_args(LevySamplerName)
 #: time grids: "uniform" in t, "edm" = EDM's rho-grid in r = sigma/gamma
-LEVY_TIME_GRIDS = ("uniform", "edm")
+LevyTimeGrid = Literal["uniform", "edm"]
+LEVY_TIME_GRIDS = get_args(LevyTimeGrid)
 #: network output: "eps" (regresses -eps/alpha, LIM) or "x0" (EDM-preconditioned denoiser)
 #: "x0_A" = x0 with EDM preconditioning at the per-example level r sqrt(A) (docs/levy.md)
-PARAMETERIZATIONS = ("eps", "x0", "x0_A")
+Parameterization = Literal["eps", "x0", "x0_A"]
+PARAMETERIZATIONS = get_args(Parameterization)
+#: per-example penalties of the regression: "squared" (LIM), "huber" (smooth L1), "l2" (DLPM)
+LevyLoss = Literal["squared", "huber", "l2"]
 
 _EPS_V = 1e-12  # keeps V strictly inside (-pi/2, pi/2)
 
@@ -282,10 +288,9 @@ class CosineSchedule:
     Training times t ~ U(t_min, T) with T = 0.9946 (beta blows up at 1).
     """
 
-    def __init__(self, alpha: float, s: float = 0.008, T: float = 0.9946, t_min: float = 1e-5):
+    def __init__(self, alpha: float, s: PositiveFloat = 0.008, T: float = 0.9946, t_min: float = 1e-5):
         self.alpha = check_alpha(alpha)
-        if not s > 0:
-            raise ValueError(f"s: must be > 0, got {s}")
+        check_args(CosineSchedule.__init__, locals())
         if not 0 < t_min < T < 1:
             raise ValueError(f"t_min, T: need 0 < t_min < T < 1, got {t_min}, {T}")
         self.s, self.T, self.t_min = float(s), float(T), float(t_min)
@@ -314,7 +319,7 @@ class CosineSchedule:
         c0 = math.cos(0.5 * math.pi * self.s / (1 + self.s))
         return torch.acos((g * c0).clamp(-1.0, 1.0)) * 2 * (1 + self.s) / math.pi - self.s
 
-    def time_grid(self, num_steps: int, grid: str = "uniform", rho: float = 7.0,
+    def time_grid(self, num_steps: int, grid: LevyTimeGrid = "uniform", rho: PositiveFloat = 7.0,
                   t_end: float | None = None, device=None) -> torch.Tensor:
         """Reverse grid T = t_0 > ... > t_N = t_end (default t_min), N + 1 points, float64.
 
@@ -327,8 +332,7 @@ class CosineSchedule:
         ts = levy_time_grid(num_steps, self.T, t_end, device=device)
         if grid == "uniform":
             return ts
-        if not (isinstance(rho, (int, float)) and not isinstance(rho, bool) and rho > 0):
-            raise ConfigError("rho", "must be a number > 0", value=rho)
+        check_args(CosineSchedule.time_grid, {"rho": rho})
         n = int(num_steps)
         r_max, r_min = float(self.nsr(self.T)), float(self.nsr(t_end))
         i = torch.arange(n + 1, dtype=torch.float64, device=device)
@@ -441,7 +445,7 @@ def levy_sde_step(x: torch.Tensor, S: torch.Tensor, a: float, h: float, alpha: f
 
 
 def levy_sample(score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x_T: torch.Tensor,
-                schedule: CosineSchedule, num_steps: int = 100, sampler: str = "ode",
+                schedule: CosineSchedule, num_steps: int = 100, sampler: LevySamplerName = "ode",
                 noise_fn: Callable[[int], torch.Tensor] | None = None, t_end: float | None = None,
                 drift_factor: float = 2.0, time_grid: str = "uniform",
                 rho: float = 7.0) -> torch.Tensor:
@@ -454,7 +458,7 @@ def levy_sample(score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x_T
     "sde". The last step of "sde" is noiseless. ``time_grid`` / ``rho``: see
     ``CosineSchedule.time_grid``.
     """
-    check_choice("sampler", sampler, LEVY_SAMPLERS)
+    check_args(levy_sample, {"sampler": sampler})
     if sampler == "sde" and noise_fn is None:
         raise ValueError("noise_fn: required for sampler='sde'")
     ts = schedule.time_grid(num_steps, time_grid, rho, t_end, device=x_T.device)

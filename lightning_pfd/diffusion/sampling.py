@@ -27,11 +27,12 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Literal, Optional, Sequence, Tuple, Union, get_args
 
 import torch
 
 from ..errors import ConfigError
+from ..validation import FinitePositiveFloat, PositiveInt, check_args
 from .noise import seeded_noise
 from .streams import stream
 
@@ -113,7 +114,10 @@ def heun_sample(denoiser: Callable, x_T: torch.Tensor, sigmas: torch.Tensor) -> 
     return x
 
 
+#: the deterministic PF-ODE solvers by name
+SamplerName = Literal["heun", "euler"]
 SAMPLERS = {"heun": heun_sample, "euler": euler_sample}
+assert tuple(SAMPLERS) == get_args(SamplerName)
 
 
 def resolve_sampler(sampler) -> Callable:
@@ -156,9 +160,12 @@ def sample_endpoints(denoiser: Callable, seeds: Sequence[int] | torch.Tensor, sh
 
 
 #: network precision while sampling -> autocast dtype (None: no autocast, float32 weights as stored)
+Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: Dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+assert tuple(PRECISIONS) == get_args(Precision)
 #: torch.compile modes of ``SamplerSettings.compile`` (True means "default", False: eager)
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+COMPILE_MODES = get_args(CompileMode)
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 _GRID_ARGS = ("num_steps", "sigma_min", "sigma_max", "rho")
 
@@ -220,10 +227,6 @@ def pad_rows(fn: Callable, rows: int) -> Callable:
     return run
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 @dataclass(frozen=True)
 class SamplerSettings:
     """One deterministic PF-ODE solver: sampler, sigma grid and the denoiser's precision.
@@ -243,37 +246,29 @@ class SamplerSettings:
             ``"aot_eager"`` / ``"eager"`` to debug, or a backend callable). Not part of cache keys.
 
     Each flow clamps the grid to its denoiser's supported sigma range (:meth:`sigmas`).
-    Invalid values raise :class:`~lightning_pfd.errors.ConfigError` naming the field;
-    :meth:`checked` prefixes the field with a config path (``model.init_args.``).
+    The fields' types declare what they accept (:func:`~lightning_pfd.validation.check_args`);
+    an invalid value raises :class:`~lightning_pfd.errors.ConfigError` naming the field.
     """
 
-    sampler: str = "heun"
-    num_steps: int = 18
-    sigma_min: float = 0.002
-    sigma_max: float = 80.0
-    rho: float = 7.0
+    sampler: SamplerName = "heun"
+    num_steps: PositiveInt = 18
+    sigma_min: FinitePositiveFloat = 0.002
+    sigma_max: FinitePositiveFloat = 80.0
+    rho: FinitePositiveFloat = 7.0
     grid: Optional[Tuple[float, ...]] = None
-    precision: str = "fp32"
-    compile: Union[bool, str] = False
+    precision: Precision = "fp32"
+    compile: Union[bool, CompileMode] = False
     compile_backend: Union[str, Callable] = "inductor"
 
     def __post_init__(self):
         if self.grid is not None:
             object.__setattr__(self, "grid", tuple(float(s) for s in torch.as_tensor(
                 self.grid, dtype=torch.float64).reshape(-1).tolist()))
+        check_args(type(self), vars(self))
         object.__setattr__(self, "compile", check_compile(self.compile))
         _validate(self)
 
     # ---- construction ---------------------------------------------------------------------
-    @classmethod
-    def checked(cls, prefix: str = "", **kwargs) -> "SamplerSettings":
-        """``SamplerSettings(**kwargs)`` whose errors name ``prefix + field``."""
-        try:
-            return cls(**kwargs)
-        except ConfigError as e:
-            raise ConfigError(prefix + e.field, e.problem, value=e.value, accepted=e.accepted,
-                              suggestion=e.suggestion) from None
-
     @classmethod
     def from_hparams(cls, obj: Any, grid: Optional[Sequence[float]] = None,
                      **overrides) -> "SamplerSettings":
@@ -299,24 +294,27 @@ class SamplerSettings:
     def from_module(cls, module: Any, sampler: Optional[str] = None,
                     sigmas: Optional[Sequence[float]] = None,
                     precision: Optional[str] = None) -> "SamplerSettings":
-        """The solver a sigma-space model samples with: its ``sampler_settings`` if it has them,
-        else its grid (``module.sigmas``; EDM's 18-step grid when it has none) and
-        ``hparams.sampler`` (Heun when unknown); the precision is bf16 with
-        ``hparams.sample_autocast`` on a CUDA module, else fp32. Explicit arguments override."""
-        hp = _hparams(module)
-        grid = sigmas if sigmas is not None else getattr(module, "sigmas", None)
+        """The solver a sigma-space model samples with: its public ``sampler_settings``
+        (:class:`~lightning_pfd.contracts.SigmaSpaceModel`); for a model without them, Heun on
+        its ``sigmas`` (EDM's 18-step grid when it has none). bf16 when the model's
+        ``sample_autocast`` is set and it lives on CUDA, else fp32. Explicit arguments override;
+        ``sigmas`` replaces the grid."""
+        own = getattr(module, "sampler_settings", None)
+        if not isinstance(own, SamplerSettings):
+            own = cls()
+            grid = getattr(module, "sigmas", None)
+            if isinstance(grid, torch.Tensor):
+                grid = grid.detach().to("cpu", torch.float64).reshape(-1)
+                if not _is_clamped_version(own.sigmas(), grid):
+                    own = replace(own, grid=tuple(grid.tolist()))
         if precision is None:
             device = getattr(module, "device", torch.device("cpu"))
             on_cuda = getattr(device, "type", str(device)) == "cuda"
-            precision = "bf16" if bool(hp.get("sample_autocast", False)) and on_cuda else "fp32"
-        own = getattr(module, "sampler_settings", None)
-        if isinstance(own, SamplerSettings) and sigmas is None:  # the module's own (DiffusionModule)
-            return replace(own, sampler=sampler or own.sampler, precision=precision)
-        sampler = sampler or (hp.get("sampler") if hp.get("sampler") in SAMPLERS else "heun")
+            precision = "bf16" if bool(getattr(module, "sample_autocast", False)) and on_cuda else "fp32"
+        settings = replace(own, sampler=sampler or own.sampler, precision=precision)
         if sigmas is not None:  # an explicit grid: the named arguments do not describe it
-            return cls(sampler=sampler, grid=tuple(torch.as_tensor(sigmas, dtype=torch.float64).tolist()),
-                       precision=precision)
-        return cls.from_hparams(module, grid=grid, sampler=sampler, precision=precision)
+            settings = replace(settings, grid=tuple(torch.as_tensor(sigmas, dtype=torch.float64).reshape(-1).tolist()))
+        return settings
 
     # ---- use ------------------------------------------------------------------------------
     def sigmas(self, denoiser: Any = None, device=None) -> torch.Tensor:
@@ -399,24 +397,12 @@ def _hparams(obj) -> Dict[str, Any]:
 
 
 def _validate(s: SamplerSettings) -> None:
-    if s.sampler not in SAMPLERS:
-        raise ConfigError("sampler", "unknown sampler", value=s.sampler, accepted=sorted(SAMPLERS))
-    if s.precision not in PRECISIONS:
-        raise ConfigError("precision", "unknown sampling precision", value=s.precision,
-                          accepted=list(PRECISIONS))
+    """What the field types do not express: a backend, the order of the grid's ends, the grid."""
     if not (callable(s.compile_backend) or (isinstance(s.compile_backend, str) and s.compile_backend)):
         raise ConfigError("compile_backend", "must be a torch.compile backend name or callable",
                           value=s.compile_backend, accepted="e.g. inductor, aot_eager, eager")
-    if not _is_int(s.num_steps) or s.num_steps < 1:
-        raise ConfigError("num_steps", "must be an integer >= 1", value=s.num_steps)
-    for f in ("sigma_min", "sigma_max", "rho"):
-        v = getattr(s, f)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ConfigError(f, "must be a finite number", value=v)
-    if not 0 < s.sigma_min < s.sigma_max:
+    if not s.sigma_min < s.sigma_max:
         raise ConfigError("sigma_min", f"need 0 < sigma_min < sigma_max = {s.sigma_max:g}", value=s.sigma_min)
-    if s.rho <= 0:
-        raise ConfigError("rho", "must be > 0", value=s.rho)
     if s.grid is not None:
         g = torch.tensor(s.grid, dtype=torch.float64)
         ok = (len(g) >= 2 and bool(torch.isfinite(g).all()) and bool((g >= 0).all()) and float(g[0]) > 0

@@ -583,7 +583,7 @@ def check_sigma_space_model(model: Any) -> None:
         raise ConfigError("model", f"FlowEvaluation needs a sigma-space denoiser: {type(model).__name__} "
                           "has no `denoiser` / `loss_fn` (PFD compares PF-ODE maps of sigma-space denoisers)",
                           value=type(model).__name__,
-                          accepted="lightning_pfd.modules.DiffusionModule (precond 'edm' or 'vp'), or any "
+                          accepted="lightning_pfd.modules.DiffusionModule (family 'edm' or 'vp'), or any "
                                    "LightningModule exposing a sigma-space EMA denoiser `denoiser` and `loss_fn`",
                           suggestion="for LevyItoModule use TailMonitor and MemorizationMonitor")
 

@@ -143,9 +143,8 @@ def resolve_num_images(num_images: Optional[int], n_available: int) -> int:
 
 def denoiser_of(model: Any) -> nn.Module:
     """The sigma-space denoiser of ``model``: ``model.denoiser`` (the EMA one of a DiffusionModule),
-    else ``model.precond``, else ``model`` itself; it must have ``.net`` and ``.network_input``."""
+    else ``model`` itself; it must have ``.net`` and ``.network_input``."""
     den = getattr(model, "denoiser", None)
-    den = den if den is not None else getattr(model, "precond", None)
     den = den if den is not None else model
     if den is None or not hasattr(den, "network_input") or not hasattr(den, "net"):
         raise ConfigError("model", f"ICR needs the features of a sigma-space denoiser (`denoiser` with "

@@ -28,7 +28,7 @@ model <-> data shape check and the training / frozen-noise validation steps. It 
   is Lightning's floor). The weights, the logged values and the checkpoints are bit-identical to
   the straightforward implementation (tests/test_training_overhead.py).
 * **Resuming with other hyper-parameters is explicit.** A checkpoint whose architecture or
-  preconditioning (``ARCHITECTURE_KEYS``) differs is refused with the list of conflicts; other
+  diffusion family (``ARCHITECTURE_KEYS``) differs is refused with the list of conflicts; other
   differences (learning rate, EMA, schedule, ...) are applied and printed — the optimizer state's
   learning rate is replaced by the new one.
 """
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Literal, Optional, Tuple, get_args
 
 import lightning.pytorch as pl
 import torch
@@ -45,16 +45,18 @@ from torch import nn
 
 from ..checkpoint import verified_stream
 from ..contracts import check_data_shape
-from ..errors import ConfigError, check_choice
+from ..errors import ConfigError
 from ..evaluation.base import strategy_comm
 from .ema import EMA, ema_beta, sanitize_gradients
 from .optim import adam_with_warmup
 
 __all__ = ["ResumableModule", "EMAModule", "StepLists", "step_seed", "seed_step", "grads_finite",
-           "compare_hparams", "check_optimizer_args", "check_training_args", "limit_cpu_threads",
+           "compare_hparams", "check_training_args", "limit_cpu_threads", "OnDivergence",
            "DIVERGENCE_ACTIONS"]
 
-DIVERGENCE_ACTIONS = ("stop", "continue")
+#: what a module does once it diverged: stop training, or carry on
+OnDivergence = Literal["stop", "continue"]
+DIVERGENCE_ACTIONS = get_args(OnDivergence)
 _MASK64 = (1 << 64) - 1
 VAL_SEED_OFFSET = 10_000_000  # frozen-noise validation seeds: offset + global sample index
 
@@ -133,25 +135,6 @@ def compare_hparams(saved: dict, current: dict, architecture: Iterable[str]
     return refused, applied
 
 
-def _is_number(v) -> bool:
-    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-
-
-def check_optimizer_args(lr, betas, weight_decay, warmup_steps) -> None:
-    """Adam's arguments, checked at construction (Adam itself would refuse them only when the
-    optimizer is built, after the loggers started)."""
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-        raise ConfigError("model.init_args.lr", "must be a finite number > 0", value=lr)
-    b = list(betas) if isinstance(betas, (list, tuple)) else None
-    if b is None or len(b) != 2 or not all(isinstance(v, (int, float)) and 0.0 <= v < 1.0 for v in b):
-        raise ConfigError("model.init_args.betas", "must be two numbers in [0, 1)", value=betas,
-                          accepted="e.g. [0.9, 0.999]")
-    if not isinstance(weight_decay, (int, float)) or not math.isfinite(weight_decay) or weight_decay < 0:
-        raise ConfigError("model.init_args.weight_decay", "must be a finite number >= 0", value=weight_decay)
-    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-        raise ConfigError("model.init_args.warmup_steps", "must be an integer >= 0", value=warmup_steps)
-
-
 class ResumableModule(pl.LightningModule):
     """Base LightningModule: seeded per-batch randomness, divergence events, exact resume.
 
@@ -164,13 +147,8 @@ class ResumableModule(pl.LightningModule):
     ARCHITECTURE_KEYS: frozenset = frozenset({"net"})
 
     def _init_resumable(self, seed: Optional[int], divergence_patience: int, on_divergence: str) -> None:
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ConfigError("model.init_args.train_seed", "must be an integer >= 0 or null", value=seed)
-        if isinstance(divergence_patience, bool) or not isinstance(divergence_patience, int) \
-                or divergence_patience < 0:
-            raise ConfigError("model.init_args.divergence_patience",
-                              "must be an integer >= 0 (0 disables the check)", value=divergence_patience)
-        check_choice("model.init_args.on_divergence", on_divergence, DIVERGENCE_ACTIONS)
+        """The seeded randomness and divergence state (the arguments are checked by the
+        subclass's declared types: ``train_seed``, ``divergence_patience``, ``on_divergence``)."""
         self._train_seed: Optional[int] = seed
         self.diverged = False
         self._bad_steps = 0
@@ -342,13 +320,13 @@ class ResumableModule(pl.LightningModule):
     def resume_changes(self, checkpoint: dict, source: str = "the checkpoint") -> List[str]:
         """Compare a checkpoint's hyper-parameters with this module's.
 
-        Raises :class:`ConfigError` listing every architecture/preconditioning conflict; returns
+        Raises :class:`ConfigError` listing every architecture/diffusion-family conflict; returns
         one line per other difference (those are applied when resuming)."""
         refused, applied = compare_hparams(checkpoint.get("hyper_parameters") or {},
                                            dict(self.hparams), self.ARCHITECTURE_KEYS)
         if refused:
             raise ConfigError(
-                "ckpt_path", f"{source} was made with another architecture or preconditioning: "
+                "ckpt_path", f"{source} was made with another architecture or diffusion family: "
                 + "; ".join(f"model.init_args.{k}: checkpoint {a!r}, now {b!r}" for k, a, b in refused),
                 suggestion="drop these overrides to resume, or start a new run without --ckpt_path")
         return [f"resuming with model.init_args.{k} = {b!r} (the checkpoint was trained with {a!r})"
@@ -379,23 +357,17 @@ class ResumableModule(pl.LightningModule):
                 sched["base_lrs"] = [new["lr"] for _ in sched["base_lrs"]]
 
 
-def check_training_args(net, lr, betas, weight_decay, warmup_steps, ema_decay, ema_halflife_kimg,
-                        gradient_clip_val=None) -> None:
-    """The arguments every :class:`EMAModule` shares, checked before anything is built: the
-    net (it must expose ``data_shape``), Adam's (:func:`check_optimizer_args`), the EMA's and an
-    optional gradient-norm clip."""
+def check_training_args(net, betas) -> None:
+    """What the declared types of an :class:`EMAModule`'s arguments cannot say, checked before
+    anything is built: the net exposes ``data_shape``, and ``betas`` are two numbers in [0, 1)
+    (Adam itself would refuse them only when the optimizer is built, after the loggers started)."""
     if not hasattr(net, "data_shape"):
-        raise ConfigError("model.init_args.net", "must expose `data_shape` (the shape of one sample)",
+        raise ConfigError("net", "must expose `data_shape` (the shape of one sample)",
                           value=type(net).__name__, accepted="lightning_pfd.nets.UNet, MLPNet, ...")
-    check_optimizer_args(lr, betas, weight_decay, warmup_steps)
-    if not _is_number(ema_decay) or not 0.0 <= ema_decay <= 1.0:
-        raise ConfigError("model.init_args.ema_decay", "must lie in [0, 1]", value=ema_decay)
-    if ema_halflife_kimg is not None and (not _is_number(ema_halflife_kimg) or ema_halflife_kimg <= 0):
-        raise ConfigError("model.init_args.ema_halflife_kimg", "must be a number > 0 or null",
-                          value=ema_halflife_kimg)
-    if gradient_clip_val is not None and (not _is_number(gradient_clip_val) or gradient_clip_val < 0):
-        raise ConfigError("model.init_args.gradient_clip_val", "must be a number >= 0 or null (0/null: off)",
-                          value=gradient_clip_val)
+    b = list(betas) if isinstance(betas, (list, tuple)) else None
+    if b is None or len(b) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                           and 0.0 <= v < 1.0 for v in b):
+        raise ConfigError("betas", "must be two numbers in [0, 1)", value=betas, accepted="e.g. [0.9, 0.999]")
 
 
 def limit_cpu_threads(trainer) -> None:
@@ -471,10 +443,12 @@ class EMAModule(ResumableModule):
     ``LevyItoModule`` share.
 
     Subclasses set ``TRAINED`` (the attribute holding the ``nn.Module`` whose parameters Adam
-    optimizes: ``"precond"``, ``"score_net"``), keep the raw network in ``self.net``, define
-    ``loss_fn(model, y, seeds=None) -> (B,)`` and, in ``__init__``:
+    optimizes: ``"live_denoiser"``, ``"score_net"``), keep the raw network in ``self.net``, define
+    ``loss_fn(model, y, seeds=None) -> (B,)``, expose the EMA copy under the name of what it is
+    (``denoiser``, ``score_model``) and, in ``__init__``:
 
-    1. call :func:`check_training_args` (and their own checks) before building anything;
+    1. :func:`~lightning_pfd.validation.check_args` (the declared types), then
+       :func:`check_training_args` and their own checks, before building anything;
     2. ``save_hyperparameters``, build the trained module;
     3. call :meth:`_init_ema` (the EMA copy, then :meth:`ResumableModule._init_resumable`).
 
@@ -533,11 +507,6 @@ class EMAModule(ResumableModule):
         return getattr(self, self.TRAINED)
 
     @property
-    def eval_model(self) -> nn.Module:
-        """The EMA copy of :attr:`trained_module` (eval mode): use it for every evaluation."""
-        return self.ema.shadow
-
-    @property
     def data_shape(self) -> tuple:
         return tuple(self.net.data_shape)
 
@@ -574,7 +543,7 @@ class EMAModule(ResumableModule):
         set, so ``val/loss`` is the same for any number of processes."""
         y = self._images(batch)
         seeds, keep = self._val_seeds(batch_idx, y.shape[0], y.device)
-        per = self.loss_fn(self.eval_model, y, seeds=seeds)
+        per = self.loss_fn(self.ema.shadow, y, seeds=seeds)
         self._accumulate_val("val/loss", per, keep)
         self._accumulate_val_extra(per, keep)
         return per.mean()

@@ -10,10 +10,12 @@ from typing import Any, Dict, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from ..diffusion.families import DiffusionFamily, build_family, family_names, get_family
-from ..diffusion.sampling import SamplerSettings, check_compile
+from ..diffusion.families import DiffusionFamily, build_family, family_names
+from ..diffusion.sampling import CompileMode, SamplerName, SamplerSettings, check_compile
 from ..errors import ConfigError
-from .base import EMAModule, check_training_args
+from ..validation import (ClosedUnitInterval, FiniteNonNegativeFloat, FinitePositiveFloat, NonNegativeInt,
+                          PositiveFloat, PositiveInt, check_args)
+from .base import EMAModule, OnDivergence, check_training_args
 
 __all__ = ["DiffusionModule", "resolve_family"]
 
@@ -22,26 +24,18 @@ __all__ = ["DiffusionModule", "resolve_family"]
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
 
-def resolve_family(precond: str, family: Union[str, DiffusionFamily, None],
-                   module_args: Dict[str, Any], family_args: Optional[dict]) -> DiffusionFamily:
-    """The family a DiffusionModule trains: ``family`` (a name or an object) if given, else the
-    one named by ``precond``. A name is built from the module's arguments (``build_family``)."""
-    if family is None:
-        return build_family(precond, module_args, family_args)
-    if not isinstance(family, (str, DiffusionFamily)):
-        raise ConfigError("model.init_args.family", "must be a family name or a DiffusionFamily",
-                          value=family, accepted=list(family_names()))
-    name = family.name if isinstance(family, DiffusionFamily) else family
-    if isinstance(family, str):
-        get_family(family, "model.init_args.family")
-    if precond not in ("edm", name):  # "edm" is precond's default: an unset precond
-        raise ConfigError("model.init_args.family", f"names another family than precond={precond!r}",
-                          value=name, suggestion="give only one of precond / family")
+def resolve_family(family: Union[str, DiffusionFamily], module_args: Dict[str, Any],
+                   family_args: Optional[dict]) -> DiffusionFamily:
+    """The family a DiffusionModule trains: ``family`` itself (an object), or the one registered
+    under that name, built from the module's arguments (``build_family``)."""
     if isinstance(family, str):
         return build_family(family, module_args, family_args)
+    if not isinstance(family, DiffusionFamily):
+        raise ConfigError("family", "must be a family name or a DiffusionFamily",
+                          value=family, accepted=list(family_names()))
     if family_args and dict(family_args) != _extra_args(family):  # (the recorded ones are fine)
-        raise ConfigError("model.init_args.family_args", "only used with a family name; the "
-                          f"family object already holds its parameters: {family!r}", value=family_args)
+        raise ConfigError("family_args", "only used with a family name; the family object "
+                          f"already holds its parameters: {family!r}", value=family_args)
     return family
 
 
@@ -56,15 +50,14 @@ class DiffusionModule(EMAModule):
 
     Args:
         net: the raw network ``net(c_in * x, c_noise)`` (e.g. ``UNet``, ``MLPNet``).
-        precond: the diffusion family by name: ``"edm"`` (Karras et al. 2022), ``"vp"`` (Song et
+        family: the diffusion family by name: ``"edm"`` (Karras et al. 2022), ``"vp"`` (Song et
             al. 2021), ``"ve"`` (Song et al. 2021) -- the columns of the EDM paper's Table 1 -- or
-            any family registered with ``lightning_pfd.diffusion.families.register_family``.
-        family: the same as ``precond`` (the name used by new configs), or, from Python, a
-            :class:`~lightning_pfd.diffusion.families.DiffusionFamily` object; overrides
-            ``precond``. The module's ``hparams.precond`` records the family's name.
+            any family registered with ``lightning_pfd.diffusion.families.register_family``; or,
+            from Python, a :class:`~lightning_pfd.diffusion.families.DiffusionFamily` object.
+            ``hparams.family`` records the family's name.
         family_args: parameters of the family other than the module arguments below, e.g.
             ``{"sigma_min": 0.02, "sigma_max": 100}`` for "ve" (errors name
-            ``model.init_args.family_args.<name>``).
+            ``family_args.<name>``).
         sigma_data, P_mean, P_std: EDM's data scale and training sigma distribution.
         vp_beta_d, vp_beta_min, vp_epsilon_t, vp_M: the VP schedule.
         lr, betas, weight_decay: Adam(W) settings; ``warmup_steps`` linear LR warm-up.
@@ -87,51 +80,55 @@ class DiffusionModule(EMAModule):
             come from SplitMix64(seed, k, rank), so a resumed run is bit-identical.
         divergence_patience: consecutive steps with non-finite loss/gradients that make a
             ``diverged`` event (0 = off); ``on_divergence``: ``"stop"`` or ``"continue"``.
+
+    The argument types declare what each accepts (:mod:`lightning_pfd.validation`); an error
+    names the argument (the command line adds ``model.init_args.``). The trained (live)
+    denoiser is ``live_denoiser``; its EMA copy, ``denoiser``, is what every evaluation uses.
     """
 
-    ARCHITECTURE_KEYS = frozenset({"net", "precond", "family", "family_args", "sigma_data", "vp_beta_d",
+    ARCHITECTURE_KEYS = frozenset({"net", "family", "family_args", "sigma_data", "vp_beta_d",
                                    "vp_beta_min", "vp_M", "vp_epsilon_t"})
-    TRAINED = "precond"
+    TRAINED = "live_denoiser"
 
     def __init__(
         self,
         net: nn.Module,
-        precond: str = "edm",
-        sigma_data: float = 0.5,
+        family: Union[str, DiffusionFamily] = "edm",
+        sigma_data: PositiveFloat = 0.5,
         P_mean: float = -1.2,
         P_std: float = 1.2,
         vp_beta_d: float = 19.9,
         vp_beta_min: float = 0.1,
         vp_epsilon_t: float = 1e-5,
         vp_M: int = 1000,
-        lr: float = 1e-3,
+        lr: FinitePositiveFloat = 1e-3,
         betas: Sequence[float] = (0.9, 0.999),
-        weight_decay: float = 0.0,
-        warmup_steps: int = 0,
-        ema_decay: float = 0.999,
-        ema_halflife_kimg: Optional[float] = None,
+        weight_decay: FiniteNonNegativeFloat = 0.0,
+        warmup_steps: NonNegativeInt = 0,
+        ema_decay: ClosedUnitInterval = 0.999,
+        ema_halflife_kimg: Optional[PositiveFloat] = None,
         ema_rampup: bool = True,
-        num_steps: int = 18,
-        sigma_min: float = 0.002,
-        sigma_max: float = 80.0,
-        rho: float = 7.0,
-        sampler: str = "heun",
+        num_steps: PositiveInt = 18,
+        sigma_min: FinitePositiveFloat = 0.002,
+        sigma_max: FinitePositiveFloat = 80.0,
+        rho: FinitePositiveFloat = 7.0,
+        sampler: SamplerName = "heun",
         sample_autocast: bool = False,
-        sample_compile: Union[bool, str] = False,
-        train_seed: Optional[int] = None,
-        divergence_patience: int = 10,
-        on_divergence: str = "stop",
-        family: Optional[Union[str, DiffusionFamily]] = None,
+        sample_compile: Union[bool, CompileMode] = False,
+        train_seed: Optional[NonNegativeInt] = None,
+        divergence_patience: NonNegativeInt = 10,
+        on_divergence: OnDivergence = "stop",
         family_args: Optional[Dict[str, Any]] = None,
     ):
+        check_args(DiffusionModule.__init__, locals())
         super().__init__()
         args = dict(sigma_data=sigma_data, P_mean=P_mean, P_std=P_std, vp_beta_d=vp_beta_d,
                     vp_beta_min=vp_beta_min, vp_epsilon_t=vp_epsilon_t, vp_M=vp_M)
-        fam = resolve_family(precond, family, args, family_args)
-        settings = SamplerSettings.checked("model.init_args.", sampler=sampler, num_steps=num_steps,
-                                           sigma_min=sigma_min, sigma_max=sigma_max, rho=rho)
-        check_training_args(net, lr, betas, weight_decay, warmup_steps, ema_decay, ema_halflife_kimg)
-        check_compile(sample_compile, "model.init_args.sample_compile")
+        fam = resolve_family(family, args, family_args)
+        settings = SamplerSettings(sampler=sampler, num_steps=num_steps, sigma_min=sigma_min,
+                                   sigma_max=sigma_max, rho=rho)
+        check_training_args(net, betas)
+        check_compile(sample_compile, "sample_compile")
         # Under LightningCLI the net arrives as its class_path config, which is saved so
         # load_from_checkpoint(path) rebuilds it; a net built in Python is not picklable into
         # hparams safely: pass it again, load_from_checkpoint(path, net=...). A family object is
@@ -146,24 +143,39 @@ class DiffusionModule(EMAModule):
         self.save_hyperparameters(dict(self.hparams))
         self.net = net
         self.family = fam
-        self.precond = fam.precondition(net)
+        self.live_denoiser = fam.precondition(net)
         self.loss_fn = fam.loss()
         self.sampler_settings = settings
-        self.sigmas = settings.sigmas(self.precond)
+        self.sigmas = settings.sigmas(self.live_denoiser)
         self.sample_compile_backend: Union[str, Any] = "inductor"  # not saved: a debugging switch
         self._init_ema(train_seed, divergence_patience, on_divergence)
 
     def _record_family(self, fam: DiffusionFamily, given) -> None:
-        """hparams.precond = the family's name; a family object is recorded as the module
+        """hparams.family = the family's name; a family object is recorded as the module
         arguments and ``family_args`` that rebuild it (so ``load_from_checkpoint`` does)."""
-        self.hparams["precond"] = fam.name
+        self.hparams["family"] = fam.name
         if not isinstance(given, DiffusionFamily):
             return
         params = fam.init_args()
         for module_arg, field in type(fam).MODULE_ARGS.items():
             self.hparams[module_arg] = params[field]
-        self.hparams["family"] = fam.name
         self.hparams["family_args"] = _extra_args(fam) or None
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, *args, **kwargs):
+        """Lightning's ``load_from_checkpoint`` (verified file, weights only); a checkpoint of a
+        release that named the family ``precond`` is refused with the way to convert it."""
+        try:
+            return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
+        except TypeError as e:
+            if "unexpected keyword argument 'precond'" in str(e):
+                raise _legacy_checkpoint(checkpoint_path) from e
+            raise
+
+    def resume_changes(self, checkpoint: dict, source: str = "the checkpoint"):
+        if "precond" in (checkpoint.get("hyper_parameters") or {}):
+            raise _legacy_checkpoint(source)
+        return super().resume_changes(checkpoint, source)
 
     # -- public interface used by the callbacks (lightning_pfd.contracts.SigmaSpaceModel) ------
     @property
@@ -182,7 +194,12 @@ class DiffusionModule(EMAModule):
     @property
     def sample_compile(self) -> Union[bool, str]:
         """``generate``'s torch.compile mode (False: eager), from ``hparams.sample_compile``."""
-        return check_compile(self.hparams.get("sample_compile", False), "model.init_args.sample_compile")
+        return check_compile(self.hparams.get("sample_compile", False), "sample_compile")
+
+    @property
+    def sample_autocast(self) -> bool:
+        """Whether ``generate`` runs the network in bf16 autocast on CUDA (``hparams.sample_autocast``)."""
+        return bool(self.hparams.get("sample_autocast", False))
 
     @torch.no_grad()
     def generate(self, seeds, sigmas: Optional[torch.Tensor] = None, sampler: Optional[str] = None,
@@ -203,8 +220,22 @@ class DiffusionModule(EMAModule):
             settings = replace(settings, grid=tuple(torch.as_tensor(sigmas, dtype=torch.float64).reshape(-1).tolist()))
         elif num_steps is not None:
             settings = replace(settings, num_steps=num_steps)
-        use_amp = bool(self.hparams.sample_autocast) and self.device.type == "cuda"
+        use_amp = self.sample_autocast and self.device.type == "cuda"
         settings = replace(settings, precision="bf16" if use_amp else "fp32", compile=self.sample_compile,
                            compile_backend=self.sample_compile_backend)
         return settings.sample(den, seeds, self.data_shape, batch_size=batch_size,
                                device=self.device, out_device=self.device)
+
+
+def _legacy_checkpoint(source) -> ConfigError:
+    """The refusal of a checkpoint whose hyper-parameters name the family ``precond`` (and whose
+    weights sit under ``precond.``): this release calls them ``family`` and ``live_denoiser.``."""
+    return ConfigError(
+        "ckpt_path", "was written by a release that named the diffusion family `precond`; "
+        "this one reads `family` (and the trained denoiser's weights under `live_denoiser.`)",
+        value=str(source),
+        suggestion="convert it once: from lightning_pfd.checkpoint import load_checkpoint, "
+                   "save_checkpoint; ckpt = load_checkpoint(path); hp = ckpt['hyper_parameters']; "
+                   "hp['family'] = hp.pop('precond'); ckpt['state_dict'] = {k.replace('precond.', "
+                   "'live_denoiser.', 1): v for k, v in ckpt['state_dict'].items()}; "
+                   "save_checkpoint(ckpt, path)")

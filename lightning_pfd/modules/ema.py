@@ -11,12 +11,14 @@ import copy
 import torch
 from torch import nn
 
+from ..validation import PositiveFloat, check_args
+
 __all__ = ["EMA", "beta_from_halflife", "ema_beta", "sanitize_gradients", "ema_step"]
 
 
-def beta_from_halflife(batch_size: int, halflife_kimg: float) -> float:
-    if halflife_kimg <= 0:
-        raise ValueError(f"ema_halflife_kimg: must be > 0, got {halflife_kimg}")
+def beta_from_halflife(batch_size: int, halflife_kimg: PositiveFloat) -> float:
+    """beta = 0.5 ** (batch_size / halflife_nimg) with halflife_nimg = 1000 halflife_kimg."""
+    check_args(beta_from_halflife, locals())
     return 0.5 ** (batch_size / (halflife_kimg * 1000.0))
 
 

@@ -12,12 +12,15 @@ import torch
 from torch import nn
 
 from ..diffusion.levy import (LEVY_SAMPLERS, LEVY_TIME_GRIDS, PARAMETERIZATIONS, CosineSchedule,
-                              check_alpha, denoiser_dsm_loss, denoiser_to_score,
-                              fractional_dsm_loss, levy_sample, sample_alpha_stable)
-from ..diffusion.sampling import check_compile, compile_denoiser, pad_rows
+                              LevyLoss, LevySamplerName, LevyTimeGrid, Parameterization,
+                              denoiser_dsm_loss, denoiser_to_score, fractional_dsm_loss, levy_sample,
+                              sample_alpha_stable)
+from ..diffusion.sampling import CompileMode, check_compile, compile_denoiser, pad_rows
 from ..diffusion.streams import alpha_stable_stream, stream
 from ..errors import ConfigError, check_choice
-from .base import EMAModule, check_training_args
+from ..validation import (ClosedUnitInterval, FiniteNonNegativeFloat, FinitePositiveFloat, NonNegativeInt,
+                          PositiveFloat, PositiveInt, StabilityIndex, check_args)
+from .base import EMAModule, OnDivergence, check_training_args
 
 __all__ = ["LevyItoModule", "LevyScoreNet", "trimmed_mean"]
 
@@ -136,23 +139,17 @@ class LevyScoreNet(nn.Module):
         return (x.to(torch.float64) + s * self.schedule.alpha * out) / g
 
 
-def _check_rho(rho) -> float:
-    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not rho > 0:
-        raise ConfigError("rho", "must be a number > 0 (EDM's time-grid exponent)", value=rho)
-    return float(rho)
-
-
 def _check_truncations(alpha, reject_A, clamp_A, generate_reject_A, generate_clamp_A) -> None:
     """ConfigError for a bad truncation of A (``check_truncation``) in training or generation."""
     from ..diffusion.levy import check_truncation
 
     if isinstance(generate_reject_A, str) and generate_reject_A != "train":
-        raise ConfigError("model.init_args.generate_reject_A", "must be a number > 0, \"train\" "
+        raise ConfigError("generate_reject_A", "must be a number > 0, \"train\" "
                           "(= reject_A) or null (off)", value=generate_reject_A)
     g_reject = reject_A if generate_reject_A == "train" else generate_reject_A
     for phase, (rA, cA) in (("", (reject_A, clamp_A)), ("generate_", (g_reject, generate_clamp_A))):
         try:
-            check_truncation(float(alpha), cA, rA, prefix=f"model.init_args.{phase}")
+            check_truncation(float(alpha), cA, rA, prefix=phase)
         except ValueError as e:
             field, _, problem = str(e).partition(": ")
             hint = (" (reject_A defaults to 20, the reference's rejection: set reject_A: null to "
@@ -210,32 +207,27 @@ class LevyItoModule(EMAModule):
                                    "sigma_data", "M", "parameterization"})
     TRAINED = "score_net"
 
-    def __init__(self, net: nn.Module, alpha: float = 1.7, loss: str = "squared",
-                 huber_delta: float = 1.0, reject_A: Optional[float] = 20.0,
+    def __init__(self, net: nn.Module, alpha: StabilityIndex = 1.7, loss: LevyLoss = "squared",
+                 huber_delta: PositiveFloat = 1.0, reject_A: Optional[float] = 20.0,
                  clamp_A: Optional[float] = None,
-                 clamp_eps: Optional[float] = None, isotropic: bool = True,
-                 gradient_clip_val: Optional[float] = 1.0, schedule_s: float = 0.008,
-                 T: float = 0.9946, t_min: float = 1e-5, sigma_data: float = 0.5, M: int = 1000,
-                 lr: float = 2e-4, betas: Sequence[float] = (0.9, 0.999),
-                 weight_decay: float = 0.0, warmup_steps: int = 0, ema_decay: float = 0.999,
-                 ema_halflife_kimg: Optional[float] = None, ema_rampup: bool = True,
-                 num_steps: int = 100,
-                 sampler: str = "ode", sde_drift_factor: float = 2.0, trim_fraction: float = 0.1,
+                 clamp_eps: Optional[PositiveFloat] = None, isotropic: bool = True,
+                 gradient_clip_val: Optional[FiniteNonNegativeFloat] = 1.0, schedule_s: PositiveFloat = 0.008,
+                 T: float = 0.9946, t_min: float = 1e-5, sigma_data: PositiveFloat = 0.5, M: int = 1000,
+                 lr: FinitePositiveFloat = 2e-4, betas: Sequence[float] = (0.9, 0.999),
+                 weight_decay: FiniteNonNegativeFloat = 0.0, warmup_steps: NonNegativeInt = 0,
+                 ema_decay: ClosedUnitInterval = 0.999,
+                 ema_halflife_kimg: Optional[PositiveFloat] = None, ema_rampup: bool = True,
+                 num_steps: PositiveInt = 100,
+                 sampler: LevySamplerName = "ode", sde_drift_factor: float = 2.0, trim_fraction: float = 0.1,
                  generate_reject_A: Union[float, str, None] = "train",
-                 generate_clamp_A: Optional[float] = None, train_seed: Optional[int] = None,
-                 divergence_patience: int = 10, on_divergence: str = "stop",
-                 parameterization: str = "eps", time_grid: str = "uniform", rho: float = 7.0,
-                 sample_compile: Union[bool, str] = False):
+                 generate_clamp_A: Optional[float] = None, train_seed: Optional[NonNegativeInt] = None,
+                 divergence_patience: NonNegativeInt = 10, on_divergence: OnDivergence = "stop",
+                 parameterization: Parameterization = "eps", time_grid: LevyTimeGrid = "uniform",
+                 rho: PositiveFloat = 7.0,
+                 sample_compile: Union[bool, CompileMode] = False):
+        check_args(LevyItoModule.__init__, locals())
         super().__init__()
-        check_alpha(alpha)
-        check_choice("loss", loss, ("squared", "huber", "l2"))
-        check_choice("sampler", sampler, LEVY_SAMPLERS)
-        check_choice("parameterization", parameterization, PARAMETERIZATIONS)
-        check_choice("time_grid", time_grid, LEVY_TIME_GRIDS)
-        _check_rho(rho)
-        check_compile(sample_compile, "model.init_args.sample_compile")
-        if clamp_eps is not None and not clamp_eps > 0:
-            raise ConfigError("model.init_args.clamp_eps", "must be > 0 or null (off)", value=clamp_eps)
+        check_compile(sample_compile, "sample_compile")
         _check_truncations(alpha, reject_A, clamp_A, generate_reject_A, generate_clamp_A)
         if parameterization == "x0_A":
             for bad, field, why in ((not isotropic, "isotropic", "needs one factor A per example"),
@@ -243,18 +235,10 @@ class LevyItoModule(EMAModule):
                                      "noise with other factors A; use ode, ddim or heun"),
                                     (bool(sample_compile), "sample_compile", "is not supported")):
                 if bad:
-                    raise ConfigError(f"model.init_args.{field}", f"parameterization x0_A {why}")
-        if not huber_delta > 0:
-            raise ConfigError("model.init_args.huber_delta", "must be > 0", value=huber_delta)
-        check_training_args(net, lr, betas, weight_decay, warmup_steps, ema_decay, ema_halflife_kimg,
-                            gradient_clip_val)
-        if isinstance(num_steps, bool) or not isinstance(num_steps, (int, float)) \
-                or not float(num_steps).is_integer() or num_steps < 1:
-            raise ConfigError("model.init_args.num_steps", "must be an integer >= 1", value=num_steps)
+                    raise ConfigError(field, f"parameterization x0_A {why}")
+        check_training_args(net, betas)
         if not 0.0 <= trim_fraction < 0.5:
-            raise ConfigError("model.init_args.trim_fraction", "must lie in [0, 0.5)", value=trim_fraction)
-        if not sigma_data > 0:
-            raise ConfigError("model.init_args.sigma_data", "must be > 0", value=sigma_data)
+            raise ConfigError("trim_fraction", "must lie in [0, 0.5)", value=trim_fraction)
         self.schedule = CosineSchedule(alpha, schedule_s, T, t_min)  # validates s, T, t_min
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`.*")
@@ -284,7 +268,7 @@ class LevyItoModule(EMAModule):
     @property
     def sample_compile(self) -> Union[bool, str]:
         """``generate``'s torch.compile mode (False: eager), from ``hparams.sample_compile``."""
-        return check_compile(self.hparams.get("sample_compile", False), "model.init_args.sample_compile")
+        return check_compile(self.hparams.get("sample_compile", False), "sample_compile")
 
     @property
     def score_model(self) -> LevyScoreNet:
@@ -356,7 +340,9 @@ class LevyItoModule(EMAModule):
         check_choice("sampler", sampler, LEVY_SAMPLERS)
         time_grid = time_grid or self.hparams.get("time_grid", "uniform")
         check_choice("time_grid", time_grid, LEVY_TIME_GRIDS)
-        rho = _check_rho(self.hparams.get("rho", 7.0) if rho is None else rho)
+        rho = self.hparams.get("rho", 7.0) if rho is None else rho
+        check_args(LevyItoModule.__init__, {"rho": rho})
+        rho = float(rho)
         num_steps = int(num_steps or self.hparams.num_steps)
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")

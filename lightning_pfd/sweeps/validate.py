@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from ..classpath import import_class
 from ..errors import ConfigError
+from ..validation import plain_numbers
 from .spec import (SweepSpec, Trial, _class_name, _leaf, _seed_keys, check_known_key, expand_trials,
                    load_base)
 
@@ -69,11 +70,11 @@ class FitParser:
         finally:
             sys.argv = saved
         self.parser = cli.parser
-        self.base = cli.config.fit.as_dict()
+        self.base = plain_numbers(cli.config.fit.as_dict())
         self.groups: dict = {}  # (top-level group, signature of its raw value) -> parsed value
 
     def parse(self, cfg: dict) -> dict:
-        return self.parser.parse_object({"fit": copy.deepcopy(cfg)}).fit.as_dict()
+        return plain_numbers(self.parser.parse_object({"fit": copy.deepcopy(cfg)}).fit.as_dict())
 
 
 def _condense(message: str) -> str:
