@@ -224,3 +224,37 @@ def test_every_source_compiles_without_warnings():
             except SyntaxError as e:
                 bad.append(f"{path.relative_to(ROOT.parent)}:{e.lineno}: {e.msg}")
     assert not bad, bad
+
+
+#: config paths of the command line (a model's, a datamodule's or a callback's argument)
+CLI_PATH = __import__("re").compile(r"\b(model|data)\.init_args\b|trainer\.callbacks\[")
+
+
+def _code_strings(path: Path) -> list:
+    """(line, text) of the string constants of a module that are not docstrings."""
+    tree = ast.parse(path.read_text())
+    docs = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docs.add(id(first.value))
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_the_library_names_arguments_not_config_paths():
+    """diffusion/, evaluation/ and metrics/ name their own arguments in errors; only the command
+    line knows where a value sits in a config (``model.init_args.lr``)."""
+    found = []
+    for sub in ("diffusion", "evaluation", "metrics"):
+        for path in sorted((ROOT / sub).rglob("*.py")):
+            found += [f"{path.relative_to(ROOT.parent)}:{line}: {text[:60]!r}"
+                      for line, text in _code_strings(path) if CLI_PATH.search(text)]
+    assert not found, found
+
+
+def test_the_config_path_check_sees_a_path(tmp_path):
+    bad = tmp_path / "m.py"
+    bad.write_text('"""Doc: model.init_args.lr is fine here."""\nraise ValueError("model.init_args.lr: bad")\n')
+    assert [t for _, t in _code_strings(bad) if CLI_PATH.search(t)] == ["model.init_args.lr: bad"]
