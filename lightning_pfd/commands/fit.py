@@ -112,11 +112,6 @@ class PFDArgumentParser(LightningArgumentParser):
         m = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
         if m:
             return _attribute_hint(m.group(1), m.group(2))
-        m = re.search(r"Expected a typing\.Literal\[(.*?)\]\. Got value: (.*)", message)
-        if m:  # a declared choice (validation: Literal): the closest accepted value
-            close = _literal_hint(m.group(1), m.group(2).strip())
-            if close:
-                return close
         m = re.search(r'Parser key "([\w.]+)"', message)
         if m:
             return _value_hint(m.group(1), message)
@@ -164,19 +159,6 @@ def _config_paths(path: str, key: str) -> list:
         if isinstance(cb, dict) and key in (cb.get("init_args") or {}):
             paths.append(f"trainer.callbacks[{str(cb.get('class_path', '?')).rsplit('.', 1)[-1]}].{key}")
     return paths
-
-
-def _literal_hint(choices: str, value: str) -> Optional[str]:
-    """"did you mean ...?" for a value refused by a ``Literal`` (``choices`` as jsonargparse
-    prints them: ``'heun', 'euler'``)."""
-    import ast
-
-    try:
-        accepted = list(ast.literal_eval(f"[{choices}]"))
-    except (ValueError, SyntaxError):
-        return None
-    close = did_you_mean(value, accepted)
-    return f"did you mean {close!r}? (accepted: {accepted})" if close is not None else f"accepted: {accepted}"
 
 
 def _value_hint(key: str, message: str) -> Optional[str]:
@@ -362,13 +344,9 @@ def at_config_path(error: ConfigError) -> ConfigError:
     kw = dict(accepted=error.accepted, suggestion=error.suggestion)
     if error.has_value:
         kw["value"] = error.value
-    try:
-        renamed = type(error).__new__(type(error))
-    except TypeError:  # a ConfigError that is also an OSError (MissingFileError): a plain one
-        renamed = ConfigError.__new__(ConfigError)
-    ConfigError.__init__(renamed, prefix + error.field, error.problem, **kw)
-    renamed.__traceback__ = error.__traceback__
-    return renamed
+    # renamed in place: its class (MissingFileError is also a FileNotFoundError) and traceback stay
+    ConfigError.__init__(error, prefix + error.field, error.problem, **kw)
+    return error
 
 
 class PFDLightningCLI(LightningCLI):
@@ -419,7 +397,7 @@ class PFDLightningCLI(LightningCLI):
         except (ValueError, TypeError) as e:
             inner = _config_error_in(e)
             if inner is not None:  # jsonargparse wraps what a class raised while it is built
-                raise at_config_path(inner) from e
+                raise at_config_path(inner) from inner.__cause__
             m = re.search(r"class_path='([\w.]+)'", str(e))
             field = f"{m.group(1).rsplit('.', 1)[-1]} ({m.group(1)})" if m else (self.subcommand or "config")
             raise ConfigError(field, condense_error(str(e)),
