@@ -191,11 +191,11 @@ def _seconds(fn, device: torch.device, repeats: int = 3) -> float:
 def float64_matmul_is_fast(device) -> bool:
     """Whether float64 matmuls on ``device`` run at least half as fast as IEEE float32 ones.
 
-    True on data-centre GPUs with float64 tensor cores (A100, H100: measured 57 vs 50 TFLOP/s on
-    an H100), where the float32 candidate search of ``precision="mixed"`` cannot beat the float64
-    algorithm and only adds its bookkeeping; False on consumer GPUs (float64 at 1/32-1/64 of the
-    float32 rate) and, without measuring, on CPUs (float32 ~1.7x float64 here). Measured once per
-    CUDA device with two 2048^3 products (~1 ms on an H100) and cached.
+    True on data-centre GPUs with float64 tensor cores (A100, H100), where the float32 candidate
+    search of ``precision="mixed"`` cannot beat the float64 algorithm and only adds its
+    bookkeeping; False on consumer GPUs (float64 at 1/32-1/64 of the float32 rate) and, without
+    measuring, on CPUs. Measured once per CUDA device with two 2048^3 products and cached
+    (docs/performance.md records the numbers).
     """
     device = torch.device(device)
     if device.type != "cuda":

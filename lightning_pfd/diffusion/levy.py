@@ -53,7 +53,7 @@ __all__ = [
     "denoiser_to_score", "LEVY_SAMPLERS", "LEVY_TIME_GRIDS", "PARAMETERIZATIONS",
 ]
 
-#: reverse samplers: "ode" (the first-order exponential integrator in t, the former default),
+#: reverse samplers: "ode" (the first-order exponential integrator in t),
 #: "ddim" (Euler in r = sigma/gamma), "heun" (second order in r), "sde"
 LevySamplerName = Literal["ode", "ddim", "heun", "sde"]
 LEVY_SAMPLERS = get_args(LevySamplerName)

@@ -319,7 +319,7 @@ class InvariantContaminationRatio(Metric):
     Args:
         tau: ridge added to Sigma_xi: ``"auto"`` (default, also None: 0 unless cond(Sigma_xi) >
             ``cond_max`` or Sigma_xi is not positive definite, then the relative ridge),
-            ``"relative"`` (always ``tau_rel * Tr(Sigma_xi)/d``, the former default) or an
+            ``"relative"`` (always ``tau_rel * Tr(Sigma_xi)/d``) or an
             absolute number >= 0 (module docstring).
         normalize: l2-normalize every feature vector before estimating Sigma_s, Sigma_xi for ICR
             (the traces are always on l2-normalized features).

@@ -21,7 +21,7 @@ quadrature) 33 % of the integral lies beyond u = 1 - 1/9050 and 58 % beyond 1 - 
 why no upper cut-off is applied. The price: for heavy tails the empirical value converges slowly
 (the top cell of a t_3 sample: relative error ~ n^(-1/3)).
 
-``definition="root_mean_levels"`` keeps the project's former variant: the root mean over K
+``definition="root_mean_levels"`` is a named variant: the root mean over K
 uniform levels u_k = linspace(eta, u_max, K) of (Q_gen(u_k) - Q_ref(u_k))^2, u_max = 1 - 1/n_min
 by default, type-7 interpolated quantiles (``torch.quantile(..., interpolation="linear")``,
 ``QUANTILE_METHOD``). It ignores everything above u_max, including the sample maxima.
@@ -50,7 +50,7 @@ Conventions (the blog gives none beyond "KDE accelerated with FFT" and "Gaussian
   [x_i - R, x_i + R] over *both* samples, so the effective window is
   [min - R, max + R] over the union of the samples (R ~ 4 h for the default floor) and the
   integral over R is computed exactly on it, not truncated. ``window="reference"`` is the
-  former variant [min ref, max ref] (blind to generated mass beyond the reference's range); a
+  variant [min ref, max ref] (blind to generated mass beyond the reference's range); a
   pair (lo, hi) is an explicit window.
 * **KDE evaluation**: exact Gaussian kernel sums, kernels truncated where they are below 1e-12 of
   the floor (>= 9 h), in coordinates local to each cluster of samples so that values of any
@@ -194,7 +194,7 @@ def rmsqe(gen, ref, eta: OpenUnitInterval = 0.975, u_max: float | None = None, n
     is the upper limit of the integral: a value < 1 truncates the blog's integral and drops the
     sample maxima, so leave it at None unless that is what you want. ``num_levels`` is unused.
 
-    ``definition="root_mean_levels"``: the former variant sqrt(mean_k (Q_gen(u_k) -
+    ``definition="root_mean_levels"``: the variant sqrt(mean_k (Q_gen(u_k) -
     Q_ref(u_k))^2), u_k = linspace(eta, u_max, num_levels), linear-interpolated quantiles;
     ``u_max`` defaults to 1 - 1/n_min (n_min = the smaller sample size) and must exceed eta, so
     n_min > 1/(1 - eta) samples are needed (41 for eta = 0.975).
@@ -269,7 +269,7 @@ def loader(gen, ref, window: Sequence[float] | str | None = None, floor: FiniteP
     Args:
         window: None (default) = the whole real line, computed exactly on the effective window
             [min - R, max + R] over the union of both samples (R: distance at which a KDE falls
-            below the floor); ``"reference"`` = [min ref, max ref] (former variant, blind to
+            below the floor); ``"reference"`` = [min ref, max ref] (a variant, blind to
             generated mass beyond the reference's range); or an explicit (lo, hi).
         floor: density floor f; with ``relative_floor=True`` (default) ``floor`` x the peak of the
             reference KDE, else an absolute density.

@@ -80,7 +80,7 @@ def seed_step(seed: int, device: torch.device) -> None:
     """``torch.manual_seed(seed)`` before one training batch, at a fraction of its cost on CPU.
 
     ``torch.manual_seed`` also seeds every accelerator backend; while CUDA is not initialized it
-    queues that seed lazily, formatting stack traces each time (0.13-0.3 ms per call here). A run on
+    queues that seed lazily, formatting stack traces each time (docs/performance.md). A run on
     the CPU draws its training noise from the CPU generator only, so while no CUDA context exists
     that generator alone is seeded (the same state); any other device gets ``torch.manual_seed``."""
     if device.type == "cpu" and not torch.cuda.is_initialized():
@@ -383,7 +383,7 @@ def limit_cpu_threads(trainer) -> None:
 
 class StepLists:
     """The tensors every training step touches, gathered once (walking the module tree costs
-    0.06 ms per walk for the quickstart MLP): the trained parameters in ``parameters()`` order
+    a cost per step for small nets): the trained parameters in ``parameters()`` order
     (gradient guard and clip), the (EMA, live) parameter pairs matched by name and the buffer
     pairs, and a host copy of the EMA's update counter (no device read per step).
 
