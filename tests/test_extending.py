@@ -504,6 +504,29 @@ def test_iddpm_from_python_by_name_or_object(ext):
 
 
 # ------------------------------------------------------------------ 6. a metric of a new kind
+def test_new_kind_of_metric_declares_its_ranges(ext, tmp_path, capsys):
+    """The page's evaluation refuses num_samples = 0 from Python (naming the argument) and from
+    its config block (naming the full config path) before anything is written."""
+    import my_evaluations
+    from lightning_pfd.commands.fit import PFDLightningCLI
+
+    with pytest.raises(ValueError, match=r"^num_samples: must be an integer > 0; got 0$"):
+        my_evaluations.NearestNeighbourDistance(num_samples=0)
+    root = tmp_path / "run"
+    cfg = _quickstart_shrunk(ext, root)
+    (entry,) = yaml.safe_load((ext / "quickstart_nn.yaml").read_text())
+    entry["init_args"]["evaluation"]["init_args"]["num_samples"] = 0
+    cfg["trainer"]["callbacks"] = [entry]
+    cfg_path = tmp_path / "quickstart_nn.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(SystemExit) as e:
+        PFDLightningCLI(args=["--config", str(cfg_path)], run=False)
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert 'Parser key "trainer.callbacks[EvaluationMonitor].evaluation.init_args.num_samples"' in err
+    assert not root.exists()
+
+
 def test_new_kind_of_metric_from_one_file_and_one_config_block(ext, tmp_path, monkeypatch):
     from lightning_pfd.analysis.per_unit import read_records, value_and_se
     from lightning_pfd.callbacks import EvaluationMonitor

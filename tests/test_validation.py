@@ -118,3 +118,43 @@ def test_a_range_declared_twice_is_one_type():
     assert ranged("AtLeastTwoAgain", int, (">=", 2), "an integer >= 2") is IntAtLeastTwo
     Unit = ranged("UnitAgain", float, [(">=", 0), ("<", 1)], "a number in [0, 1)")
     assert Unit is HalfOpenUnitInterval
+
+
+class CountedEvaluation:
+    """An evaluation whose one argument has a declared range (nothing is measured here)."""
+
+    def __init__(self, num_samples: PositiveInt = 4):
+        check_args(CountedEvaluation.__init__, locals())
+
+    def leaves(self):
+        return ["x"]
+
+    def prepare(self, datamodule, model, comm=None):
+        pass
+
+    def measure(self, model, comm=None):
+        raise AssertionError("never measured: the config is refused while parsing")
+
+
+@pytest.mark.parametrize("where", ["config", "option"])
+def test_a_nested_class_argument_is_named_by_its_full_path(tmp_path, capsys, where):
+    """A monitor's evaluation (a class inside a callback's arguments): a value its declared range
+    refuses is named by where it sits, in the config file or on the command line."""
+    from lightning_pfd.commands.fit import PFDLightningCLI
+
+    value = -1 if where == "config" else 4
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        f"model:\n  class_path: {__name__}.EvenWidth\n"
+        "data: lightning_pfd.data.GaussianMixtureDataModule\n"
+        "trainer:\n  callbacks:\n    - class_path: lightning_pfd.callbacks.EvaluationMonitor\n"
+        f"      init_args:\n        evaluation:\n          class_path: {__name__}.CountedEvaluation\n"
+        f"          init_args: {{num_samples: {value}}}\n")
+    extra = ["--trainer.callbacks.evaluation.init_args.num_samples", "-1"] if where == "option" else []
+    with pytest.raises(SystemExit) as e:
+        PFDLightningCLI(args=["--config", str(cfg)] + extra, run=False)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "-1" in err, err
+    expected = ("trainer.callbacks[EvaluationMonitor].evaluation.init_args.num_samples" if where == "config"
+                else "trainer.callbacks.evaluation.init_args.num_samples")
+    assert f'Parser key "{expected}"' in err, err

@@ -112,7 +112,7 @@ class PFDArgumentParser(LightningArgumentParser):
         m = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
         if m:
             return _attribute_hint(m.group(1), m.group(2))
-        m = re.search(r'Parser key "([\w.]+)"', message)
+        m = re.search(r'Parser key "([^"]+)"', message)
         if m:
             return _value_hint(m.group(1), message)
         if "Problems parsing config" in message or "Unexpected config" in message:
@@ -127,11 +127,15 @@ class PFDArgumentParser(LightningArgumentParser):
 def qualified_key(key: str, argv: Sequence[str]) -> str:
     """The config path of a bare argument name jsonargparse reports for a class given by
     ``class_path`` (``"width"`` -> ``"model.init_args.width"``): the one option typed with that
-    name, else the one place a ``--config`` file sets it; ``key`` itself when not unique."""
+    name (options override the config files), else the one place a ``--config`` file sets it;
+    ``key`` itself when not unique."""
     if "." in key:
         return key
-    found = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")
+    typed = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")
              and a[2:].split("=", 1)[0].endswith("." + key)}
+    if len(typed) == 1:  # the command line comes after the config files
+        return typed.pop()
+    found = set(typed)
     for i, a in enumerate(argv):
         path = argv[i + 1] if a in ("--config", "-c") and i + 1 < len(argv) else \
             (a.split("=", 1)[1] if a.startswith("--config=") else None)
@@ -141,8 +145,8 @@ def qualified_key(key: str, argv: Sequence[str]) -> str:
 
 
 def _config_paths(path: str, key: str) -> list:
-    """Where the YAML file ``path`` sets the init argument ``key`` of the model, the data or a
-    callback."""
+    """Where the YAML file ``path`` sets the init argument ``key`` of the model, the data, a
+    callback, or a class nested in one of their arguments (a net, a monitor's evaluation)."""
     import yaml
 
     try:
@@ -152,13 +156,28 @@ def _config_paths(path: str, key: str) -> list:
         return []
     if not isinstance(cfg, dict):
         return []
-    paths = [f"{top}.init_args.{key}" for top in ("model", "data")
-             if isinstance(cfg.get(top), dict) and key in (cfg[top].get("init_args") or {})]
+    paths = [p for top in ("model", "data") for p in _nested_paths(top + ".init_args", cfg.get(top), key)]
     callbacks = (cfg.get("trainer") or {}).get("callbacks") if isinstance(cfg.get("trainer"), dict) else None
     for cb in callbacks if isinstance(callbacks, list) else []:
-        if isinstance(cb, dict) and key in (cb.get("init_args") or {}):
-            paths.append(f"trainer.callbacks[{str(cb.get('class_path', '?')).rsplit('.', 1)[-1]}].{key}")
+        if isinstance(cb, dict):
+            name = str(cb.get("class_path", "?")).rsplit(".", 1)[-1]
+            paths += _nested_paths(f"trainer.callbacks[{name}]", cb, key)
     return paths
+
+
+def _nested_paths(prefix: str, node, key: str) -> list:
+    """The paths below ``prefix`` where a ``{class_path, init_args}`` block ``node`` (or one
+    nested in its arguments) sets ``key``."""
+    args = node.get("init_args") if isinstance(node, dict) else None
+    if not isinstance(args, dict):
+        return []
+    found = []
+    for name, value in args.items():
+        here = f"{prefix}.{name}"
+        if name == key:
+            found.append(here)
+        found += _nested_paths(f"{here}.init_args", value, key)
+    return found
 
 
 def _value_hint(key: str, message: str) -> Optional[str]:
