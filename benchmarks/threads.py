@@ -62,7 +62,7 @@ def main() -> None:
     best = {load: {k: min(v) for k, v in r.items()} for load, r in results.items()}
     out = {"epochs": args.epochs, "cores": os.cpu_count(), "seconds": best}
     Path(__file__).with_name("threads_result.json").write_text(json.dumps(out, indent=2))
-    print(f"| policy | idle (s) | one busy process (s) |\n|---|---|---|")
+    print("| policy | idle (s) | one busy process (s) |\n|---|---|---|")
     for name in POLICIES:
         print(f"| {name} | {best['idle'][name]:.1f} | {best['one busy process'][name]:.1f} |")
 

@@ -253,7 +253,7 @@ def figures(res: dict, fig_dir: Path) -> list:
         ax.axvline(s["icr_min_epoch"], color="tab:blue", ls="--", lw=0.8)
         if s["would_stop_epoch"] is not None and s["would_stop_epoch"] >= 0:
             ax.axvline(s["would_stop_epoch"], color="gray", ls=":", lw=0.8)
-        ax.set_xlabel(f"epoch (75 steps)")
+        ax.set_xlabel("epoch (75 steps)")
         ax.set_ylabel("ICR", color="tab:blue")
         ax2 = ax.twinx()
         lines += ax2.plot(ep, [e.get("mem/ratio", math.nan) for e in r["epochs"]], "s-", ms=3,

@@ -1,5 +1,4 @@
 """Shared test setup: one intra-op thread (2-core machine, parallel workers), offline W&B."""
-import os
 
 import pytest
 import torch

@@ -1,5 +1,4 @@
 """Tests for lightning_pfd.cache: keys, atomic writes, verified loads."""
-import hashlib
 import os
 
 import pytest

@@ -7,10 +7,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 from matplotlib.text import Text
 
 from lightning_pfd.analysis import sweep_report
