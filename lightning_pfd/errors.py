@@ -64,6 +64,15 @@ class ConfigError(ValueError):
         self.suggestion = suggestion
         super().__init__(self.one_line())
 
+    def renamed(self, field: str) -> "ConfigError":
+        """This error, in place, under the name its user typed (its class, value, accepted values,
+        suggestion and traceback kept): a class names its argument, a caller knows where it sits."""
+        kw = dict(accepted=self.accepted, suggestion=self.suggestion)
+        if self.has_value:
+            kw["value"] = self.value
+        ConfigError.__init__(self, field, self.problem, **kw)
+        return self
+
     def one_line(self) -> str:
         parts = [f"{self.field}: {self.problem}"]
         if self.has_value:
@@ -128,10 +137,7 @@ def renamed_fields(rename: Union[str, Mapping[str, str], Callable[[str], str]],
     except ConfigError as e:
         if only is not None and e.field.split(",")[0].strip() not in only:
             raise
-        kw = dict(accepted=e.accepted, suggestion=e.suggestion)
-        if e.has_value:
-            kw["value"] = e.value
-        raise ConfigError(fn(e.field), e.problem, **kw) from e.__cause__
+        raise e.renamed(fn(e.field)) from e.__cause__
 
 
 #: the options every command takes (removed from the command line before a command parses it)

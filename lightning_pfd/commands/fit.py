@@ -136,10 +136,8 @@ def qualified_key(key: str, argv: Sequence[str]) -> str:
     if len(typed) == 1:  # the command line comes after the config files
         return typed.pop()
     found = set(typed)
-    for i, a in enumerate(argv):
-        path = argv[i + 1] if a in ("--config", "-c") and i + 1 < len(argv) else \
-            (a.split("=", 1)[1] if a.startswith("--config=") else None)
-        if path and os.path.isfile(path):
+    for path in _argv_values("config", argv) + _argv_values("c", argv):
+        if os.path.isfile(path):
             found |= set(_config_paths(path, key))
     return found.pop() if len(found) == 1 else key
 
@@ -202,9 +200,10 @@ def _value_hint(key: str, message: str) -> Optional[str]:
     return f"the value given for --{key} was {typed[-1]!r}" if typed else None
 
 
-def _argv_values(key: str) -> list:
-    """Every value given for ``--key`` on this process's command line, in order."""
-    argv = sys.argv[1:]
+def _argv_values(key: str, argv: Optional[Sequence[str]] = None) -> list:
+    """Every value given for ``--key`` (``-k`` for a one-letter key) in ``argv`` (default: this
+    process's command line), in order."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     found = []
     for i, a in enumerate(argv):
         if a == f"--{key}" or (len(key) == 1 and a == f"-{key}"):
@@ -233,14 +232,8 @@ def _trainer_hint() -> str:
 def _argv_value(key: str) -> Optional[str]:
     """The value given for ``--key`` on this process's command line, if any (the last one when
     it is given twice: the one the parser keeps)."""
-    argv = sys.argv[1:]
-    found = None
-    for i, a in enumerate(argv):
-        if a == f"--{key}" or (len(key) == 1 and a == f"-{key}"):
-            found = argv[i + 1] if i + 1 < len(argv) else None
-        elif a.startswith(f"--{key}="):
-            found = a.split("=", 1)[1]
-    return found
+    values = _argv_values(key)
+    return values[-1] if values else None
 
 
 def _is_yaml_list(path: str) -> bool:
@@ -360,12 +353,7 @@ def at_config_path(error: ConfigError) -> ConfigError:
     prefix = None if _QUALIFIED.match(error.field) else config_path_of(error)
     if prefix is None:
         return error
-    kw = dict(accepted=error.accepted, suggestion=error.suggestion)
-    if error.has_value:
-        kw["value"] = error.value
-    # renamed in place: its class (MissingFileError is also a FileNotFoundError) and traceback stay
-    ConfigError.__init__(error, prefix + error.field, error.problem, **kw)
-    return error
+    return error.renamed(prefix + error.field)  # in place: a MissingFileError stays one
 
 
 class PFDLightningCLI(LightningCLI):
