@@ -46,7 +46,8 @@ from .per_unit import UnitSeries
 __all__ = ["NULLS", "NullSpec", "trend", "planted_trend", "simulate", "calibrate",
            # the generator of whole synthetic runs (second part of this module)
            "Family", "FAMILIES", "TUNE", "HELD_OUT", "split", "noise_process", "envelope",
-           "gen_trend", "simulate_run", "PLANTED", "POWER_FAMILIES"]
+           "gen_trend", "mem_trend", "simulate_run", "PLANTED", "POWER_FAMILIES",
+           "wilson_interval", "event_status", "calibrate_families", "write_run"]
 
 #: the null families (module docstring)
 Null = Literal["white", "ar1", "seed_flip", "seed_flip_common"]
@@ -280,8 +281,8 @@ def noise_process(rng: np.random.Generator, kind: NoiseKind, n: int, k: int = 1,
     over evaluations):
 
     - ``white``: i.i.d. N(0, 1);
-    - ``ar1``: stationary AR(1), lag-1 correlation ``phi``, variance 1 (``scipy.signal.lfilter``
-      with a stationary start);
+    - ``ar1``: stationary AR(1), lag-1 correlation ``phi``, variance 1 (:func:`_ar1_filter`,
+      a stationary start);
     - ``fgn``: fractional Gaussian noise with Hurst index ``hurst`` (long memory for H > 1/2),
       variance 1 (:func:`_fgn`);
     - ``fbm``: fractional Brownian motion, the cumulative sum of fGn scaled so that
@@ -300,26 +301,22 @@ def noise_process(rng: np.random.Generator, kind: NoiseKind, n: int, k: int = 1,
     if kind == "white":
         return rng.standard_normal(shape)
     if kind == "ar1":
-        from scipy.signal import lfilter
-
-        e = rng.standard_normal(shape)
-        zi = phi * rng.standard_normal((1, k))  # x_{-1} ~ N(0, 1): stationary from the start
-        return lfilter([math.sqrt(1.0 - phi ** 2)], [1.0, -phi], e, axis=0, zi=zi)[0]
+        return _ar1_cols(rng, n, k, phi)
     if kind == "fgn":
         return _fgn(rng, n, hurst, k)
     if kind == "fbm":
         return np.cumsum(_fgn(rng, n, hurst, k), axis=0) / float(n) ** hurst
     if kind == "walk":
         return np.cumsum(rng.standard_normal(shape), axis=0) / math.sqrt(n)
-    if kind == "smooth":
-        from scipy.signal import fftconvolve
-
+    if kind == "smooth":  # linear convolution by FFT, the "valid" part
         half = int(math.ceil(4 * length))
         s = np.arange(-half, half + 1, dtype=np.float64)
         ker = np.exp(-0.5 * (s / length) ** 2)
         ker /= math.sqrt(float(np.sum(ker ** 2)))
         e = rng.standard_normal((n + 2 * half, k))
-        return fftconvolve(e, ker[:, None], mode="valid", axes=0)
+        size = e.shape[0] + ker.size - 1
+        full = np.fft.irfft(np.fft.rfft(e, size, axis=0) * np.fft.rfft(ker, size)[:, None], size, axis=0)
+        return full[ker.size - 1: e.shape[0]]
     # jumps
     seg = np.cumsum(rng.random(shape) < 1.0 / max(length, 1.0), axis=0)
     return np.take_along_axis(rng.standard_normal(shape), seg, axis=0)
@@ -342,13 +339,31 @@ def mem_trend(t: np.ndarray, n: int) -> np.ndarray:
     return 2.2 + 1.5 * np.exp(-t / (0.2 * n))
 
 
-def _ar1_cols(rng: np.random.Generator, n: int, m: int, phi: float, innov=None) -> np.ndarray:
-    """(n, m) independent unit-variance AR(1) columns (stationary start), vectorized."""
-    from scipy.signal import lfilter
+def _ar1_filter(e: np.ndarray, phi: float, x_prev: np.ndarray) -> np.ndarray:
+    """x_t = phi·x_{t−1} + e_t along axis 0 of ``e`` (n, k), from x_{−1} = ``x_prev`` (k,),
+    without a loop over t: in a block of L evaluations x_{t0+s} = phi^s·(phi·x_{t0−1} +
+    sum_{j<=s} phi^{−j} e_{t0+j}), a cumulative sum; blocks are as long as phi^{−L} stays below
+    e^100 (one block for phi >= 0.82 and n <= 500), so the rounding error stays ~eps/(1 − phi)."""
+    n = e.shape[0]
+    if phi == 0:
+        return e.copy()
+    step = n if phi >= 1 else max(1, int(100.0 / -math.log(phi)))
+    out = np.empty_like(e, dtype=np.float64)
+    prev = np.asarray(x_prev, dtype=np.float64)
+    for t0 in range(0, n, step):
+        blk = e[t0:t0 + step]
+        pw = phi ** np.arange(blk.shape[0], dtype=np.float64)[:, None]
+        out[t0:t0 + step] = pw * (phi * prev[None, :] + np.cumsum(blk / pw, axis=0))
+        prev = out[t0 + blk.shape[0] - 1]
+    return out
 
+
+def _ar1_cols(rng: np.random.Generator, n: int, m: int, phi: float, innov=None) -> np.ndarray:
+    """(n, m) independent unit-variance AR(1) columns, stationary from the start (x_{−1} ~
+    N(0, 1)); ``innov``: unit-variance innovations to use instead of N(0, 1) ones."""
     e = rng.standard_normal((n, m)) if innov is None else innov
-    zi = phi * rng.standard_normal((1, m))
-    return lfilter([math.sqrt(1.0 - phi ** 2)], [1.0, -phi], e, axis=0, zi=zi)[0]
+    x_prev = rng.standard_normal(m)
+    return _ar1_filter(math.sqrt(1.0 - phi ** 2) * e, phi, x_prev)
 
 
 def _seed_levels(rng: np.random.Generator, fam: Family, n: int, final: float) -> np.ndarray:
@@ -413,15 +428,22 @@ def _e_curve(rng: np.random.Generator, fam: Family, key: str, t: np.ndarray, tar
                               values.copy())
 
 
+def _probit(p: np.ndarray) -> np.ndarray:
+    """Φ⁻¹ elementwise (the standard normal quantile)."""
+    from statistics import NormalDist
+
+    inv = NormalDist().inv_cdf
+    uniq, idx = np.unique(p, return_inverse=True)
+    return np.array([inv(float(q)) for q in uniq])[idx].reshape(p.shape)
+
+
 def _ratio_curve(rng: np.random.Generator, fam: Family, t: np.ndarray, event: Optional[str],
                  height: float):
-    from scipy.special import ndtri
-
     n, m = t.size, fam.num_samples
     p = np.full(n, fam.ratio_base)
     if event == "memorization_onset" and height:
         p = fam.ratio_base + height / (1.0 + np.exp(-(t - 0.6 * n) / (0.03 * n)))
-    thr = ndtri(np.clip(p, 1e-6, 1 - 1e-6)) + fam.ratio_noise_sd * _common(rng, fam, n, fam.ratio_noise)
+    thr = _probit(np.clip(p, 1e-6, 1 - 1e-6)) + fam.ratio_noise_sd * _common(rng, fam, n, fam.ratio_noise)
     k = fam.ratio_heterogeneity
     latent = math.sqrt(1.0 - k) * _ar1_cols(rng, n, m, fam.ratio_persistence)
     if k > 0:
@@ -452,37 +474,54 @@ def _icr_curve(rng: np.random.Generator, fam: Family, t: np.ndarray, event: Opti
                             full.copy())
 
 
-def simulate_run(family: Family, seed: int, event: Optional[Planted] = None,
-                 height: float = 0.0) -> tuple:
+def _planted(event) -> tuple:
+    """``event`` as a tuple of planted-event names (None: none); a clear error otherwise."""
+    if event is None:
+        return ()
+    events = (event,) if isinstance(event, str) else tuple(event)
+    bad = [e for e in events if e not in PLANTED]
+    if bad:
+        raise ValueError(f"event: unknown planted event {bad[0]!r}; allowed {list(PLANTED)} (or a tuple of them)")
+    return events
+
+
+def simulate_run(family: Family, seed: int, event=None, height: float = 0.0) -> tuple:
     """One whole synthetic run of ``family``: ``(series, units)`` in the input format of
     :func:`~lightning_pfd.analysis.events.analyze_history` (``series`` = {key: (epochs, values)}
     with the built-in keys ``pfd/e_gen``, ``pfd/e_mem``, ``mem/ratio``, ``icr/icr``; ``units`` =
     {key: :class:`~lightning_pfd.analysis.per_unit.UnitSeries`}). Epochs are 0..n_eval−1.
-    ``event`` plants one event of ``height`` (the size of its legs): ``early_learning`` /
+    ``event`` (a name of :data:`PLANTED`, or a tuple of them: one per curve) plants an event of
+    ``height`` (the size of its legs): ``early_learning`` /
     ``double_descent`` on E_gen (:func:`gen_trend`), ``memorization_onset`` (the ratio rises
     from ``ratio_base`` by ``height``, a logistic step at 60 % of the run) or ``icr_minimum``
     (ICR falls by ``height`` to a minimum at 40 % and rises by ``height`` to the end). Without
     ``event`` no curve has an event: E_gen and E_mem fall monotonically, the ratio and ICR are
     flat (ICR slowly falling with ``icr_trend="falling"``), plus noise. Deterministic in
     ``seed``."""
-    check_args(simulate_run, locals())
     if not isinstance(family, Family):
         raise TypeError(f"family must be a Family, got {type(family).__name__}")
-    if event in ("memorization_onset", "icr_minimum") and family.curves == "e_only":
+    events = _planted(event)
+    if not (isinstance(height, (int, float)) and not isinstance(height, bool) and math.isfinite(height)
+            and height >= 0):
+        raise ValueError(f"height must be a finite number >= 0, got {height!r}")
+    if {"early_learning", "double_descent"} <= set(events):
+        raise ValueError("event: early_learning and double_descent are both on E_gen; plant one of them")
+    if set(events) & {"memorization_onset", "icr_minimum"} and family.curves == "e_only":
         raise ValueError(f"event={event!r} needs the ratio and ICR curves; family "
                          f"{family.name!r} logs E_gen and E_mem only (curves='e_only')")
     rng = np.random.default_rng(seed)
     n = family.n_eval
     t = np.arange(n, dtype=np.float64)
     series, units = {}, {}
-    gen_event = event if event in ("early_learning", "double_descent") else None
+    gen_event = next((e for e in events if e in ("early_learning", "double_descent")), None)
     for key, target in (("pfd/e_gen", gen_trend(t, n, gen_event, height)), ("pfd/e_mem", mem_trend(t, n))):
         y, u = _e_curve(rng, family, key, t, target)
         series[key], units[key] = (t.copy(), y), u
     if family.curves == "all":
-        y, u = _ratio_curve(rng, family, t, event, height)
+        onset = "memorization_onset" if "memorization_onset" in events else None
+        y, u = _ratio_curve(rng, family, t, onset, height)
         series["mem/ratio"], units["mem/ratio"] = (t.copy(), y), u
-        y, u = _icr_curve(rng, family, t, event, height)
+        y, u = _icr_curve(rng, family, t, "icr_minimum" if "icr_minimum" in events else None, height)
         series["icr/icr"], units["icr/icr"] = (t.copy(), y), u
     return series, units
 
@@ -593,3 +632,197 @@ def split(which: Literal["tune", "held_out", "all"]) -> tuple:
     (:data:`HELD_OUT`) or ``"all"``."""
     check_args(split, locals())
     return {"tune": TUNE, "held_out": HELD_OUT, "all": tuple(FAMILIES)}[which]
+
+
+# ----------------------------------------------------------------------------- the harness
+def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple:
+    """Wilson score interval of a proportion k/n (Wilson 1927, "Probable inference, the law of
+    succession, and statistical inference", JASA 22(158)): centre (k + z²/2)/(n + z²),
+    half-width z·sqrt(k(n−k)/n + z²/4)/(n + z²), z the two-sided normal quantile; no continuity
+    correction (the same as ``scipy.stats.binomtest(k, n).proportion_ci(method="wilson")``).
+    ``(nan, nan)`` for n = 0."""
+    if isinstance(k, bool) or isinstance(n, bool) or int(k) != k or int(n) != n or not 0 <= k <= n:
+        raise ValueError(f"k and n must be integers with 0 <= k <= n, got k={k!r}, n={n!r}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    if n == 0:
+        return (math.nan, math.nan)
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    centre = (k + z * z / 2.0) / (n + z * z)
+    half = z * math.sqrt(k * (n - k) / n + z * z / 4.0) / (n + z * z)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def event_status(ev) -> str:
+    """``"confirmed"`` or ``"undecided"`` (an event without a ``status`` is confirmed)."""
+    return str(getattr(ev, "status", "confirmed"))
+
+
+def _run_seed(seed0: int, name: str, r: int) -> int:
+    """The seed of run ``r`` of family ``name``: independent of the other families and runs."""
+    import zlib
+
+    return int(np.random.SeedSequence([int(seed0), zlib.crc32(name.encode()), int(r)]).generate_state(1)[0])
+
+
+def _one_run(family: Family, r: int, detector: Callable, event, height: float, seed0: int,
+             kwargs: dict) -> dict:
+    import time
+
+    series, units = simulate_run(family, _run_seed(seed0, family.name, r), event, height)
+    t0 = time.perf_counter()
+    analysis = detector(series, units=units, **kwargs)
+    dt = time.perf_counter() - t0
+    events = getattr(analysis, "events", analysis) or []
+    return {"events": [(e.name, event_status(e), float(e.significance)) for e in events], "seconds": dt}
+
+
+def _chunk(args) -> list:
+    family, rs, detector, event, height, seed0, kwargs = args
+    return [_one_run(family, r, detector, event, height, seed0, kwargs) for r in rs]
+
+
+def _summary(family: Family, records: list, event, height: float) -> dict:
+    n = len(records)
+    names = sorted({name for rec in records for name, _, _ in rec["events"]})
+    per = {}
+    for name in names:
+        conf = [rec for rec in records if any(e[0] == name and e[1] == "confirmed" for e in rec["events"])]
+        und = [rec for rec in records if any(e[0] == name and e[1] != "confirmed" for e in rec["events"])]
+        z = [e[2] for rec in records for e in rec["events"] if e[0] == name and e[1] == "confirmed"]
+        per[name] = {"confirmed": len(conf), "rate": len(conf) / n, "ci95": list(wilson_interval(len(conf), n)),
+                     "undecided": len(und),
+                     "median_significance": float(np.median(z)) if z else math.nan}
+    any_conf = sum(any(e[1] == "confirmed" for e in rec["events"]) for rec in records)
+    any_und = sum(any(e[1] != "confirmed" for e in rec["events"]) for rec in records)
+    z_all = [e[2] for rec in records for e in rec["events"] if e[1] == "confirmed"]
+    secs = [rec["seconds"] for rec in records]
+    out = {"family": family.name, "structure": family.structure, "description": family.description,
+           "n_eval": family.n_eval, "num_seeds": family.num_seeds, "runs": n,
+           "any_confirmed": any_conf, "rate": any_conf / n if n else math.nan,
+           "ci95": list(wilson_interval(any_conf, n)), "any_undecided": any_und,
+           "events": per, "median_significance": float(np.median(z_all)) if z_all else math.nan,
+           "nonfinite_significance": int(sum(not math.isfinite(e[2]) for rec in records
+                                             for e in rec["events"])),
+           "detector_seconds_per_run": float(np.mean(secs)) if secs else math.nan}
+    if event is not None:
+        planted = _planted(event)
+        found = {p: sum(any(e[0] == p and e[1] == "confirmed" for e in rec["events"]) for rec in records)
+                 for p in planted}
+        out["planted"] = {p: {"height": float(height), "found": k, "power": k / n,
+                              "ci95": list(wilson_interval(k, n))} for p, k in found.items()}
+    return out
+
+
+def calibrate_families(families, runs, detector: Callable = None, *, event=None, height: float = 0.0,
+                       seed0: int = 0, jobs: PositiveInt = 1, progress: Optional[Callable] = None,
+                       **kwargs) -> Dict[str, dict]:
+    """Run ``detector(series, units=units, **kwargs)`` (default
+    :func:`~lightning_pfd.analysis.events.analyze_history`) on ``runs`` synthetic runs of each of
+    ``families`` (names of :data:`FAMILIES` or :class:`Family` objects; ``runs``: an int or
+    {name: int}) and count, per family:
+
+    - ``any_confirmed``: runs with at least one *confirmed* event (an event counts as confirmed
+      when ``getattr(ev, "status", "confirmed") == "confirmed"``), its ``rate`` and Wilson 95 %
+      interval ``ci95`` (:func:`wilson_interval`); ``any_undecided``: runs with an undecided event
+      (not a false event, reported beside it);
+    - ``events``: per event name, the runs with that event confirmed (rate, ci95), undecided, and
+      the median significance of the confirmed ones;
+    - ``median_significance``, ``nonfinite_significance`` (events whose z is not finite),
+      ``detector_seconds_per_run`` (the detector's time, without the simulation);
+    - with ``event`` (planted, :func:`simulate_run`): ``planted`` = {name: found, power, ci95},
+      found = runs where that event is confirmed.
+
+    Run r of family f uses seed :func:`_run_seed` (seed0, f, r): results do not depend on
+    ``jobs`` (worker processes; the detector must be picklable, a module-level function) nor
+    on which other families are run. ``progress(name, summary)`` is called after each family."""
+    if detector is None:
+        from .events import analyze_history as detector
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
+    fams = [FAMILIES[f] if isinstance(f, str) and f in FAMILIES else f for f in families]
+    for f in fams:
+        if not isinstance(f, Family):
+            raise ValueError(f"families: unknown family {f!r}; known: {sorted(FAMILIES)}")
+    n_of = (lambda f: int(runs[f.name])) if isinstance(runs, dict) else (lambda f: int(runs))
+    for f in fams:
+        if n_of(f) < 1:
+            raise ValueError(f"runs must be >= 1 (family {f.name!r}: {n_of(f)})")
+    _planted(event)
+    out: Dict[str, dict] = {}
+    pool = None
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(jobs)
+    try:
+        for f in fams:
+            import time
+
+            t0 = time.perf_counter()
+            rs = list(range(n_of(f)))
+            if pool is None:
+                records = _chunk((f, rs, detector, event, height, seed0, kwargs))
+            else:
+                parts = [rs[i::jobs * 4] for i in range(jobs * 4) if rs[i::jobs * 4]]
+                records = [rec for chunk in pool.map(_chunk, [(f, p, detector, event, height, seed0, kwargs)
+                                                              for p in parts]) for rec in chunk]
+            out[f.name] = dict(_summary(f, records, event, height), wall_s=time.perf_counter() - t0)
+            if progress is not None:
+                progress(f.name, out[f.name])
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return out
+
+
+# ----------------------------------------------------------------------------- on disk
+def write_run(run_dir, series: Dict[str, tuple], units: Optional[Dict[str, UnitSeries]] = None, *,
+              float32: bool = True, steps_per_epoch: PositiveInt = 10) -> Dict[str, tuple]:
+    """Write a run in the project's on-disk format, so that ``python -m lightning_pfd report
+    RUN_DIR`` reads it: ``RUN_DIR/lightning_logs/version_0/metrics.csv`` as Lightning's
+    CSVLogger writes it (columns sorted, one training-step row and one epoch row per epoch,
+    empty cells for metrics not logged in a row; values as float32 tensors' ``item()`` when
+    ``float32``) and ``RUN_DIR/per_unit/<metric>/epoch_XXXXXX.npz`` records as the monitors write
+    them (:class:`~lightning_pfd.analysis.per_unit.PerUnitStore`). Epochs must be integers.
+    Returns the series as written (float32-rounded values), the input the report analyses."""
+    import csv
+    from pathlib import Path
+
+    from .per_unit import PerUnitStore, UnitRecord
+
+    run = Path(run_dir)
+    by_epoch: Dict[int, dict] = {}
+    written = {}
+    for key, (x, y) in series.items():
+        x = np.asarray(x, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64)
+        if x.shape != y.shape or x.ndim != 1:
+            raise ValueError(f"series[{key!r}]: epochs and values must be 1-D of one length")
+        if not np.all(x == np.round(x)):
+            raise ValueError(f"series[{key!r}]: epochs must be integers (one row per epoch)")
+        yw = y.astype(np.float32).astype(np.float64) if float32 else y.copy()
+        written[key] = (x.copy(), yw)
+        for e, v in zip(x.astype(int), yw):
+            by_epoch.setdefault(int(e), {})[key] = float(v)
+    d = run / "lightning_logs" / "version_0"
+    d.mkdir(parents=True, exist_ok=True)
+    cols = sorted({"epoch", "step", "train/loss", *series})
+    with open(d / "metrics.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        for e in sorted(by_epoch):
+            step = (e + 1) * int(steps_per_epoch) - 1
+            w.writerow({"epoch": e, "step": step - 1, "train/loss": 0.5})
+            w.writerow({"epoch": e, "step": step, **by_epoch[e]})
+    store = PerUnitStore(run / "per_unit")
+    for key, u in (units or {}).items():
+        values = np.asarray(u.values, dtype=np.float64)
+        logged = np.asarray(u.logged, dtype=np.float64)
+        for i, e in enumerate(np.asarray(u.epochs)):
+            value = float(logged[i]) if logged.size == values.shape[0] else math.nan
+            store.write(UnitRecord(u.key, int(e), (int(e) + 1) * int(steps_per_epoch) - 1, u.kind,
+                                   values[i], u.units, value))
+    return written
