@@ -86,6 +86,9 @@ PROPOSE_SIGMA = 2.0
 #: its places saw: the training noise (common to all units, so the held-out half shares it) and,
 #: without a held-out half, the seed noise too. z = (diff − allowance)/se (docs/events.md)
 SELECTION_ALLOWANCE = 0.75
+#: the selection allowance of a curve without a held-out half (ICR's jackknife, a logged curve
+#: alone): its places were chosen on the very values tested, seed noise included
+SELF_SELECTION_ALLOWANCE = 1.25
 #: an event's status: its test passed with a noise model that passed its checks ("confirmed"),
 #: or its test passed but the noise model failed a check or gave no estimate ("undecided")
 STATUSES = ("confirmed", "undecided")
@@ -152,7 +155,7 @@ class Event:
             return (f"ICR minimum {d['min_value']:.4g} at epoch {_fmt(self.epoch)} (U-shape"
                     f"{_leg_text(d, 'descent', ': descent ')}{_leg_text(d, 'rise', ', rise ')})")
         if self.name == "memorization_onset":
-            s = (f"memorization onset at epoch {_fmt(self.epoch)} from {d['source']}"
+            s = (f"memorization onset at epoch {_fmt(self.epoch)} from {d.get('source', 'mem/ratio')}"
                  f"{_leg_text(d, 'rise', ': rises by ')}")
             lead = d.get("lead_epochs")
             if lead is not None:
@@ -384,32 +387,35 @@ def _legs_detail(legs: dict, full_legs: dict) -> dict:
 def _testers(test: Curve, full: Curve, window: int, held: bool, model: NoiseModel):
     """The tester of the decision (held-out curve, selection allowance) and the one for
     information (all units, no allowance)."""
-    return (_Tester(test, window, model, SELECTION_ALLOWANCE, held),
-            _Tester(full, window, model, 0.0, False))
+    allowance = SELECTION_ALLOWANCE if held else SELF_SELECTION_ALLOWANCE
+    return (_Tester(test, window, model, allowance, held), _Tester(full, window, model, 0.0, False))
 
 
 def _verdict(legs: dict, model: NoiseModel, min_sigma: float) -> Tuple[Optional[str], Optional[str], float]:
     """(status, reason, significance) of tested legs: None when a leg is not significant (no
     event); "undecided" when a leg has no noise estimate (se = 0) or the noise model failed a
-    check; "confirmed" otherwise. The significance is the weakest finite z (NaN if none)."""
+    check (every reason listed); "confirmed" otherwise. The significance is the weakest finite
+    z, 0.0 when no leg has one (never NaN or ±∞)."""
     zs = [v.z for v in legs.values()]
-    finite = [z for z in zs if np.isfinite(z)]
     if any(np.isfinite(z) and z < min_sigma for z in zs):
         return None, None, math.nan
     if any(v.se == 0 and v.diff <= 0 for v in legs.values()):
         return None, None, math.nan
-    significance = float(min(finite)) if finite else math.nan
-    if not all(np.isfinite(zs)):
-        zero = [k for k, v in legs.items() if not np.isfinite(v.z)]
-        return "undecided", (f"no noise estimate for the {', '.join(zero)} leg(s): seed and "
-                             "training noise both estimated as 0"), significance
-    if model.problems:
-        return "undecided", "; ".join(model.problems), significance
+    finite = [z for z in zs if np.isfinite(z)]
+    significance = float(min(finite)) if finite else 0.0
+    reasons = list(model.problems)
+    zero = [k for k, v in legs.items() if not np.isfinite(v.z)]
+    if zero:
+        reasons.insert(0, f"no noise estimate for the {', '.join(zero)} leg(s): seed and training "
+                          "noise both estimated as 0")
+    if reasons:
+        return "undecided", "; ".join(reasons), significance
     return "confirmed", None, significance
 
 
 def _decided(status: Optional[str], reason: Optional[str], detail: dict, model: NoiseModel) -> dict:
-    out = dict(detail, noise_model=model.to_dict(), selection_allowance=SELECTION_ALLOWANCE)
+    allowance = SELECTION_ALLOWANCE if detail.get("held_out") else SELF_SELECTION_ALLOWANCE
+    out = dict(detail, noise_model=model.to_dict(), selection_allowance=allowance)
     if status == "undecided":
         out["undecided_reason"] = reason
     return out

@@ -191,6 +191,8 @@ def _run(args) -> int:
     a = res["analysis"]
     for e in a.events:
         print(" -", e.describe())
+    for e in a.undecided:
+        print(" -", e.describe())
     if a.regime is not None:
         print(f" - regime: {a.regime.name}")
     print(f"wrote {res['markdown']}" + "".join(f", {f}" for f in res["figures"]))
