@@ -127,12 +127,12 @@ def test_early_learning_clean_curve_is_located_but_undecided():
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_early_learning_noisy_curve(seed):
-    ev = detect_early_learning(T, noisy(early_learning_curve(T), 0.05, seed))
-    assert ev is not None
+    ev = detect_early_learning(T, noisy(early_learning_curve(T), 0.03, seed))
+    assert ev is not None and ev.status == "confirmed"
     assert abs(ev.epoch - EL_ARGMIN) <= 6
     assert ev.significance >= MIN_SIGMA
     assert ev.detail["legs"]["rise"]["z"] >= MIN_SIGMA and ev.detail["legs"]["descent"]["z"] >= MIN_SIGMA
-    assert detect_double_descent(T, noisy(early_learning_curve(T), 0.05, seed)) is None
+    assert detect_double_descent(T, noisy(early_learning_curve(T), 0.03, seed)) is None
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -150,12 +150,12 @@ def test_no_early_learning_when_minimum_is_at_the_start_or_rise_is_tiny():
     tiny = 2.0 + 2.0 * np.exp(-T / 5.0) + 0.01 * (1 - np.exp(-T / 40.0))  # rise 0.006 < 2 %
     ev = detect_early_learning(T, tiny)  # noiseless: never confirmed (no noise model holds)
     assert ev is None or ev.status == "undecided"
-    small = noisy(2.0 + 2.0 * np.exp(-T / 5.0) + 0.1 * (1 - np.exp(-T / 40.0)), 0.002, 1)
+    small = noisy(2.0 + 2.0 * np.exp(-T / 5.0) + 0.2 * (1 - np.exp(-T / 40.0)), 0.002, 1)
     assert detect_early_learning(T, small).status == "confirmed"  # small rise, smaller noise
-    assert detect_early_learning(T, small, min_rel=0.05) is None  # the effect-size floor (option)
+    assert detect_early_learning(T, small, min_rel=0.1) is None  # the effect-size floor (option)
     assert detect_early_learning(noisy(tiny, 0.01, 0) * 0 + T, noisy(tiny, 0.01, 0)) is None  # below noise
     # a minimum at the first evaluation counts only with require_descent=False
-    late = 1.0 + 0.5 * (1 - np.exp(-T / 20.0))
+    late = noisy(1.0 + 0.5 * (1 - np.exp(-T / 20.0)), 0.002, 2)
     ev = detect_early_learning(T, late, require_descent=False)
     assert ev.epoch == 0 and ev.detail["descent_observed"] is False
     # the rise: mean of the last `window` (5) evaluations minus the minimum's own evaluation
@@ -165,12 +165,14 @@ def test_no_early_learning_when_minimum_is_at_the_start_or_rise_is_tiny():
 
 
 def test_detectors_are_scale_free():
+    el, dd = noisy(early_learning_curve(T), 0.01, 0), noisy(double_descent_curve(T), 0.006, 1)
     for scale in (1e-3, 1e3):
-        a = detect_early_learning(T, early_learning_curve(T))
-        b = detect_early_learning(T, scale * early_learning_curve(T))
-        assert (a.epoch, a.detected_epoch) == (b.epoch, b.detected_epoch)
-        c = detect_double_descent(T, double_descent_curve(T))
-        d = detect_double_descent(T, scale * double_descent_curve(T))
+        a = detect_early_learning(T, el)
+        b = detect_early_learning(T, scale * el)
+        assert (a.epoch, a.detected_epoch, a.status) == (b.epoch, b.detected_epoch, b.status)
+        assert a.significance == pytest.approx(b.significance, rel=1e-9)
+        c = detect_double_descent(T, dd)
+        d = detect_double_descent(T, scale * dd)
         assert (c.epoch, c.detail["first_min_epoch"]) == (d.epoch, d.detail["first_min_epoch"])
 
 
@@ -183,12 +185,12 @@ def test_epochs_may_be_sparse():
 # ----------------------------------------------------------------------------- double descent
 def test_double_descent_clean_curve():
     t_min, t_peak = _dd_extrema()
-    ev = detect_double_descent(T, double_descent_curve(T))
-    assert ev is not None and ev.name == "double_descent"
+    ev = detect_double_descent(T, noisy(double_descent_curve(T), 0.006, 1))  # a little noise
+    assert ev is not None and ev.name == "double_descent" and ev.status == "confirmed"
     assert abs(ev.epoch - t_peak) <= 1.5
     assert abs(ev.detail["first_min_epoch"] - t_min) <= 2.5
-    assert ev.detail["second_min_epoch"] == 99
-    assert detect_early_learning(T, double_descent_curve(T)) is None
+    assert ev.detail["second_min_epoch"] > t_peak + 10  # the flat tail: its noisy minimum
+    assert detect_early_learning(T, noisy(double_descent_curve(T), 0.006, 1)) is None
 
 
 def test_double_descent_noisy_curve():

@@ -79,16 +79,16 @@ REGIMES = ("generalization", "transition", "memorization")
 
 #: default selection-corrected z every leg of an event must reach (tuned on the tune half of the
 #: null families, reported on the held-out half: docs/events.md)
-MIN_SIGMA = 2.25
+MIN_SIGMA = 2.5
 #: hysteresis of the candidate search on the selection half, in noise units of a leg
 PROPOSE_SIGMA = 2.0
 #: the selection allowance, in standard errors of the part of a leg's noise that the choice of
 #: its places saw: the training noise (common to all units, so the held-out half shares it) and,
 #: without a held-out half, the seed noise too. z = (diff − allowance)/se (docs/events.md)
-SELECTION_ALLOWANCE = 0.75
+SELECTION_ALLOWANCE = 1.0
 #: the selection allowance of a curve without a held-out half (ICR's jackknife, a logged curve
 #: alone): its places were chosen on the very values tested, seed noise included
-SELF_SELECTION_ALLOWANCE = 1.25
+SELF_SELECTION_ALLOWANCE = 1.5
 #: an event's status: its test passed with a noise model that passed its checks ("confirmed"),
 #: or its test passed but the noise model failed a check or gave no estimate ("undecided")
 STATUSES = ("confirmed", "undecided")
@@ -595,10 +595,13 @@ def _onset_from_ratio(x, r, units, *, window, min_sigma, confirm, min_rise, sour
     if i is None:
         return None
     b0 = _refine(sel.y[: i + 1], int(np.argmin(s[: i + 1])), window, "min")
-    p = _refine(sel.y, i + int(np.argmax(s[i:])), window, "max")
+    # tested: the level the ratio holds at the end (last ``window`` evaluations) against the
+    # baseline, the mean of up to 4·window evaluations before the onset (not their minimum, nor
+    # the later maximum: long windows the choice of the onset barely biases)
+    base_idx = np.arange(max(0, i - 4 * int(window)), max(i, 1))
     legs, legs_full = {}, {}
     for tt, out in zip(_testers(test, full, window, held, model), (legs, legs_full)):
-        out["rise"] = tt.leg(tt.place(p), tt.place(b0))
+        out["rise"] = tt.leg(tt.place(0, end=True), base_idx)
     status, reason, z = _verdict(legs, model, min_sigma)
     if status is None or legs_full["rise"].diff < min_rise:
         return None

@@ -269,6 +269,9 @@ MAX_SHAPE_EXPONENT = 1.8
 #: the training noise must be at least this share of the third differences' variance for its
 #: shape to be checked (below it the seed part, exact and paired, carries the leg's error)
 SHAPE_MIN_SHARE = 0.2
+#: the longest lag 2h of the pairs (h, 2h) the shape is read at (longer lags mistake a real
+#: event's own curvature for smooth noise)
+SHAPE_MAX_LAG = 4
 #: shortest local segment (evaluations) for the local scale of the training noise
 MIN_SEGMENT = 40
 #: a local scale ratio is divided by exp(LOCAL_SHRINK · its log-sd) (a lower confidence bound)
@@ -289,25 +292,46 @@ def _third_diff_vars(curve: Curve, h: int) -> Tuple[float, float]:
     return total, seed
 
 
-def shape_exponent(curve: Curve) -> Tuple[float, str]:
-    """The exponent a of the training-noise variogram at short lags, V(h) ∝ h^a, from the
-    variances of third differences at lags 1 and 2 (seed part removed): for a power law
-    Var(D_2)/Var(D_1) = 2^a. White noise: 0; AR(1), a random walk: ≈ 1; fBm: 2H; noise that is
-    smooth at the evaluation spacing: ≫ 2. Returns (a, note); a is NaN with the reason in
-    ``note`` when the training part is not measurable."""
-    t1, s1 = _third_diff_vars(curve, 1)
-    t2, s2 = _third_diff_vars(curve, 2)
+def _pair_exponent(curve: Curve, h: int) -> Tuple[float, str]:
+    """The exponent from the lag pair (h, 2h): log2 of the ratio of the training parts of
+    Var(D_2h) and Var(D_h) (module docstring of :func:`shape_exponent`)."""
+    t1, s1 = _third_diff_vars(curve, h)
+    t2, s2 = _third_diff_vars(curve, 2 * h)
     if not (np.isfinite(t1) and np.isfinite(t2)) or t1 <= 0:
         return math.nan, "too few evaluations"
     v1, v2 = t1 - s1, t2 - s2
     if v1 <= SHAPE_MIN_SHARE * t1:
         if v2 > max(SHAPE_MIN_SHARE * t2, 4.0 * max(v1, 0.0)) and v2 > 0:
-            # invisible at lag 1, present at lag 2: smooth noise
-            return math.inf, "training noise invisible at lag 1 but present at lag 2"
+            # invisible at lag h, present at lag 2h: smooth noise
+            return math.inf, f"training noise invisible at lag {h} but present at lag {2 * h}"
         return math.nan, "training noise small next to the seed noise"
     if v2 <= 0:
         return 0.0, ""
     return float(math.log2(v2 / v1)), ""
+
+
+def shape_exponent(curve: Curve, max_lag: Optional[int] = None) -> Tuple[float, str]:
+    """The exponent a of the training-noise variogram at short lags, V(h) ∝ h^a, from the
+    variances of third differences at lags h and 2h (seed part removed): for a power law
+    Var(D_2h)/Var(D_h) = 2^a. White noise: 0; AR(1), a random walk: ≈ 1; fBm: 2H; noise that is
+    smooth at the evaluation spacing: ≫ 2. The pairs h = 1, 2, ... up to ``max_lag``/2
+    (default :data:`SHAPE_MAX_LAG`) are read and the largest measurable exponent is returned
+    (noise smooth over a few evaluations is invisible at lag 1 but not at lag 2). Returns (a, note); a is NaN with the reason in ``note`` when the training part is not
+    measurable at any pair."""
+    n = len(curve)
+    if max_lag is None:
+        max_lag = SHAPE_MAX_LAG
+    best, notes, h = math.nan, [], 1
+    while 2 * h <= max(2, max_lag) and 3 * 2 * h + 3 <= n:
+        a, note = _pair_exponent(curve, h)
+        if np.isfinite(a) or np.isinf(a):
+            best = a if not np.isfinite(best) else max(best, a)
+        elif note:
+            notes.append(f"lags {h}/{2 * h}: {note}")
+        h *= 2
+    if np.isnan(best):
+        return math.nan, "; ".join(notes) or "too few evaluations"
+    return float(best), ""
 
 
 def shape_factor(a: float) -> float:
