@@ -26,17 +26,25 @@ How an event is decided (the same in every detector; derivation in docs/events.m
    ``confirm`` evaluations) only picks the candidate epochs.
 2. **Test** once on the *held-out* half (odd-indexed units): every leg of the event (descent,
    rise, second descent, onset) is a difference of two window means whose standard error is the
-   paired per-unit error plus a training-noise term from the curve's variogram
-   (:mod:`lightning_pfd.analysis.inference`); the event is accepted when every leg's z reaches
-   ``min_sigma`` (default :data:`MIN_SIGMA`, calibrated on realistic nulls: docs/events.md).
-   ``significance`` is the weakest held-out z; ``detail`` has every leg (difference, s.e. and its
-   seed / training parts, z) and the z on all units. ``min_rel`` / ``min_amplitude`` are optional
-   effect-size floors on each leg, never a substitute for the test.
+   paired per-unit error plus the training-noise term of the curve's
+   :class:`~lightning_pfd.analysis.inference.NoiseModel` (variogram bound, local scale, shape
+   check; :mod:`lightning_pfd.analysis.inference`); the held-out half shares the training noise
+   with the selection half, so the difference is reduced by a *selection allowance* of
+   :data:`SELECTION_ALLOWANCE` training-noise standard errors. The event passes when every leg's
+   z reaches ``min_sigma`` (default :data:`MIN_SIGMA`, tuned on the tune half of the null
+   families of :mod:`lightning_pfd.analysis.calibration`, reported on the held-out half:
+   docs/events.md). ``significance`` is the weakest z; ``detail`` has every leg (difference, s.e.
+   and its seed / training parts, allowance, z) and the raw z on all units.
+3. **Confirmed or undecided**: an event that passes with a noise model that failed one of its
+   checks on the run (too few evaluations, a variogram too convex for the bound, no noise
+   estimate) has ``status = "undecided"`` and ``detail["undecided_reason"]``; only confirmed
+   events are in :attr:`RunAnalysis.events`. No event has an infinite or NaN significance.
 
 Without per-unit values (``units=None``: runs logged before they were kept, user metrics) a
-curve is proposed and tested on the same values with the variogram carrying all the noise, every
-leg must then reach ``min_sigma`` + :data:`SELECTION_ALLOWANCE` (choosing the extremes of the
-tested values biases their z upwards), and ``detail["held_out"]`` is False.
+curve is proposed and tested on the same values with the noise model carrying all the noise and
+the larger allowance :data:`SELF_SELECTION_ALLOWANCE` on the whole standard error (choosing the
+extremes of the tested values biases their z upwards); ``detail["held_out"]`` is False. The same
+holds for ICR's jackknife replicates, which cannot be split.
 
 [choice] The detectors are deliberately conservative: a run too short or too noisy to show a
 phenomenon reports no event rather than a guess.

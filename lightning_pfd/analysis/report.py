@@ -58,7 +58,7 @@ _EXPLAIN = {
     "early_learning": "E_gen reaches an interior minimum, then rises until the end (PFD paper §4.2)",
     "double_descent": "E_gen decreases, increases, decreases again (PFD paper §4.2)",
     "icr_minimum": "ICR is U-shaped; its minimum is the early-stopping point (ICR paper §5.2)",
-    "memorization_onset": "memorization starts: memorization ratio rises / E_mem falls",
+    "memorization_onset": "memorization starts: the memorization ratio rises and holds (needs a memorization signal)",
 }
 
 

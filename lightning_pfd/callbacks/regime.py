@@ -31,8 +31,11 @@ descent turns into double descent is first announced as early learning) and say 
 and in the W&B table (``status`` column). At the end of fit every event is re-tested by the same
 analysis ``report`` runs, on the same inputs (the logged curves and the per-unit records in
 ``<default_root_dir>/per_unit``): each provisional event is **confirmed**
-(``events/<name>_confirmed`` = 1, with the final epoch and significance) or **retracted**
-(``events/<name>_retracted`` = 1, a console line); events found only at the end are logged then.
+(``events/<name>_confirmed`` = 1, with its significance) when the final event is at the same
+epoch, **moved** (``events/<name>_moved`` = 1 and the final epoch) when the final test puts it at
+another epoch, **undecided** (``events/<name>_undecided`` = 1) when the final noise model fails
+its check, or **retracted** (``events/<name>_retracted`` = 1); each with a console line. Events
+found only at the end are logged then.
 The report and ``events.json`` hold the final answer, which ``python -m lightning_pfd report`` on
 the run's files reproduces.
 
