@@ -52,6 +52,7 @@ phenomenon reports no event rather than a guess.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Mapping, Optional, Tuple
 
@@ -307,8 +308,23 @@ def _curves(x, y, units, name, window: int = 5):
     ``units`` (a :class:`~lightning_pfd.analysis.per_unit.UnitSeries`) covers every finite
     evaluation of the logged curve, else from the logged values alone; the training-noise model
     is fitted once on the full curve (the training noise is common to every unit)."""
+    key = None if units is None else (id(units), np.shape(units.values), float(np.sum(units.values)),
+                                      x.tobytes(), y.tobytes(), name, int(window))
+    hit = _CURVES.get(key) if key is not None else None
+    if hit is not None and hit[0]() is units:  # the same record, e.g. E_gen for two detectors
+        return hit[1]
     sel, test, full, held = _split_curves(x, y, units, name)
-    return sel, test, full, held, NoiseModel.fit(test, window)
+    out = (sel, test, full, held, NoiseModel.fit(test, window))
+    if key is not None:
+        _CURVES[key] = (weakref.ref(units), out)
+        while len(_CURVES) > 8:
+            _CURVES.pop(next(iter(_CURVES)))
+    return out
+
+
+#: the last few (curves, noise model) built from a per-unit record: (record id, values, name,
+#: window) → (weak reference to the record, result)
+_CURVES: dict = {}
 
 
 def _split_curves(x, y, units, name):

@@ -406,7 +406,9 @@ class NoiseModel:
         error, so that windows that agree within their noise leave the pooled model unchanged."""
         if lo not in self._scales:
             v_seg, sd_seg = self._lag1_train_var(lo, lo + self.segment)
-            v_all, sd_all = self._lag1_train_var(0, len(self.curve))
+            if "all" not in self._scales:
+                self._scales["all"] = self._lag1_train_var(0, len(self.curve))
+            v_all, sd_all = self._scales["all"]
             if not np.isfinite(v_seg) or v_seg <= 0:
                 r = 1.0
             elif not v_all > 0:
@@ -435,14 +437,16 @@ class NoiseModel:
         r = self.local_scale(c)
         if not np.isfinite(r):  # no noise on the whole curve, some locally: the local one
             lo = int(min(max(0, int(np.flatnonzero(c)[-1]) - self.segment // 2), len(self.curve) - self.segment))
-            v = variogram(self.curve.slice(lo, lo + self.segment))
-            V = np.concatenate([v, np.full(max(0, self.V.size - v.size), v[-1])])
-            return _train_var(c, V), r
+            if ("V", lo) not in self._scales:
+                v = variogram(self.curve.slice(lo, lo + self.segment))
+                self._scales[("V", lo)] = np.concatenate([v, np.full(max(0, self.V.size - v.size), v[-1])])
+            return _train_var(c, self._scales[("V", lo)]), r
         return _train_var(c, self.V * r), r
 
     def to_dict(self) -> dict:
         return {"exponent": self.exponent, "shape_factor": self.factor, "segment": self.segment,
-                "segment_scales": {int(k): float(v) for k, v in sorted(self._scales.items())},
+                "segment_scales": {int(k): float(v) for k, v in sorted(
+                    (k, v) for k, v in self._scales.items() if isinstance(k, int))},
                 "problems": list(self.problems), "notes": list(self.notes)}
 
 
