@@ -97,6 +97,16 @@ def epoch_cut(trainer: "pl.Trainer") -> bool:
     return not progress.is_last_batch and progress.current.completed > 0
 
 
+def _same_file(a: Optional[str], b: Optional[str]) -> bool:
+    """Whether two local paths name the same file (False for remote paths or a missing one)."""
+    if not a or not b or "://" in str(a) or "://" in str(b):
+        return False
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def _unhealthy(pl_module) -> bool:
     return bool(getattr(pl_module, "unhealthy", False))
 
@@ -188,7 +198,8 @@ class EpochCheckpoint(ModelCheckpoint):
         filepath = self.format_checkpoint_name(candidates, self.CHECKPOINT_NAME_LAST)
         if self.version_last:
             version = self.STARTING_VERSION
-            while self.file_exists(filepath, trainer) and filepath != self.last_model_path:
+            while self.file_exists(filepath, trainer) and filepath != self.last_model_path \
+                    and not _same_file(filepath, trainer.ckpt_path):  # a moved run: its own last.ckpt
                 filepath = self.format_checkpoint_name(candidates, self.CHECKPOINT_NAME_LAST, ver=version)
                 version += 1
         previous, self.last_model_path = self.last_model_path, filepath  # part of the saved state

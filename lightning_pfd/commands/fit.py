@@ -43,8 +43,8 @@ from .fit_help import parser_kwargs
 from .interrupts import interrupt_status, signal_guard
 from .run_checks import (check_monitored_keys, check_wandb_online, finished_run,
                          share_checkpoint_dir)
-from .run_safety import (check_run_length, epoch_end_last_checkpoints, probe_output_places,
-                         remove_unfinished_writes, set_aside_earlier_checkpoints)
+from .run_safety import (check_run_length, check_unique_keys, epoch_end_last_checkpoints,
+                         probe_output_places, remove_unfinished_writes, set_aside_earlier_checkpoints)
 
 __all__ = ["PFDLightningCLI", "PFDArgumentParser", "RunConfigCallback", "condense_error", "main",
            "run_lightning_cli", "resolve_config_path", "join_negative_values", "ensure_wandb_mode",
@@ -107,6 +107,9 @@ class PFDArgumentParser(LightningArgumentParser):
 
     @staticmethod
     def _hint(parser, message: str) -> Optional[str]:
+        renamed = _renamed_hint(message)
+        if renamed:
+            return renamed
         m = re.search(r"unrecognized arguments: (\S+)", message)
         if m:
             opt = m.group(1).split("=", 1)[0]
@@ -125,6 +128,22 @@ class PFDArgumentParser(LightningArgumentParser):
                         f"--trainer.callbacks+={cfg}")
             return f"in the config file {cfg!r}" if cfg else None
         return None
+
+
+#: options of earlier releases: old name -> (new name, what to write instead)
+RENAMED_OPTIONS = {"precond": ("family", "--model.init_args.family edm (or vp, ve; in a config "
+                                         "file: `family: edm` under model.init_args)")}
+
+
+def _renamed_hint(message: str) -> Optional[str]:
+    """The hint for an option that an earlier release had under another name."""
+    for old, (new, how) in RENAMED_OPTIONS.items():
+        if re.search(rf"(?<![\w.])(?:[\w.]*\.)?{old}\b", message) and ("not accepted" in message
+                                                                  or "unrecognized" in message
+                                                                  or "Unexpected" in message
+                                                                  or "No action" in message):
+            return f"`{old}` is now called `{new}`: {how}"
+    return None
 
 
 def qualified_key(key: str, argv: Sequence[str]) -> str:
@@ -741,8 +760,10 @@ def _rewrite_configs(argv: list) -> list:
     for i, a in enumerate(out):
         if a in ("--config", "-c") and i + 1 < len(out):
             out[i + 1] = resolve_config_path(out[i + 1])
+            check_unique_keys(out[i + 1])
         elif a.startswith("--config="):
             out[i] = "--config=" + resolve_config_path(a.split("=", 1)[1])
+            check_unique_keys(out[i].split("=", 1)[1])
     return out
 
 

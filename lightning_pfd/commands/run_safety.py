@@ -16,6 +16,8 @@ Used by :meth:`lightning_pfd.commands.fit.PFDLightningCLI.validate_run`:
 - :func:`remove_unfinished_writes` — the temporary files of a checkpoint write that a kill
   interrupted (``.last.ckpt.<random>.tmp``) are removed at the next start of that run, under
   the run's lock (so no writer of this run is active).
+- :func:`check_unique_keys` — a config file that gives a key twice in one mapping is refused,
+  naming the key, the file and both lines (YAML keeps the last one silently).
 - :func:`set_aside_earlier_checkpoints` — ``fit --overwrite``: once every check has passed,
   the earlier run's checkpoints move to ``<dirpath>/overwritten-<time>/``, so
   ``checkpoints/last.ckpt`` is always this run's.
@@ -31,7 +33,8 @@ from typing import Any, List, Optional, Tuple
 from ..errors import ConfigError
 
 __all__ = ["check_run_length", "probe_output_places", "output_places", "epoch_end_last_checkpoints",
-           "remove_unfinished_writes", "set_aside_earlier_checkpoints", "OVERWRITTEN_PREFIX"]
+           "remove_unfinished_writes", "set_aside_earlier_checkpoints", "OVERWRITTEN_PREFIX",
+           "check_unique_keys"]
 
 #: the folder (inside a checkpoint dirpath) where ``--overwrite`` moves an earlier run's checkpoints
 OVERWRITTEN_PREFIX = "overwritten-"
@@ -98,8 +101,8 @@ def probe_output_places(trainer: Any, places: Optional[List[Tuple[str, str, str]
     module doc); creates nothing."""
     for field, value, tail in (output_places(trainer) if places is None else places):
         p = Path(value).expanduser().absolute()
-        existing = next((q for q in (p, *p.parents) if q.exists()), Path(p.anchor))
-        if not existing.is_dir():
+        existing = next((q for q in (p, *p.parents) if os.path.exists(q)), Path(p.anchor))
+        if not os.path.isdir(existing):
             raise ConfigError(field, f"{existing} is a regular file, so the directory {p} cannot be "
                               "created", value=value, suggestion="choose another output path (or move that file)")
         name_max, path_max = _limits(existing)
@@ -196,3 +199,42 @@ def set_aside_earlier_checkpoints(trainer: Any, stamp: Optional[str] = None) -> 
         lines.append(f"--overwrite: the earlier run's {len(found)} checkpoint(s) in {d} moved to "
                      f"{aside} (delete it when no longer needed)")
     return lines
+
+
+def check_unique_keys(path, field: str = "--config") -> None:
+    """ConfigError naming the key, the file and both lines when a YAML mapping of ``path`` gives
+    the same key twice (YAML loaders keep the last one without a word). A file that is not
+    valid YAML is left to the parser's own message."""
+    import yaml
+
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader, node, deep=False):
+        seen = {}
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            try:
+                key = loader.construct_object(key_node, deep=True)
+                hash(key)
+            except Exception:  # noqa: BLE001 - an unhashable key: the parser reports it
+                continue
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(field, f"the key {key!r} is given twice in the same mapping (lines "
+                                  f"{seen[key]} and {line}); YAML would silently keep the second",
+                                  value=str(path), suggestion=f"keep one {key!r} in {path} (line "
+                                  f"{seen[key]} or {line})")
+            seen[key] = line
+        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+    _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError):
+        return
+    try:
+        yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError:
+        return
