@@ -146,6 +146,8 @@ def epoch_end_last_checkpoints(trainer: Any) -> List[str]:
             continue
         new = EpochCheckpoint(dirpath=cb.dirpath, filename=cb.filename, save_top_k=0, save_last=True,
                               verbose=cb.verbose)
+        if any(other.state_key == new.state_key for other in callbacks if other is not cb):
+            continue  # an EpochCheckpoint like it is there already (its state would be overwritten)
         callbacks[i] = new
         lines.append(f"ModelCheckpoint(save_last=True, save_top_k=0) writes last.ckpt only when fit "
                      f"ends (Lightning): an EpochCheckpoint writes it to "
