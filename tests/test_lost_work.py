@@ -172,6 +172,8 @@ def test_a_max_steps_stop_inside_an_epoch_resumes_like_an_uninterrupted_run(tmp_
     assert main(FIT + ["--trainer.max_steps", "15"]) == 0  # stops after 5 of epoch 1's 10 steps
     assert "stopped inside epoch 1, after 5 of its steps" in capsys.readouterr().out
     assert load_checkpoint(cut / "run/checkpoints/last.ckpt")["global_step"] == 10  # the epoch end
+    stopped = load_checkpoint(cut / "run/checkpoints/stopped/epoch=1-step=15.ckpt")  # the weights at the stop
+    assert stopped["global_step"] == 15
     assert main(FIT + ["--ckpt_path", "last"]) == 0
     a, b = (load_checkpoint(d / "run/checkpoints/last.ckpt") for d in (whole, cut))
     assert a["global_step"] == b["global_step"] == 20

@@ -42,6 +42,8 @@ from ..checkpoint import VerifiedCheckpointIO, atomic_write_bytes
 __all__ = ["EpochCheckpoint", "install_verified_io", "continue_loggers", "logger_locations",
            "DataFingerprint", "install_data_fingerprint", "DATA_KEY"]
 
+#: the folder (inside a dirpath) of the weights where a max_steps / max_time stop cut an epoch
+STOPPED_DIR = "stopped"
 #: the checkpoint entry holding the fingerprint of the data the run trains on
 DATA_KEY = "lightning_pfd_data"
 
@@ -155,6 +157,7 @@ class EpochCheckpoint(ModelCheckpoint):
         self._wrote_in_fit = False
         self._top_k_at_start = dict(self.best_k_models)
         self._cut = None
+        self._stopped_path = None
 
     # -- top-k: Lightning's, in the epochs where the monitored metric was measured -------------
     def _measured(self, trainer) -> bool:
@@ -179,8 +182,9 @@ class EpochCheckpoint(ModelCheckpoint):
         if _unhealthy(pl_module):
             return
         if not self._outside_fit(trainer) and epoch_cut(trainer):  # max_steps / max_time inside it:
-            self._cut = (trainer.current_epoch,  # no checkpoint of a cut epoch (the last one stays)
+            self._cut = (trainer.current_epoch,  # last.ckpt stays at the last epoch end
                          trainer.fit_loop.epoch_loop.batch_progress.current.completed)
+            self._save_stopped(trainer)
             return
         if self._measured(trainer):
             super().on_train_epoch_end(trainer, pl_module)
@@ -190,6 +194,21 @@ class EpochCheckpoint(ModelCheckpoint):
             lg.save()
         self._locations = logger_locations(trainer)
         self.save_last_checkpoint(trainer)
+
+    def _save_stopped(self, trainer) -> None:
+        """The weights where a cut epoch stopped, in ``<dirpath>/stopped/`` (not a resume point:
+        ``--ckpt_path last`` and ``best`` never pick it); the previous one there is replaced."""
+        if self.dirpath is None or "://" in str(self.dirpath):
+            return
+        folder = Path(self.dirpath) / STOPPED_DIR
+        path = folder / f"epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt"
+        old = sorted(folder.glob("*.ckpt")) if folder.is_dir() else []
+        trainer.save_checkpoint(str(path), self.save_weights_only)
+        self._stopped_path = str(path)
+        if trainer.is_global_zero:
+            for q in old:
+                if q != path:
+                    q.unlink(missing_ok=True)
 
     def save_last_checkpoint(self, trainer) -> str:
         """Write ``last.ckpt`` (``last-vN.ckpt`` when another run's file has the name) and remove
@@ -244,10 +263,12 @@ class EpochCheckpoint(ModelCheckpoint):
             where = (f"{self.last_model_path} (end of epoch {epoch - 1})" if self.last_model_path
                      and os.path.isfile(self.last_model_path) else "no checkpoint (the first epoch was cut)")
             if trainer.is_global_zero:
+                stopped = getattr(self, "_stopped_path", None)
                 print(f"[lightning_pfd] the run stopped inside epoch {epoch}, after {done} of its steps "
                       f"(max_steps / max_time): the resume point is {where}; a resume with a larger "
                       f"limit trains epoch {epoch} again from its start, exactly as an uninterrupted "
-                      "run would", flush=True)
+                      "run would" + (f". The weights at the stop: {stopped} (not a resume point)"
+                                     if stopped else ""), flush=True)
             return
         # a fit that wrote no checkpoint (e.g. a fast epoch's early stop) still leaves last.ckpt
         if not self._wrote_in_fit and dict(self.best_k_models) == self._top_k_at_start:

@@ -638,11 +638,6 @@ class PFDLightningCLI(LightningCLI):
         self._check_output_paths()
         check_cache_writable()
         locks = self._lock_run_dirs()  # a second writer fails here, before anything else
-        if locks:  # this run's writer is gone: its unfinished checkpoint writes are garbage
-            removed = remove_unfinished_writes(self.trainer)
-            if removed:
-                print(f"[lightning_pfd] removed {len(removed)} unfinished checkpoint write(s) of an "
-                      f"interrupted run: {', '.join(removed[:3])}", flush=True)
         try:
             self._check_resume()
             with deferred_writes() as pending:  # a run that fails here leaves no cache entry behind
@@ -660,6 +655,10 @@ class PFDLightningCLI(LightningCLI):
         install_verified_io(self.trainer)
         if self.subcommand == "fit":
             install_data_fingerprint(self.trainer, self.datamodule)
+        removed = remove_unfinished_writes(self.trainer) if locks else []  # the run's lock is held:
+        if removed:  # no writer of this run is active, its unfinished checkpoint writes are garbage
+            print(f"[lightning_pfd] removed {len(removed)} unfinished checkpoint write(s) of an "
+                  f"interrupted run: {', '.join(removed[:3])}", flush=True)
         if self.subcommand == "fit" and self.overwrite and self.resume_checkpoint is None \
                 and _launching_process():  # every check passed: the earlier run's files go aside
             for line in set_aside_earlier_checkpoints(self.trainer):
@@ -853,6 +852,7 @@ def check_components(trainer, model, datamodule) -> None:
     (:mod:`lightning_pfd.sweeps.validate`). Cache writes are deferred by the caller."""
     probe = PFDLightningCLI.__new__(PFDLightningCLI)  # the checks only read these four attributes
     probe.trainer, probe.model, probe.datamodule, probe.subcommand = trainer, model, datamodule, "fit"
+    check_run_length(trainer)
     probe._check_shapes()
     probe._check_data()
     probe._check_shapes()

@@ -179,12 +179,14 @@ def remove_unfinished_writes(trainer: Any) -> List[str]:
 
 
 def set_aside_earlier_checkpoints(trainer: Any, stamp: Optional[str] = None) -> List[str]:
-    """Move the ``*.ckpt`` files of each checkpoint directory into
+    """Move the ``*.ckpt`` files (and ``stopped/``) of each checkpoint directory into
     ``<dirpath>/overwritten-<time>/`` (an atomic rename each); returns one line per directory."""
     stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
     lines = []
     for d in _checkpoint_dirs(trainer):
         found = sorted(p for p in d.glob("*.ckpt") if p.is_file())
+        if (d / "stopped").is_dir():  # EpochCheckpoint's weights of a cut epoch
+            found.append(d / "stopped")
         if not found:
             continue
         aside = d / f"{OVERWRITTEN_PREFIX}{stamp}"
@@ -198,7 +200,7 @@ def set_aside_earlier_checkpoints(trainer: Any, stamp: Optional[str] = None) -> 
             except OSError as e:  # pragma: no cover - same directory: a rename does not fail
                 if e.errno != errno.ENOENT:
                     raise
-        lines.append(f"--overwrite: the earlier run's {len(found)} checkpoint(s) in {d} moved to "
+        lines.append(f"--overwrite: the earlier run's checkpoints ({len(found)} entries) in {d} moved to "
                      f"{aside} (delete it when no longer needed)")
     return lines
 
