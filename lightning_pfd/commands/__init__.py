@@ -195,7 +195,9 @@ def print_extra_help() -> None:
 
     print("\n" + COMMON_OPTIONS_HELP)
     print("  --overwrite           fit: start a fresh run in a checkpoint directory that holds an "
-          "earlier run's\n                        checkpoints (they are replaced)")
+          "earlier run's\n                        checkpoints (moved to <dirpath>/overwritten-<time>/)")
+    print("  --allow-data-change   fit --ckpt_path: continue on data that differ from the "
+          "checkpoint's\n                        (a datamodule value or file; refused without it)")
     print("\nExtra commands:")
     for c in COMMANDS.values():
         if c.name != "fit":

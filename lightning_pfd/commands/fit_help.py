@@ -22,7 +22,9 @@ Most runs need only:
 
 All options (LightningCLI) follow."""
 
-_OVERWRITE = "  --overwrite               replace an earlier run's checkpoints in the same directory\n"
+_OVERWRITE = ("  --overwrite               replace an earlier run's checkpoints in the same directory\n"
+              "                            (they move to <dirpath>/overwritten-<time>/)\n"
+              "  --allow-data-change       with --ckpt_path: continue on changed data (else refused)\n")
 
 
 def usage(prog: str, subcommand: str) -> str:

@@ -123,8 +123,15 @@ def resume_message(record: SignalRecord, trainer, argv: Sequence[str], prog: str
         if fitting:
             lines.append(f"  resume with: {_resume_command(argv, prog)}")
     elif fitting:
-        lines.append("  nothing to resume: no checkpoint was written yet (the first epoch did not "
-                     "finish); run the same command again to start over")
+        done = int(getattr(trainer, "current_epoch", 0) or 0) if trainer is not None else 0
+        if done > 0:  # epochs ended, but no callback wrote a last*.ckpt at their end
+            why = (f"{done} epoch(s) finished, but no checkpoint callback wrote a last*.ckpt at an "
+                   "epoch end (use lightning_pfd.callbacks.EpochCheckpoint, or ModelCheckpoint with "
+                   "save_top_k != 0)")
+        else:
+            why = "the first epoch did not finish"
+        lines.append(f"  nothing to resume: no checkpoint was written yet ({why}); run the same "
+                     "command again to start over")
     return "\n".join(lines)
 
 
