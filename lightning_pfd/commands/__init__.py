@@ -38,7 +38,8 @@ from typing import Any, Callable, Optional, Sequence
 
 __all__ = ["Command", "COMMANDS", "LIGHTNING_SUBCOMMANDS", "PROG", "CONFIG_DIR", "DEFAULT_CONFIG",
            "USER_ERROR", "main", "command_for", "run_guarded", "print_user_error", "debug_enabled",
-           "pop_flag", "configure_threads", "print_extra_help", "quiet_known_noise", "typed"]
+           "pop_flag", "configure_threads", "print_extra_help", "print_main_help", "quiet_known_noise",
+           "typed"]
 
 PROG = "python -m lightning_pfd"
 #: the embedded configs (``--config quickstart`` names ``CONFIG_DIR / "quickstart.yaml"``)
@@ -244,9 +245,35 @@ def quiet_known_noise() -> None:
             warnings.filterwarnings("ignore", message=pattern, module=module)
 
 
+#: LightningCLI's subcommands and their help lines (the top-level ``--help``, without Lightning)
+_LIGHTNING_HELP = {
+    "fit": "train: the full optimization routine (default config: quickstart)",
+    "validate": "one evaluation epoch over the validation set (a config and a checkpoint)",
+    "test": "one evaluation epoch over the test set (a config and a checkpoint)",
+    "predict": "inference on the predict set (a config and a checkpoint)",
+}
+
+
+def print_main_help() -> None:
+    """``python -m lightning_pfd --help``: the commands and the common options, printed without
+    importing Lightning or torch (a subcommand's own ``--help`` lists its options: ``fit --help``
+    is LightningCLI's, which needs Lightning)."""
+    names = ",".join([*LIGHTNING_SUBCOMMANDS, *(c for c in COMMANDS if c != "fit")])
+    print(f"usage: {PROG} [{{{names}}}] ...\n\n"
+          "Train and measure diffusion models (PFD, ICR, memorization ratio, tail metrics). With no\n"
+          "command: fit on the embedded quickstart config. For a command's options, add it followed\n"
+          "by --help.\n\nLightningCLI subcommands:")
+    for name, text in _LIGHTNING_HELP.items():
+        print(f"  {name:<10} {text}  ({PROG} {name} --help)")
+    print_extra_help()
+
+
 def _dispatch(argv: list) -> int:
     quiet_known_noise()
     configure_threads(argv)
+    if argv in (["-h"], ["--help"]):  # the top-level help: no LightningCLI, so no Lightning import
+        print_main_help()
+        return 0
     command = command_for(argv)
     rest = argv if command.name == "fit" else argv[1:]  # LightningCLI wants its subcommand
     return int(command.main()(rest) or 0)
