@@ -450,6 +450,10 @@ class Workspaces:
 
     def run(self, block: Block, line: int) -> subprocess.CompletedProcess:
         """Run the block's commands up to the one on ``line`` (skipped ones left out)."""
+        return self.run_in(block, line)[1]
+
+    def run_in(self, block: Block, line: int) -> Tuple[Path, subprocess.CompletedProcess]:
+        """:meth:`run`, with the workspace the command ran in."""
         commands = []
         for k, command in _block_commands(block):
             skips = block.marked("skip", command)
@@ -464,7 +468,7 @@ class Workspaces:
             reduced = _reduce(block, command, command)
             commands.append(reduced if "\n" in reduced else _split_comment(reduced)[0])
             if k == line:
-                return self._state(tuple(commands))[1]
+                return self._state(tuple(commands))
         raise AssertionError(f"no command on line {line} of {block.name}")
 
     def model_and_data(self, ws: Path):

@@ -215,6 +215,16 @@ _NOISE_WARNINGS = (
 )
 
 
+#: Lightning's CSV writer, started in a resumed run's own version directory, warns that "Previous
+#: log files in this directory will be deleted": untrue on ``fit --ckpt_path``, where
+#: :func:`lightning_pfd.callbacks.checkpoint.continue_loggers` moves ``metrics.csv`` aside before
+#: the writer starts and writes its rows back (the resume keeps every row up to the checkpoint).
+#: Ignored by that exact message around that call only (a fresh run into an existing version
+#: directory, where the files are replaced, still shows it).
+RESUMED_CSV_WARNING = (r"Experiment logs directory .* exists and is not empty\. Previous log files in "
+                       r"this directory will be deleted when the new ones are saved!")
+
+
 class _DropMessage:
     """A logging filter dropping records whose message starts with ``prefix``."""
 
