@@ -161,6 +161,36 @@ def _print_settings(settings: dict, sources: dict) -> None:
     print("settings: " + "; ".join(f"{', '.join(v)} ({src})" for src, v in by_source.items()))
 
 
+def training_now(run_dir) -> Optional[str]:
+    """Who is still writing the run at ``run_dir``: the holder of a run lock
+    (:mod:`lightning_pfd.locks`, taken by ``fit`` in the checkpoint folder) below it or its parent,
+    found held by a live process (a shared ``flock`` is refused), as "pid N (command)"; None
+    when no run is writing there (a lock file left by a finished or killed run is free)."""
+    import fcntl
+
+    from ..locks import LOCK_NAME, read_holder
+
+    p = Path(run_dir)
+    p = p.parent if p.is_file() else p
+    for root in (p, p.parent):
+        for lock in sorted(root.glob(f"*/{LOCK_NAME}")) + sorted(root.glob(LOCK_NAME)):
+            try:
+                fd = os.open(lock, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except BlockingIOError:
+                holder = read_holder(lock) or {}
+                return f"pid {holder.get('pid', '?')} ({holder.get('command') or 'fit'})"
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    return None
+
+
 def _portable(history: History, out: Path, given: str) -> tuple:
     """``(history, rewrite)``: the history with every file path (segments, the run, warnings)
     written relative to the report's folder ``out``, and ``rewrite(text)`` doing the same to any
@@ -203,6 +233,11 @@ def _run(args) -> int:
         hist = load_history(args.run_dir, source=args.source,
                             use_leet=False if args.no_leet else None, segment=args.segment)
     settings, sources, warnings = resolve_settings(hist, args)
+    running = training_now(args.run_dir)
+    if running is not None:  # said in report.md (Input) and on stderr
+        hist.warnings.insert(0, f"the run is still training ({running}): this report covers the "
+                                "epochs logged so far; run the same command again when it has "
+                                "finished")
     want = Path(args.out) if args.out else _default_out(args.run_dir)
     if want.exists() and not want.is_dir():
         raise ConfigError("--out", "is a file, not a directory", value=str(want))
