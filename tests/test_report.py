@@ -367,3 +367,54 @@ def test_two_regime_monitors_keep_separate_state(tmp_path):
     with pytest.raises(ConfigError, match="report_dir"):
         _fit(tmp_path, [RegimeMonitor(verbose=False),
                         RegimeMonitor(keys={"icr": "x"}, verbose=False)], 1)
+
+
+def test_report_on_a_run_still_training(tmp_path, capsys):
+    """A run that is still training: its W&B log holds no metric value yet (W&B buffers in its
+    service) while the CSV has rows, and fit holds the run lock. The report reads the CSV, says
+    the run is in progress (stderr and report.md), and finds what the rows so far show."""
+    import fcntl
+    import os
+
+    run = _write_csv(tmp_path / "run", epochs=range(12))
+    wb = run / "wandb" / "offline-run-20250101_000000-live1"
+    wb.mkdir(parents=True)
+    (wb / "run-live1.wandb").write_bytes(b"")  # nothing flushed yet
+    lock = run / "checkpoints" / ".lightning_pfd.lock"
+    lock.parent.mkdir()
+    lock.write_text(json.dumps({"pid": os.getpid(), "command": "python -m lightning_pfd fit"}))
+    fd = os.open(lock, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as fit holds it
+    try:
+        assert main([str(run)]) == 0
+    finally:
+        os.close(fd)
+    out, err = capsys.readouterr()
+    assert "no metric values could be read" not in err
+    assert f"the run is still training (pid {os.getpid()} (python -m lightning_pfd fit))" in err
+    assert "holds no metric value yet" in err and "read the CSV log instead" in err
+    md = (run / "report" / "report.md").read_text()
+    assert "the run is still training" in md and str(tmp_path) not in md
+    assert "| E_gen | `pfd/e_gen` | 12 |" in md  # the 12 epochs logged so far
+    # the lock released (the run finished): no such line any more
+    assert main([str(run), "--force"]) == 0
+    assert "still training" not in capsys.readouterr().err
+
+
+def test_a_stopped_fit_says_how_to_rebuild_its_report():
+    """SIGTERM / SIGINT during (or before) the end-of-run report: the exit message names the
+    command that builds it from the logs; a run without a report-writing monitor gets no line."""
+    from types import SimpleNamespace
+
+    from lightning_pfd.commands.interrupts import SignalRecord, resume_message
+
+    record = SignalRecord()
+    record.signum = 15
+    trainer = SimpleNamespace(current_epoch=3, global_step=30, checkpoint_callbacks=[],
+                              callbacks=[RegimeMonitor(report_dir="runs/my run/report", verbose=False)],
+                              default_root_dir="runs/my run")
+    msg = resume_message(record, trainer, ["fit", "--config", "c.yaml"], "python -m lightning_pfd")
+    assert "report: the end-of-run report may be missing or partial; build it from the logs with: " \
+           "python -m lightning_pfd report 'runs/my run'" in msg
+    trainer.callbacks = [RegimeMonitor(write_report=False, verbose=False)]
+    assert "report" not in resume_message(record, trainer, ["fit"], "python -m lightning_pfd").split("exit status")[1]

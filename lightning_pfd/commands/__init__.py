@@ -197,6 +197,8 @@ def print_extra_help() -> None:
     print("\n" + COMMON_OPTIONS_HELP)
     print("  --overwrite           fit: start a fresh run in a checkpoint directory that holds an "
           "earlier run's\n                        checkpoints (they are replaced)")
+    print("  --run_dir PATH        fit: every output of the run (logs, checkpoints, per-unit records, "
+          "report,\n                        W&B run name) in PATH")
     print("\nExtra commands:")
     for c in COMMANDS.values():
         if c.name != "fit":
