@@ -655,8 +655,8 @@ def cases(fx: Path) -> List[Case]:
     n(5, "icr-sweep --out through a regular file", ["icr-sweep"] + ck + dig + ["--out", "tiny.yaml/sw"],
       ["--out", "tiny.yaml"], setup=[E], earlier=True)
     n(6, "icr-sweep without --out on a two-level grid (allowed: beside the run, edge minimum flagged)",
-      ["icr-sweep"] + ck + dig + ["--sigmas", "0.1", "0.5", "--num-images", "64"],
-      ["at the grid's", "run/icr_sweep/last", "±"], expect="ok", setup=[E], earlier=True,
+      ["icr-sweep"] + ck + dig + ["--sigmas", "0.1", "0.5", "--num-images", "64", "--probe-train", "256"],
+      ["at the grid's", "run/icr_sweep/last", "±"], expect="ok", setup=[E], earlier=True, timeout=300,
       forbid=["icr_sweep*"], note="written to run/icr_sweep/last/, not the current folder")
     n(7, "report on a run still training (W&B log not flushed, CSV rows, the run lock held)",
       ["report", "run"], ["still training", "read the CSV log instead"], expect="ok", earlier=True,
