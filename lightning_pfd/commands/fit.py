@@ -443,8 +443,9 @@ class PFDLightningCLI(LightningCLI):
             plain_numbers(args)
         sub = self.config.get("subcommand")
         cfg = self.config.get(sub) if sub else None
-        if cfg is not None and cfg.get("run_dir") is not None:  # before any path is used
-            relocate_outputs(cfg, cfg["run_dir"])
+        target = self.config if cfg is None else cfg  # run=False: no subcommand
+        if target.get("run_dir") is not None:  # before any path is used
+            relocate_outputs(target, target["run_dir"])
         self._given_ckpt_path = cfg.get("ckpt_path") if cfg is not None else None
         if self._given_ckpt_path is not None:
             cfg["ckpt_path"] = None

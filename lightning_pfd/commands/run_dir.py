@@ -4,7 +4,8 @@ output of a run to ``PATH``.
 A config names its outputs in several places: ``trainer.default_root_dir`` (the per-unit records
 ``per_unit/`` and the report live below it), each logger's ``save_dir`` (CSV, W&B, TensorBoard)
 and the callbacks' output paths (a checkpoint's ``dirpath``, a RegimeMonitor's ``report_dir``, ...:
-:data:`lightning_pfd.sweeps.spec.OUTPUT_PATH_KEYS`). ``--run_dir`` rewrites all of them after the
+:data:`OUTPUT_PATH_KEYS`, the same keys as the sweeps' ``lightning_pfd.sweeps.spec.OUTPUT_PATH_KEYS``,
+a layer above this one: tested equal). ``--run_dir`` rewrites all of them after the
 config is parsed, by the rule the sweeps use for their trials
 (:func:`lightning_pfd.sweeps.spec.relocate_outputs`): a path below the config's
 ``default_root_dir`` keeps its relative part (``runs/quickstart/checkpoints`` →
@@ -20,7 +21,10 @@ from typing import Any, Optional
 
 from ..errors import ConfigError
 
-__all__ = ["RUN_DIR_HELP", "relocate", "relocated_path"]
+__all__ = ["RUN_DIR_HELP", "OUTPUT_PATH_KEYS", "relocate", "relocated_path"]
+
+#: the callback arguments that name an output path (moved by ``--run_dir``)
+OUTPUT_PATH_KEYS = ("dirpath", "report_dir", "save_dir", "out_dir", "output_dir", "log_dir")
 
 RUN_DIR_HELP = ("move every output of the run (trainer.default_root_dir, the loggers' save_dir, "
                 "checkpoint dirpath, report_dir, per-unit records; the W&B run name becomes its "
@@ -62,8 +66,6 @@ def relocate(cfg, run_dir: str) -> list:
     """Rewrite the output paths of the parsed subcommand config ``cfg`` (a jsonargparse
     Namespace, or a dict of the same shape) to lie in ``run_dir``, in place; returns
     ``[(config path, old, new)]`` of what changed (for the run's first lines)."""
-    from ..sweeps.spec import OUTPUT_PATH_KEYS
-
     text = str(run_dir).strip()
     if not text:
         raise ConfigError("--run_dir", "must be a directory path", value=run_dir)
