@@ -421,3 +421,18 @@ def test_a_stopped_fit_says_how_to_rebuild_its_report():
            "python -m lightning_pfd report 'runs/my run'" in msg
     trainer.callbacks = [RegimeMonitor(write_report=False, verbose=False)]
     assert "report" not in resume_message(record, trainer, ["fit"], "python -m lightning_pfd").split("exit status")[1]
+
+
+def test_report_paths_are_relative_to_the_report_folder(tmp_path):
+    """A rewritten path is a whole component: run/x is rewritten, run/x2 beside it is not."""
+    from lightning_pfd.commands.report import _portable
+
+    run = _write_csv(tmp_path / "x", epochs=range(6))
+    hist = load_history(run)
+    out = run / "report"
+    shown, rewrite = _portable(hist, out, str(run))
+    assert str(shown.segments[0].path) == "../lightning_logs/version_0/metrics.csv"
+    assert (out / shown.segments[0].path).resolve() == hist.segments[0].path.resolve()
+    assert rewrite(f"run: {run}/a.json") == "run: ../a.json"
+    assert rewrite(f"{tmp_path}/x2/b.json") == f"{tmp_path}/x2/b.json".replace(str(tmp_path), "../..")
+    assert rewrite("default") == "default"

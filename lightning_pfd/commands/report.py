@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Optional, Sequence, get_args
@@ -213,9 +214,10 @@ def _portable(history: History, out: Path, given: str) -> tuple:
         if text is None:
             return None
         text = str(text)
-        for old, new in pairs:
-            if old in text:
-                return text.replace(old, new)
+        for old, new in pairs:  # a whole path component only (runs/x, not runs/x2)
+            pattern = re.compile(re.escape(old) + r"(?![\w.-])")
+            if pattern.search(text):
+                return pattern.sub(lambda _: new, text)
         return text
 
     def rel(path):
