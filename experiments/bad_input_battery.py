@@ -651,7 +651,7 @@ def cases(fx: Path) -> List[Case]:
       ["earlier run", "--ckpt_path last"], setup=[E], earlier=True)
     n(4, "fit --run_dir runs/other next to a finished run (allowed: every output moves there)",
       fit + ["--run_dir", "runs/other"], ["runs/other"], expect="ok", setup=[E], earlier=True,
-      forbid=["run/*"], note="config, CSV log, checkpoints in runs/other; the earlier run untouched")
+      forbid=["run/*"], timeout=300, note="config, CSV log, checkpoints in runs/other; the earlier run untouched")
     n(5, "icr-sweep --out through a regular file", ["icr-sweep"] + ck + dig + ["--out", "tiny.yaml/sw"],
       ["--out", "tiny.yaml"], setup=[E], earlier=True)
     n(6, "icr-sweep without --out on a two-level grid (allowed: beside the run, edge minimum flagged)",
