@@ -167,7 +167,10 @@ def training_now(run_dir) -> Optional[str]:
     (:mod:`lightning_pfd.locks`, taken by ``fit`` in the checkpoint folder) below it or its parent,
     found held by a live process (a shared ``flock`` is refused), as "pid N (command)"; None
     when no run is writing there (a lock file left by a finished or killed run is free)."""
-    import fcntl
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: the run lock is a no-op there too
+        return None
 
     from ..locks import LOCK_NAME, read_holder
 
