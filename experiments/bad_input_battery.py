@@ -689,6 +689,32 @@ def cases(fx: Path) -> List[Case]:
     s(13, "valid sweep (control)", ck + dig + ["--sigmas", "0.1", "0.5", "--num-images", "64",
                                                "--out", "sweep"], [], expect="ok")
 
+    # ---- newcomer papercuts (issue 30): one run folder, icr-sweep output, a run still training ----
+    def n(i, what, argv, must, setup=None, expect="error", earlier=False, **kw):
+        add(Case(f"newcomer-{i:02d}", "newcomer", what, argv, setup=setup or [], must=must,
+                 expect=expect, earlier=earlier, **kw))
+
+    n(1, "fit --run_dir '' (an empty path)", fit + ["--run_dir", ""], ["--run_dir"], setup=[write_config()])
+    n(2, "fit --run_dir through a regular file (afile/run2)", fit + ["--run_dir", "afile/run2"],
+      ["afile", "regular file"], setup=[write_config(), write_text("afile", "not a directory\n")])
+    n(3, "fit --run_dir naming a finished run's folder (no --overwrite)", fit + ["--run_dir", "run"],
+      ["earlier run", "--ckpt_path last"], setup=[E], earlier=True)
+    n(4, "fit --run_dir runs/other next to a finished run (allowed: every output moves there)",
+      fit + ["--run_dir", "runs/other"], ["runs/other"], expect="ok", setup=[E], earlier=True,
+      forbid=["run/*"], timeout=300, note="config, CSV log, checkpoints in runs/other; the earlier run untouched")
+    n(5, "icr-sweep --out through a regular file", ["icr-sweep"] + ck + dig + ["--out", "tiny.yaml/sw"],
+      ["--out", "tiny.yaml"], setup=[E], earlier=True)
+    n(6, "icr-sweep without --out on a two-level grid (allowed: beside the run, edge minimum flagged)",
+      ["icr-sweep"] + ck + dig + ["--sigmas", "0.1", "0.5", "--num-images", "64", "--probe-train", "256"],
+      ["at the grid's", "run/icr_sweep/last", "±"], expect="ok", setup=[E], earlier=True, timeout=300,
+      forbid=["icr_sweep*"], note="written to run/icr_sweep/last/, not the current folder")
+    n(7, "report on a run still training (W&B log not flushed, CSV rows, the run lock held)",
+      ["report", "run"], ["still training", "read the CSV log instead"], expect="ok", earlier=True,
+      setup=[E, make_dir("run/wandb/offline-run-20250101_000000-live1"),
+             write_bytes("run/wandb/offline-run-20250101_000000-live1/run-live1.wandb", b""),
+             hold_lock("run/checkpoints")],
+      note="reads the CSV rows so far; says the run is in progress (stderr and report.md)")
+
     # ---- commands: pite -----------------------------------------------------------------------
     def t(i, what, argv, must, setup=None, hint=False, earlier=False, note=""):
         add(Case(f"pite-{i:02d}", "pite", what, ["pite", "--out", "pite_out"] + argv, setup=setup or [],

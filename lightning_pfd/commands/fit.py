@@ -22,6 +22,7 @@ import re
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -37,10 +38,12 @@ from ..errors import ConfigError, did_you_mean, suggest_option
 from ..locks import acquire as acquire_lock
 from ..locks import release_all as release_locks
 from ..validation import plain_numbers
-from . import (CONFIG_DIR, DEFAULT_CONFIG, LIGHTNING_SUBCOMMANDS, PROG, debug_enabled, pop_flag,
-               print_extra_help, run_guarded)
+from . import (CONFIG_DIR, DEFAULT_CONFIG, LIGHTNING_SUBCOMMANDS, PROG, RESUMED_CSV_WARNING,
+               debug_enabled, pop_flag, print_extra_help, run_guarded)
 from .fit_help import parser_kwargs
 from .interrupts import interrupt_status, signal_guard
+from .run_dir import RUN_DIR_HELP
+from .run_dir import relocate as relocate_outputs
 from .run_checks import (check_monitored_keys, check_wandb_online, finished_run,
                          share_checkpoint_dir)
 from .run_safety import (check_run_length, check_unique_keys, epoch_end_last_checkpoints,
@@ -447,6 +450,10 @@ class PFDLightningCLI(LightningCLI):
                                              "`name` (monitors) / `dirpath` or `monitor` (checkpoints)") from e
             raise
 
+    def add_arguments_to_parser(self, parser) -> None:
+        """``--run_dir PATH``: every output of the run in one directory (:mod:`.run_dir`)."""
+        parser.add_argument("--run_dir", type=Optional[str], default=None, help=RUN_DIR_HELP)
+
     def parse_arguments(self, parser, args) -> None:
         """Parse, then set ``ckpt_path`` aside until :meth:`before_instantiate_classes`: given a
         checkpoint file, Lightning (>= 2.5) would silently replace the command line's model
@@ -462,6 +469,9 @@ class PFDLightningCLI(LightningCLI):
             plain_numbers(args)
         sub = self.config.get("subcommand")
         cfg = self.config.get(sub) if sub else None
+        target = self.config if cfg is None else cfg  # run=False: no subcommand
+        if target.get("run_dir") is not None:  # before any path is used
+            relocate_outputs(target, target["run_dir"])
         self._given_ckpt_path = cfg.get("ckpt_path") if cfg is not None else None
         if self._given_ckpt_path is not None:
             cfg["ckpt_path"] = None
@@ -664,7 +674,10 @@ class PFDLightningCLI(LightningCLI):
             for line in set_aside_earlier_checkpoints(self.trainer):
                 print(f"[lightning_pfd] {line}", flush=True)
         if self.resume_checkpoint is not None and self.subcommand == "fit":
-            for line in continue_loggers(self.trainer, self.resume_checkpoint, self._logger_init_args()):
+            with warnings.catch_warnings():  # untrue here: see RESUMED_CSV_WARNING
+                warnings.filterwarnings("ignore", message=RESUMED_CSV_WARNING)
+                lines = continue_loggers(self.trainer, self.resume_checkpoint, self._logger_init_args())
+            for line in lines:
                 print(f"[lightning_pfd] {line}", flush=True)
         elif self.resume_checkpoint is not None:  # validate / test / predict: their own log version
             print(f"[lightning_pfd] {self.subcommand} logs to a new logger version (the logs of the "
