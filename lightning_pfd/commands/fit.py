@@ -568,8 +568,8 @@ class PFDLightningCLI(LightningCLI):
                 "trainer.callbacks[ModelCheckpoint].dirpath",
                 f"an earlier run's checkpoints are there ({', '.join(found[:3])}"
                 + (", ..." if len(found) > 3 else "") + "); a fresh fit would overwrite them",
-                suggestion="resume it with --ckpt_path last, write elsewhere (change the config's "
-                           "save_dir/dirpath), or pass --overwrite to replace it")
+                suggestion="resume it with --ckpt_path last, write elsewhere (--run_dir PATH moves "
+                           "every output), or pass --overwrite to replace it")
 
     def _check_data(self) -> None:
         """Load the data now (the datamodule's checks: files, shapes, finite and in range); a
