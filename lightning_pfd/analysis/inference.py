@@ -389,34 +389,45 @@ class NoiseModel:
         seg = max(MIN_SEGMENT, n // 4, 4 * int(window))
         return cls(curve, V * f, float(a), float(f), int(seg), tuple(problems), tuple(notes))
 
-    def _lag1_train_var(self, lo: int, hi: int) -> Tuple[float, float]:
-        """(training part of the robust variance of lag-1 third differences on [lo, hi) — the
-        lag least affected by a trend's curvature —, the sd of its logarithm): the log of a MAD
-        variance of third differences has sd ≈ 3/sqrt(count) (measured on Gaussian noise),
-        inflated by total/training when the seed part is subtracted."""
-        total, seed = _third_diff_vars(self.curve.slice(lo, hi), 1)
+    def _lag_train_var(self, lo: int, hi: int, h: int) -> Tuple[float, float]:
+        """(training part of the robust variance of third differences at lag ``h`` on [lo, hi),
+        the sd of its logarithm): the log of a MAD variance of lag-1 third differences has sd
+        ≈ 3/sqrt(count) (measured on Gaussian noise); at lag h the differences are correlated over
+        ~h evaluations (sd ≈ 3·sqrt(h/count)); inflated by total/training when the seed part is
+        subtracted."""
+        total, seed = _third_diff_vars(self.curve.slice(lo, hi), h)
         train = max(0.0, total - seed) if np.isfinite(total) else math.nan
-        count = max(1, hi - lo - 3)
-        sd_log = 3.0 / math.sqrt(count) * (total / train if train > 0 else math.inf)
+        count = max(1, hi - lo - 3 * h)
+        sd_log = 3.0 * math.sqrt(h / count) * (total / train if train > 0 else math.inf)
         return train, sd_log
+
+    def _local_lags(self) -> Tuple[int, ...]:
+        """Lag 1 (least affected by a trend's curvature) and half the variogram's short range
+        (where slow training noise stands out of fast seed noise)."""
+        h_s = int(min(max(2, round(len(self.curve) / 20)), 10))
+        return tuple(sorted({1, max(1, h_s // 2)}))
 
     def _segment_scale(self, lo: int) -> float:
         """Ratio (>= 1) of the segment [lo, lo + segment)'s training-noise level to the whole
-        curve's (lag-1 third differences), divided by exp(LOCAL_SHRINK·sd) of its own sampling
-        error, so that windows that agree within their noise leave the pooled model unchanged."""
+        curve's, read at the lag of :meth:`_local_lags` where the ratio is most precise, divided
+        by exp(LOCAL_SHRINK·sd) of its own sampling error, so that windows that agree within their
+        noise leave the pooled model unchanged."""
         if lo not in self._scales:
-            v_seg, sd_seg = self._lag1_train_var(lo, lo + self.segment)
-            if "all" not in self._scales:
-                self._scales["all"] = self._lag1_train_var(0, len(self.curve))
-            v_all, sd_all = self._scales["all"]
-            if not np.isfinite(v_seg) or v_seg <= 0:
-                r = 1.0
-            elif not v_all > 0:
-                r = math.inf
-            else:
+            best = None
+            for h in self._local_lags():
+                v_seg, sd_seg = self._lag_train_var(lo, lo + self.segment, h)
+                if ("all", h) not in self._scales:
+                    self._scales[("all", h)] = self._lag_train_var(0, len(self.curve), h)
+                v_all, sd_all = self._scales[("all", h)]
+                if not np.isfinite(v_seg) or v_seg <= 0:
+                    continue
+                if not v_all > 0:
+                    best = (0.0, math.inf)
+                    break
                 sd_log = math.sqrt(sd_seg ** 2 + sd_all ** 2)
-                r = max(1.0, v_seg / v_all * math.exp(-LOCAL_SHRINK * sd_log))
-            self._scales[lo] = float(r)
+                if best is None or sd_log < best[0]:
+                    best = (sd_log, max(1.0, v_seg / v_all * math.exp(-LOCAL_SHRINK * sd_log)))
+            self._scales[lo] = 1.0 if best is None else float(best[1])
         return self._scales[lo]
 
     def local_scale(self, c: np.ndarray) -> float:
