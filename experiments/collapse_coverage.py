@@ -119,13 +119,20 @@ def fit_sweep(rows, B, seed, level):
             "interval_repeats": f.interval_repeats, "gof_p": f.gof_p, "S": f.score.spread}
 
 
-def run_setting(name, make, sweeps, B, level, seed):
+def run_setting(name, make, sweeps, B, level, seed, checkpoint=None):
+    """``sweeps`` sweeps of one setting; ``checkpoint(partial)`` is called every 10 sweeps."""
     rng = np.random.default_rng([seed, sum(map(ord, name))])
     t0, recs = time.time(), []
+
+    def result():
+        return {"name": name, "sweeps": len(recs), "seconds": time.time() - t0,
+                "cpu_seconds": time.process_time(), "fits": list(recs), "failed": sum(x is None for x in recs)}
+
     for r in range(sweeps):
         recs.append(fit_sweep(make(rng), B, r, level))
-    return {"name": name, "sweeps": sweeps, "seconds": time.time() - t0,
-            "fits": [x for x in recs], "failed": sum(x is None for x in recs)}
+        if checkpoint is not None and (r + 1) % 10 == 0:
+            checkpoint(result())
+    return result()
 
 
 def interval(rec, c, level, bounds=(-0.5, 1.5)):
@@ -205,14 +212,28 @@ def main(argv=None):
         return res
     t0 = time.time()
     res = {"config": vars(a), "coverage": [], "gof": []}
+
+    def save(partial=None, kind=None, extra=None):
+        if not a.out:
+            return
+        snap = {k: list(v) if isinstance(v, list) else v for k, v in res.items()}
+        if partial is not None:
+            snap[kind] = snap[kind] + [dict(partial, **extra)]
+        snap["wall_seconds"] = time.time() - t0
+        with open(a.out + ".tmp", "w") as fh:
+            json.dump(snap, fh, default=float)
+        import os
+        os.replace(a.out + ".tmp", a.out)
     if a.part in ("all", "coverage"):
         for role, settings in (("tune", TUNE), ("held_out", HELD_OUT)):
             for shape, gamma in settings:
                 if a.only and f"{shape}@{gamma}" not in a.only:
                     continue
+                info = dict(role=role, shape=shape, gamma=gamma)
                 s = run_setting(f"{shape}@{gamma}", lambda r, sh=shape, g=gamma: synthetic_sweep(r, sh, g),
-                                a.sweeps, a.bootstrap, a.level, a.seed)
-                s.update(role=role, shape=shape, gamma=gamma)
+                                a.sweeps, a.bootstrap, a.level, a.seed,
+                                checkpoint=lambda p, info=info: save(p, "coverage", info))
+                s.update(info)
                 res["coverage"].append(s)
                 print(s["name"], f"{s['seconds']:.0f} s", flush=True)
     if a.part in ("all", "gof"):
@@ -222,15 +243,12 @@ def main(argv=None):
             alt = None if name == "collapse" else name
             s = run_setting(name, lambda r, alt=alt: synthetic_sweep(
                 r, None, r.uniform(0, 0.7) if alt is None else 0.5, drift=0.0, alternative=alt),
-                            a.sweeps, a.bootstrap, a.level, a.seed)
+                            a.sweeps, a.bootstrap, a.level, a.seed, checkpoint=lambda p: save(p, "gof", {}))
             res["gof"].append(s)
             print(name, f"{s['seconds']:.0f} s", flush=True)
     res["wall_seconds"] = time.time() - t0
     res["summary"] = summarize(res, a.level) if res["coverage"] and res["gof"] else None
-    if a.out:
-        with open(a.out, "w") as fh:
-            json.dump(res, fh, default=float)
-            fh.write("\n")
+    save()
     print(json.dumps(res.get("summary"), indent=1, default=float))
     return res
 

@@ -325,7 +325,8 @@ class CollapseFit:
     ``interval_repeats`` and ``se_repeats`` (percentile interval and sd of the refits: the noise
     of the repeats only), ``se_widths`` and ``jackknife`` (the jackknife over widths: {log₂|θ|:
     γ̂ without it}), ``gof_p`` (goodness-of-fit p-value of the ``model`` bootstrap; ``rejected``
-    when below ``gof_alpha``),
+    when below ``gof_alpha``), ``spread_null`` (the ``level`` range of S(γ̂) over sweeps that collapse
+    exactly: the ``model`` bootstrap gives no interval of S itself, ``spread_intervals`` stays empty),
     ``spread_intervals`` ({"gamma_hat" | "0.0" | "0.5": (lo, hi)} of S), ``critical`` (the
     S below which the residuals are within noise, see :func:`within_noise_threshold`),
     ``floors`` ({log₂|θ|: {"data_rich": [per quantity], "se": [...], "fitted": [...]}} when a floor
@@ -355,6 +356,7 @@ class CollapseFit:
     gof_p: Optional[float] = None
     gof_alpha: Optional[float] = None
     bootstrap_spreads: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    spread_null: Optional[Tuple[float, float]] = None
 
     @property
     def rejected(self) -> Optional[bool]:
@@ -390,7 +392,8 @@ class CollapseFit:
                 "se_repeats": self.se_repeats, "se_widths": self.se_widths,
                 "jackknife": {str(k): v for k, v in self.jackknife.items()},
                 "model_error_weight": self.model_error_weight, "gof_p": self.gof_p,
-                "gof_alpha": self.gof_alpha, "rejected": self.rejected}
+                "gof_alpha": self.gof_alpha, "rejected": self.rejected,
+                "spread_null": None if self.spread_null is None else list(self.spread_null)}
 
 
 def _bounds(bounds, step) -> Tuple[float, float]:
@@ -715,8 +718,11 @@ def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] =
         fit.interval = fit.interval_repeats
         fit.se_repeats = float(np.std(fit.bootstrap, ddof=1)) if len(gammas) > 1 else None
         fit.gamma_se = fit.se_repeats
-        fit.spread_intervals["gamma_hat"] = tuple(float(v) for v in np.quantile(s_hat, qs))
-        if s_ref:
+        if method == "model":  # S* of sweeps that collapse exactly: the null range of S(γ̂), no interval of S
+            fit.spread_null = tuple(float(v) for v in np.quantile(s_hat, qs))
+        else:
+            fit.spread_intervals["gamma_hat"] = tuple(float(v) for v in np.quantile(s_hat, qs))
+        if s_ref and method != "model":
             arr = np.array(s_ref)
             for j, g in enumerate(REFERENCE_GAMMAS):
                 col = arr[:, j][np.isfinite(arr[:, j])]

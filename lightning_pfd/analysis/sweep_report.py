@@ -324,6 +324,11 @@ def _collapse(sweep: SweepData, B: int, seed: int, level: float, bounds) -> dict
             "sensitivity": sensitivity}
 
 
+def sensitivity_resamples(B: int) -> int:
+    """Bootstrap resamples of each sensitivity refit: a quarter of the main fit's, at least 20."""
+    return max(20, int(B) // 4)
+
+
 def _sensitivity(cells, q: "CollapseQuantity", widths, B: int, seed: int, level: float, bounds) -> List[dict]:
     """The primary fit again without each width in turn and without the smallest N (γ̂, interval,
     GOF p-value of each; docs/sweeps_analysis.md, "Sensitivity")."""
@@ -337,7 +342,7 @@ def _sensitivity(cells, q: "CollapseQuantity", widths, B: int, seed: int, level:
     for label, sub in variants:
         f = None
         if len({c.n_params for c in sub}) >= 2:
-            f = bootstrap_collapse(sub, [q.column], B=B, seed=seed, level=level, bounds=bounds,
+            f = bootstrap_collapse(sub, [q.column], B=sensitivity_resamples(B), seed=seed, level=level, bounds=bounds,
                                    floor_points=q.floor_points, shifts=q.shifts)
         out.append({"variant": label, "fit": f})
     return out
@@ -568,10 +573,13 @@ def _md_interval(f, attr: str = "interval") -> str:
 
 
 def _md_spread(f, key: str, sc) -> str:
-    """S at one γ with its bootstrap percentile interval."""
+    """S at one γ with its bootstrap percentile interval, or at γ̂ with the range of S over sweeps
+    that collapse exactly (the ``model`` bootstrap)."""
     if sc is None or not math.isfinite(sc.spread):
         return "— (too little overlap)"
     iv = f.spread_intervals.get(key)
+    if iv is None and key == "gamma_hat" and f.spread_null is not None:
+        return f"{sc.spread:.3g} (collapse: {f.spread_null[0]:.3g}–{f.spread_null[1]:.3g})"
     return f"{sc.spread:.3g}" + ("" if iv is None else f" [{iv[0]:.3g}, {iv[1]:.3g}]")
 
 
@@ -700,8 +708,8 @@ def _collapse_md(collapse: dict, opts: dict) -> list:
                   "cell mean against the other widths' interpolated curves, in standard errors (from the K "
                   "repeats, moderated, plus the master curve's and an interpolation term). Interval (with model "
                   f"error) = {lv}interval γ̂ ± z·sd, sd² = sd²(repeats) + c·sd²(widths): the bootstrap sd of γ̂ "
-                  "and the jackknife over widths; repeats only = the bootstrap percentile interval; [..] after S "
-                  f"= {lv}bootstrap percentile interval; γ = ½ column: inside/outside the interval and (½ − γ̂)/sd; "
+                  "and the jackknife over widths; repeats only = the bootstrap percentile interval; after S(γ̂): the "
+                  f"{lv}range of S(γ̂) over the bootstrap sweeps that collapse exactly; γ = ½ column: inside/outside the interval and (½ − γ̂)/sd; "
                   f"γ searched in [{lo:g}, {hi:g}]. Definitions: docs/sweeps_analysis.md.", ""]
 
 
@@ -736,7 +744,8 @@ def _sensitivity_md(collapse: dict, j) -> list:
     if not rows:
         return []
     q0 = next(q for q in COLLAPSE_QUANTITIES if q.key == PRIMARY)
-    out = [f"Sensitivity of γ̂ ({q0.label} unless named):", "",
+    b = next((r["fit"].bootstrap.size for r in rows if r["fit"] is not None), None)
+    out = [f"Sensitivity of γ̂ ({q0.label} unless named; the refits with B = {b} resamples):", "",
            "| fit | γ̂ | interval (with model error) | goodness of fit |", "|---|---|---|---|",
            f"| all cells (the fit above) | {j.gamma:.3f} | {_md_interval(j)} | {_gof_md(j)} |"]
     gs = [j.gamma]
