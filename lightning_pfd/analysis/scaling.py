@@ -594,7 +594,7 @@ def jackknife_se(values: Sequence[float]) -> Optional[float]:
 #: weight c of the between-width (jackknife) variance in the interval's variance
 #: se² = sd²_repeats + c·se²_widths; chosen on the tuning half of the generator settings of
 #: experiments/collapse_coverage.py (docs/sweeps_analysis.md, "Coverage").
-MODEL_ERROR_WEIGHT = 1.0
+MODEL_ERROR_WEIGHT = 0.5
 #: p-value below which the goodness-of-fit test rejects the collapse (docs/sweeps_analysis.md).
 GOF_ALPHA = 0.05
 
