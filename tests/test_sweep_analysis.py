@@ -604,7 +604,7 @@ def test_sweep_report_files_content_and_never_overwrites(tmp_path, capsys):
     assert "max relative difference 0.00e+00" in md  # E_gen from endpoints = e_gen_final
 
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert report_main([str(sweep), "--bootstrap", "30"]) == 0
+    assert report_main([str(sweep), "--bootstrap", "5"]) == 0  # only the directory logic here
     assert "already holds a report" in capsys.readouterr().err
     assert (sweep / "report-2" / "report.md").is_file()
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
@@ -686,3 +686,16 @@ def test_sweep_report_on_the_recorded_results(tmp_path):
     assert "no transition" in col["log_ratio"]["excluded"]["29600"]
     md = Path(res["markdown"]).read_text()
     assert "width \\|θ\\| = 29600 excluded" in md
+    # the first line of the primary quantity is the goodness-of-fit verdict; a rejected quantity is
+    # not said to collapse at γ̂ (the recorded E_gen − floor_w: S(γ̂) far above the null range)
+    prim = col["e_gen_floor"]
+    assert prim["rejected"] and prim["gof_p"] == pytest.approx(1 / 21)
+    assert f"**E_gen − floor_w: collapse rejected (p = {prim['gof_p']:.3g}).**" in md
+    assert "collapses at γ̂" not in prim["verdict"] and "not a collapse exponent" in md
+    assert prim["se_widths"] > prim["se_repeats"] > 0  # the model error dominates on this sweep
+    sens = res["analysis"]["collapse_sensitivity"]
+    assert [r["variant"] for r in sens] == [f"without width |θ| = {w}" for w in (29600, 67200, 191552, 636864)] \
+        + ["without the smallest N (N = 32)"]
+    for r in sens:
+        assert r["fit"]["gamma"] is not None and f"| {r['fit']['gamma']:.3f} |" in md
+    assert "Spread: leaving out one width or the smallest N moves γ̂ over" in md
