@@ -604,8 +604,7 @@ def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] =
                        method: BootstrapMethod = "auto", floor_points: Optional[PositiveInt] = None,
                        prior_dof: NonNegativeFloat = 4.0, model_error: bool = True,
                        model_error_weight: NonNegativeFloat = MODEL_ERROR_WEIGHT,
-                       gof_alpha: OpenUnitInterval = GOF_ALPHA,
-                       null_variance: Literal["moderated", "posterior"] = "moderated", **fit_kwargs) -> CollapseFit:
+                       gof_alpha: OpenUnitInterval = GOF_ALPHA, **fit_kwargs) -> CollapseFit:
     """:func:`fit_collapse` on the cell means, in standard-error units, with a bootstrap, a
     goodness-of-fit test and an interval that includes the between-width (model) error.
 
@@ -632,11 +631,7 @@ def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] =
     quantile of ``level``, sd the bootstrap sd of γ̂, c = ``model_error_weight``), clipped to the
     search bounds; without it (or with fewer than three widths) the percentile interval of the
     bootstrap. The percentile interval is kept as ``interval_repeats``. ``gof_alpha``: the level of
-    the test (``gof_p < gof_alpha``: collapse rejected). ``null_variance`` (``model`` only): each
-    cell's repeats are drawn with its moderated variance s̃_i² (``moderated``, the default) or with
-    a variance drawn from its posterior ν s̃_i² / χ²_ν, ν = ``prior_dof`` + K_i − 1 (``posterior``,
-    a variant: it puts back the spread of the true variances that the moderation removes; see
-    docs/sweeps_analysis.md). ``seed`` seeds a ``numpy.random.Generator``.
+    the test (``gof_p < gof_alpha``: collapse rejected). ``seed`` seeds a ``numpy.random.Generator``.
     """
     check_args(bootstrap_collapse, locals())
     floor_points = None if floor_points is None else int(floor_points)
@@ -691,12 +686,7 @@ def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] =
             drawn_cells = []
             for c, s_i, mu in zip(cells, se if se is not None else [None] * len(cells), centre):
                 if method == "model":
-                    K = c.samples.shape[0]
-                    sd_rep = math.sqrt(K) * s_i
-                    if null_variance == "posterior":  # σ² ~ ν s̃² / χ²_ν, ν = d₀ + K − 1 (per quantity)
-                        nu = float(prior_dof) + K - 1
-                        sd_rep = sd_rep * np.sqrt(nu / rng.chisquare(nu, size=sd_rep.shape)) if nu > 0 else sd_rep
-                    rep = mu + sd_rep * rng.standard_normal(c.samples.shape)
+                    rep = mu + math.sqrt(c.samples.shape[0]) * s_i * rng.standard_normal(c.samples.shape)
                 else:
                     rep = _resampled_repeats(c.samples, rng, method, s_i)
                 drawn_cells.append(Cell(c.n_train, c.n_params, rep))
