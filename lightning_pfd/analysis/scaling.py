@@ -7,7 +7,9 @@ Diffusion Distillation via Probability Flow Distance"); the definitions, with eq
 - **Data collapse** (§4.1, Fig. 2): the curves E(N) of several model sizes collapse onto one master
   curve when plotted against x = log₂(N / |θ|^γ) = log₂N − γ·log₂|θ|; the paper reports γ = ½.
   :func:`fit_collapse` estimates γ by minimising a leave-one-curve-out spread
-  (:func:`collapse_spread`), :func:`bootstrap_collapse` gives a percentile interval.
+  (:func:`collapse_spread`); :func:`bootstrap_collapse` tests whether the curves collapse at all
+  (a parametric bootstrap of the fitted collapse model, :func:`collapse_model`) and gives an interval
+  that includes the between-width error (jackknife over widths, :func:`jackknife_se`).
 - **MtoG transition** (§4.1): the N at which E_gen = E_mem on each model's mean curve
   (:func:`transition_point`), and its position on the collapsed axis.
 - **Bias–variance** (§4.3, Def. 3, eq. 9, 45): :func:`bias_variance_cell` decomposes the mean
