@@ -405,7 +405,8 @@ def test_bootstrap_is_seeded_and_falls_back_to_curves():
 
 @pytest.mark.parametrize("kwargs", [dict(B=0), dict(level=1.0), dict(method="jackknife"),
                                     dict(bounds=(1.0, 0.0)), dict(step=0.0), dict(min_overlap=2),
-                                    dict(taper=-1.0), dict(floor_points=0), dict(prior_dof=-1)])
+                                    dict(taper=-1.0), dict(floor_points=0), dict(prior_dof=-1),
+                                    dict(gof_alpha=1.5), dict(model_error_weight=-1.0), dict(method="bogus")])
 def test_bad_fit_options_raise_config_error(kwargs):
     """Refused before any fit, naming the argument itself (the library knows no CLI flags)."""
     with pytest.raises(ConfigError) as e:
