@@ -158,7 +158,7 @@ def make_dir(name: str) -> Callable[[Path], None]:
 
 _NPZ_DESC = {"ok": "'x', float32 in [-1, 1]", "nan": "'x', float32 with 3 NaN",
              "255": "'x', float32 in [0, 255]", "int64": "'x', int64 in [0, 255]",
-             "badkey": "'images'"}
+             "badkey": "'images'", "ok2": "'x', float32 in [-1, 1], x[0, 0] changed"}
 _CKPT_DESC = {"empty": "0 bytes", "truncated": "the first half of last.ckpt", "text": "a text file",
               "flipped": "last.ckpt with 8 bytes flipped inside a tensor",
               "foreign": "torch.save of a dict without state_dict"}
@@ -181,6 +181,8 @@ def tensor_npz(name: str, kind: str) -> Callable[[Path], None]:
             x = np.round((x + 1) * 127.5).astype(np.int64)
         elif kind == "badkey":
             key = "images"
+        elif kind == "ok2":  # the "ok" data with one value changed
+            x[0, 0] = 0.5
         np.savez(d / name, **{key: x})
     setup.describe = f"{name}: 200 x 64 array under key " + _NPZ_DESC[kind]
     return setup
@@ -314,6 +316,52 @@ def finished_sweep(name: str, ran: List[str], deleted: List[str], never: List[st
     return setup
 
 
+def fit_then(edit: Callable[[Path], None], config: str = "tiny.yaml", describe: str = "") -> Callable[[Path], None]:
+    """A finished 1-epoch run of ``config`` (made here, in the case directory), then ``edit``."""
+    def setup(d: Path) -> None:
+        env = case_env(d, d.parent / "_aux" / "fit_then")
+        r = subprocess.run([PY, "-m", "lightning_pfd", "fit", "--config", config], cwd=d, env=env,
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            raise RuntimeError("fit_then: the earlier run failed: " + r.stderr[-1500:])
+        shutil.rmtree(d / ".lpfd_cache", ignore_errors=True)
+        edit(d)
+    setup.describe = describe or f"a finished 1-epoch run of {config}, then changed"
+    return setup
+
+
+def copied_sweep(name: str) -> Callable[[Path], None]:
+    """A sweep recorded (sweep.json with its trials' config fingerprints, every trial's result on
+    disk) in another folder, then copied here: the folder of a sweep moved to another machine."""
+    def setup(d: Path) -> None:
+        from lightning_pfd.sweeps.runner import _sweep_record
+        from lightning_pfd.sweeps.spec import expand_trials, load_sweep
+
+        orig = d.parent / "_aux" / "copied_sweep_origin"
+        shutil.rmtree(orig, ignore_errors=True)
+        orig.mkdir(parents=True)
+        write_sweep_file("sw.yaml", {"data.init_args.n_train": [16, 24]})(orig)
+        cwd = os.getcwd()
+        os.chdir(orig)
+        try:
+            spec = load_sweep(orig / "sw.yaml")
+            trials = expand_trials(spec)
+            spec.sweep_dir.mkdir(parents=True)
+            (spec.sweep_dir / "sweep.json").write_text(json.dumps(_sweep_record(spec, trials, spec.resources),
+                                                                  default=str))
+            for t in trials:
+                (spec.sweep_dir / t.trial_id).mkdir()
+                (spec.sweep_dir / t.trial_id / "trial_result.json").write_text(
+                    json.dumps({"trial_id": t.trial_id, "status": "ok", "epochs": 1}))
+        finally:
+            os.chdir(cwd)
+        for p in orig.iterdir():
+            (shutil.copytree if p.is_dir() else shutil.copy2)(p, d / p.name)
+        shutil.rmtree(orig)
+    setup.describe = f"runs/{name}/ of a finished 2-trial sweep recorded in another folder, copied here"
+    return setup
+
+
 def stop_holders() -> None:
     while HOLDERS:
         p = HOLDERS.pop()
@@ -385,6 +433,8 @@ class Case:
     status: Optional[int] = None            # expect="partial": the exact exit status wanted
     may_change: List[str] = field(default_factory=list)  # files an "earlier" case may rewrite
     signal_when: Optional[str] = None       # SIGTERM the subprocess once this file exists
+    ro_mount: Optional[str] = None          # run with this folder of the case read-only (a bind mount
+    #                                         in a private mount namespace: `unshare -rm`)
 
     def command(self) -> str:
         if self.argv is not None:
@@ -639,6 +689,32 @@ def cases(fx: Path) -> List[Case]:
     s(13, "valid sweep (control)", ck + dig + ["--sigmas", "0.1", "0.5", "--num-images", "64",
                                                "--out", "sweep"], [], expect="ok")
 
+    # ---- newcomer papercuts (issue 30): one run folder, icr-sweep output, a run still training ----
+    def n(i, what, argv, must, setup=None, expect="error", earlier=False, **kw):
+        add(Case(f"newcomer-{i:02d}", "newcomer", what, argv, setup=setup or [], must=must,
+                 expect=expect, earlier=earlier, **kw))
+
+    n(1, "fit --run_dir '' (an empty path)", fit + ["--run_dir", ""], ["--run_dir"], setup=[write_config()])
+    n(2, "fit --run_dir through a regular file (afile/run2)", fit + ["--run_dir", "afile/run2"],
+      ["afile", "regular file"], setup=[write_config(), write_text("afile", "not a directory\n")])
+    n(3, "fit --run_dir naming a finished run's folder (no --overwrite)", fit + ["--run_dir", "run"],
+      ["earlier run", "--ckpt_path last"], setup=[E], earlier=True)
+    n(4, "fit --run_dir runs/other next to a finished run (allowed: every output moves there)",
+      fit + ["--run_dir", "runs/other"], ["runs/other"], expect="ok", setup=[E], earlier=True,
+      forbid=["run/*"], timeout=300, note="config, CSV log, checkpoints in runs/other; the earlier run untouched")
+    n(5, "icr-sweep --out through a regular file", ["icr-sweep"] + ck + dig + ["--out", "tiny.yaml/sw"],
+      ["--out", "tiny.yaml"], setup=[E], earlier=True)
+    n(6, "icr-sweep without --out on a two-level grid (allowed: beside the run, edge minimum flagged)",
+      ["icr-sweep"] + ck + dig + ["--sigmas", "0.1", "0.5", "--num-images", "64", "--probe-train", "256"],
+      ["at the grid's", "run/icr_sweep/last", "±"], expect="ok", setup=[E], earlier=True, timeout=300,
+      forbid=["icr_sweep*"], note="written to run/icr_sweep/last/, not the current folder")
+    n(7, "report on a run still training (W&B log not flushed, CSV rows, the run lock held)",
+      ["report", "run"], ["still training", "read the CSV log instead"], expect="ok", earlier=True,
+      setup=[E, make_dir("run/wandb/offline-run-20250101_000000-live1"),
+             write_bytes("run/wandb/offline-run-20250101_000000-live1/run-live1.wandb", b""),
+             hold_lock("run/checkpoints")],
+      note="reads the CSV rows so far; says the run is in progress (stderr and report.md)")
+
     # ---- commands: pite -----------------------------------------------------------------------
     def t(i, what, argv, must, setup=None, hint=False, earlier=False, note=""):
         add(Case(f"pite-{i:02d}", "pite", what, ["pite", "--out", "pite_out"] + argv, setup=setup or [],
@@ -746,6 +822,75 @@ def cases(fx: Path) -> List[Case]:
     f(22, "a 1-sample training set with an ICRMonitor", fit, ["training samples", "1"],
       setup=[write_config(callbacks=[("ICRMonitor", ICR_OK)], overrides={"data.init_args.n_train": 1})],
       note="the data size is named as the problem")
+
+    # ---- issue 30: wrong results or lost work, and the errors that came late --------------------
+    def w(i, what, argv, must, setup=None, expect="error", earlier=False, may=False, note="", **kw):
+        add(Case(f"work-{i:02d}", "lost work", what, argv, setup=setup or [], must=must, expect=expect,
+                 earlier=earlier, may_change_earlier=may, note=note, **kw))
+
+    plain_last = {"trainer.callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                                         "init_args": {"dirpath": "run/checkpoints", "save_last": True,
+                                                       "save_top_k": 0}}]}
+    qs_sweep = lambda grid: write_text("qs.yaml", _yaml_dump({  # noqa: E731
+        "name": "qs", "base": "quickstart", "root": "runs", "grid": grid,
+        "shared": {"trainer.max_epochs": 1, "data.init_args.samples_per_epoch": 128}}))
+    w(1, "fit --overwrite into the directory of a finished run", fit + ["--overwrite"], ["--overwrite", "moved to"],
+      expect="ok", setup=[E], earlier=True, may=True, forbid=["run/checkpoints/last-v*.ckpt"],
+      note="the earlier checkpoints move to run/checkpoints/overwritten-<time>/; last.ckpt is the new run's")
+    w(2, "SIGTERM after the first epoch with a plain ModelCheckpoint(save_last=True, save_top_k=0)",
+      fit + ["--trainer.max_epochs", "1000"], ["SIGTERM", "143", "end of epoch", "--ckpt_path last"],
+      expect="signal", setup=[write_config(overrides=plain_last)], signal_when="run/checkpoints/last.ckpt",
+      must_not=["did not finish"], timeout=240,
+      note="an EpochCheckpoint takes its place: last.ckpt at every epoch end")
+    w(3, "resume with a changed data value (--data.init_args.n_train 128)",
+      fit + ["--ckpt_path", "last", "--trainer.max_epochs", "2", "--data.init_args.n_train", "128"],
+      ["data", "n_train", "--allow-data-change"], setup=[E], earlier=True)
+    w(4, "resume after the data file was replaced (TensorFileDataModule, one value changed)",
+      ["fit", "--config", "tf.yaml", "--ckpt_path", "last", "--trainer.max_epochs", "2"],
+      ["data.init_args.path", "data.npz", "content changed"],
+      setup=[tensor_npz("data.npz", "ok"), write_config("tf.yaml", data={
+          "class_path": "lightning_pfd.data.TensorFileDataModule",
+          "init_args": {"path": "data.npz", "batch_size": 32}}),
+          fit_then(tensor_npz("data.npz", "ok2"), "tf.yaml", "a finished run of tf.yaml; then data.npz "
+                   "rewritten with other values")], timeout=300)
+    w(5, "a max_steps stop inside an epoch (resume of the earlier run with max_steps 3)",
+      fit + ["--ckpt_path", "last", "--trainer.max_epochs", "3", "--trainer.max_steps", "3"],
+      ["stopped inside epoch 1", "from its start"], expect="ok", setup=[E], earlier=True, may=True,
+      note="last.ckpt stays at the end of epoch 0 (unchanged); a resume re-runs epoch 1 whole")
+    w(6, "sweep --resume after a finished trial's folder was deleted",
+      ["sweep", "--config", "sw.yaml", "--resume"], ["sweep finished: 3 ok"], expect="ok",
+      setup=[finished_sweep("sw", ["n_train=16"], ["n_train=24"], ["n_train=32"])], earlier=True, may=True,
+      timeout=420, note="the deleted trial and the never-run one are trained; the finished one is not")
+    w(7, "sweep --resume of a sweep folder copied from elsewhere (nothing edited)",
+      ["sweep", "--config", "sw.yaml", "--resume"], ["0 of 2 trials to run"], expect="ok",
+      setup=[copied_sweep("sw")], earlier=True, may=True, must_not=["changed since the sweep started"],
+      timeout=240)
+    w(8, "sweep with base: quickstart (1 trial, 1 short epoch)", ["sweep", "--config", "qs.yaml"],
+      ["1 ok"], expect="ok", setup=[qs_sweep({"data.init_args.n_train": [64]})], timeout=500,
+      note="the quickstart's PFDProgressBar passes the pre-flight")
+    w(9, "sweep --dry-run with base: quickstart and a trial fit refuses (num_images 64 > n_train 32)",
+      ["sweep", "--config", "qs.yaml", "--dry-run"], ["n_train=32", "num_images"],
+      setup=[qs_sweep({"data.init_args.n_train": [32, 64]})], timeout=240)
+    w(10, "a read-only run directory (resume of the earlier run)",
+      fit + ["--ckpt_path", "last", "--trainer.max_epochs", "2"], ["read-only"], setup=[E], earlier=True,
+      ro_mount=".", note="a read-only bind mount of the case directory (unshare -rm)")
+    w(11, "LIGHTNING_PFD_CACHE on a read-only file system", fit, ["LIGHTNING_PFD_CACHE"],
+      setup=[write_config(), make_dir("rocache")], env={"LIGHTNING_PFD_CACHE": "{dir}/rocache/sub"},
+      ro_mount="rocache")
+    w(12, "a 300-character path component in default_root_dir",
+      fit + ["--trainer.default_root_dir", "run/" + "a" * 300], ["default_root_dir", "longer than"],
+      setup=[write_config()])
+    w(13, "--trainer.max_epochs 0", fit + ["--trainer.max_epochs", "0"], ["max_epochs", "trains nothing"],
+      setup=[write_config()])
+    w(14, "a key given twice in the config file", ["fit", "--config", "dup.yaml"],
+      ["max_epochs", "twice", "dup.yaml"],
+      setup=[write_text("dup.yaml", _yaml_dump(TINY).replace("  max_epochs: 1\n", "  max_epochs: 1\n  max_epochs: 3\n"))])
+    w(15, "the old option --model.init_args.precond", fit + ["--model.init_args.precond", "edm"],
+      ["precond", "family"], setup=[write_config()])
+    w(16, "resume after a kill left .last.ckpt.*.tmp of a checkpoint write",
+      fit + ["--ckpt_path", "last", "--trainer.max_epochs", "2"], ["removed 1 unfinished checkpoint write"],
+      expect="ok", setup=[E, write_bytes("run/checkpoints/.last.ckpt.k2j4x_q1.tmp", b"PK\x03\x04 half")],
+      earlier=True, may=True, note="the temporary file is removed under the run's lock")
 
     # ---- Python API ---------------------------------------------------------------------------
     def a(i, what, code, must, hint=False, note=""):
@@ -974,7 +1119,12 @@ def run_case(c: Case, root: Path) -> dict:
 
     try:
         if c.signal_when is None:
-            pr = subprocess.run([PY, "-m", "lightning_pfd", *c.argv], cwd=d, env=env, capture_output=True,
+            cmd = [PY, "-m", "lightning_pfd", *c.argv]
+            if c.ro_mount is not None:  # a read-only file system there, for this process only
+                ro = str(d / c.ro_mount)
+                cmd = ["unshare", "-rm", "sh", "-c", f'mount --bind -o ro "{ro}" "{ro}" && exec "$@"',
+                       "sh", *cmd]
+            pr = subprocess.run(cmd, cwd=d, env=env, capture_output=True,
                                 text=True, timeout=c.timeout, preexec_fn=preexec if limit else None)
             rc, out, err = pr.returncode, pr.stdout, pr.stderr
         else:  # a scheduler's SIGTERM once the file exists

@@ -1,86 +1,177 @@
-"""Calibrate the event detectors: false events on realistic nulls, power on planted events.
+"""Calibrate the event detectors on whole synthetic runs: false events per run on named null
+families (tune / held-out split), power on planted events.
 
-For every null family of :mod:`lightning_pfd.analysis.calibration` (500 evaluations, a monotone
-E_gen trend; white noise, AR(1) with φ 0.9 / 0.95 / 0.97 and sd 0.049, the per-seed seed-flip
-null at M = 256 and 2048 seeds, the same plus a common training-noise AR(1)), it counts the runs
-in which :func:`~lightning_pfd.analysis.events.detect_early_learning` or
-:func:`~lightning_pfd.analysis.events.detect_double_descent` reports an event with the default
-settings (window 5, confirm 3, min_sigma = MIN_SIGMA). Then the power: the fraction of runs that
-find a planted double-descent bump / early-learning rise of a given height, on the seed-flip null
-with M = 2048 and 256 seeds. Writes ``experiments/results/calibrate_events.json`` and prints the
-markdown tables of docs/events.md::
+Every family of :data:`lightning_pfd.analysis.calibration.FAMILIES` generates whole runs (E_gen
+and E_mem with M per-seed squared distances, the memorization ratio with per-sample
+indicators, ICR with 16 jackknife replicates; docs/events.md, "Null families") without any
+event; :func:`~lightning_pfd.analysis.events.analyze_history` runs on each with its default
+settings, as ``python -m lightning_pfd report`` does on the same run written to disk. Counted
+per family: runs with any *confirmed* event (Wilson 95 % interval), per event name, undecided
+events, median significance, the detector's time per run. Then the power: the fraction of runs
+in which a planted event is confirmed, on :data:`~lightning_pfd.analysis.calibration.POWER_FAMILIES`
+(all held out): early learning and double descent at M = 2048 and M = 256, memorization onset
+and the ICR minimum (curves that do not depend on M) at M = 256.
 
-    OMP_NUM_THREADS=1 python experiments/calibrate_events.py            # 300 runs per null (~10 min)
-    OMP_NUM_THREADS=1 python experiments/calibrate_events.py --runs 50  # a quick look
+Tune the detectors on ``--split tune`` only; report ``--split held_out``. Writes
+``experiments/results/calibrate_events_v2.json`` (``--out``) and the markdown tables
+(``--md``, default the same path with ``.md``)::
+
+    OMP_NUM_THREADS=1 python experiments/calibrate_events.py --split held_out --jobs 2
+    OMP_NUM_THREADS=1 python experiments/calibrate_events.py --split tune --runs 50 --runs-large 20 --power-runs 0
+
+``--runs`` (default 300) is the number of runs of a family with M <= 1024 seeds; families with
+more seeds get ``--runs-large`` (default 100; the detector costs ~1-3 s per run there), stated
+in the table. (The previous version of this script, single detectors on 500-evaluation E_gen
+curves, wrote ``experiments/results/calibrate_events.json``.)
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import platform
+import sys
 import time
 from pathlib import Path
 
-from lightning_pfd.analysis.calibration import NullSpec, calibrate
-from lightning_pfd.analysis.events import MIN_SIGMA, detect_double_descent, detect_early_learning
+from lightning_pfd.analysis.calibration import (FAMILIES, POWER_FAMILIES, calibrate_families, simulate_run,
+                                                split)
+from lightning_pfd.analysis.events import MIN_SIGMA, analyze_history
 
 ROOT = Path(__file__).resolve().parents[1]
-DETECTORS = {"early_learning": detect_early_learning, "double_descent": detect_double_descent}
-NULLS = {
-    "white noise, sd 0.049 (logged curve only)": NullSpec("white"),
-    "AR(1) φ 0.90, sd 0.049 (logged curve only)": NullSpec("ar1", phi=0.90),
-    "AR(1) φ 0.95, sd 0.049 (logged curve only)": NullSpec("ar1", phi=0.95),
-    "AR(1) φ 0.97, sd 0.049 (logged curve only)": NullSpec("ar1", phi=0.97),
-    "seed flips, M = 256 (per-seed records)": NullSpec("seed_flip", num_seeds=256),
-    "seed flips, M = 2048 (per-seed records)": NullSpec("seed_flip", num_seeds=2048),
-    "seed flips + common AR(1) sd 0.02 φ 0.9, M = 256": NullSpec("seed_flip_common", num_seeds=256),
-}
-HEIGHTS = (0.05, 0.1, 0.15, 0.2, 0.3)
+LARGE_M = 1024
+#: planted heights: E_gen events (E units), the ratio's rise (rate), ICR's legs (ICR units)
+HEIGHTS = {"early_learning": 0.2, "double_descent": 0.2, "memorization_onset": 0.05, "icr_minimum": 0.01}
 
 
-def binom_ci(k: int, n: int) -> tuple:
-    """Wilson 95 % interval of a rate k/n."""
-    if n == 0:
-        return (math.nan, math.nan)
-    z, p = 1.959964, k / n
-    c = (p + z * z / (2 * n)) / (1 + z * z / n)
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, c - h), min(1.0, c + h))
+def _pct(k: int, n: int) -> str:
+    return f"{100.0 * k / n:.1f} %" if n else "—"
 
 
-def main() -> None:
+def _ci(ci) -> str:
+    lo, hi = ci
+    return "—" if lo is None or (isinstance(lo, float) and math.isnan(lo)) else f"[{100 * lo:.1f}, {100 * hi:.1f}] %"
+
+
+def _z(z) -> str:
+    return "—" if z is None or (isinstance(z, float) and math.isnan(z)) else f"{z:.1f}"
+
+
+def null_table(results: dict, side: str) -> str:
+    lines = [f"| family ({side}) | structure | T | M | runs | any confirmed event | Wilson 95 % | "
+             "per event (confirmed) | undecided runs | median z | s/run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        per = ", ".join(f"{ev} {v['confirmed']}" for ev, v in r["events"].items() if v["confirmed"]) or "—"
+        lines.append(f"| {name} | {r['structure']} | {r['n_eval']} | {r['num_seeds']} | {r['runs']} | "
+                     f"{r['any_confirmed']}/{r['runs']} ({_pct(r['any_confirmed'], r['runs'])}) | "
+                     f"{_ci(r['ci95'])} | {per} | {r['any_undecided']} | {_z(r['median_significance'])} | "
+                     f"{r['detector_seconds_per_run']:.2f} |")
+    return "\n".join(lines)
+
+
+def power_table(power: dict) -> str:
+    lines = ["| planted event | height | family | M | runs | confirmed (power) | Wilson 95 % | median z |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in power:
+        p = row["planted"]
+        lines.append(f"| {row['event']} | {row['height']:g} | {row['family']} | {row['num_seeds']} | "
+                     f"{row['runs']} | {p['found']}/{row['runs']} ({_pct(p['found'], row['runs'])}) | "
+                     f"{_ci(p['ci95'])} | {_z(row['median_z'])} |")
+    return "\n".join(lines)
+
+
+def measure_cost(names, repeats: int = 3) -> dict:
+    """Seconds per run of the generator and of analyze_history, by family (a few runs)."""
+    out = {}
+    for name in names:
+        fam = FAMILIES[name]
+        t_sim = t_det = 0.0
+        for r in range(repeats):
+            t0 = time.perf_counter()
+            series, units = simulate_run(fam, 10 ** 6 + r)
+            t1 = time.perf_counter()
+            analyze_history(series, units=units)
+            t_det += time.perf_counter() - t1
+            t_sim += t1 - t0
+        out[name] = {"simulate_s": t_sim / repeats, "analyze_history_s": t_det / repeats}
+    return out
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=int, default=300, help="runs per null family (default 300)")
-    ap.add_argument("--power-runs", type=int, default=100, help="runs per planted height (default 100)")
-    ap.add_argument("--out", default=str(ROOT / "experiments/results/calibrate_events.json"))
-    args = ap.parse_args()
+    ap.add_argument("--split", choices=("tune", "held_out", "all"), default="held_out",
+                    help="which null families: tune (the detectors may be tuned on them), held_out "
+                         "(reported, never tuned on) or all (default held_out)")
+    ap.add_argument("--runs", type=int, default=300, help=f"runs per family with M <= {LARGE_M} (default 300)")
+    ap.add_argument("--runs-large", type=int, default=100,
+                    help=f"runs per family with M > {LARGE_M} (default 100: ~1-3 s per run)")
+    ap.add_argument("--power-runs", type=int, default=100,
+                    help="runs per planted event / family / M (default 100; 0: no power table)")
+    ap.add_argument("--families", nargs="*", default=None, help="only these families (names)")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    ap.add_argument("--seed0", type=int, default=10_000)
+    ap.add_argument("--out", default=str(ROOT / "experiments/results/calibrate_events_v2.json"))
+    ap.add_argument("--md", default=None, help="markdown tables (default: --out with .md)")
+    args = ap.parse_args(argv)
+    for name in ("runs", "runs_large", "jobs"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.power_runs < 0:
+        ap.error(f"--power-runs must be >= 0, got {args.power_runs}")
+    names = list(split(args.split))
+    if args.families:
+        unknown = [f for f in args.families if f not in FAMILIES]
+        if unknown:
+            ap.error(f"--families: unknown {unknown}; known: {sorted(FAMILIES)}")
+        names = [n for n in names if n in args.families]
     t0 = time.time()
-    out = {"min_sigma": MIN_SIGMA, "runs": args.runs, "nulls": {}, "power": {}}
-    print("| null family (500 evaluations) | early learning | double descent |\n|---|---|---|")
-    for name, spec in NULLS.items():
-        row = {}
-        for det_name, det in DETECTORS.items():
-            r = calibrate(det, spec, args.runs, seed0=10_000)
-            r["ci95"] = binom_ci(r["events"], r["runs"])
-            row[det_name] = r
-        out["nulls"][name] = row
-        cells = [f"{row[d]['events']}/{row[d]['runs']} ({100 * row[d]['rate']:.1f} %)" for d in DETECTORS]
-        print(f"| {name} | {cells[0]} | {cells[1]} |", flush=True)
-    print("\n| planted height | " + " | ".join(f"{h:g}" for h in HEIGHTS) + " |\n|---|" + "---|" * len(HEIGHTS))
-    for m in (2048, 256):
-        spec = NullSpec("seed_flip", num_seeds=m)
-        for det_name, det in DETECTORS.items():
-            rates = []
-            for h in HEIGHTS:
-                r = calibrate(det, spec, args.power_runs, event=det_name, height=h, seed0=50_000)
-                rates.append(r)
-            out["power"][f"{det_name}, seed flips M = {m}"] = {str(h): r for h, r in zip(HEIGHTS, rates)}
-            print(f"| {det_name}, seed flips M = {m} | " + " | ".join(f"{100 * r['rate']:.0f} %" for r in rates)
-                  + " |", flush=True)
-    out["wall_s"] = time.time() - t0
+    cost = measure_cost([n for n in ("seed_flip_m256", "seed_flip_m2048", "ar1_m4096") if n in FAMILIES])
+    print("cost per run (simulate, analyze_history): " + ", ".join(
+        f"{k} {v['simulate_s']:.2f} s, {v['analyze_history_s']:.2f} s" for k, v in cost.items()), flush=True)
+    runs = {n: (args.runs if FAMILIES[n].num_seeds <= LARGE_M else args.runs_large) for n in names}
+
+    def progress(name, r):
+        print(f"{name:28s} {r['any_confirmed']:4d}/{r['runs']:<4d} any confirmed "
+              f"({_pct(r['any_confirmed'], r['runs'])}, Wilson {_ci(r['ci95'])}), undecided {r['any_undecided']}, "
+              f"{r['wall_s']:.0f} s", flush=True)
+
+    nulls = calibrate_families(names, runs, analyze_history, seed0=args.seed0, jobs=args.jobs, progress=progress)
+    power = []
+    if args.power_runs:
+        for m in (2048, 256):
+            for event, h in HEIGHTS.items():
+                if m != 256 and event in ("memorization_onset", "icr_minimum"):
+                    continue  # the ratio and ICR do not depend on M: once, at M = 256
+                for name in POWER_FAMILIES:
+                    fam = dataclasses.replace(FAMILIES[name], num_seeds=m, name=f"{name}@M{m}")
+                    r = calibrate_families([fam], args.power_runs, analyze_history, event=event, height=h,
+                                           seed0=args.seed0 + 1, jobs=args.jobs)[fam.name]
+                    power.append({"event": event, "height": h, "family": name, "num_seeds": m,
+                                  "runs": r["runs"], "planted": r["planted"][event],
+                                  "median_z": r["events"].get(event, {}).get("median_significance", math.nan),
+                                  "false_other": {k: v["confirmed"] for k, v in r["events"].items() if k != event}})
+                    print(f"power {event} h={h:g} {name} M={m}: {r['planted'][event]['found']}/{r['runs']}",
+                          flush=True)
+    wall = time.time() - t0
+    command = "python experiments/calibrate_events.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    out = {"command": command, "split": args.split, "min_sigma": MIN_SIGMA, "runs": args.runs,
+           "runs_large": args.runs_large, "large_m": LARGE_M, "power_runs": args.power_runs,
+           "heights": HEIGHTS, "seed0": args.seed0, "jobs": args.jobs, "cost_per_run": cost,
+           "nulls": nulls, "power": power, "wall_s": wall, "python": platform.python_version()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
-    print(f"\nwrote {args.out} ({out['wall_s']:.0f} s)")
+    md = [f"Command: `{command}` ({wall / 60:.1f} min, min_sigma {MIN_SIGMA}).", "",
+          null_table(nulls, args.split)]
+    if power:
+        md += ["", power_table(power)]
+    md_path = Path(args.md) if args.md else Path(args.out).with_suffix(".md")
+    md_path.write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    print(f"\nwrote {args.out} and {md_path} ({wall:.0f} s)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -22,24 +22,52 @@ from typing import Any
 
 import torch
 
-__all__ = ["cache_dir", "hash_key", "save_tensor_atomic", "load_tensor_verified", "tensor_checksum",
+__all__ = ["cache_dir", "check_cache_writable", "hash_key", "save_tensor_atomic", "load_tensor_verified", "tensor_checksum",
            "deferred_writes", "write_deferred"]
 
 _FORMAT_VERSION = 1
 
 
+def _cache_root() -> tuple:
+    given = os.environ.get("LIGHTNING_PFD_CACHE")
+    root = given or os.path.join("~", ".cache", "lightning_pfd")
+    return root, Path(root).expanduser(), bool(given)
+
+
+def _cache_error(root: str, given: bool, problem: str, cause=None):
+    from .errors import ConfigError
+
+    field = "LIGHTNING_PFD_CACHE" if given else "LIGHTNING_PFD_CACHE (unset: the default cache directory)"
+    return ConfigError(field, problem, value=str(root),
+                       suggestion="point LIGHTNING_PFD_CACHE at a writable directory"
+                       + (" (or unset it for ~/.cache/lightning_pfd)" if given else ""))
+
+
+def check_cache_writable() -> None:
+    """ConfigError naming ``LIGHTNING_PFD_CACHE`` when the cache directory is (or goes through) a
+    regular file, or cannot be created or written (read-only, no permission); creates nothing."""
+    root, path, given = _cache_root()
+    existing = next((q for q in (path.absolute(), *path.absolute().parents) if q.exists()), None)
+    if existing is None:  # pragma: no cover - the file system root exists
+        return
+    if not existing.is_dir():
+        raise _cache_error(root, given, "is (or goes through) a regular file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise _cache_error(root, given, f"cannot be written: {existing} is not writable by this user "
+                           "(or on a read-only file system)")
+
+
 def cache_dir() -> Path:
-    """The cache root (``$LIGHTNING_PFD_CACHE``, default ``~/.cache/lightning_pfd``), created."""
-    root = os.environ.get("LIGHTNING_PFD_CACHE") or os.path.join("~", ".cache", "lightning_pfd")
-    path = Path(root).expanduser()
+    """The cache root (``$LIGHTNING_PFD_CACHE``, default ``~/.cache/lightning_pfd``), created;
+    a ConfigError naming ``LIGHTNING_PFD_CACHE`` when it cannot be."""
+    root, path, given = _cache_root()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as e:
-        from .errors import ConfigError
-
-        raise ConfigError("LIGHTNING_PFD_CACHE", "is (or goes through) a regular file, not a directory",
-                          value=str(root), suggestion="point LIGHTNING_PFD_CACHE at a directory "
-                          "(or unset it for ~/.cache/lightning_pfd)") from e
+        raise _cache_error(root, given, "is (or goes through) a regular file, not a directory") from e
+    except OSError as e:  # no permission, read-only file system
+        raise _cache_error(root, given, f"cannot be created: {e.strerror}") from e
+    check_cache_writable()
     return path
 
 
@@ -169,7 +197,11 @@ def save_tensor_atomic(path: str | os.PathLike, tensors: dict[str, torch.Tensor]
     if pending is not None:  # inside deferred_writes(): keep it for later
         pending[path] = ({k: v.detach().to("cpu").clone() for k, v in tensors.items()}, key)
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except PermissionError as e:
+        root, _root_path, given = _cache_root()
+        raise _cache_error(root, given, f"cannot create {path.parent}: {e.strerror}") from e
     payload = {
         "format": _FORMAT_VERSION,
         "key": key,

@@ -41,11 +41,12 @@ __all__ = ["MetricKey", "KeySet", "BUILTIN", "collect", "get", "find", "all_keys
 #: curves of the event analysis (:func:`lightning_pfd.analysis.events.analyze_history`)
 ROLES = ("e_gen", "e_mem", "loss_train", "loss_test", "gap", "icr", "mem_ratio")
 #: event detectors (:mod:`lightning_pfd.analysis.events`); on a user key (one without a role) the
-#: single-curve ones run on that curve alone: early_learning, double_descent, minimum
+#: single-curve ones run on that curve alone: early_learning, double_descent, minimum and
+#: memorization_onset (the key is then a declared memorization signal)
 DETECTORS = ("early_learning", "double_descent", "icr_minimum", "memorization_onset", "regime",
              "minimum")
 #: single-curve detectors that run on a user key
-CURVE_DETECTORS = ("early_learning", "double_descent", "minimum")
+CURVE_DETECTORS = ("early_learning", "double_descent", "minimum", "memorization_onset")
 #: what ``define_metric(summary=...)`` accepts (comma-separated)
 SUMMARY_OPS = ("min", "max", "mean", "last", "best", "first", "none")
 #: what is logged under the key: a number per evaluation, or an image

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -159,7 +160,15 @@ def acquire(directory, what: str, field: str, command: Optional[str] = None,
         raise ConfigError(field, f"cannot create the {what} directory {directory}: {e.strerror}",
                           value=str(directory)) from e
     for _ in range(5):  # retried only when the file was replaced between open and flock
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # a read-only directory or file system, no permission
+            if created is not None:
+                shutil.rmtree(created, ignore_errors=True)
+            raise ConfigError(field, f"cannot write in the {what} directory {directory} "
+                              f"({e.strerror}: its lock file {LOCK_NAME} cannot be created)",
+                              value=str(directory),
+                              suggestion="choose a writable output path, or make this one writable") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

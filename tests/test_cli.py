@@ -191,6 +191,27 @@ def test_registry_names_a_main_and_a_help_line_for_every_command():
     assert command_for(["icr-sweep", "--ckpt", "x"]) is COMMANDS["icr-sweep"]
 
 
+def test_top_level_help_imports_neither_torch_nor_lightning():
+    """``python -m lightning_pfd --help`` lists every command without importing Lightning (which
+    takes seconds); ``fit --help`` (LightningCLI's options) still does."""
+    code = ("import sys, runpy; sys.argv = ['python -m lightning_pfd', '--help']\n"
+            "try:\n    runpy.run_module('lightning_pfd', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+            "print('LOADED', sorted(m for m in ('torch', 'lightning', 'lightning.pytorch', "
+            "'jsonargparse') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "LOADED []", out.stdout[-500:]
+    assert "usage: python -m lightning_pfd" in out.stdout
+    for name in ("fit", "validate", "test", "predict", "report", "icr-sweep", "pite", "sweep"):
+        assert f"  {name} " in out.stdout, name
+    code = ("import sys\nfrom lightning_pfd.cli import main\n"
+            "try:\n    main(['fit', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print('LOADED', 'lightning.pytorch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "LOADED True" and "--trainer.max_epochs" in out.stdout
+
+
 def test_entry_point_imports_neither_torch_nor_lightning():
     code = ("import sys; import lightning_pfd.cli, lightning_pfd.commands; "
             "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))")

@@ -293,6 +293,12 @@ def test_documented_command_parses(cmd, argv, monkeypatch, tmp_path, capsys):
         argv = argv[:i] + argv[i + 2:]
     name = argv[0] if argv and not argv[0].startswith("-") else "fit"
     rest = argv[1:] if argv and argv[0] == name else argv
+    if argv in (["--help"], ["-h"]):  # the top-level help (no LightningCLI)
+        from lightning_pfd.commands import main as top
+
+        assert top(argv) == 0
+        assert "usage: python -m lightning_pfd" in capsys.readouterr().out
+        return
     if name in ("fit", "validate", "test", "predict"):
         from lightning_pfd.commands.fit import main
 
@@ -450,6 +456,10 @@ class Workspaces:
 
     def run(self, block: Block, line: int) -> subprocess.CompletedProcess:
         """Run the block's commands up to the one on ``line`` (skipped ones left out)."""
+        return self.run_in(block, line)[1]
+
+    def run_in(self, block: Block, line: int) -> Tuple[Path, subprocess.CompletedProcess]:
+        """:meth:`run`, with the workspace the command ran in."""
         commands = []
         for k, command in _block_commands(block):
             skips = block.marked("skip", command)
@@ -464,7 +474,7 @@ class Workspaces:
             reduced = _reduce(block, command, command)
             commands.append(reduced if "\n" in reduced else _split_comment(reduced)[0])
             if k == line:
-                return self._state(tuple(commands))[1]
+                return self._state(tuple(commands))
         raise AssertionError(f"no command on line {line} of {block.name}")
 
     def model_and_data(self, ws: Path):
@@ -556,3 +566,83 @@ def test_a_block_that_does_not_run_fails_unless_marked(workspaces):
         workspaces.run(_synthetic("pip install nothing-at-all\n", [("skip", "pip", "the reason")]), 2)
     runs = _synthetic("test -f runs/quickstart/checkpoints/last.ckpt && python -c 'print(2 + 2)'\n")
     assert workspaces.run(runs, 2).stdout.strip() == "4"
+
+
+# --------------------------------------------------------------------------------------------
+# what the documented runs leave behind (the runs above, shared)
+# --------------------------------------------------------------------------------------------
+
+def _documented(path: str, text: str) -> Tuple[Block, int]:
+    """The block of ``path`` and the line of its command containing ``text``."""
+    for block in BLOCKS:
+        if block.path == REPO / path:
+            for line, command in _block_commands(block):
+                if text in command:
+                    return block, line
+    raise AssertionError(f"no command with {text!r} in {path}")
+
+
+def _tree(root: Path) -> Dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_run_dir_moves_every_output_and_leaves_the_quickstart_alone(workspaces):
+    """README: ``fit --data.init_args.n_train 4096 --run_dir runs/quickstart-n4096`` runs next to
+    the quickstart (a second fit into runs/quickstart would be refused) and writes config, logs,
+    checkpoints, per-unit records and report into its own folder only."""
+    ws, result = workspaces.run_in(*_documented("README.md", "--run_dir runs/quickstart-n4096"))
+    _check(result, "fit --run_dir")
+    run = ws / "runs/quickstart-n4096"
+    cfg = (run / "config.yaml").read_text()
+    assert "n_train: 256" in cfg and "run_dir: runs/quickstart-n4096" in cfg  # 4096, reduced
+    assert "runs/quickstart/" not in cfg and "save_dir: runs/quickstart\n" not in cfg
+    assert (run / "checkpoints/last.ckpt").is_file()
+    assert list(run.glob("csv/version_*/metrics.csv"))
+    assert list(run.glob("wandb/offline-run-*/run-*.wandb"))
+    assert sorted(p.name for p in (run / "per_unit").iterdir()) == \
+        ["icr_icr", "mem_ratio", "pfd_e_gen", "pfd_e_mem"]
+    assert (run / "report/report.md").is_file()
+    assert "name: quickstart-n4096" in cfg  # the W&B run's name
+    before = _tree(workspaces.quickstart / "runs/quickstart")
+    assert _tree(ws / "runs/quickstart") == before  # the earlier run: not a byte changed
+    assert sorted(p.name for p in (ws / "runs").iterdir()) == ["quickstart", "quickstart-n4096"]
+
+
+def _sections(md: str) -> Dict[str, str]:
+    parts = re.split(r"^## ", md, flags=re.M)
+    return {p.split("\n", 1)[0]: p for p in parts[1:]}
+
+
+def test_fit_report_and_report_command_agree_with_relative_paths(workspaces):
+    """The run's one report (RUN/report, written by fit) and ``report RUN`` rebuilt from the logs:
+    same title, regime, events and the same row for every curve the monitor tracks; the rebuilt
+    one only adds what it read (Run line, Input, other logged metrics, the settings file).
+    Neither holds a machine path."""
+    # docs/configuration.md: the quickstart, resumed to 4 epochs, then `report runs/quickstart`
+    ws, out = workspaces.run_in(*_documented("docs/configuration.md", "report RUN_DIR"))
+    _check(out, "report runs/quickstart")
+    fit_md = (ws / "runs/quickstart/report/report.md").read_text()
+    assert not list((ws / "runs/quickstart/wandb").glob("offline-run-*/report"))  # one location
+    rebuilt = (ws / "runs/quickstart/report-2/report.md").read_text()  # the fit's report is kept
+    for md in (fit_md, rebuilt, (ws / "runs/quickstart/report-2/events.json").read_text()):
+        assert str(ws) not in md and str(REPO) not in md and "/tmp/" not in md
+    assert fit_md.splitlines()[0] == rebuilt.splitlines()[0] == "# Training-dynamics report"
+    a, b = _sections(fit_md), _sections(rebuilt)
+    for name in ("Regime", "Events", "Figures"):
+        assert a[name] == b[name], name
+    assert set(a["Metrics"].splitlines()) <= set(b["Metrics"].splitlines())
+    assert "`../wandb/offline-run-" in rebuilt  # the log it read, relative to report.md
+    segment = re.search(r"`(\.\./wandb/offline-run-[^`]+\.wandb)`", rebuilt).group(1)
+    assert (ws / "runs/quickstart/report-2" / segment).resolve().is_file()
+
+
+def test_resume_prints_no_false_deletion_warning(workspaces):
+    """Lightning's CSV writer says "Previous log files ... will be deleted" when it starts in the
+    resumed version directory; continue_loggers keeps every row, so the message is not shown."""
+    ws, result = workspaces.run_in(*_documented("docs/configuration.md", "--ckpt_path last"))
+    _check(result, "fit --ckpt_path last")
+    out = result.stdout + result.stderr
+    assert "CSV log continues in" in out
+    assert "Previous log files" not in out
+    rows = list((ws / "runs/quickstart").glob("csv/version_0/metrics.csv"))
+    assert rows and rows[0].read_text().count("\n") > 4  # the rows were kept, not deleted

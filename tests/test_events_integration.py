@@ -84,10 +84,12 @@ def test_online_events_are_settled_by_the_final_analysis(tmp_path):
     regime = cbs[2]
     final = regime.analyze(final=True)
     assert {e.name for e in final.events} == {n for n, d in regime.final.items()
-                                               if d["status"] in ("confirmed", "found at the end")}
+                                               if d["status"] in ("confirmed", "found at the end", "moved")}
     for name, d in regime.emitted.items():
         if name != "memorization_lead":
-            assert regime.final[name]["status"] in ("confirmed", "retracted")
+            assert regime.final[name]["status"] in ("confirmed", "retracted", "moved", "undecided")
+            if regime.final[name]["status"] == "confirmed":  # confirmed = at the provisional epoch
+                assert float(regime.final[name]["epoch"]) == float(d["epoch"])
     rep = json.loads((Path(regime.report_paths["json"])).read_text())
     assert [(e["name"], e["epoch"]) for e in rep["events"]] == [(e.name, e.epoch) for e in final.events]
 
@@ -128,3 +130,36 @@ def test_icr_early_stopping_requires_a_significant_rise(tmp_path):
     assert es2._rise_z(trainer, 0.502, {"icr/icr_se": torch.tensor(0.01)}) == pytest.approx(0.002 / math.sqrt(2e-4))
     with pytest.raises(Exception, match="min_rise_z"):
         ICREarlyStopping(min_rise_z=-1)
+
+
+def test_a_provisional_event_that_moves_or_becomes_undecided_is_not_confirmed():
+    """The final test puts the provisional onset (epoch 3) at epoch 5: status "moved" with both
+    epochs and ``events/<name>_moved``; a provisional event whose final noise model fails its
+    check: "undecided" with the reason; one at the same epoch: "confirmed"."""
+    from lightning_pfd.analysis.events import Event, RunAnalysis
+
+    logged = []
+    logger = SimpleNamespace(log_metrics=lambda m, step=None: logged.append(dict(m)))
+    trainer = SimpleNamespace(loggers=[logger], is_global_zero=True, global_step=10, current_epoch=9,
+                              callback_metrics={})
+    mon = RegimeMonitor(verbose=False, write_report=False)
+    detail = {"source": "mem/ratio", "min_value": 1.0, "first_min_epoch": 1, "second_min_epoch": 6}
+    prov = {n: dict(Event(n, 3, 2.8, 4, detail).to_dict(), status="provisional", announced_epoch=4)
+            for n in ("memorization_onset", "early_learning", "double_descent")}
+    mon.emitted = dict(prov)
+    final = RunAnalysis(events=[Event("memorization_onset", 5, 6.0, 6, detail),
+                                Event("double_descent", 3, 4.0, 5, detail)],
+                        regime=None,
+                        undecided=[Event("early_learning", 3, 3.0, 5, {"undecided_reason": "too smooth"},
+                                         status="undecided")])
+    mon._settle(trainer, final)
+    assert mon.final["memorization_onset"]["status"] == "moved"
+    assert mon.final["memorization_onset"]["provisional_epoch"] == 3 and mon.final["memorization_onset"]["epoch"] == 5
+    assert mon.final["early_learning"]["status"] == "undecided"
+    assert mon.final["double_descent"]["status"] == "confirmed"
+    flat = {k: v for m in logged for k, v in m.items()}
+    assert flat["events/memorization_onset_moved"] == 1.0 and "events/memorization_onset_confirmed" not in flat
+    assert flat["events/early_learning_undecided"] == 1.0 and "events/early_learning_confirmed" not in flat
+    assert flat["events/double_descent_confirmed"] == 1.0
+    rows = {r[0]: r for r in mon._table_rows()}
+    assert rows["memorization_onset"][1] == "moved" and "undecided" in rows["early_learning"][5]

@@ -206,3 +206,21 @@ def test_ddp_sync_is_exact(tmp_path):
     mp.spawn(_ddp_worker, args=(2, str(tmp_path / "init"), str(tmp_path), gen, train), nprocs=2)
     for r in range(2):
         assert float(torch.load(tmp_path / f"rank{r}.pt")) == pytest.approx(13 / 101, abs=1e-15)
+
+
+def test_compute_before_any_update_is_nan_with_torchmetrics_warning():
+    """Nothing measured is not "no copy": compute() before update() (and after reset()) returns
+    NaN, as torchmetrics' mean metrics do, with torchmetrics' "called before the update" warning;
+    one update gives the planted fraction (1 of 4 generated points is a training point)."""
+    train = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
+    m = MemorizationRatio(criterion="nn_ratio")
+    m.set_reference(train)
+    with pytest.warns(UserWarning, match="before the ``update``"):
+        value = m.compute()
+    assert torch.isnan(value)
+    far = 100.0 + torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+    m.update(torch.cat([train[:1], far]))
+    assert float(m.compute()) == pytest.approx(0.25)
+    m.reset()
+    with pytest.warns(UserWarning, match="before the ``update``"):
+        assert torch.isnan(m.compute())

@@ -5,6 +5,7 @@ the run are used, resumed segments are merged, damaged logs are reported, and Re
 saves its settings and keeps a separate checkpoint state per instance."""
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -92,9 +93,10 @@ def test_report_on_wandb_offline_run(tmp_path):
     wandb.finish()
     assert main(["report", str(run_dir)]) == 0  # leading "report" (dispatcher argv) tolerated
     _check_outputs(run_dir / "report", _expected())
-    # the built-in reader gives the same report
-    assert main([str(run_dir), "--no-leet", "--out", str(tmp_path / "b")]) == 0
-    assert (tmp_path / "b" / "report.md").read_text() == (run_dir / "report" / "report.md").read_text()
+    # the built-in reader gives the same report (written beside it: paths in it are relative to
+    # the report's folder)
+    assert main([str(run_dir), "--no-leet", "--out", str(run_dir / "b")]) == 0
+    assert (run_dir / "b" / "report.md").read_text() == (run_dir / "report" / "report.md").read_text()
 
 
 def test_report_without_events_says_so(tmp_path):
@@ -195,10 +197,12 @@ def test_saved_settings_are_used(tmp_path, capsys):
     assert [e["epoch"] for e in onset] == [saved_on.epoch]
     assert data["settings"]["window"] == 1 and data["settings"]["confirm"] == 2
     assert data["settings"]["keys"]["mem_ratio"] == "custom/ratio"
-    assert data["settings_source"]["window"] == f"run: {f}"
+    rel = os.path.relpath(f, tmp_path / "a")  # report files name it relative to themselves
+    assert rel == "../run/lightning_logs/version_0/report/detector_settings.json"
+    assert data["settings_source"]["window"] == f"run: {rel}"
     assert data["settings_source"]["min_sigma"] == "default"
     md = (tmp_path / "a" / "report.md").read_text()
-    assert f"| window | `1` | run: {f} |" in md and "| min_rel | `0` | default |" in md
+    assert f"| window | `1` | run: {rel} |" in md and "| min_rel | `0` | default |" in md
     assert f"(run: {f})" in capsys.readouterr().out
     # flags given explicitly win over the saved settings; the saved keys stay
     assert main([str(ver), "--out", str(tmp_path / "b"), "--window", "5", "--confirm", "3"]) == 0
@@ -206,7 +210,7 @@ def test_saved_settings_are_used(tmp_path, capsys):
     assert [e["epoch"] for e in data["events"] if e["name"] == "memorization_onset"] == \
         [default_on.epoch]
     assert data["settings_source"]["window"] == "command line"
-    assert data["settings_source"]["keys"] == f"run: {f}"
+    assert data["settings_source"]["keys"] == f"run: {os.path.relpath(f, tmp_path / 'b')}"
     # a damaged settings file is a user error naming it
     f.write_text("{not json")
     assert main([str(ver), "--out", str(tmp_path / "c")]) == 2
@@ -338,7 +342,7 @@ def test_in_run_report_kept_and_its_settings_used(tmp_path, capsys):
     new = json.loads((ver / "report-2" / "events.json").read_text())
     assert [(e["name"], e["epoch"]) for e in new["events"]] == \
         [(e["name"], e["epoch"]) for e in in_run["events"]]
-    assert new["settings_source"]["window"] == f"run: {ver / SETTINGS_FILE}"
+    assert new["settings_source"]["window"] == f"run: ../{SETTINGS_FILE}"  # relative to report-2/
     series = {k.replace("custom/ratio", "mem/ratio"): (T_SET, v) for k, v in SET_CURVES.items()}
     assert [e["epoch"] for e in new["events"] if e["name"] == "memorization_onset"] == \
         [_onset(series, window=1, confirm=2).epoch] != [_onset(series).epoch]
@@ -367,3 +371,68 @@ def test_two_regime_monitors_keep_separate_state(tmp_path):
     with pytest.raises(ConfigError, match="report_dir"):
         _fit(tmp_path, [RegimeMonitor(verbose=False),
                         RegimeMonitor(keys={"icr": "x"}, verbose=False)], 1)
+
+
+def test_report_on_a_run_still_training(tmp_path, capsys):
+    """A run that is still training: its W&B log holds no metric value yet (W&B buffers in its
+    service) while the CSV has rows, and fit holds the run lock. The report reads the CSV, says
+    the run is in progress (stderr and report.md), and finds what the rows so far show."""
+    import fcntl
+
+    run = _write_csv(tmp_path / "run", epochs=range(12))
+    wb = run / "wandb" / "offline-run-20250101_000000-live1"
+    wb.mkdir(parents=True)
+    (wb / "run-live1.wandb").write_bytes(b"")  # nothing flushed yet
+    lock = run / "checkpoints" / ".lightning_pfd.lock"
+    lock.parent.mkdir()
+    lock.write_text(json.dumps({"pid": os.getpid(), "command": "python -m lightning_pfd fit"}))
+    fd = os.open(lock, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as fit holds it
+    try:
+        assert main([str(run)]) == 0
+    finally:
+        os.close(fd)
+    out, err = capsys.readouterr()
+    assert "no metric values could be read" not in err
+    assert f"the run is still training (pid {os.getpid()} (python -m lightning_pfd fit))" in err
+    assert "holds no metric value yet" in err and "read the CSV log instead" in err
+    md = (run / "report" / "report.md").read_text()
+    assert "the run is still training" in md and str(tmp_path) not in md
+    assert "| E_gen | `pfd/e_gen` | 12 |" in md  # the 12 epochs logged so far
+    # the lock released (the run finished): no such line any more
+    assert main([str(run), "--force"]) == 0
+    assert "still training" not in capsys.readouterr().err
+
+
+def test_a_stopped_fit_says_how_to_rebuild_its_report():
+    """SIGTERM / SIGINT during (or before) the end-of-run report: the exit message names the
+    command that builds it from the logs; a run without a report-writing monitor gets no line."""
+    from types import SimpleNamespace
+
+    from lightning_pfd.commands.interrupts import SignalRecord, resume_message
+
+    record = SignalRecord()
+    record.signum = 15
+    trainer = SimpleNamespace(current_epoch=3, global_step=30, checkpoint_callbacks=[],
+                              callbacks=[RegimeMonitor(report_dir="runs/my run/report", verbose=False)],
+                              default_root_dir="runs/my run")
+    msg = resume_message(record, trainer, ["fit", "--config", "c.yaml"], "python -m lightning_pfd")
+    assert "report: the end-of-run report may be missing or partial; build it from the logs with: " \
+           "python -m lightning_pfd report 'runs/my run'" in msg
+    trainer.callbacks = [RegimeMonitor(write_report=False, verbose=False)]
+    assert "report" not in resume_message(record, trainer, ["fit"], "python -m lightning_pfd").split("exit status")[1]
+
+
+def test_report_paths_are_relative_to_the_report_folder(tmp_path):
+    """A rewritten path is a whole component: run/x is rewritten, run/x2 beside it is not."""
+    from lightning_pfd.commands.report import _portable
+
+    run = _write_csv(tmp_path / "x", epochs=range(6))
+    hist = load_history(run)
+    out = run / "report"
+    shown, rewrite = _portable(hist, out, str(run))
+    assert str(shown.segments[0].path) == "../lightning_logs/version_0/metrics.csv"
+    assert (out / shown.segments[0].path).resolve() == hist.segments[0].path.resolve()
+    assert rewrite(f"run: {run}/a.json") == "run: ../a.json"
+    assert rewrite(f"{tmp_path}/x2/b.json") == f"{tmp_path}/x2/b.json".replace(str(tmp_path), "../..")
+    assert rewrite("default") == "default"

@@ -158,12 +158,15 @@ def test_bad_grid_key_or_value_fails_before_anything_starts(tmp_path, monkeypatc
     assert not (tmp_path / "runs").exists()
 
 
-def test_shipped_cifar_sweep_parses_in_a_dry_run(tmp_path, monkeypatch, capsys):
+def test_shipped_cifar_sweep_parses_and_its_dry_run_refuses_the_missing_teacher(tmp_path, monkeypatch, capsys):
     from lightning_pfd.nets import UNET_PRESET_PARAMS
+    from lightning_pfd.sweeps.runner import format_plan, plan
 
     monkeypatch.chdir(tmp_path)
-    assert run_cli(["--config", "mtog_cifar10", "--dry-run"]) == 0
-    out = capsys.readouterr().out
+    assert run_cli(["--config", "mtog_cifar10", "--dry-run"]) == 2  # the real pre-flight: no teacher here
+    assert "data cannot be built: teacher_ckpt" in capsys.readouterr().err  # the teacher is not here
+    spec = load_sweep("mtog_cifar10")
+    out = format_plan(spec, plan(spec, construct=False), spec.resources)  # parsed, |theta| counted
     rows = [ln.split() for ln in out.splitlines() if ln.split()[1:2] and ln.split()[1].startswith("n_train=")]
     assert len(rows) == 10 * 11  # U-Net-1..10 x N = 2^6..2^16
     assert [r[0] for r in rows] == [f"t{i:03d}" for i in range(1, 111)]  # the short names, in order

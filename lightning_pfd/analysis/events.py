@@ -26,17 +26,25 @@ How an event is decided (the same in every detector; derivation in docs/events.m
    ``confirm`` evaluations) only picks the candidate epochs.
 2. **Test** once on the *held-out* half (odd-indexed units): every leg of the event (descent,
    rise, second descent, onset) is a difference of two window means whose standard error is the
-   paired per-unit error plus a training-noise term from the curve's variogram
-   (:mod:`lightning_pfd.analysis.inference`); the event is accepted when every leg's z reaches
-   ``min_sigma`` (default :data:`MIN_SIGMA`, calibrated on realistic nulls: docs/events.md).
-   ``significance`` is the weakest held-out z; ``detail`` has every leg (difference, s.e. and its
-   seed / training parts, z) and the z on all units. ``min_rel`` / ``min_amplitude`` are optional
-   effect-size floors on each leg, never a substitute for the test.
+   paired per-unit error plus the training-noise term of the curve's
+   :class:`~lightning_pfd.analysis.inference.NoiseModel` (variogram bound, local scale, shape
+   check; :mod:`lightning_pfd.analysis.inference`); the held-out half shares the training noise
+   with the selection half, so the difference is reduced by a *selection allowance* of
+   :data:`SELECTION_ALLOWANCE` training-noise standard errors. The event passes when every leg's
+   z reaches ``min_sigma`` (default :data:`MIN_SIGMA`, tuned on the tune half of the null
+   families of :mod:`lightning_pfd.analysis.calibration`, reported on the held-out half:
+   docs/events.md). ``significance`` is the weakest z; ``detail`` has every leg (difference, s.e.
+   and its seed / training parts, allowance, z) and the raw z on all units.
+3. **Confirmed or undecided**: an event that passes with a noise model that failed one of its
+   checks on the run (too few evaluations, a variogram too convex for the bound, no noise
+   estimate) has ``status = "undecided"`` and ``detail["undecided_reason"]``; only confirmed
+   events are in :attr:`RunAnalysis.events`. No event has an infinite or NaN significance.
 
 Without per-unit values (``units=None``: runs logged before they were kept, user metrics) a
-curve is proposed and tested on the same values with the variogram carrying all the noise, every
-leg must then reach ``min_sigma`` + :data:`SELECTION_ALLOWANCE` (choosing the extremes of the
-tested values biases their z upwards), and ``detail["held_out"]`` is False.
+curve is proposed and tested on the same values with the noise model carrying all the noise and
+the larger allowance :data:`SELF_SELECTION_ALLOWANCE` on the whole standard error (choosing the
+extremes of the tested values biases their z upwards); ``detail["held_out"]`` is False. The same
+holds for ICR's jackknife replicates, which cannot be split.
 
 [choice] The detectors are deliberately conservative: a run too short or too noisy to show a
 phenomenon reports no event rather than a guess.
@@ -44,13 +52,14 @@ phenomenon reports no event rather than a guess.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Mapping, Optional, Tuple
 
 import numpy as np
 
 from .. import keys as keys_registry
-from .inference import Curve, LegTest, contrast, curves_from_units, leg_test, scalar_curves, variogram, window_indices
+from .inference import Curve, LegTest, NoiseModel, contrast, curves_from_units, leg_test, scalar_curves, window_indices
 from ..validation import FiniteNonNegativeFloat, NonNegativeFloat, PositiveInt, check_args
 from .per_unit import UnitSeries
 from .smoothing import as_curve, smooth
@@ -77,17 +86,26 @@ DEFAULT_KEYS = keys_registry.roles()
 
 REGIMES = ("generalization", "transition", "memorization")
 
-#: default z every leg of an event must reach on the held-out half (calibrated: docs/events.md)
-MIN_SIGMA = 2.25
+#: default selection-corrected z every leg of an event must reach (tuned on the tune half of the
+#: null families, reported on the held-out half: docs/events.md)
+MIN_SIGMA = 2.5
 #: hysteresis of the candidate search on the selection half, in noise units of a leg
 PROPOSE_SIGMA = 2.0
-#: added to ``min_sigma`` when a curve has no held-out half (proposed and tested on the same
-#: values): the allowance for choosing the extremes (calibrated on AR(1) nulls: docs/events.md)
-SELECTION_ALLOWANCE = 0.75
+#: the selection allowance, in standard errors of the part of a leg's noise that the choice of
+#: its places saw: the training noise (common to all units, so the held-out half shares it) and,
+#: without a held-out half, the seed noise too. z = (diff − allowance)/se (docs/events.md)
+SELECTION_ALLOWANCE = 1.0
+#: the selection allowance of a curve without a held-out half (ICR's jackknife, a logged curve
+#: alone): its places were chosen on the very values tested, seed noise included
+SELF_SELECTION_ALLOWANCE = 1.5
+#: an event's status: its test passed with a noise model that passed its checks ("confirmed"),
+#: or its test passed but the noise model failed a check or gave no estimate ("undecided")
+STATUSES = ("confirmed", "undecided")
 
 
 def _z_needed(min_sigma: float, held: bool) -> float:
-    return float(min_sigma) + (0.0 if held else SELECTION_ALLOWANCE)
+    """The z every leg must reach (the selection allowance is inside each leg's z)."""
+    return float(min_sigma)
 
 
 @dataclass(frozen=True)
@@ -106,9 +124,15 @@ class Event:
     significance: float
     detected_epoch: float
     detail: dict = field(default_factory=dict)
+    status: str = "confirmed"
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def reason(self) -> Optional[str]:
+        """Why an undecided event is undecided (None when confirmed)."""
+        return self.detail.get("undecided_reason")
 
     def describe(self) -> str:
         """One human-readable line (console, markdown)."""
@@ -119,22 +143,29 @@ class Event:
                 return (f"double descent of {what}: minimum at epoch {_fmt(d['first_min_epoch'])}, "
                         f"peak at {_fmt(self.epoch)}, descends again to epoch "
                         f"{_fmt(d['second_min_epoch'])} ({self.significance:.1f}σ weakest leg)")
+            if d["detector"] == "memorization_onset":
+                return (f"onset of {what} at epoch {_fmt(self.epoch)}"
+                        f"{_leg_text(d, 'rise', ': rises by ')}")
             kind = "early learning of" if d["detector"] == "early_learning" else "minimum of"
-            return (f"{kind} {what}: minimum {d['min_value']:.4g} at epoch {_fmt(self.epoch)}, "
-                    f"then rises by {d['rise']:.3g} ({self.significance:.1f}σ)")
+            return (f"{kind} {what}: minimum {d['min_value']:.4g} at epoch {_fmt(self.epoch)}"
+                    f"{_leg_text(d, 'rise', ', then rises by ')}")
+        if self.status == "undecided":
+            return (f"{self.name.replace('_', ' ')} at epoch {_fmt(self.epoch)}: undecided "
+                    f"({self.reason})")
         if self.name == "early_learning":
-            return (f"early learning: E_gen minimum {d['min_value']:.4g} at epoch {_fmt(self.epoch)}, "
-                    f"then rises by {d['rise']:.3g} ({self.significance:.1f}σ)")
+            return (f"early learning: E_gen minimum {d['min_value']:.4g} at epoch {_fmt(self.epoch)}"
+                    f"{_leg_text(d, 'descent', ', after a descent of ')}"
+                    f"{_leg_text(d, 'rise', ', then rises by ')}")
         if self.name == "double_descent":
             return (f"epoch-wise double descent: minimum at epoch {_fmt(d['first_min_epoch'])}, "
                     f"peak at {_fmt(self.epoch)}, descends again to epoch {_fmt(d['second_min_epoch'])} "
                     f"({self.significance:.1f}σ weakest leg)")
         if self.name == "icr_minimum":
-            return (f"ICR minimum {d['min_value']:.4g} at epoch {_fmt(self.epoch)} "
-                    f"(U-shape, rise {d['rise']:.3g}, {self.significance:.1f}σ)")
+            return (f"ICR minimum {d['min_value']:.4g} at epoch {_fmt(self.epoch)} (U-shape"
+                    f"{_leg_text(d, 'descent', ': descent ')}{_leg_text(d, 'rise', ', rise ')})")
         if self.name == "memorization_onset":
-            s = (f"memorization onset at epoch {_fmt(self.epoch)} from {d['source']} "
-                 f"({self.significance:.1f}σ)")
+            s = (f"memorization onset at epoch {_fmt(self.epoch)} from {d.get('source', 'mem/ratio')}"
+                 f"{_leg_text(d, 'rise', ': rises by ')}")
             lead = d.get("lead_epochs")
             if lead is not None:
                 how = (f"anticipates it by {_fmt(lead)} epochs" if float(lead) >= 0
@@ -168,20 +199,32 @@ class Regime:
 
 @dataclass
 class RunAnalysis:
-    """Events and regime of one run (output of :func:`analyze_history`)."""
+    """Events and regime of one run (output of :func:`analyze_history`): ``events`` are the
+    confirmed ones, ``undecided`` those whose test passed with a noise model that failed its
+    checks (each says why in ``detail["undecided_reason"]``)."""
 
     events: list
     regime: Optional[Regime]
+    undecided: list = field(default_factory=list)
 
     def event(self, name: str) -> Optional[Event]:
         return next((e for e in self.events if e.name == name), None)
 
     def to_dict(self) -> dict:
         return {"events": [e.to_dict() for e in self.events],
+                "undecided": [e.to_dict() for e in self.undecided],
                 "regime": None if self.regime is None else self.regime.to_dict()}
 
 
 # ----------------------------------------------------------------------------- helpers
+def _leg_text(d: dict, leg: str, prefix: str) -> str:
+    """``prefix`` + the leg's size and its own held-out z ("" when the event has no such leg)."""
+    rec = (d.get("legs") or {}).get(leg)
+    if rec is None:
+        return ""
+    return f"{prefix}{float(rec['diff']):.3g} (z {float(rec['z']):.1f})"
+
+
 def _fmt(x) -> str:
     if x is None:
         return "—"
@@ -260,10 +303,31 @@ def _first_run(mask: np.ndarray, length: int) -> Optional[int]:
 
 
 # ----------------------------------------------------------------------------- curves
-def _curves(x, y, units, name):
-    """(selection, held-out, full, held_out) curves: from per-unit values when ``units`` (a
-    :class:`~lightning_pfd.analysis.per_unit.UnitSeries`) covers every finite evaluation of the
-    logged curve, else from the logged values alone."""
+def _curves(x, y, units, name, window: int = 5):
+    """(selection, held-out, full, held_out, noise model) curves: from per-unit values when
+    ``units`` (a :class:`~lightning_pfd.analysis.per_unit.UnitSeries`) covers every finite
+    evaluation of the logged curve, else from the logged values alone; the training-noise model
+    is fitted once on the full curve (the training noise is common to every unit)."""
+    key = None if units is None else (id(units), np.shape(units.values), float(np.sum(units.values)),
+                                      x.tobytes(), y.tobytes(), name, int(window))
+    hit = _CURVES.get(key) if key is not None else None
+    if hit is not None and hit[0]() is units:  # the same record, e.g. E_gen for two detectors
+        return hit[1]
+    sel, test, full, held = _split_curves(x, y, units, name)
+    out = (sel, test, full, held, NoiseModel.fit(test, window))
+    if key is not None:
+        _CURVES[key] = (weakref.ref(units), out)
+        while len(_CURVES) > 8:
+            _CURVES.pop(next(iter(_CURVES)))
+    return out
+
+
+#: the last few (curves, noise model) built from a per-unit record: (record id, values, name,
+#: window) → (weak reference to the record, result)
+_CURVES: dict = {}
+
+
+def _split_curves(x, y, units, name):
     if units is not None:
         ue = np.asarray(units.epochs, dtype=np.float64)
         if x.size and np.all(np.isin(x, ue)):
@@ -277,7 +341,7 @@ def _curves(x, y, units, name):
     return scalar_curves(x, y)
 
 
-def noise_unit(curve: Curve, window: int, V: Optional[np.ndarray] = None) -> float:
+def noise_unit(curve: Curve, window: int, V=None) -> float:
     """The local noise scale of ``curve``: the standard error of the contrast between two
     adjacent windows of ``window`` evaluations in its middle (seed part + training part,
     :func:`~lightning_pfd.analysis.inference.leg_test`)."""
@@ -298,11 +362,16 @@ def _refine(y: np.ndarray, i: int, window: int, kind: str) -> int:
 
 
 class _Tester:
-    """Leg tests on one curve with its variogram computed once."""
+    """Leg tests on one curve with the training-noise model of the whole curve (fitted once on
+    all its units: the training noise is common to them); ``allowance_sd``: the selection
+    allowance of the tests (0 for the proposals); ``held``: whether the curve is a held-out
+    half (its seed noise did not take part in the choice)."""
 
-    def __init__(self, curve: Curve, window: int):
+    def __init__(self, curve: Curve, window: int, model: Optional[NoiseModel] = None,
+                 allowance_sd: float = 0.0, held: bool = True):
         self.curve, self.window, self.n = curve, int(window), len(curve)
-        self.V = variogram(curve)
+        self.model = NoiseModel.fit(curve, window) if model is None else model
+        self.allowance_sd, self.held = float(allowance_sd), bool(held)
 
     def place(self, i: int, end: bool = False) -> np.ndarray:
         """An extremum is compared at its own evaluation; the end of training is the mean of the
@@ -311,17 +380,24 @@ class _Tester:
 
     def leg(self, hi, lo) -> LegTest:
         """Test of ``mean(y[hi]) > mean(y[lo])`` (index arrays, see :meth:`place`)."""
-        return leg_test(self.curve, contrast(self.n, hi, lo), self.V)
+        return leg_test(self.curve, contrast(self.n, hi, lo), self.model,
+                        allowance_sd=self.allowance_sd, held_out=self.held)
+
+    def proposed(self, hi, lo) -> bool:
+        """Whether the leg is large enough to propose (PROPOSE_SIGMA noise units, or any rise
+        when the noise estimate is 0: the test then says undecided)."""
+        t = self.leg(hi, lo)
+        return t.z_raw >= PROPOSE_SIGMA if t.se > 0 else t.diff > 0
 
     def unit(self) -> float:
-        return noise_unit(self.curve, self.window, self.V)
+        return noise_unit(self.curve, self.window, self.model)
 
 
 def _proposal_threshold(sel: Curve, window: int, min_rel: float, min_amplitude: float,
-                        s: np.ndarray) -> Tuple[float, "_Tester"]:
+                        s: np.ndarray, model: Optional[NoiseModel] = None) -> Tuple[float, "_Tester"]:
     """Hysteresis of the candidate search on the selection curve: PROPOSE_SIGMA noise units of a
     leg, or the effect-size floors ``min_rel``·max|s| / ``min_amplitude`` when larger."""
-    t = _Tester(sel, window)
+    t = _Tester(sel, window, model)
     scale = float(np.max(np.abs(s))) if s.size else 0.0
     thr = max(PROPOSE_SIGMA * t.unit(), min_rel * scale, float(min_amplitude))
     return (thr if thr > 0 else np.finfo(np.float64).tiny), t
@@ -329,7 +405,44 @@ def _proposal_threshold(sel: Curve, window: int, min_rel: float, min_amplitude: 
 
 def _legs_detail(legs: dict, full_legs: dict) -> dict:
     return {"legs": {k: v.to_dict() for k, v in legs.items()},
-            "z_all_units": {k: v.z for k, v in full_legs.items()}}
+            "z_all_units": {k: v.z_raw for k, v in full_legs.items()}}
+
+
+def _testers(test: Curve, full: Curve, window: int, held: bool, model: NoiseModel):
+    """The tester of the decision (held-out curve, selection allowance) and the one for
+    information (all units, no allowance)."""
+    allowance = SELECTION_ALLOWANCE if held else SELF_SELECTION_ALLOWANCE
+    return (_Tester(test, window, model, allowance, held), _Tester(full, window, model, 0.0, False))
+
+
+def _verdict(legs: dict, model: NoiseModel, min_sigma: float) -> Tuple[Optional[str], Optional[str], float]:
+    """(status, reason, significance) of tested legs: None when a leg is not significant (no
+    event); "undecided" when a leg has no noise estimate (se = 0) or the noise model failed a
+    check (every reason listed); "confirmed" otherwise. The significance is the weakest finite
+    z, 0.0 when no leg has one (never NaN or ±∞)."""
+    zs = [v.z for v in legs.values()]
+    if any(np.isfinite(z) and z < min_sigma for z in zs):
+        return None, None, math.nan
+    if any(v.se == 0 and v.diff <= 0 for v in legs.values()):
+        return None, None, math.nan
+    finite = [z for z in zs if np.isfinite(z)]
+    significance = float(min(finite)) if finite else 0.0
+    reasons = list(model.problems)
+    zero = [k for k, v in legs.items() if not np.isfinite(v.z)]
+    if zero:
+        reasons.insert(0, f"no noise estimate for the {', '.join(zero)} leg(s): seed and training "
+                          "noise both estimated as 0")
+    if reasons:
+        return "undecided", "; ".join(reasons), significance
+    return "confirmed", None, significance
+
+
+def _decided(status: Optional[str], reason: Optional[str], detail: dict, model: NoiseModel) -> dict:
+    allowance = SELECTION_ALLOWANCE if detail.get("held_out") else SELF_SELECTION_ALLOWANCE
+    out = dict(detail, noise_model=model.to_dict(), selection_allowance=allowance)
+    if status == "undecided":
+        out["undecided_reason"] = reason
+    return out
 
 
 def _effect_ok(legs: dict, min_rel: float, min_amplitude: float, scale: float) -> bool:
@@ -348,43 +461,44 @@ def _u_shape(x, y, units, *, name, window, min_sigma, min_rel, confirm, min_ampl
     both z >= ``min_sigma``."""
     if x.size < max(5, confirm + 2):
         return None
-    sel, test, full, held = _curves(x, y, units, name)
+    sel, test, full, held, model = _curves(x, y, units, name, window)
     s = smooth(sel.y, window)
-    thr, ts = _proposal_threshold(sel, window, min_rel, min_amplitude, s)
+    thr, ts = _proposal_threshold(sel, window, min_rel, min_amplitude, s, model)
     m = _refine(sel.y, int(np.argmin(s)), window, "min")
     if m > x.size - 1 - confirm:
         return None  # lowest at the end: no rise to confirm
     a = _refine(sel.y[: m + 1], int(np.argmax(s[: m + 1])), window, "max")
-    descent_seen = m > 0 and ts.leg(ts.place(a), ts.place(m)).z >= PROPOSE_SIGMA
+    descent_seen = m > 0 and ts.proposed(ts.place(a), ts.place(m))
     if not descent_seen and (require_descent or m > 0):
         return None
-    if ts.leg(ts.place(0, end=True), ts.place(m)).z < PROPOSE_SIGMA:
+    if not ts.proposed(ts.place(0, end=True), ts.place(m)):
         return None
     body = s[m: x.size - window]  # before the end window
     if body.size:
         peak = _refine(sel.y, m + int(np.argmax(body)), window, "max")
-        if ts.leg(ts.place(peak), ts.place(0, end=True)).z >= max(min_sigma, PROPOSE_SIGMA):
+        back = ts.leg(ts.place(peak), ts.place(0, end=True))
+        if back.se > 0 and back.z_raw >= max(min_sigma, PROPOSE_SIGMA):
             return None  # rises, then descends again: double descent, not early learning
     c = _first_run(s[m:] - s[m] >= thr, confirm)
     c = x.size - confirm if c is None else c + m
-    tests, tests_full = _Tester(test, window), _Tester(full, window)
     legs, legs_full = {}, {}
-    for tt, out in ((tests, legs), (tests_full, legs_full)):
+    for tt, out in zip(_testers(test, full, window, held, model), (legs, legs_full)):
         if descent_seen:
             out["descent"] = tt.leg(tt.place(a), tt.place(m))
         out["rise"] = tt.leg(tt.place(0, end=True), tt.place(m))
-    z = min(v.z for v in legs.values())
+    status, reason, z = _verdict(legs, model, min_sigma)
     scale = float(np.max(np.abs(smooth(full.y, window))))
-    if z < _z_needed(min_sigma, held) or not _effect_ok(legs, min_rel, min_amplitude, scale):
+    if status is None or not _effect_ok(legs, min_rel, min_amplitude, scale):
         return None
     return Event(
-        name=name, epoch=_epoch(x[m]), significance=float(z),
+        name=name, epoch=_epoch(x[m]), significance=z, status=status,
         detected_epoch=_epoch(x[min(c + confirm - 1, x.size - 1)]),
-        detail={"min_value": float(full.y[m]), "descent": legs_full.get("descent", LegTest(0, 0, 0)).diff,
-                "descent_observed": bool(descent_seen), "rise": legs_full["rise"].diff,
-                "descent_start_epoch": _epoch(x[a]), "held_out": bool(held),
-                "threshold_z": _z_needed(min_sigma, held), "window": int(window), "confirm": int(confirm),
-                **_legs_detail(legs, legs_full)},
+        detail=_decided(status, reason, {
+            "min_value": float(full.y[m]), "descent": legs_full.get("descent", LegTest(0, 0, 0)).diff,
+            "descent_observed": bool(descent_seen), "rise": legs_full["rise"].diff,
+            "descent_start_epoch": _epoch(x[a]), "held_out": bool(held),
+            "threshold_z": _z_needed(min_sigma, held), "window": int(window), "confirm": int(confirm),
+            **_legs_detail(legs, legs_full)}, model),
     )
 
 
@@ -444,9 +558,9 @@ def detect_double_descent(epochs, e_gen, *, units=None, window: PositiveInt = 5,
     x, y = _prepare(epochs, e_gen, "e_gen")
     if x.size < max(7, 2 * confirm + 3):
         return None
-    sel, test, full, held = _curves(x, y, units, "e_gen")
+    sel, test, full, held, model = _curves(x, y, units, "e_gen", window)
     s = smooth(sel.y, window)
-    thr, _ = _proposal_threshold(sel, window, min_rel, min_amplitude, s)
+    thr, _ = _proposal_threshold(sel, window, min_rel, min_amplitude, s, model)
     piv = turning_points(s, thr)
     best = None
     for k in range(len(piv) - 2):
@@ -473,136 +587,97 @@ def detect_double_descent(epochs, e_gen, *, units=None, window: PositiveInt = 5,
     a, b, c = (_refine(sel.y, a, window, "min"), _refine(sel.y, b, window, "max"),
                _refine(sel.y, c, window, "min"))
     legs, legs_full = {}, {}
-    for tt, out in ((_Tester(test, window), legs), (_Tester(full, window), legs_full)):
+    for tt, out in zip(_testers(test, full, window, held, model), (legs, legs_full)):
         out["first_descent"] = tt.leg(tt.place(a0), tt.place(a))
         out["ascent"] = tt.leg(tt.place(b), tt.place(a))
         out["second_descent"] = tt.leg(tt.place(b), tt.place(c))
-    z = min(v.z for v in legs.values())
+    status, reason, z = _verdict(legs, model, min_sigma)
     scale = float(np.max(np.abs(smooth(full.y, window))))
-    if z < _z_needed(min_sigma, held) or not _effect_ok(legs, min_rel, min_amplitude, scale):
+    if status is None or not _effect_ok(legs, min_rel, min_amplitude, scale):
         return None
     return Event(
-        name="double_descent", epoch=_epoch(x[b]), significance=float(z), detected_epoch=_epoch(x[j]),
-        detail={"first_min_epoch": _epoch(x[a]), "peak_epoch": _epoch(x[b]),
-                "second_min_epoch": _epoch(x[c]), "first_descent": legs_full["first_descent"].diff,
-                "ascent": legs_full["ascent"].diff, "second_descent": legs_full["second_descent"].diff,
-                "held_out": bool(held), "threshold_z": _z_needed(min_sigma, held), "window": int(window),
-                "confirm": int(confirm), **_legs_detail(legs, legs_full)},
+        name="double_descent", epoch=_epoch(x[b]), significance=z, detected_epoch=_epoch(x[j]),
+        status=status,
+        detail=_decided(status, reason, {
+            "first_min_epoch": _epoch(x[a]), "peak_epoch": _epoch(x[b]),
+            "second_min_epoch": _epoch(x[c]), "first_descent": legs_full["first_descent"].diff,
+            "ascent": legs_full["ascent"].diff, "second_descent": legs_full["second_descent"].diff,
+            "held_out": bool(held), "threshold_z": _z_needed(min_sigma, held), "window": int(window),
+            "confirm": int(confirm), **_legs_detail(legs, legs_full)}, model),
     )
 
 
-def _onset_from_ratio(x, r, units, *, window, min_sigma, confirm, min_rise):
+def _onset_from_ratio(x, r, units, *, window, min_sigma, confirm, min_rise, source="mem/ratio"):
     """The smoothed ratio (selection half) exceeds its running minimum by the proposal threshold
     for ``confirm`` evaluations; tested: window at the later maximum minus window at the
     baseline minimum, on the held-out half."""
-    sel, test, full, held = _curves(x, r, units, "mem_ratio")
+    sel, test, full, held, model = _curves(x, r, units, "mem_ratio", window)
     s = smooth(sel.y, window)
-    thr, _ = _proposal_threshold(sel, window, 0.0, 0.0, s)
+    thr, _ = _proposal_threshold(sel, window, 0.0, 0.0, s, model)
     base = np.minimum.accumulate(s)
     i = _first_run(s - base >= thr, confirm)
     if i is None:
         return None
     b0 = _refine(sel.y[: i + 1], int(np.argmin(s[: i + 1])), window, "min")
-    p = _refine(sel.y, i + int(np.argmax(s[i:])), window, "max")
+    # tested: the level the ratio holds at the end (last ``window`` evaluations) against the
+    # baseline, the mean of up to 4·window evaluations before the onset (not their minimum, nor
+    # the later maximum: long windows the choice of the onset barely biases)
+    base_idx = np.arange(max(0, i - 4 * int(window)), max(i, 1))
     legs, legs_full = {}, {}
-    for tt, out in ((_Tester(test, window), legs), (_Tester(full, window), legs_full)):
-        out["rise"] = tt.leg(tt.place(p), tt.place(b0))
-    z = legs["rise"].z
-    if z < _z_needed(min_sigma, held) or legs_full["rise"].diff < min_rise:
+    for tt, out in zip(_testers(test, full, window, held, model), (legs, legs_full)):
+        out["rise"] = tt.leg(tt.place(0, end=True), base_idx)
+    status, reason, z = _verdict(legs, model, min_sigma)
+    if status is None or legs_full["rise"].diff < min_rise:
         return None
     return Event(
-        name="memorization_onset", epoch=_epoch(x[i]), significance=float(z),
+        name="memorization_onset", epoch=_epoch(x[i]), significance=z, status=status,
         detected_epoch=_epoch(x[i + confirm - 1]),
-        detail={"source": "mem/ratio", "baseline": float(full.y[b0]), "baseline_epoch": _epoch(x[b0]),
-                "rise": legs_full["rise"].diff, "final_value": float(full.y[-1]),
-                "held_out": bool(held), "threshold_z": _z_needed(min_sigma, held),
-                **_legs_detail(legs, legs_full)},
+        detail=_decided(status, reason, {
+            "source": source, "baseline": float(full.y[b0]), "baseline_epoch": _epoch(x[b0]),
+            "rise": legs_full["rise"].diff, "final_value": float(full.y[-1]),
+            "held_out": bool(held), "threshold_z": _z_needed(min_sigma, held),
+            **_legs_detail(legs, legs_full)}, model),
     )
 
 
-def _onset_from_e_mem(x, e, units, *, window, min_sigma, min_rel, confirm, min_amplitude, not_before):
-    """Mirror of the ratio rule on E_mem: a fall below its running maximum (searched from
-    ``not_before`` on), tested as window at the maximum minus window at the later minimum."""
-    start = 0
-    if not_before is not None:
-        later = np.flatnonzero(x >= float(not_before))
-        if later.size == 0:
-            return None
-        start = int(later[0])
-    sel, test, full, held = _curves(x, e, units, "e_mem")
-    s = smooth(sel.y, window)
-    thr, _ = _proposal_threshold(sel, window, min_rel, min_amplitude, s)
-    seg = s[start:]
-    peak = np.maximum.accumulate(seg)
-    i = _first_run(peak - seg >= thr, confirm)
-    if i is None:
-        return None
-    top = _refine(sel.y, start + int(np.argmax(seg[: i + 1])), window, "max")
-    low = _refine(sel.y, start + i + int(np.argmin(seg[i:])), window, "min")
-    legs, legs_full = {}, {}
-    for tt, out in ((_Tester(test, window), legs), (_Tester(full, window), legs_full)):
-        out["fall"] = tt.leg(tt.place(top), tt.place(low))
-    z = legs["fall"].z
-    if z < _z_needed(min_sigma, held):
-        return None
-    return Event(
-        name="memorization_onset", epoch=_epoch(x[start + i]), significance=float(z),
-        detected_epoch=_epoch(x[min(start + i + confirm - 1, x.size - 1)]),
-        detail={"source": "pfd/e_mem", "drop": legs_full["fall"].diff,
-                "from_start": bool(start + i <= confirm), "held_out": bool(held),
-                "threshold_z": _z_needed(min_sigma, held), **_legs_detail(legs, legs_full)},
-    )
-
-
-def detect_memorization_onset(epochs, mem_ratio=None, e_mem=None, icr=None, *,
-                              e_gen_min_epoch: Optional[float] = None, window: PositiveInt = 5,
+def detect_memorization_onset(epochs, mem_ratio, icr=None, *, window: PositiveInt = 5,
                               min_sigma: FiniteNonNegativeFloat = MIN_SIGMA,
                               min_rel: FiniteNonNegativeFloat = 0.0, confirm: PositiveInt = 3,
                               min_ratio_rise: FiniteNonNegativeFloat = 0.02,
-                              icr_epochs=None, e_mem_epochs=None, units=None, e_mem_units=None,
-                              icr_units=None) -> Optional[Event]:
-    """Memorization onset (ICR paper §5.2, Fig. 5; PFD paper §4.2).
+                              icr_epochs=None, units=None, icr_units=None) -> Optional[Event]:
+    """Memorization onset (ICR paper §5.2, Fig. 5) from a memorization signal: the memorization
+    ratio (or another metric declared with the ``memorization_onset`` detector).
 
-    - From the memorization ratio (preferred when given): proposed where the smoothed ratio of the
-      selection half first exceeds its running minimum for ``confirm`` evaluations; accepted when
-      the held-out ratio rises significantly (z >= ``min_sigma``, per-sample indicators ``units``)
-      from the baseline minimum to the later maximum, by at least ``min_ratio_rise``.
-    - Only when no ratio was measured, from E_mem (``e_mem_units``: its per-seed record): a
-      significant fall below its running maximum, searched from ``e_gen_min_epoch`` on when given
-      (before the E_gen minimum E_mem also falls simply because the model learns the data).
-    - Early warning: the ICR minimum (:func:`detect_icr_minimum` on ``icr``); ``detail`` then
-      holds ``icr_min_epoch`` and ``lead_epochs = onset − icr_min_epoch`` (> 0: ICR anticipates).
+    Proposed where the smoothed ratio of the selection half first exceeds its running minimum for
+    ``confirm`` evaluations; tested on the held-out half (per-sample indicators ``units``): the
+    window at the later maximum minus the window at the baseline minimum, at least
+    ``min_ratio_rise``. A discrete ratio's training noise is never estimated as exactly 0 where
+    it moves (:func:`~lightning_pfd.analysis.inference.variogram` falls back to the classical
+    variance when most differences are 0); with no noise estimate at all the onset is undecided.
+    E_gen / E_mem alone never give an onset (E_mem also falls while the model learns the data).
 
-    ``epochs`` are those of ``mem_ratio``; ``e_mem_epochs`` / ``icr_epochs`` default to them.
-    Returns None when no onset is found.
+    Early warning: the ICR minimum (:func:`detect_icr_minimum` on ``icr``, confirmed only);
+    ``detail`` then holds ``icr_min_epoch`` and ``lead_epochs = onset − icr_min_epoch`` (> 0: ICR
+    anticipates). ``icr_epochs`` default to ``epochs``. None when no onset is found.
     """
     check_args(detect_memorization_onset, locals())
-    if mem_ratio is None and e_mem is None:
-        raise ValueError("detect_memorization_onset needs mem_ratio or e_mem (got neither)")
-    ev = None
-    if mem_ratio is not None:
-        x, r = _prepare(epochs, mem_ratio, "mem_ratio")
-        if x.size >= max(5, confirm + 2):
-            ev = _onset_from_ratio(x, r, units, window=window, min_sigma=min_sigma, confirm=confirm,
-                                   min_rise=min_ratio_rise)
-    if mem_ratio is None and e_mem is not None:  # a measured ratio that never rises is a "no"
-        x, e = _prepare(epochs if e_mem_epochs is None else e_mem_epochs, e_mem, "e_mem")
-        if x.size >= max(5, confirm + 2):
-            ev = _onset_from_e_mem(x, e, e_mem_units, window=window, min_sigma=min_sigma,
-                                   min_rel=min_rel, confirm=confirm, min_amplitude=0.0,
-                                   not_before=e_gen_min_epoch)
-    if ev is None:
+    if mem_ratio is None:
+        raise ValueError("detect_memorization_onset needs mem_ratio (a memorization signal); "
+                         "E_gen / E_mem alone give no onset")
+    x, r = _prepare(epochs, mem_ratio, "mem_ratio")
+    if x.size < max(5, confirm + 2):
         return None
-    if icr is not None:
-        icr_ev = detect_icr_minimum(epochs if icr_epochs is None else icr_epochs, icr, units=icr_units,
-                                    window=window, min_sigma=min_sigma, min_rel=min_rel,
-                                    confirm=confirm)
-        if icr_ev is not None:
-            detail = dict(ev.detail, icr_min_epoch=icr_ev.epoch,
-                          lead_epochs=_epoch(float(ev.epoch) - float(icr_ev.epoch)))
-            ev = Event(ev.name, ev.epoch, ev.significance, ev.detected_epoch, detail)
+    ev = _onset_from_ratio(x, r, units, window=window, min_sigma=min_sigma, confirm=confirm,
+                           min_rise=min_ratio_rise)
+    if ev is None or icr is None:
+        return ev
+    icr_ev = detect_icr_minimum(epochs if icr_epochs is None else icr_epochs, icr, units=icr_units,
+                                window=window, min_sigma=min_sigma, min_rel=min_rel, confirm=confirm)
+    if icr_ev is not None and icr_ev.status == "confirmed":
+        detail = dict(ev.detail, icr_min_epoch=icr_ev.epoch,
+                      lead_epochs=_epoch(float(ev.epoch) - float(icr_ev.epoch)))
+        ev = Event(ev.name, ev.epoch, ev.significance, ev.detected_epoch, detail, ev.status)
     return ev
-
 
 
 def _tail_mean(epochs, values, window, confirm):
@@ -699,28 +774,22 @@ def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, 
     get = {role: series.get(name) for role, name in k.items()}
     u = {role: (units or {}).get(name) for role, name in k.items()}
     p = dict(window=window, min_sigma=min_sigma, min_rel=min_rel, confirm=confirm)
-    events = []
+    found = []
     el = dd = None
     if get["e_gen"] is not None:
         el = detect_early_learning(*get["e_gen"], units=u["e_gen"], require_descent=require_descent, **p)
         dd = detect_double_descent(*get["e_gen"], units=u["e_gen"], **p)
-        events += [e for e in (el, dd) if e is not None]
-    icr_ev = detect_icr_minimum(*get["icr"], units=u["icr"], **p) if get["icr"] is not None else None
-    if icr_ev is not None:
-        events.append(icr_ev)
-    if get["mem_ratio"] is not None or get["e_mem"] is not None:
+        found += [e for e in (el, dd) if e is not None]
+    if get["icr"] is not None:
+        found.append(detect_icr_minimum(*get["icr"], units=u["icr"], **p))
+    if get["mem_ratio"] is not None:  # an onset only from a memorization signal
         ratio = get["mem_ratio"]
-        base_x = ratio[0] if ratio is not None else get["e_mem"][0]
-        onset = detect_memorization_onset(
-            base_x, None if ratio is None else ratio[1],
-            e_mem=None if get["e_mem"] is None else get["e_mem"][1],
-            e_mem_epochs=None if get["e_mem"] is None else get["e_mem"][0],
-            icr=None if get["icr"] is None else get["icr"][1],
+        found.append(detect_memorization_onset(
+            ratio[0], ratio[1], icr=None if get["icr"] is None else get["icr"][1],
             icr_epochs=None if get["icr"] is None else get["icr"][0],
-            units=u["mem_ratio"], e_mem_units=u["e_mem"], icr_units=u["icr"],
-            e_gen_min_epoch=None if el is None else el.epoch, **p)
-        if onset is not None:
-            events.append(onset)
+            units=u["mem_ratio"], icr_units=u["icr"], **p))
+    if el is not None and el.status != "confirmed":
+        el = None
     regime = None
     if final and get["e_gen"] is not None and get["e_mem"] is not None:
         xg, yg = get["e_gen"]
@@ -741,10 +810,11 @@ def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, 
                 mem_ratio_epochs=None if get["mem_ratio"] is None else get["mem_ratio"][0],
                 gap=None if gap is None else gap[1], gap_epochs=None if gap is None else gap[0],
                 early_learning=el, window=window, confirm=confirm)
-    events += detect_registered(series, exclude=set(k.values()), units=units,
-                                require_descent=require_descent, metric_keys=metric_keys, **p)
-    events.sort(key=lambda e: (float(e.epoch), e.name))
-    return RunAnalysis(events=events, regime=regime)
+    found += detect_registered(series, exclude=set(k.values()), units=units,
+                               require_descent=require_descent, metric_keys=metric_keys, **p)
+    found = sorted((e for e in found if e is not None), key=lambda e: (float(e.epoch), e.name))
+    return RunAnalysis(events=[e for e in found if e.status == "confirmed"], regime=regime,
+                       undecided=[e for e in found if e.status != "confirmed"])
 
 
 def detect_registered(series: Mapping[str, tuple], *, exclude=(), window: PositiveInt = 5,
@@ -757,8 +827,10 @@ def detect_registered(series: Mapping[str, tuple], *, exclude=(), window: Positi
     :data:`lightning_pfd.keys.BUILTIN`) without a role (user metrics) present in ``series`` (names in ``exclude`` skipped): each of their single-curve
     ``detectors`` — ``early_learning`` (:func:`detect_early_learning`), ``double_descent``
     (:func:`detect_double_descent`), ``minimum`` / ``icr_minimum`` (the U-shaped minimum,
-    :func:`detect_icr_minimum`) — runs on the curve alone. Events are named
-    ``<key slug>_<detector>``; ``detail`` holds ``key``, ``display`` and ``detector``."""
+    :func:`detect_icr_minimum`), ``memorization_onset`` (a declared memorization signal: the
+    ratio's onset rule, :func:`detect_memorization_onset`) — runs on the curve alone. Events
+    are named ``<key slug>_<detector>``; ``detail`` holds ``key``, ``display`` and ``detector``;
+    undecided events are returned too (``status``)."""
     check_args(detect_registered, locals())
     p = dict(window=window, min_sigma=min_sigma, min_rel=min_rel, confirm=confirm)
     out = []
@@ -775,10 +847,14 @@ def detect_registered(series: Mapping[str, tuple], *, exclude=(), window: Positi
             elif det in ("minimum", "icr_minimum"):
                 det = "minimum"
                 ev = detect_icr_minimum(x, y, units=uk, **p)
-            else:  # memorization_onset / regime combine role curves: not for a lone key
+            elif det == "memorization_onset":  # a declared memorization signal
+                ev = detect_memorization_onset(x, y, units=uk, **p)
+                if ev is not None:
+                    ev.detail["source"] = mk.key
+            else:  # the regime combines role curves: not for a lone key
                 continue
             if ev is not None:
                 out.append(Event(f"{keys_registry.slug(mk.key)}_{det}", ev.epoch, ev.significance,
                                  ev.detected_epoch, dict(ev.detail, key=mk.key, display=mk.display,
-                                                         detector=det)))
+                                                         detector=det), ev.status))
     return out

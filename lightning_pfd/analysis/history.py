@@ -318,8 +318,32 @@ def load_history(path, source: Source = "auto", use_leet: Optional[bool] = None,
     files = _select(files, segment)
     parts = [_read_csv(f) if kind == "csv" else _read_wandb(f, use_leet) for f in files]
     hist = _combine(kind, parts)
+    if not hist.keys() and kind == "wandb" and source == "auto":
+        fallback = _csv_instead(path, segment, hist)  # a run still training: W&B not flushed yet
+        if fallback is not None:
+            return fallback
     if not hist.keys():
         raise ConfigError("run_dir", _nothing_read(hist))
+    return hist
+
+
+def _csv_instead(path, segment, empty: History) -> Optional[History]:
+    """The CSV logs of the run at ``path`` when its W&B log holds no metric value yet (W&B
+    buffers records in its service process: the log of a run that is still training, or was
+    killed, can be empty while the CSV logger has written its rows). None when there is no CSV
+    log with a value either."""
+    try:
+        _, files = find_segments(path, "csv")
+        files = _select(files, segment)
+    except ConfigError:
+        return None
+    hist = _combine("csv", [_read_csv(f) for f in files])
+    if not hist.keys():
+        return None
+    where = ", ".join(str(s.path) for s in empty.segments)
+    hist.warnings.insert(0, f"the W&B log ({where}) holds no metric value yet (the run is still "
+                            "running, or W&B had not written its buffer when it stopped): read "
+                            "the CSV log instead")
     return hist
 
 

@@ -44,7 +44,7 @@ from ..validation import NonNegativeInt, PositiveFloat, PositiveInt, check_args
 from .per_unit import UnitSeries
 
 __all__ = ["Curve", "curves_from_units", "scalar_curves", "window_indices", "contrast",
-           "variogram", "LegTest", "leg_test"]
+           "variogram", "shape_exponent", "shape_factor", "NoiseModel", "LegTest", "leg_test"]
 
 _MAD = 1.482602218505602
 #: every SELECT_EVERY-th unit proposes candidates, the others test them
@@ -65,6 +65,11 @@ class Curve:
 
     def __len__(self) -> int:
         return int(self.y.size)
+
+    def slice(self, lo: int, hi: int) -> "Curve":
+        """The evaluations lo..hi-1 (a local segment of the curve)."""
+        u = None if self.units is None else self.units[lo:hi]
+        return Curve(self.epochs[lo:hi], self.y[lo:hi], u, self.kind)
 
     def seed_var(self, rows: np.ndarray) -> np.ndarray:
         """Seed variance of each contrast row (K, T) (0 without units)."""
@@ -151,7 +156,13 @@ def contrast(n: int, plus: np.ndarray, minus: np.ndarray) -> np.ndarray:
 
 
 def _robust_var(d: np.ndarray) -> float:
-    return float((_MAD * np.median(np.abs(d - np.median(d)))) ** 2)
+    """MAD variance of ``d``; when the MAD is 0 but ``d`` is not constant (a curve with few
+    distinct values, e.g. a memorization ratio, whose differences are mostly exactly 0), the
+    classical variance: a zero estimate there would be an artefact of the discreteness."""
+    v = float((_MAD * np.median(np.abs(d - np.median(d)))) ** 2)
+    if v == 0.0 and d.size > 1:
+        return float(np.var(d, ddof=1))
+    return v
 
 
 #: differences used for the variogram: 2 (second differences, V <= Var/2) or 3 (third
@@ -248,14 +259,210 @@ def _train_var(c: np.ndarray, V: np.ndarray) -> float:
     return float(max(0.0, -0.5 * w @ V[lag] @ w))
 
 
+# ----------------------------------------------------------------------------- the noise model
+#: beyond this short-lag variogram exponent the bound V(h) <= Var(D_h)/4 no longer holds and is
+#: replaced by the power-law factor 1/(15 - 6·2^a + 3^a) (docs/events.md, "The noise model")
+CONCAVE_A = 1.37
+#: at or above this exponent (noise smooth at the evaluation spacing: drifts, low-pass noise)
+#: third differences cannot see the training noise: the model fails its check (undecided)
+MAX_SHAPE_EXPONENT = 1.8
+#: the training noise must be at least this share of the third differences' variance for its
+#: shape to be checked (below it the seed part, exact and paired, carries the leg's error)
+SHAPE_MIN_SHARE = 0.2
+#: the longest lag 2h of the pairs (h, 2h) the shape is read at (longer lags mistake a real
+#: event's own curvature for smooth noise)
+SHAPE_MAX_LAG = 4
+#: shortest local segment (evaluations) for the local scale of the training noise
+MIN_SEGMENT = 40
+#: a local scale ratio is divided by exp(LOCAL_SHRINK · its log-sd) (a lower confidence bound)
+LOCAL_SHRINK = 1.5
+#: fewest evaluations with which a training-noise variogram is estimated at all
+MIN_EVALUATIONS = 8
+
+
+def _third_diff_vars(curve: Curve, h: int) -> Tuple[float, float]:
+    """(total, seed part) of the variance of third differences at lag ``h``."""
+    d = _diff(curve.y, h, 3)
+    if d.size < 3:
+        return math.nan, 0.0
+    total = _robust_var(d)
+    seed = 0.0
+    if curve.units is not None:
+        seed = float(np.mean(curve.unit_var(_diff(curve.units, h, 3))))
+    return total, seed
+
+
+def _pair_exponent(curve: Curve, h: int) -> Tuple[float, str]:
+    """The exponent from the lag pair (h, 2h): log2 of the ratio of the training parts of
+    Var(D_2h) and Var(D_h) (module docstring of :func:`shape_exponent`)."""
+    t1, s1 = _third_diff_vars(curve, h)
+    t2, s2 = _third_diff_vars(curve, 2 * h)
+    if not (np.isfinite(t1) and np.isfinite(t2)) or t1 <= 0:
+        return math.nan, "too few evaluations"
+    v1, v2 = t1 - s1, t2 - s2
+    if v1 <= SHAPE_MIN_SHARE * t1:
+        if v2 > max(SHAPE_MIN_SHARE * t2, 4.0 * max(v1, 0.0)) and v2 > 0:
+            # invisible at lag h, present at lag 2h: smooth noise
+            return math.inf, f"training noise invisible at lag {h} but present at lag {2 * h}"
+        return math.nan, "training noise small next to the seed noise"
+    if v2 <= 0:
+        return 0.0, ""
+    return float(math.log2(v2 / v1)), ""
+
+
+def shape_exponent(curve: Curve, max_lag: Optional[int] = None) -> Tuple[float, str]:
+    """The exponent a of the training-noise variogram at short lags, V(h) ∝ h^a, from the
+    variances of third differences at lags h and 2h (seed part removed): for a power law
+    Var(D_2h)/Var(D_h) = 2^a. White noise: 0; AR(1), a random walk: ≈ 1; fBm: 2H; noise that is
+    smooth at the evaluation spacing: ≫ 2. The pairs h = 1, 2, ... up to ``max_lag``/2
+    (default :data:`SHAPE_MAX_LAG`) are read and the largest measurable exponent is returned
+    (noise smooth over a few evaluations is invisible at lag 1 but not at lag 2). Returns (a, note); a is NaN with the reason in ``note`` when the training part is not
+    measurable at any pair."""
+    n = len(curve)
+    if max_lag is None:
+        max_lag = SHAPE_MAX_LAG
+    best, notes, h = math.nan, [], 1
+    while 2 * h <= max(2, max_lag) and 3 * 2 * h + 3 <= n:
+        a, note = _pair_exponent(curve, h)
+        if np.isfinite(a) or np.isinf(a):
+            best = a if not np.isfinite(best) else max(best, a)
+        elif note:
+            notes.append(f"lags {h}/{2 * h}: {note}")
+        h *= 2
+    if np.isnan(best):
+        return math.nan, "; ".join(notes) or "too few evaluations"
+    return float(best), ""
+
+
+def shape_factor(a: float) -> float:
+    """Multiplier of the bound V(h) = Var(D_h)/4 that keeps it an upper bound for a power-law
+    variogram of exponent ``a``: 1 up to :data:`CONCAVE_A`, then (1/4)⁻¹/(15 − 6·2^a + 3^a);
+    infinite where third differences cannot see the noise (a → 2)."""
+    if not np.isfinite(a) or a <= CONCAVE_A:
+        return 1.0 if not (np.isinf(a) and a > 0) else math.inf
+    denom = 15.0 - 6.0 * 2.0 ** a + 3.0 ** a
+    return math.inf if denom <= 0 else max(1.0, 4.0 / denom)
+
+
+@dataclass
+class NoiseModel:
+    """The training-noise model of a curve, fitted once on all its units, with its checks.
+
+    - ``V``: the variogram (:func:`variogram`) times ``factor`` (:func:`shape_factor` of the
+      short-lag exponent ``exponent``);
+    - local scale: the curve is cut into segments of ``segment`` evaluations; a leg's training
+      variance uses V times the largest ratio (>= 1) of a segment's short-lag variogram to the
+      whole curve's, over the segments around the leg's evaluations, so noise that grows (or
+      shrinks) over the run is measured where the leg is (``scale`` in the leg's record);
+    - ``problems``: the checks that failed (too few evaluations, a variogram too convex for the
+      bound); an event tested with a failing model is *undecided*, never confirmed.
+    """
+
+    curve: Curve
+    V: np.ndarray
+    exponent: float
+    factor: float
+    segment: int
+    problems: Tuple[str, ...]
+    notes: Tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self._scales: dict = {}
+
+    @classmethod
+    def fit(cls, curve: Curve, window: int = 5) -> "NoiseModel":
+        n = len(curve)
+        problems, notes = [], []
+        if n < MIN_EVALUATIONS:
+            problems.append(f"{n} evaluations: at least {MIN_EVALUATIONS} are needed to estimate "
+                            "the training noise")
+        V = variogram(curve) if n >= 2 else np.zeros(max(n, 1))
+        a, note = shape_exponent(curve) if n >= MIN_EVALUATIONS else (math.nan, "too few evaluations")
+        if note:
+            notes.append(f"shape not checked: {note}")
+        f = shape_factor(a)
+        if not np.isfinite(f) or (np.isfinite(a) and a >= MAX_SHAPE_EXPONENT):
+            problems.append(f"the training noise is smooth at the evaluation spacing (variogram "
+                            f"exponent {a:.2f} >= {MAX_SHAPE_EXPONENT}): third differences cannot "
+                            "bound it")
+            f = 1.0
+        seg = max(MIN_SEGMENT, n // 4, 4 * int(window))
+        return cls(curve, V * f, float(a), float(f), int(seg), tuple(problems), tuple(notes))
+
+    def _lag1_train_var(self, lo: int, hi: int) -> Tuple[float, float]:
+        """(training part of the robust variance of lag-1 third differences on [lo, hi) — the
+        lag least affected by a trend's curvature —, the sd of its logarithm): the log of a MAD
+        variance of third differences has sd ≈ 3/sqrt(count) (measured on Gaussian noise),
+        inflated by total/training when the seed part is subtracted."""
+        total, seed = _third_diff_vars(self.curve.slice(lo, hi), 1)
+        train = max(0.0, total - seed) if np.isfinite(total) else math.nan
+        count = max(1, hi - lo - 3)
+        sd_log = 3.0 / math.sqrt(count) * (total / train if train > 0 else math.inf)
+        return train, sd_log
+
+    def _segment_scale(self, lo: int) -> float:
+        """Ratio (>= 1) of the segment [lo, lo + segment)'s training-noise level to the whole
+        curve's (lag-1 third differences), divided by exp(LOCAL_SHRINK·sd) of its own sampling
+        error, so that windows that agree within their noise leave the pooled model unchanged."""
+        if lo not in self._scales:
+            v_seg, sd_seg = self._lag1_train_var(lo, lo + self.segment)
+            if "all" not in self._scales:
+                self._scales["all"] = self._lag1_train_var(0, len(self.curve))
+            v_all, sd_all = self._scales["all"]
+            if not np.isfinite(v_seg) or v_seg <= 0:
+                r = 1.0
+            elif not v_all > 0:
+                r = math.inf
+            else:
+                sd_log = math.sqrt(sd_seg ** 2 + sd_all ** 2)
+                r = max(1.0, v_seg / v_all * math.exp(-LOCAL_SHRINK * sd_log))
+            self._scales[lo] = float(r)
+        return self._scales[lo]
+
+    def local_scale(self, c: np.ndarray) -> float:
+        """The variance multiplier (>= 1) for contrast ``c``: the largest segment ratio around
+        its evaluations (1 when the curve is too short to have segments)."""
+        n = len(self.curve)
+        if n < 2 * self.segment:
+            return 1.0
+        r = 1.0
+        for i in np.flatnonzero(c):
+            lo = int(min(max(0, i - self.segment // 2), n - self.segment))
+            lo -= lo % max(1, self.segment // 4)  # a coarse grid of segments: computed once each
+            r = max(r, self._segment_scale(lo))
+        return r
+
+    def train_var(self, c: np.ndarray) -> Tuple[float, float]:
+        """(training variance of contrast ``c``, the local scale used)."""
+        r = self.local_scale(c)
+        if not np.isfinite(r):  # no noise on the whole curve, some locally: the local one
+            lo = int(min(max(0, int(np.flatnonzero(c)[-1]) - self.segment // 2), len(self.curve) - self.segment))
+            if ("V", lo) not in self._scales:
+                v = variogram(self.curve.slice(lo, lo + self.segment))
+                self._scales[("V", lo)] = np.concatenate([v, np.full(max(0, self.V.size - v.size), v[-1])])
+            return _train_var(c, self._scales[("V", lo)]), r
+        return _train_var(c, self.V * r), r
+
+    def to_dict(self) -> dict:
+        return {"exponent": self.exponent, "shape_factor": self.factor, "segment": self.segment,
+                "segment_scales": {int(k): float(v) for k, v in sorted(
+                    (k, v) for k, v in self._scales.items() if isinstance(k, int))},
+                "problems": list(self.problems), "notes": list(self.notes)}
+
+
 @dataclass(frozen=True)
 class LegTest:
     """One leg: ``diff`` = c·y (oriented: > 0 in the hypothesized direction), its standard error
-    ``se`` = sqrt(``se_seed``² + ``se_train``²) and ``z`` = diff/se."""
+    ``se`` = sqrt(``se_seed``² + ``se_train``²) and the selection-corrected
+    ``z`` = (diff − ``allowance``)/se, where ``allowance`` is the bias that choosing the leg's
+    places from the data can put into ``diff`` (docs/events.md, "Selection"). ``z`` is NaN when
+    ``se`` is 0 (no noise estimate: the leg is undecided, never infinitely significant)."""
 
     diff: float
     se_seed: float
     se_train: float
+    allowance: float = 0.0
+    scale: float = 1.0
 
     @property
     def se(self) -> float:
@@ -264,18 +471,32 @@ class LegTest:
     @property
     def z(self) -> float:
         se = self.se
-        if se > 0:
-            return self.diff / se
-        return math.copysign(math.inf, self.diff) if self.diff != 0 else 0.0
+        return (self.diff - self.allowance) / se if se > 0 else math.nan
+
+    @property
+    def z_raw(self) -> float:
+        se = self.se
+        return self.diff / se if se > 0 else math.nan
 
     def to_dict(self) -> dict:
         return {"diff": self.diff, "se": self.se, "se_seed": self.se_seed,
-                "se_train": self.se_train, "z": self.z}
+                "se_train": self.se_train, "allowance": self.allowance, "z": self.z,
+                "z_raw": self.z_raw, "local_scale": self.scale}
 
 
-def leg_test(curve: Curve, c: np.ndarray, V: Optional[np.ndarray] = None) -> LegTest:
-    """The leg test of contrast ``c`` on ``curve`` (``V``: its :func:`variogram`, computed when
-    not given)."""
-    V = variogram(curve) if V is None else V
-    seed = float(curve.seed_var(c)[0])
-    return LegTest(float(c @ curve.y), math.sqrt(max(seed, 0.0)), math.sqrt(_train_var(c, V)))
+def leg_test(curve: Curve, c: np.ndarray, V=None, *, allowance_sd: float = 0.0,
+             held_out: bool = True) -> LegTest:
+    """The leg test of contrast ``c`` on ``curve``. ``V``: a :class:`NoiseModel` (fitted on the
+    curve when not given) or a plain variogram array. ``allowance_sd``: the selection allowance
+    in standard errors of the part of the noise the selection saw (the training part; the seed
+    part too unless ``held_out``)."""
+    if V is None:
+        V = NoiseModel.fit(curve)
+    if isinstance(V, NoiseModel):
+        train, scale = V.train_var(c)
+    else:
+        train, scale = _train_var(c, V), 1.0
+    seed = max(float(curve.seed_var(c)[0]), 0.0)
+    seen = train + (0.0 if held_out else seed)
+    return LegTest(float(c @ curve.y), math.sqrt(seed), math.sqrt(train),
+                   float(allowance_sd) * math.sqrt(seen), float(scale))

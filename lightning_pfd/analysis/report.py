@@ -58,7 +58,7 @@ _EXPLAIN = {
     "early_learning": "E_gen reaches an interior minimum, then rises until the end (PFD paper §4.2)",
     "double_descent": "E_gen decreases, increases, decreases again (PFD paper §4.2)",
     "icr_minimum": "ICR is U-shaped; its minimum is the early-stopping point (ICR paper §5.2)",
-    "memorization_onset": "memorization starts: memorization ratio rises / E_mem falls",
+    "memorization_onset": "memorization starts: the memorization ratio rises and holds (needs a memorization signal)",
 }
 
 
@@ -276,7 +276,9 @@ def _regime_md(analysis: RunAnalysis, k: dict) -> list:
     if reg is None:
         return out + ["Not determined (needs both `%s` and `%s`)." % (k["e_gen"], k["e_mem"]), ""]
     out += [f"**{reg.name}** — log(E_gen/E_mem) = {reg.score:.3f} at the end of training "
-            f"(E_gen = {_fmt(reg.detail['e_gen_end'])}, E_mem = {_fmt(reg.detail['e_mem_end'])}"
+            f"(means of the last smoothed evaluations, so they differ from the last values in the "
+            f"metric table below: E_gen = {_fmt(reg.detail['e_gen_end'])}, "
+            f"E_mem = {_fmt(reg.detail['e_mem_end'])}"
             + ("" if reg.detail.get("mem_ratio_end") is None
                else f", memorization ratio = {_fmt(reg.detail['mem_ratio_end'])}")
             + ("" if reg.detail.get("gap_end") is None
@@ -287,7 +289,7 @@ def _regime_md(analysis: RunAnalysis, k: dict) -> list:
 def _events_md(analysis: RunAnalysis) -> list:
     out = ["## Events", ""]
     if analysis.events:
-        out += ["| event | epoch | z (held-out) | legs: difference ± s.e. (z) | test | description |",
+        out += ["| event | epoch | z (weakest leg) | legs: difference ± s.e. (z) | test | description |",
                 "|---|---|---|---|---|---|"]
         for e in analysis.events:
             legs = "; ".join(f"{k} {_fmt(v['diff'], 3)} ± {_fmt(v['se'], 2)} ({_fmt(v['z'], 3)})"
@@ -298,7 +300,13 @@ def _events_md(analysis: RunAnalysis) -> list:
         out.append("")
     else:
         out += ["No event passed its test (every leg z >= min_sigma).", ""]
-    found = {e.name for e in analysis.events}
+    if analysis.undecided:
+        out += ["**Undecided** (the test passed, but the noise model failed its check on this run, "
+                "so the event is not confirmed):", ""]
+        out += [f"- {e.name} at epoch {_fmt(e.epoch)}: {e.reason}" for e in analysis.undecided] + [""]
+    out += ["(z = (difference − selection allowance) / s.e., the s.e. = paired seed part + local "
+            "training-noise part; docs/events.md.)", ""]
+    found = {e.name for e in analysis.events} | {e.name for e in analysis.undecided}
     missing = [n for n in _EXPLAIN if n not in found]
     if missing:
         out += ["Not detected: " + "; ".join(f"{n} ({_EXPLAIN[n]})" for n in missing) + ".", ""]

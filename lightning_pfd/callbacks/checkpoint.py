@@ -39,7 +39,13 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from ..checkpoint import VerifiedCheckpointIO, atomic_write_bytes
 
-__all__ = ["EpochCheckpoint", "install_verified_io", "continue_loggers", "logger_locations"]
+__all__ = ["EpochCheckpoint", "install_verified_io", "continue_loggers", "logger_locations",
+           "DataFingerprint", "install_data_fingerprint", "DATA_KEY"]
+
+#: the folder (inside a dirpath) of the weights where a max_steps / max_time stop cut an epoch
+STOPPED_DIR = "stopped"
+#: the checkpoint entry holding the fingerprint of the data the run trains on
+DATA_KEY = "lightning_pfd_data"
 
 
 def install_verified_io(trainer: "pl.Trainer") -> None:
@@ -49,6 +55,28 @@ def install_verified_io(trainer: "pl.Trainer") -> None:
     strategy = trainer.strategy
     if type(strategy.checkpoint_io) is TorchCheckpointIO:  # the default (created on first access)
         strategy.checkpoint_io = VerifiedCheckpointIO()
+
+
+class DataFingerprint(pl.Callback):
+    """Stores :func:`lightning_pfd.data.base.data_fingerprint` of the run's datamodule (its
+    arguments and the files they name) in every checkpoint, under :data:`DATA_KEY`; the command
+    line compares it on resume. Holds no state of its own (nothing in ``callbacks``)."""
+
+    def __init__(self, fingerprint: dict):
+        self.fingerprint = dict(fingerprint)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        if self.fingerprint:
+            checkpoint[DATA_KEY] = copy.deepcopy(self.fingerprint)
+
+
+def install_data_fingerprint(trainer: "pl.Trainer", datamodule) -> None:
+    """Add a :class:`DataFingerprint` of ``datamodule`` to the trainer (once)."""
+    from ..data.base import data_fingerprint
+
+    if datamodule is None or any(isinstance(cb, DataFingerprint) for cb in trainer.callbacks):
+        return
+    trainer.callbacks.append(DataFingerprint(data_fingerprint(datamodule)))
 
 
 def logger_locations(trainer: "pl.Trainer") -> Dict[str, Any]:
@@ -62,6 +90,23 @@ def logger_locations(trainer: "pl.Trainer") -> Dict[str, Any]:
             if run_id:
                 out["wandb"].append({"save_dir": str(lg.save_dir), "id": str(run_id)})
     return out
+
+
+def epoch_cut(trainer: "pl.Trainer") -> bool:
+    """Whether the training epoch that just ended stopped before its last batch (``max_steps``
+    or ``max_time`` reached inside it): Lightning does not resume such an epoch where it stopped."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    return not progress.is_last_batch and progress.current.completed > 0
+
+
+def _same_file(a: Optional[str], b: Optional[str]) -> bool:
+    """Whether two local paths name the same file (False for remote paths or a missing one)."""
+    if not a or not b or "://" in str(a) or "://" in str(b):
+        return False
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _unhealthy(pl_module) -> bool:
@@ -101,6 +146,7 @@ class EpochCheckpoint(ModelCheckpoint):
         self._monitor_seen = False
         self._wrote_in_fit = False
         self._top_k_at_start: Dict[str, Any] = {}
+        self._cut: Optional[tuple] = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -110,6 +156,8 @@ class EpochCheckpoint(ModelCheckpoint):
         super().on_fit_start(trainer, pl_module)
         self._wrote_in_fit = False
         self._top_k_at_start = dict(self.best_k_models)
+        self._cut = None
+        self._stopped_path = None
 
     # -- top-k: Lightning's, in the epochs where the monitored metric was measured -------------
     def _measured(self, trainer) -> bool:
@@ -133,6 +181,11 @@ class EpochCheckpoint(ModelCheckpoint):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if _unhealthy(pl_module):
             return
+        if not self._outside_fit(trainer) and epoch_cut(trainer):  # max_steps / max_time inside it:
+            self._cut = (trainer.current_epoch,  # last.ckpt stays at the last epoch end
+                         trainer.fit_loop.epoch_loop.batch_progress.current.completed)
+            self._save_stopped(trainer)
+            return
         if self._measured(trainer):
             super().on_train_epoch_end(trainer, pl_module)
         if not self.write_last or self._outside_fit(trainer):
@@ -142,6 +195,21 @@ class EpochCheckpoint(ModelCheckpoint):
         self._locations = logger_locations(trainer)
         self.save_last_checkpoint(trainer)
 
+    def _save_stopped(self, trainer) -> None:
+        """The weights where a cut epoch stopped, in ``<dirpath>/stopped/`` (not a resume point:
+        ``--ckpt_path last`` and ``best`` never pick it); the previous one there is replaced."""
+        if self.dirpath is None or "://" in str(self.dirpath):
+            return
+        folder = Path(self.dirpath) / STOPPED_DIR
+        path = folder / f"epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt"
+        old = sorted(folder.glob("*.ckpt")) if folder.is_dir() else []
+        trainer.save_checkpoint(str(path), self.save_weights_only)
+        self._stopped_path = str(path)
+        if trainer.is_global_zero:
+            for q in old:
+                if q != path:
+                    q.unlink(missing_ok=True)
+
     def save_last_checkpoint(self, trainer) -> str:
         """Write ``last.ckpt`` (``last-vN.ckpt`` when another run's file has the name) and remove
         the previous one of this run; returns the path."""
@@ -149,7 +217,8 @@ class EpochCheckpoint(ModelCheckpoint):
         filepath = self.format_checkpoint_name(candidates, self.CHECKPOINT_NAME_LAST)
         if self.version_last:
             version = self.STARTING_VERSION
-            while self.file_exists(filepath, trainer) and filepath != self.last_model_path:
+            while self.file_exists(filepath, trainer) and filepath != self.last_model_path \
+                    and not _same_file(filepath, trainer.ckpt_path):  # a moved run: its own last.ckpt
                 filepath = self.format_checkpoint_name(candidates, self.CHECKPOINT_NAME_LAST, ver=version)
                 version += 1
         previous, self.last_model_path = self.last_model_path, filepath  # part of the saved state
@@ -189,7 +258,19 @@ class EpochCheckpoint(ModelCheckpoint):
         super().on_train_end(trainer, pl_module)
         if _unhealthy(pl_module) or not self.write_last or self._outside_fit(trainer):
             return
-        # a fit that wrote no checkpoint (stopped inside its first epoch) still leaves last.ckpt
+        if self._cut is not None:  # never a checkpoint inside an epoch: a resume re-runs it whole
+            epoch, done = self._cut
+            where = (f"{self.last_model_path} (end of epoch {epoch - 1})" if self.last_model_path
+                     and os.path.isfile(self.last_model_path) else "no checkpoint (the first epoch was cut)")
+            if trainer.is_global_zero:
+                stopped = getattr(self, "_stopped_path", None)
+                print(f"[lightning_pfd] the run stopped inside epoch {epoch}, after {done} of its steps "
+                      f"(max_steps / max_time): the resume point is {where}; a resume with a larger "
+                      f"limit trains epoch {epoch} again from its start, exactly as an uninterrupted "
+                      "run would" + (f". The weights at the stop: {stopped} (not a resume point)"
+                                     if stopped else ""), flush=True)
+            return
+        # a fit that wrote no checkpoint (e.g. a fast epoch's early stop) still leaves last.ckpt
         if not self._wrote_in_fit and dict(self.best_k_models) == self._top_k_at_start:
             self.save_last_checkpoint(trainer)
 

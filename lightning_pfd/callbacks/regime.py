@@ -31,8 +31,11 @@ descent turns into double descent is first announced as early learning) and say 
 and in the W&B table (``status`` column). At the end of fit every event is re-tested by the same
 analysis ``report`` runs, on the same inputs (the logged curves and the per-unit records in
 ``<default_root_dir>/per_unit``): each provisional event is **confirmed**
-(``events/<name>_confirmed`` = 1, with the final epoch and significance) or **retracted**
-(``events/<name>_retracted`` = 1, a console line); events found only at the end are logged then.
+(``events/<name>_confirmed`` = 1, with its significance) when the final event is at the same
+epoch, **moved** (``events/<name>_moved`` = 1 and the final epoch) when the final test puts it at
+another epoch, **undecided** (``events/<name>_undecided`` = 1) when the final noise model fails
+its check, or **retracted** (``events/<name>_retracted`` = 1); each with a console line. Events
+found only at the end are logged then.
 The report and ``events.json`` hold the final answer, which ``python -m lightning_pfd report`` on
 the run's files reproduces.
 
@@ -60,7 +63,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
 from .. import keys as keys_registry
-from ..analysis.events import DEFAULT_KEYS, MIN_SIGMA, Event, RunAnalysis, analyze_history
+from ..analysis.events import DEFAULT_KEYS, MIN_SIGMA, Event, RunAnalysis, _fmt as _fmt_epoch, analyze_history
 from ..analysis.history import History
 from ..analysis.per_unit import load_units
 from ..analysis.report import check_settings, save_detector_settings
@@ -302,7 +305,8 @@ class RegimeMonitor(Callback):
 
     @staticmethod
     def _event(d: dict) -> Event:
-        return Event(**{k: d[k] for k in ("name", "epoch", "significance", "detected_epoch", "detail")})
+        return Event(**{k: d[k] for k in ("name", "epoch", "significance", "detected_epoch", "detail")},
+                     status="undecided" if d.get("status") == "undecided" else "confirmed")
 
     def _table_rows(self) -> list:
         rows = []
@@ -322,19 +326,35 @@ class RegimeMonitor(Callback):
 
     def _settle(self, trainer, analysis: RunAnalysis) -> None:
         """Re-test every provisional event with the final analysis (the same code and inputs as
-        ``report``): ``events/<name>_confirmed`` = 1 with the final epoch / significance, or
-        ``events/<name>_retracted`` = 1; an event found only at the end is logged as new."""
+        ``report``): ``events/<name>_confirmed`` = 1 with the final significance when the final
+        event is at the provisional epoch; ``events/<name>_moved`` = 1 (and the final epoch) when
+        the final test puts it elsewhere; ``events/<name>_undecided`` = 1 when the final noise
+        model fails its checks; ``events/<name>_retracted`` = 1 when it is gone. An event found
+        only at the end is logged as new; an undecided one found only at the end as undecided."""
         final = {e.name: e for e in analysis.events}
+        undecided = {e.name: e for e in analysis.undecided}
         metrics, lines = {}, []
         for name, d in self.emitted.items():
             if name == "memorization_lead":
                 continue
             e = final.get(name)
-            if e is None:
+            if e is None and name in undecided:
+                u = undecided[name]
+                self.final[name] = dict(u.to_dict(), status="undecided", provisional_epoch=d["epoch"])
+                metrics[f"events/{name}_undecided"] = 1.0
+                lines.append(f"[bold yellow]undecided[/] {u.describe()} — the provisional event "
+                             f"(epoch {d['epoch']}) is not confirmed")
+            elif e is None:
                 self.final[name] = dict(d, status="retracted")
                 metrics[f"events/{name}_retracted"] = 1.0
                 lines.append(f"[bold yellow]retracted[/] {self._event(d).describe()} — not confirmed "
                              "by the final test on the whole run")
+            elif float(e.epoch) != float(d["epoch"]):
+                self.final[name] = dict(e.to_dict(), status="moved", provisional_epoch=d["epoch"])
+                metrics.update({f"events/{name}_moved": 1.0, f"events/{name}_epoch": float(e.epoch),
+                                f"events/{name}_significance": float(e.significance)})
+                lines.append(f"[bold yellow]moved[/] the provisional event at epoch {d['epoch']} is at "
+                             f"epoch {_fmt_epoch(e.epoch)} in the final test: {e.describe()}")
             else:
                 self.final[name] = dict(e.to_dict(), status="confirmed")
                 metrics.update({f"events/{name}_confirmed": 1.0, f"events/{name}_epoch": float(e.epoch),
@@ -346,6 +366,11 @@ class RegimeMonitor(Callback):
                 metrics.update({f"events/{name}_confirmed": 1.0, f"events/{name}_epoch": float(e.epoch),
                                 f"events/{name}_significance": float(min(e.significance, 1e30))})
                 lines.append(f"[bold magenta]event (final)[/] {e.describe()}")
+        for name, u in undecided.items():
+            if name not in self.emitted:
+                self.final[name] = dict(u.to_dict(), status="undecided")
+                metrics[f"events/{name}_undecided"] = 1.0
+                lines.append(f"[bold yellow]undecided[/] {u.describe()}")
         on, icr = final.get("memorization_onset"), final.get("icr_minimum")
         if on is not None and icr is not None:  # the lead of the final events
             lead = float(on.epoch) - float(icr.epoch)

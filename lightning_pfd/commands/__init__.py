@@ -38,7 +38,8 @@ from typing import Any, Callable, Optional, Sequence
 
 __all__ = ["Command", "COMMANDS", "LIGHTNING_SUBCOMMANDS", "PROG", "CONFIG_DIR", "DEFAULT_CONFIG",
            "USER_ERROR", "main", "command_for", "run_guarded", "print_user_error", "debug_enabled",
-           "pop_flag", "configure_threads", "print_extra_help", "quiet_known_noise", "typed"]
+           "pop_flag", "configure_threads", "print_extra_help", "print_main_help", "quiet_known_noise",
+           "typed"]
 
 PROG = "python -m lightning_pfd"
 #: the embedded configs (``--config quickstart`` names ``CONFIG_DIR / "quickstart.yaml"``)
@@ -195,7 +196,11 @@ def print_extra_help() -> None:
 
     print("\n" + COMMON_OPTIONS_HELP)
     print("  --overwrite           fit: start a fresh run in a checkpoint directory that holds an "
-          "earlier run's\n                        checkpoints (they are replaced)")
+          "earlier run's\n                        checkpoints (moved to <dirpath>/overwritten-<time>/)")
+    print("  --allow-data-change   fit --ckpt_path: continue on data that differ from the "
+          "checkpoint's\n                        (a datamodule value or file; refused without it)")
+    print("  --run_dir PATH        fit: every output of the run (logs, checkpoints, per-unit records, "
+          "report,\n                        W&B run name) in PATH")
     print("\nExtra commands:")
     for c in COMMANDS.values():
         if c.name != "fit":
@@ -212,6 +217,16 @@ _NOISE_WARNINGS = (
     # there are refused (or replaced with --overwrite) before Lightning looks
     (r"Checkpoint directory .* exists and is not empty\.$", "lightning.pytorch.callbacks.model_checkpoint"),
 )
+
+
+#: Lightning's CSV writer, started in a resumed run's own version directory, warns that "Previous
+#: log files in this directory will be deleted": untrue on ``fit --ckpt_path``, where
+#: :func:`lightning_pfd.callbacks.checkpoint.continue_loggers` moves ``metrics.csv`` aside before
+#: the writer starts and writes its rows back (the resume keeps every row up to the checkpoint).
+#: Ignored by that exact message around that call only (a fresh run into an existing version
+#: directory, where the files are replaced, still shows it).
+RESUMED_CSV_WARNING = (r"Experiment logs directory .* exists and is not empty\. Previous log files in "
+                       r"this directory will be deleted when the new ones are saved!")
 
 
 class _DropMessage:
@@ -244,9 +259,35 @@ def quiet_known_noise() -> None:
             warnings.filterwarnings("ignore", message=pattern, module=module)
 
 
+#: LightningCLI's subcommands and their help lines (the top-level ``--help``, without Lightning)
+_LIGHTNING_HELP = {
+    "fit": "train: the full optimization routine (default config: quickstart)",
+    "validate": "one evaluation epoch over the validation set (a config and a checkpoint)",
+    "test": "one evaluation epoch over the test set (a config and a checkpoint)",
+    "predict": "inference on the predict set (a config and a checkpoint)",
+}
+
+
+def print_main_help() -> None:
+    """``python -m lightning_pfd --help``: the commands and the common options, printed without
+    importing Lightning or torch (a subcommand's own ``--help`` lists its options: ``fit --help``
+    is LightningCLI's, which needs Lightning)."""
+    names = ",".join([*LIGHTNING_SUBCOMMANDS, *(c for c in COMMANDS if c != "fit")])
+    print(f"usage: {PROG} [{{{names}}}] ...\n\n"
+          "Train and measure diffusion models (PFD, ICR, memorization ratio, tail metrics). With no\n"
+          "command: fit on the embedded quickstart config. For a command's options, add it followed\n"
+          "by --help.\n\nLightningCLI subcommands:")
+    for name, text in _LIGHTNING_HELP.items():
+        print(f"  {name:<10} {text}  ({PROG} {name} --help)")
+    print_extra_help()
+
+
 def _dispatch(argv: list) -> int:
     quiet_known_noise()
     configure_threads(argv)
+    if argv in (["-h"], ["--help"]):  # the top-level help: no LightningCLI, so no Lightning import
+        print_main_help()
+        return 0
     command = command_for(argv)
     rest = argv if command.name == "fit" else argv[1:]  # LightningCLI wants its subcommand
     return int(command.main()(rest) or 0)

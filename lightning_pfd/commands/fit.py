@@ -22,13 +22,15 @@ import re
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from ..cache import deferred_writes, write_deferred
-from ..callbacks.checkpoint import continue_loggers, install_verified_io, run_artifacts
+from ..cache import check_cache_writable, deferred_writes, write_deferred
+from ..callbacks.checkpoint import (continue_loggers, install_data_fingerprint, install_verified_io,
+                                    run_artifacts)
 from ..callbacks.wandb_setup import LogConfigCallback, has_wandb_credentials
 from ..checkpoint import atomic_write_bytes, load_checkpoint, truncated_epoch
 from ..contracts import check_data_shape
@@ -36,12 +38,16 @@ from ..errors import ConfigError, did_you_mean, suggest_option
 from ..locks import acquire as acquire_lock
 from ..locks import release_all as release_locks
 from ..validation import plain_numbers
-from . import (CONFIG_DIR, DEFAULT_CONFIG, LIGHTNING_SUBCOMMANDS, PROG, debug_enabled, pop_flag,
-               print_extra_help, run_guarded)
+from . import (CONFIG_DIR, DEFAULT_CONFIG, LIGHTNING_SUBCOMMANDS, PROG, RESUMED_CSV_WARNING,
+               debug_enabled, pop_flag, print_extra_help, run_guarded)
 from .fit_help import parser_kwargs
 from .interrupts import interrupt_status, signal_guard
+from .run_dir import RUN_DIR_HELP
+from .run_dir import relocate as relocate_outputs
 from .run_checks import (check_monitored_keys, check_wandb_online, finished_run,
                          share_checkpoint_dir)
+from .run_safety import (check_run_length, check_unique_keys, epoch_end_last_checkpoints,
+                         probe_output_places, remove_unfinished_writes, set_aside_earlier_checkpoints)
 
 __all__ = ["PFDLightningCLI", "PFDArgumentParser", "RunConfigCallback", "condense_error", "main",
            "run_lightning_cli", "resolve_config_path", "join_negative_values", "ensure_wandb_mode",
@@ -104,6 +110,9 @@ class PFDArgumentParser(LightningArgumentParser):
 
     @staticmethod
     def _hint(parser, message: str) -> Optional[str]:
+        renamed = _renamed_hint(message)
+        if renamed:
+            return renamed
         m = re.search(r"unrecognized arguments: (\S+)", message)
         if m:
             opt = m.group(1).split("=", 1)[0]
@@ -122,6 +131,22 @@ class PFDArgumentParser(LightningArgumentParser):
                         f"--trainer.callbacks+={cfg}")
             return f"in the config file {cfg!r}" if cfg else None
         return None
+
+
+#: options of earlier releases: old name -> (new name, what to write instead)
+RENAMED_OPTIONS = {"precond": ("family", "--model.init_args.family edm (or vp, ve; in a config "
+                                         "file: `family: edm` under model.init_args)")}
+
+
+def _renamed_hint(message: str) -> Optional[str]:
+    """The hint for an option that an earlier release had under another name."""
+    for old, (new, how) in RENAMED_OPTIONS.items():
+        if re.search(rf"(?<![\w.])(?:[\w.]*\.)?{old}\b", message) and ("not accepted" in message
+                                                                  or "unrecognized" in message
+                                                                  or "Unexpected" in message
+                                                                  or "No action" in message):
+            return f"`{old}` is now called `{new}`: {how}"
+    return None
 
 
 def qualified_key(key: str, argv: Sequence[str]) -> str:
@@ -365,10 +390,13 @@ class PFDLightningCLI(LightningCLI):
         stop_when_finished: ``fit --ckpt_path`` of a run that already reached ``max_epochs`` /
             ``max_steps`` raises :class:`RunFinished` before any logger starts (the command
             line prints it and exits 0) instead of an empty fit that rewrites the run's logs.
+        allow_data_change: ``fit --ckpt_path`` whose data differ from the checkpoint's (a
+            datamodule argument, a file it reads): continue on the new data (the differences
+            are printed) instead of refusing.
     """
 
     def __init__(self, args=None, run: bool = True, overwrite: bool = False,
-                 stop_when_finished: bool = False, **kwargs):
+                 stop_when_finished: bool = False, allow_data_change: bool = False, **kwargs):
         kwargs.setdefault("parser_kwargs", parser_kwargs(PROG, SUBCOMMANDS))  # fit_help.py
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
@@ -376,6 +404,7 @@ class PFDLightningCLI(LightningCLI):
         self.pfd_parser_class = kwargs.pop("parser_class", PFDArgumentParser)  # see init_parser
         self.overwrite = bool(overwrite)
         self.stop_when_finished = bool(stop_when_finished)
+        self.allow_data_change = bool(allow_data_change)
         self.resume_checkpoint: Optional[dict] = None
         self.resolved_ckpt_path: Optional[str] = None
         super().__init__(model_class=None, datamodule_class=None, subclass_mode_model=True,
@@ -421,6 +450,10 @@ class PFDLightningCLI(LightningCLI):
                                              "`name` (monitors) / `dirpath` or `monitor` (checkpoints)") from e
             raise
 
+    def add_arguments_to_parser(self, parser) -> None:
+        """``--run_dir PATH``: every output of the run in one directory (:mod:`.run_dir`)."""
+        parser.add_argument("--run_dir", type=Optional[str], default=None, help=RUN_DIR_HELP)
+
     def parse_arguments(self, parser, args) -> None:
         """Parse, then set ``ckpt_path`` aside until :meth:`before_instantiate_classes`: given a
         checkpoint file, Lightning (>= 2.5) would silently replace the command line's model
@@ -436,6 +469,9 @@ class PFDLightningCLI(LightningCLI):
             plain_numbers(args)
         sub = self.config.get("subcommand")
         cfg = self.config.get(sub) if sub else None
+        target = self.config if cfg is None else cfg  # run=False: no subcommand
+        if target.get("run_dir") is not None:  # before any path is used
+            relocate_outputs(target, target["run_dir"])
         self._given_ckpt_path = cfg.get("ckpt_path") if cfg is not None else None
         if self._given_ckpt_path is not None:
             cfg["ckpt_path"] = None
@@ -484,6 +520,8 @@ class PFDLightningCLI(LightningCLI):
         changes = getattr(self.model, "resume_changes", None)
         if callable(changes):  # refuses architecture changes now; the others are printed on load
             changes(ckpt, source=path)
+        if self.subcommand == "fit":
+            self._check_data_unchanged(ckpt, path)
         self.resume_checkpoint, self.resolved_ckpt_path = ckpt, path
         done = finished_run(ckpt, self.trainer.max_epochs, self.trainer.max_steps) \
             if self.subcommand == "fit" and self.stop_when_finished else None
@@ -503,6 +541,24 @@ class PFDLightningCLI(LightningCLI):
                   "continuation differs from an uninterrupted run (a checkpoint at an epoch end, e.g. after "
                   "SIGTERM, resumes exactly)", file=sys.stderr, flush=True)
 
+    def _check_data_unchanged(self, ckpt: dict, path: str) -> None:
+        """A resume trains on the data of its checkpoint: a changed datamodule argument or a
+        replaced data file is refused (``--allow-data-change``: reported, then accepted)."""
+        from ..callbacks.checkpoint import DATA_KEY
+        from ..data.base import data_changes, data_fingerprint
+
+        changes = data_changes(ckpt.get(DATA_KEY) or {}, data_fingerprint(self.datamodule))
+        if not changes:
+            return
+        listed = "; ".join(changes[:6]) + ("; ..." if len(changes) > 6 else "")
+        if not self.allow_data_change:
+            raise ConfigError("data", f"differs from the data the checkpoint {path} was trained on: "
+                              f"{listed}", suggestion="resume with the checkpoint's data values and files, "
+                              "start a new run (another dirpath, or --overwrite), or pass "
+                              "--allow-data-change to continue training on the new data")
+        print(f"[lightning_pfd] --allow-data-change: training continues on changed data: {listed}",
+              file=sys.stderr, flush=True)
+
     def _check_earlier_run(self) -> None:
         if self.subcommand != "fit" or self.overwrite:
             return
@@ -512,8 +568,8 @@ class PFDLightningCLI(LightningCLI):
                 "trainer.callbacks[ModelCheckpoint].dirpath",
                 f"an earlier run's checkpoints are there ({', '.join(found[:3])}"
                 + (", ..." if len(found) > 3 else "") + "); a fresh fit would overwrite them",
-                suggestion="resume it with --ckpt_path last, write elsewhere (change the config's "
-                           "save_dir/dirpath), or pass --overwrite to replace it")
+                suggestion="resume it with --ckpt_path last, write elsewhere (--run_dir PATH moves "
+                           "every output), or pass --overwrite to replace it")
 
     def _check_data(self) -> None:
         """Load the data now (the datamodule's checks: files, shapes, finite and in range); a
@@ -563,24 +619,9 @@ class PFDLightningCLI(LightningCLI):
                 check(self.trainer, self.model, self.datamodule)
 
     def _check_output_paths(self) -> None:
-        """Every directory the run writes to can be a directory: no part of its path is a
-        regular file (which would fail late, in a logger or checkpoint write)."""
-        places = [("trainer.default_root_dir", getattr(self.trainer, "default_root_dir", None))]
-        for lg in self.trainer.loggers:
-            places.append((f"trainer.logger[{type(lg).__name__}].save_dir", getattr(lg, "save_dir", None)))
-        for cb in self.trainer.checkpoint_callbacks:
-            places.append((f"trainer.callbacks[{type(cb).__name__}].dirpath", getattr(cb, "dirpath", None)))
-        for field, value in places:
-            if not value or "://" in str(value):
-                continue
-            p = Path(value).absolute()
-            for part in (p, *p.parents):
-                if part.exists():
-                    if not part.is_dir():
-                        raise ConfigError(field, f"{part} is a regular file, so the directory {p} cannot "
-                                          "be created", value=str(value),
-                                          suggestion="choose another output path (or move that file)")
-                    break
+        """Every place the run writes can be created and written (run_safety.py): no part of a
+        path is a regular file, no name is too long, no directory is read-only."""
+        probe_output_places(self.trainer)
 
     def _lock_run_dirs(self) -> list:
         """``fit``: one writer per checkpoint directory (:mod:`lightning_pfd.locks`), taken by the
@@ -599,10 +640,13 @@ class PFDLightningCLI(LightningCLI):
     def validate_run(self) -> None:
         """Every check that needs no training, before any file is written (see module doc)."""
         _RUNNING["trainer"] = self.trainer  # for the message of a run stopped by a signal
+        if self.subcommand == "fit":
+            check_run_length(self.trainer)
         self._check_shapes()
-        for line in share_checkpoint_dir(self.trainer):  # one checkpoint folder per run
-            print(f"[lightning_pfd] {line}", flush=True)
+        for line in share_checkpoint_dir(self.trainer) + epoch_end_last_checkpoints(self.trainer):
+            print(f"[lightning_pfd] {line}", flush=True)  # one checkpoint folder; last.ckpt every epoch
         self._check_output_paths()
+        check_cache_writable()
         locks = self._lock_run_dirs()  # a second writer fails here, before anything else
         try:
             self._check_resume()
@@ -619,8 +663,21 @@ class PFDLightningCLI(LightningCLI):
             raise
         write_deferred(pending)
         install_verified_io(self.trainer)
+        if self.subcommand == "fit":
+            install_data_fingerprint(self.trainer, self.datamodule)
+        removed = remove_unfinished_writes(self.trainer) if locks else []  # the run's lock is held:
+        if removed:  # no writer of this run is active, its unfinished checkpoint writes are garbage
+            print(f"[lightning_pfd] removed {len(removed)} unfinished checkpoint write(s) of an "
+                  f"interrupted run: {', '.join(removed[:3])}", flush=True)
+        if self.subcommand == "fit" and self.overwrite and self.resume_checkpoint is None \
+                and _launching_process():  # every check passed: the earlier run's files go aside
+            for line in set_aside_earlier_checkpoints(self.trainer):
+                print(f"[lightning_pfd] {line}", flush=True)
         if self.resume_checkpoint is not None and self.subcommand == "fit":
-            for line in continue_loggers(self.trainer, self.resume_checkpoint, self._logger_init_args()):
+            with warnings.catch_warnings():  # untrue here: see RESUMED_CSV_WARNING
+                warnings.filterwarnings("ignore", message=RESUMED_CSV_WARNING)
+                lines = continue_loggers(self.trainer, self.resume_checkpoint, self._logger_init_args())
+            for line in lines:
                 print(f"[lightning_pfd] {line}", flush=True)
         elif self.resume_checkpoint is not None:  # validate / test / predict: their own log version
             print(f"[lightning_pfd] {self.subcommand} logs to a new logger version (the logs of the "
@@ -715,8 +772,10 @@ def _rewrite_configs(argv: list) -> list:
     for i, a in enumerate(out):
         if a in ("--config", "-c") and i + 1 < len(out):
             out[i + 1] = resolve_config_path(out[i + 1])
+            check_unique_keys(out[i + 1])
         elif a.startswith("--config="):
             out[i] = "--config=" + resolve_config_path(a.split("=", 1)[1])
+            check_unique_keys(out[i].split("=", 1)[1])
     return out
 
 
@@ -806,6 +865,7 @@ def check_components(trainer, model, datamodule) -> None:
     (:mod:`lightning_pfd.sweeps.validate`). Cache writes are deferred by the caller."""
     probe = PFDLightningCLI.__new__(PFDLightningCLI)  # the checks only read these four attributes
     probe.trainer, probe.model, probe.datamodule, probe.subcommand = trainer, model, datamodule, "fit"
+    check_run_length(trainer)
     probe._check_shapes()
     probe._check_data()
     probe._check_shapes()
@@ -823,19 +883,22 @@ class RunFinished(Exception):
 _RUNNING: dict = {}
 
 
-def run_lightning_cli(argv: Sequence[str], overwrite: bool = False) -> PFDLightningCLI:
+def run_lightning_cli(argv: Sequence[str], overwrite: bool = False,
+                      allow_data_change: bool = False) -> PFDLightningCLI:
     """Run :class:`PFDLightningCLI` on ``argv`` (W&B offline without credentials)."""
     ensure_wandb_mode()
     saved = sys.argv
     sys.argv = [PROG] + list(argv)  # LightningCLI warns when both sys.argv and args are given
     try:
-        return PFDLightningCLI(args=None, overwrite=overwrite, stop_when_finished=True)
+        return PFDLightningCLI(args=None, overwrite=overwrite, stop_when_finished=True,
+                               allow_data_change=allow_data_change)
     finally:
         sys.argv = saved
 
 
 def _fit(argv: list) -> int:
     overwrite = pop_flag(argv, "--overwrite")
+    allow_data_change = pop_flag(argv, "--allow-data-change")
     if not argv:
         argv = ["fit"]
     if _needs_default_config(argv):
@@ -844,7 +907,8 @@ def _fit(argv: list) -> int:
     _RUNNING.clear()
     with signal_guard() as received:  # SIGTERM / SIGINT: exit 143 / 130 with the resume command
         try:
-            run_lightning_cli(join_negative_values(_rewrite_configs(argv)), overwrite=overwrite)
+            run_lightning_cli(join_negative_values(_rewrite_configs(argv)), overwrite=overwrite,
+                              allow_data_change=allow_data_change)
         except (SystemExit, KeyboardInterrupt):
             if received.signum is None:
                 raise

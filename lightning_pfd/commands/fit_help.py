@@ -16,13 +16,16 @@ Most runs need only:
   --config FILE|NAME        a run config, or an embedded one (quickstart, edm_cifar10, ...)
   --trainer.max_epochs N    any config value, by its dotted key (--model.init_args.lr 1e-3)
   --ckpt_path last          resume the run of this config from its newest checkpoint
+  --run_dir PATH            every output of the run (logs, checkpoints, report) in PATH
 {overwrite}  --threads N|auto          CPU threads (also LIGHTNING_PFD_THREADS)
   --debug                   show the traceback of an error (also LIGHTNING_PFD_DEBUG=1)
   --print_config            print the full config this command line gives, then exit
 
 All options (LightningCLI) follow."""
 
-_OVERWRITE = "  --overwrite               replace an earlier run's checkpoints in the same directory\n"
+_OVERWRITE = ("  --overwrite               replace an earlier run's checkpoints in the same directory\n"
+              "                            (they move to <dirpath>/overwritten-<time>/)\n"
+              "  --allow-data-change       with --ckpt_path: continue on changed data (else refused)\n")
 
 
 def usage(prog: str, subcommand: str) -> str:

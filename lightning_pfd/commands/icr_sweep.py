@@ -3,8 +3,12 @@
 
 The computation is :func:`lightning_pfd.evaluation.icr_sweep.sweep` (ICR, the traces and a linear
 probe on the same evaluation's features, per sigma); this command loads the checkpoint and the
-data, prints a table and writes ``icr_sweep.csv``, ``icr_sweep.json`` and ``icr_sweep.png`` into
-``--out``. The semantic window is where ICR is lowest and the probe most accurate.
+data, prints a table (ICR ± its delete-a-group jackknife standard error, as the ICRMonitor's
+``icr/icr_se``) and writes ``icr_sweep.csv``, ``icr_sweep.json`` and ``icr_sweep.png`` (error
+bars: ±1 s.e.) into ``--out`` (default ``RUN/icr_sweep/<checkpoint name>``, beside the
+checkpoint's run; an earlier sweep there is kept and the first free ``OUT-2``, ... used). The
+semantic window is where ICR is lowest and the probe most accurate; a minimum at the smallest or
+largest sigma of the grid is flagged (the curve may fall further outside the grid).
 
 Examples::
 
@@ -47,7 +51,8 @@ from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeInt, Pos
 from . import COMMANDS, run_guarded, typed
 
 __all__ = ["main", "validate_args", "check_loaded", "build_datamodule", "load_module", "instantiate",
-           "format_table", "plot", "SHORT_NAMES", "fit_data_to_model", "reliability_warnings"]
+           "format_table", "plot", "SHORT_NAMES", "fit_data_to_model", "reliability_warnings",
+           "edge_minimum", "default_out", "output_dir", "SWEEP_FILES"]
 
 SHORT_NAMES = {
     "digits": "lightning_pfd.data.DigitsDataModule",
@@ -184,15 +189,41 @@ def reliability_warnings(rows: List[Dict[str, float]], views_per_image: int = 1)
 
 
 # ----------------------------------------------------------------------------- output
+def edge_minimum(rows: List[Dict[str, float]]) -> Optional[str]:
+    """A warning when the ICR minimum lies at the smallest or largest sigma of the grid: the
+    curve may keep falling beyond it, so the grid does not locate the semantic window (None for
+    an interior minimum; rows sorted by sigma)."""
+    finite = [r for r in rows if math.isfinite(r["icr"])]
+    if not finite:
+        return None
+    best = min(finite, key=lambda r: r["icr"])
+    sig = [r["sigma"] for r in rows]
+    if len(rows) >= 2 and best["sigma"] in (min(sig), max(sig)):
+        side, step = ("smallest", "smaller") if best["sigma"] == min(sig) else ("largest", "larger")
+        return (f"warning: the ICR minimum is at the grid's {side} noise level (sigma = "
+                f"{best['sigma']:.4g}): ICR may fall further beyond it, so this grid does not locate "
+                f"the minimum; extend --sigmas to {step} values")
+    return None
+
+
+def _pm(value: float, se: float) -> str:
+    return f"{value:.4f} ± {se:.4f}" if math.isfinite(se) else f"{value:.4f} ± nan"
+
+
 def format_table(rows: List[Dict[str, float]]) -> str:
-    head = f"{'sigma':>8} {'ICR':>8} {'Tr S_s':>9} {'Tr S_xi':>9} {'probe acc':>9}"
+    """The printed table: ICR with its jackknife standard error, the traces, the probe; then
+    where the ICR minimum and the best probe are (the minimum flagged when at the grid's edge)."""
+    head = f"{'sigma':>8} {'ICR ± s.e.':>17} {'Tr S_s':>9} {'Tr S_xi':>9} {'probe acc':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['sigma']:>8.4g} {r['icr']:>8.4f} {r['trace_s']:>9.4f} "
-                     f"{r['trace_xi']:>9.4f} {r['probe_acc']:>9.4f}")
+        lines.append(f"{r['sigma']:>8.4g} {_pm(r['icr'], r.get('icr_se', math.nan)):>17} "
+                     f"{r['trace_s']:>9.4f} {r['trace_xi']:>9.4f} {r['probe_acc']:>9.4f}")
     best_icr = min(rows, key=lambda r: r["icr"])
+    edge = edge_minimum(rows)
     lines.append(f"n = {rows[0]['n']:.0f} images, d = {rows[0]['d']:.0f}; "
-                 f"ICR minimum at sigma = {best_icr['sigma']:.4g}")
+                 f"ICR minimum at sigma = {best_icr['sigma']:.4g} "
+                 f"(ICR {_pm(best_icr['icr'], best_icr.get('icr_se', math.nan))}"
+                 + ("; at the grid's edge)" if edge else ")"))
     accs = [r for r in rows if not math.isnan(r["probe_acc"])]
     if accs:
         best = max(accs, key=lambda r: r["probe_acc"])
@@ -208,7 +239,8 @@ def plot(rows: List[Dict[str, float]], path: Path) -> None:
 
     s = [r["sigma"] for r in rows]
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(s, [r["icr"] for r in rows], "o-", color="tab:blue", label="ICR")
+    ax.errorbar(s, [r["icr"] for r in rows], yerr=[r.get("icr_se", math.nan) for r in rows],
+                fmt="o-", color="tab:blue", capsize=3, label="ICR ± 1 s.e.")
     ax.set_xscale("log")
     ax.set_xlabel(r"noise level $\sigma$")
     ax.set_ylabel("ICR", color="tab:blue")
@@ -251,8 +283,34 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"training images for the probe, {_POSITIVE.words} (default: all)")
     p.add_argument("--batch-size", type=_POSITIVE, default=256, help=_POSITIVE.words)
     p.add_argument("--seed", type=typed(NonNegativeInt), default=0, help=typed(NonNegativeInt).words)
-    p.add_argument("--out", default="icr_sweep", help="output folder (csv, json, png)")
+    p.add_argument("--out", default=None,
+                   help="output folder (icr_sweep.csv, .json, .png); default: the checkpoint's run, "
+                        "RUN/icr_sweep/<checkpoint name> (RUN: the folder holding checkpoints/); "
+                        "a folder that already holds a sweep is kept and OUT-2, OUT-3, ... is used")
+    p.add_argument("--force", action="store_true", help="overwrite a sweep already in the output folder")
     return p
+
+
+#: the files a sweep writes (a folder holding one of them holds a sweep)
+SWEEP_FILES = ("icr_sweep.csv", "icr_sweep.json", "icr_sweep.png")
+
+
+def default_out(ckpt: str) -> Path:
+    """``RUN/icr_sweep/<checkpoint stem>``: RUN is the folder holding the checkpoint's
+    ``checkpoints/`` folder (``runs/quickstart/checkpoints/last.ckpt`` ->
+    ``runs/quickstart/icr_sweep/last``), else the checkpoint's own folder."""
+    p = Path(ckpt)
+    run = p.parent.parent if p.parent.name == "checkpoints" else p.parent
+    return run / "icr_sweep" / p.stem
+
+
+def output_dir(args) -> Path:
+    """Where this sweep writes: ``--out`` (or :func:`default_out`), or its first free sibling
+    when that folder already holds a sweep (``--force``: that folder)."""
+    from ..analysis.report import free_report_dir
+
+    want = Path(args.out) if args.out else default_out(args.ckpt)
+    return free_report_dir(want, force=args.force, files=SWEEP_FILES)
 
 
 def validate_args(args) -> None:
@@ -265,8 +323,12 @@ def validate_args(args) -> None:
     if "." not in args.module_class.strip("."):
         raise ConfigError("--module-class", "expected a class path 'package.module.Class'",
                           value=args.module_class)
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ConfigError("--out", "exists and is not a folder", value=args.out)
+    out = Path(args.out) if args.out else default_out(args.ckpt)
+    for part in (out, *out.parents):
+        if part.exists():
+            if not part.is_dir():
+                raise ConfigError("--out", f"{part} exists and is not a folder", value=str(out))
+            break
 
 
 def _validate_data_arg(data: str) -> None:
@@ -338,10 +400,15 @@ def _icr_sweep(argv: list) -> int:
     with _flags():
         rows = sweep(module, dm, sorted(args.sigmas), num_images=args.num_images, tap=args.tap,
                      probe_train=args.probe_train, **settings)
-    out = Path(args.out)
+    out = output_dir(args)
     print(format_table(rows))
-    for line in reliability_warnings(rows, args.views_per_image):
+    edge = edge_minimum(rows)
+    for line in reliability_warnings(rows, args.views_per_image) + ([edge] if edge else []):
         print(line, file=sys.stderr, flush=True)
+    want = Path(args.out) if args.out else default_out(args.ckpt)
+    if out != want:
+        print(f"note: {want} already holds a sweep (kept); writing to {out} (--force overwrites)",
+              file=sys.stderr)
     _write(rows, out)
     print(f"wrote {out / 'icr_sweep.csv'}, {out / 'icr_sweep.json'}, {out / 'icr_sweep.png'}")
     return 0

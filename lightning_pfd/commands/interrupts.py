@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence
 
-__all__ = ["SignalRecord", "signal_guard", "interrupt_status", "resume_message", "SIGNAL_EXIT"]
+__all__ = ["SignalRecord", "signal_guard", "interrupt_status", "resume_message", "SIGNAL_EXIT",
+           "report_rebuild_line"]
 
 #: the exit status of a command stopped by a signal (128 + signal number)
 SIGNAL_EXIT = {signal.SIGTERM: 128 + int(signal.SIGTERM), signal.SIGINT: 128 + int(signal.SIGINT)}
@@ -123,9 +124,30 @@ def resume_message(record: SignalRecord, trainer, argv: Sequence[str], prog: str
         if fitting:
             lines.append(f"  resume with: {_resume_command(argv, prog)}")
     elif fitting:
-        lines.append("  nothing to resume: no checkpoint was written yet (the first epoch did not "
-                     "finish); run the same command again to start over")
+        done = int(getattr(trainer, "current_epoch", 0) or 0) if trainer is not None else 0
+        if done > 0:  # epochs ended, but no callback wrote a last*.ckpt at their end
+            why = (f"{done} epoch(s) finished, but no checkpoint callback wrote a last*.ckpt at an "
+                   "epoch end (use lightning_pfd.callbacks.EpochCheckpoint, or ModelCheckpoint with "
+                   "save_top_k != 0)")
+        else:
+            why = "the first epoch did not finish"
+        lines.append(f"  nothing to resume: no checkpoint was written yet ({why}); run the same "
+                     "command again to start over")
+    rebuild = report_rebuild_line(trainer, prog) if fitting else None
+    if rebuild:
+        lines.append(rebuild)
     return "\n".join(lines)
+
+
+def report_rebuild_line(trainer, prog: str) -> Optional[str]:
+    """For a run whose RegimeMonitor writes the end-of-run report: how to (re)build it from the
+    logs, since a stop before or during that report leaves it missing or partial."""
+    if trainer is None or not any(getattr(cb, "write_report", False) and hasattr(cb, "report_dir")
+                                  for cb in getattr(trainer, "callbacks", []) or []):
+        return None
+    run = getattr(trainer, "default_root_dir", None) or "RUN_DIR"
+    return (f"  report: the end-of-run report may be missing or partial; build it from the logs "
+            f"with: {prog} report {shlex.quote(str(run))}")
 
 
 def _checkpoint_epoch(path: Path) -> Optional[int]:

@@ -25,6 +25,9 @@ file, marked in report.md); 2 nothing written (no run, no readable metric, bad o
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Optional, Sequence, get_args
@@ -159,12 +162,87 @@ def _print_settings(settings: dict, sources: dict) -> None:
     print("settings: " + "; ".join(f"{', '.join(v)} ({src})" for src, v in by_source.items()))
 
 
+def training_now(run_dir) -> Optional[str]:
+    """Who is still writing the run at ``run_dir``: the holder of a run lock
+    (:mod:`lightning_pfd.locks`, taken by ``fit`` in the checkpoint folder) below it or its parent,
+    found held by a live process (a shared ``flock`` is refused), as "pid N (command)"; None
+    when no run is writing there (a lock file left by a finished or killed run is free)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: the run lock is a no-op there too
+        return None
+
+    from ..locks import LOCK_NAME, read_holder
+
+    p = Path(run_dir)
+    p = p.parent if p.is_file() else p
+    for root in (p, p.parent):
+        for lock in sorted(root.glob(f"*/{LOCK_NAME}")) + sorted(root.glob(LOCK_NAME)):
+            try:
+                fd = os.open(lock, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except BlockingIOError:
+                holder = read_holder(lock) or {}
+                return f"pid {holder.get('pid', '?')} ({holder.get('command') or 'fit'})"
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    return None
+
+
+def _portable(history: History, out: Path, given: str) -> tuple:
+    """``(history, rewrite)``: the history with every file path (segments, the run, warnings)
+    written relative to the report's folder ``out``, and ``rewrite(text)`` doing the same to any
+    text (settings sources, per-unit problems): report.md and events.json hold no machine path
+    (``../wandb/offline-run-*/run-*.wandb``, not ``/home/.../runs/x/wandb/...``)."""
+    base = out.resolve()
+    roots = {}
+    for s in history.segments:
+        for d in [Path(s.path).parent, *Path(s.path).parents][:6]:
+            roots.setdefault(str(d.resolve()), None)
+    given_dir = Path(given) if Path(given).is_dir() else Path(given).parent
+    for d in (given_dir.resolve(),):
+        roots.setdefault(str(d), None)
+    # longest first, so a run directory is replaced before its parents
+    pairs = sorted(((r, os.path.relpath(r, base)) for r in roots if r != "/"), key=lambda t: -len(t[0]))
+    if str(given_dir) not in ("", ".") and not given_dir.is_absolute():  # a path as typed (per-unit store)
+        pairs.append((str(given_dir), os.path.relpath(given_dir.resolve(), base)))
+
+    def rewrite(text):
+        if text is None:
+            return None
+        text = str(text)
+        for old, new in pairs:  # a whole path component only (runs/x, not runs/x2)
+            pattern = re.compile(re.escape(old) + r"(?![\w.-])")
+            if pattern.search(text):
+                return pattern.sub(lambda _: new, text)
+        return text
+
+    def rel(path):
+        return None if path is None else Path(os.path.relpath(Path(path).resolve(), base))
+
+    segments = [dataclasses.replace(s, path=rel(s.path), problem=rewrite(s.problem))
+                for s in history.segments]
+    return (dataclasses.replace(history, path=rel(history.path), segments=segments,
+                                warnings=[rewrite(w) for w in history.warnings]), rewrite)
+
+
 def _run(args) -> int:
     _cli_settings(args)  # bad options fail before anything is read
     with renamed_fields({"segment": "--segment", "source": "--source"}):
         hist = load_history(args.run_dir, source=args.source,
                             use_leet=False if args.no_leet else None, segment=args.segment)
     settings, sources, warnings = resolve_settings(hist, args)
+    running = training_now(args.run_dir)
+    if running is not None:  # said in report.md (Input) and on stderr
+        hist.warnings.insert(0, f"the run is still training ({running}): this report covers the "
+                                "epochs logged so far; run the same command again when it has "
+                                "finished")
     want = Path(args.out) if args.out else _default_out(args.run_dir)
     if want.exists() and not want.is_dir():
         raise ConfigError("--out", "is a file, not a directory", value=str(want))
@@ -185,11 +263,14 @@ def _run(args) -> int:
               file=sys.stderr)
     metric_keys = saved_metric_keys(Path(args.settings) if args.settings
                                     else find_saved_settings(hist)[1])
-    res = write_report(hist, out, title=f"Training-dynamics report ({hist.source})",
-                       settings_sources=sources, units=units, unit_problems=problems,
+    shown, rewrite = _portable(hist, out, args.run_dir)  # no machine path in the report
+    res = write_report(shown, out, settings_sources={k: rewrite(v) for k, v in sources.items()},
+                       units=units, unit_problems=[rewrite(p) for p in problems],
                        metric_keys=metric_keys, **settings)
     a = res["analysis"]
     for e in a.events:
+        print(" -", e.describe())
+    for e in a.undecided:
         print(" -", e.describe())
     if a.regime is not None:
         print(f" - regime: {a.regime.name}")

@@ -26,7 +26,7 @@ from ..validation import NonNegativeInt, PositiveInt, check_args
 
 __all__ = ["TensorDataModule", "BatchedTensorDataset", "batched_collate", "SeededReplacementSampler",
            "SeededPermutationSampler", "epoch_seed", "seeded_subset_indices", "seeded_split", "check_data",
-           "DEFAULT_VALUE_RANGE", "RANGE_TOLERANCE"]
+           "DEFAULT_VALUE_RANGE", "RANGE_TOLERANCE", "data_fingerprint", "data_changes"]
 
 #: the range every image datamodule maps its data to (x / 127.5 - 1 for 8-bit pixels)
 DEFAULT_VALUE_RANGE = (-1.0, 1.0)
@@ -432,3 +432,131 @@ def _check_choice(name: str, value, allowed: Sequence) -> None:
     """ConfigError (with a did-you-mean) unless ``value`` is one of ``allowed``."""
     if value not in allowed:
         raise ConfigError(name, "unknown value", value=value, accepted=list(allowed))
+
+
+# -- the data a run trained on (stored in its checkpoints, compared on resume) ------------------
+#: datamodule arguments that change how the data are loaded, not which data (not fingerprinted)
+LOADING_ONLY_ARGS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+#: files up to this size are hashed (sha256) in the fingerprint; larger ones: size + mtime only
+HASH_LIMIT_BYTES = 64 << 20
+_DIR_FILES_MAX = 5000
+
+
+def _plain(value):
+    """A JSON-like copy of ``value`` (checkpoints load with ``weights_only``)."""
+    import json
+
+    return json.loads(json.dumps(value, default=str))
+
+
+def _file_record(path: str) -> dict:
+    import hashlib
+    import os
+
+    st = os.stat(path)
+    rec = {"size": int(st.st_size), "mtime_ns": int(st.st_mtime_ns), "sha256": None}
+    if st.st_size <= HASH_LIMIT_BYTES:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        rec["sha256"] = h.hexdigest()
+    return rec
+
+
+def _dir_record(path: str) -> dict:
+    """Size and mtime of the files below a directory (the first few thousand), as one digest."""
+    import hashlib
+    import os
+
+    h, n, size = hashlib.sha256(), 0, 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if n >= _DIR_FILES_MAX:
+                break
+            p = os.path.join(dirpath, name)
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            h.update(f"{os.path.relpath(p, path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            n, size = n + 1, size + int(st.st_size)
+    return {"files": n, "size": size, "listing_sha256": h.hexdigest()}
+
+
+def _paths_in(value, prefix: str):
+    """``(argument, path)`` for every string in ``value`` (nested lists/dicts) naming an
+    existing file or directory."""
+    import os
+
+    if isinstance(value, str) and value and len(value) < 4096 and os.path.exists(value):
+        yield prefix, value
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _paths_in(v, f"{prefix}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _paths_in(v, f"{prefix}.{k}")
+
+
+def data_fingerprint(datamodule) -> dict:
+    """What a run trains on, cheaply: the datamodule's class, its saved arguments
+    (``hparams_initial`` without :data:`LOADING_ONLY_ARGS`) and, for every argument naming a
+    file or directory, that file's size, mtime and sha256 (files up to :data:`HASH_LIMIT_BYTES`)
+    or the directory's listing (names, sizes, mtimes). Plain types only."""
+    import os
+
+    if datamodule is None:
+        return {}
+    hp = dict(getattr(datamodule, "hparams_initial", None) or {})
+    values = {str(k): v for k, v in hp.items() if k not in LOADING_ONLY_ARGS and k != "_class_path"}
+    files = {}
+    for arg, path in _paths_in(values, ""):
+        arg = arg.lstrip(".")
+        try:
+            rec = _file_record(path) if os.path.isfile(path) else _dir_record(path)
+        except OSError:
+            continue
+        files[arg] = {"path": path, **rec}
+    cls = type(datamodule)
+    return _plain({"class": f"{cls.__module__}.{cls.__qualname__}", "values": values, "files": files})
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def data_changes(saved: dict, now: dict) -> list:
+    """What differs between the fingerprint ``saved`` in a checkpoint and ``now`` (one line
+    each, naming the datamodule argument); [] when the data are the same (or nothing was saved)."""
+    if not saved or not now:
+        return []
+    out = []
+    if saved.get("class") != now.get("class"):
+        out.append(f"data class: {saved.get('class')} -> {now.get('class')}")
+    old_v, new_v = saved.get("values") or {}, now.get("values") or {}
+    for k in sorted(set(old_v) | set(new_v)):
+        if old_v.get(k, "<unset>") != new_v.get(k, "<unset>"):
+            out.append(f"data.init_args.{k}: {_short(old_v.get(k, '<unset>'))} -> {_short(new_v.get(k, '<unset>'))}")
+    old_f, new_f = saved.get("files") or {}, now.get("files") or {}
+    for k in sorted(old_f):
+        a, b = old_f[k], new_f.get(k)
+        where = f"data.init_args.{k} ({a.get('path')})"
+        if b is None:
+            if old_v.get(k) == new_v.get(k):  # the same argument, the file is gone
+                out.append(f"{where}: the file is gone")
+            continue
+        if "listing_sha256" in a or "listing_sha256" in b:
+            if a.get("listing_sha256") != b.get("listing_sha256"):
+                out.append(f"{where}: the directory's files changed ({a.get('files')} -> {b.get('files')} "
+                           f"files, {a.get('size')} -> {b.get('size')} bytes, or newer files)")
+        elif a.get("sha256") and b.get("sha256"):
+            if a["sha256"] != b["sha256"]:
+                out.append(f"{where}: the file's content changed (sha256 {a['sha256'][:12]} -> "
+                           f"{b['sha256'][:12]}, {a.get('size')} -> {b.get('size')} bytes)")
+        elif (a.get("size"), a.get("mtime_ns")) != (b.get("size"), b.get("mtime_ns")):
+            out.append(f"{where}: the file was replaced or modified ({a.get('size')} -> {b.get('size')} "
+                       "bytes, or a newer modification time)")
+    return out

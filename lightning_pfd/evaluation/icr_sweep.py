@@ -87,26 +87,34 @@ def sweep(module: Any, dm: Any, sigmas: Sequence[float], num_images: Optional[in
           views_per_image: int = 1, probe_train: Optional[int] = None, batch_size: int = 256,
           seed: int = 0, image_shape: Optional[Sequence[int]] = None) -> List[Dict[str, float]]:
     """One row per sigma of ``module`` (a sigma-space model with ``.device``) on the datamodule
-    ``dm`` (after setup): sigma, icr, trace_s, trace_xi, n (distinct images), d, tau, cond_xi,
+    ``dm`` (after setup): sigma, icr, icr_se (delete-a-group jackknife standard error, as the
+    ICRMonitor's ``icr/icr_se``), trace_s, trace_xi, n (distinct images), d, tau, cond_xi,
     icr_tau_auto, icr_tau_relative, probe_acc (NaN without labels and validation data).
     ``num_images`` None: min(4096, N); ``probe_train`` None: every training image;
     ``image_shape``: (C, H, W) of flattened images, for the augmentation."""
     sigmas = [float(s) for s in sigmas]
     extra = {} if image_shape is None else {"image_shape": tuple(image_shape)}
-    ev = sweep_evaluation(module, dm.train_data, sigmas, num_images, tap, level=level, d_proj=d_proj,
-                          views_per_image=views_per_image, batch_size=batch_size, seed=seed, **extra)
-    icr = ev.measure(module)
+    settings = dict(level=level, d_proj=d_proj, views_per_image=views_per_image,
+                    batch_size=batch_size, seed=seed, **extra)
+    ev = sweep_evaluation(module, dm.train_data, sigmas, num_images, tap, **settings)
     n_train = dm.train_data.shape[0]
     n_probe = n_train if probe_train is None else min(probe_train, n_train)
     rows = []
     for s in sigmas:
-        r = icr[s]
+        # one evaluation per level, that level its sigma*: the delete-a-group jackknife (its
+        # standard error icr_se) is kept at sigma* only; the views, noise and projection do not
+        # depend on the other levels, so the values are those of one evaluation over the grid
+        # (the same forwards: one per level)
+        level_ev = RepresentationEvaluation(dm.train_data, num_images=num_images, sigma=s,
+                                            sigmas=[], tap=tap, **settings)
+        r = level_ev.measure(module)[s]
         acc = float("nan")
         if _has_labels(dm):
             ftr = probe_features(ev, module, dm.train_data[:n_probe], s, seed, batch_size)
             fte = probe_features(ev, module, dm.val_data, s, seed + PROBE_TEST_SEED_OFFSET, batch_size)
             acc = linear_probe_accuracy(ftr, dm.train_labels[:n_probe], fte, dm.val_labels, seed=seed)
-        rows.append({"sigma": s, "icr": float(r["icr"]), "trace_s": float(r["trace_s"]),
+        rows.append({"sigma": s, "icr": float(r["icr"]), "icr_se": float(r["icr_se"]),
+                     "trace_s": float(r["trace_s"]),
                      "trace_xi": float(r["trace_xi"]), "n": float(r["n"]) / views_per_image,
                      "d": float(r["d"]), "tau": float(r["tau"]), "cond_xi": float(r["cond_xi"]),
                      "icr_tau_auto": float(r["icr_tau_auto"]),

@@ -197,8 +197,10 @@ def _memorization_update(generated_features: torch.Tensor, reference_features: t
 
 
 def _memorization_compute(memorized: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
-    """(#memorized)/(#generated); 0 for no sample."""
-    return memorized / total.clamp_min(1.0)
+    """(#memorized)/(#generated); NaN for no sample (0/0: nothing was measured, not "no copy";
+    torchmetrics' own mean metrics do the same, and ``Metric.compute`` before any ``update``
+    warns that it was called before the update method)."""
+    return memorized / total
 
 
 class MemorizationRatio(Metric):

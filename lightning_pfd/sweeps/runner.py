@@ -8,9 +8,11 @@ the same trials) → write ``sweep.json`` → start (or join) Ray → one Tune t
 ``max_concurrent`` at once, ``FailureConfig(max_failures=0)``: a failing trial is recorded and
 the others go on) → ``sweep_results.csv`` / ``.json`` from the trials' own histories.
 
-Resume: Ray Tune's experiment state lives in ``runs/<sweep>/ray``; ``Tuner.restore`` continues
-the unfinished trials (finished and errored ones are not run again; ``--retry-failed`` restarts
-the errored ones). The trials themselves are idempotent (see :mod:`.trial`): a trial whose
+Resume: the trials without a result on disk (``trial_result.json``: never run, interrupted, or
+whose files were deleted after they finished) run again, in a new Tune experiment
+``runs/<sweep>/ray-resume-<k>`` (Ray Tune's own ``Tuner.restore`` would never re-run a trial it
+recorded as finished); failed trials keep their failure record and run again only with
+``--retry-failed``. The trials themselves are idempotent (see :mod:`.trial`): a trial whose
 result is on disk is never trained again, and an interrupted one resumes from its checkpoint.
 """
 from __future__ import annotations
@@ -32,7 +34,7 @@ from .spec import Resources, SweepSpec, check_resources
 from .validate import validate_trials
 from .trial import FORWARDED_ENV, RESULT_FILE, execute_trial, read_trial_result
 
-__all__ = ["run_sweep", "run_trial", "plan", "format_plan", "RAY_DIR"]
+__all__ = ["run_sweep", "run_trial", "plan", "format_plan", "unfinished", "RAY_DIR"]
 
 RAY_DIR = "ray"  # Ray Tune's experiment directory inside the sweep directory
 
@@ -74,9 +76,10 @@ def _trial_name(trial) -> str:
 
 
 # ----------------------------------------------------------------------------- planning
-def plan(spec: SweepSpec, construct: bool = True) -> list:
-    """Validated trials of ``spec`` (ConfigError on the first problem; nothing written)."""
-    return validate_trials(spec, construct=construct)
+def plan(spec: SweepSpec, construct: bool = True, write_cache: bool = True) -> list:
+    """Validated trials of ``spec`` (ConfigError on the first problem; nothing written but the
+    data's cache entries, and those only with ``write_cache``)."""
+    return validate_trials(spec, construct=construct, write_cache=write_cache)
 
 
 def format_plan(spec: SweepSpec, trials: list, resources: Resources) -> str:
@@ -164,13 +167,38 @@ def _check_sweep_dir(spec: SweepSpec, trials: list, resume: bool) -> Optional[di
                           suggestion="resume with the sweep file it started with, or start a new sweep "
                                      "with another --name")
     sha = {t["trial_id"]: t.get("config_sha256") for t in old.get("trials", [])}
-    changed = [t.trial_id for t in trials if sha.get(t.trial_id) not in (None, t.config_sha)]
+    old_dir = _recorded_sweep_dir(spec, old, trials)  # a record of an earlier release: absolute paths
+    changed = [t.trial_id for t in trials
+               if sha.get(t.trial_id) not in (None, t.config_sha, t.legacy_config_sha,
+                                              t.legacy_config_sha_at(old_dir or t.sweep_dir))]
     if changed:
         raise ConfigError("--resume", f"the configs of {len(changed)} trial(s) changed since the sweep "
                           f"started (base config or shared settings edited?), e.g. {changed[0]}",
                           suggestion="restore the files the sweep started with, or start a new sweep "
                                      "with another --name")
     return old
+
+
+def _recorded_sweep_dir(spec: SweepSpec, old: dict, trials: list) -> Optional[str]:
+    """Where the sweep of the record ``old`` was when it started (its trials' configs hold that
+    absolute path): the record's own ``sweep_dir``, an absolute ``root``, or the parent of the
+    ``default_root_dir`` a trial's ``config.yaml`` names."""
+    if old.get("sweep_dir"):
+        return str(old["sweep_dir"])
+    root = (old.get("spec") or {}).get("root")
+    if root and Path(root).is_absolute():
+        return str(Path(root) / spec.name)
+    import yaml
+
+    for t in trials:
+        cfg = spec.sweep_dir / t.trial_id / "config.yaml"
+        try:
+            given = ((yaml.safe_load(cfg.read_text()) or {}).get("trainer") or {}).get("default_root_dir")
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue
+        if isinstance(given, str) and Path(given).name == t.trial_id:
+            return str(Path(given).parent)
+    return None
 
 
 #: the raylet's setting of its workers' niceness (Ray's default: 15)
@@ -327,23 +355,37 @@ def _ray_errors(grid, trial_ids) -> dict:
     return out
 
 
-def _tuner(spec: SweepSpec, trials: list, resources: Resources, restore: bool, retry_failed: bool):
+def _tuner(spec: SweepSpec, trials: list, resources: Resources, todo: Optional[list] = None):
+    """A Tune experiment over the trials of ``todo`` (default: all), named by their short names
+    in plan order. The first run of a sweep writes it to ``ray/``; a resumption to a new
+    ``ray-resume-<k>/`` over the trials without a result on disk (see :func:`_run_locked`)."""
     from ray import tune
 
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, payloads=_payloads(spec, trials, resources)),
         {"cpu": resources.cpus_per_trial, "gpu": resources.gpus_per_trial})
-    exp = spec.sweep_dir / RAY_DIR
-    if restore and tune.Tuner.can_restore(str(exp)):
-        return tune.Tuner.restore(str(exp), trainable=trainable, resume_unfinished=True,
-                                  resume_errored=False, restart_errored=retry_failed)
+    names = short_names(t.trial_id for t in trials)
+    run = [names[t.trial_id] for t in (trials if todo is None else todo)]
+    name = RAY_DIR
+    if todo is not None:
+        k = 1
+        while (spec.sweep_dir / f"{RAY_DIR}-resume-{k}").exists():
+            k += 1
+        name = f"{RAY_DIR}-resume-{k}"
     return tune.Tuner(
         trainable,
-        param_space={"trial": tune.grid_search(list(short_names(t.trial_id for t in trials).values()))},
+        param_space={"trial": tune.grid_search(run)},
         tune_config=tune.TuneConfig(max_concurrent_trials=resources.max_concurrent, reuse_actors=True,
                                     trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
-        run_config=tune.RunConfig(name=RAY_DIR, storage_path=str(spec.sweep_dir), verbose=1,
+        run_config=tune.RunConfig(name=name, storage_path=str(spec.sweep_dir), verbose=1,
                                   failure_config=tune.FailureConfig(max_failures=0, fail_fast=False)))
+
+
+def unfinished(spec: SweepSpec, trials: list) -> list:
+    """The trials with no ``trial_result.json`` on disk: never run, interrupted, or whose files
+    were deleted after they finished (a resumption runs exactly these; a failed trial has its
+    failure recorded and is run again only with ``--retry-failed``)."""
+    return [t for t in trials if read_trial_result(spec.sweep_dir / t.trial_id) is None]
 
 
 def _summary(rows: list, sweep_dir: Path) -> str:
@@ -377,10 +419,11 @@ def run_sweep(spec: SweepSpec, resources: Optional[Resources] = None, resume: bo
                                             "existing sweep)")
     if not dry_run:
         check_address(address)  # seconds, not the minutes of Ray's own retries
-    trials = plan(spec, construct=not dry_run)
+    trials = plan(spec, write_cache=not dry_run)  # a dry run: the same pre-flight, nothing written
     if dry_run:
         echo(format_plan(spec, trials, resources))
-        echo("\n(dry run: every trial parsed and its |theta| counted; nothing was run or written)")
+        echo("\n(dry run: every trial parsed, built and checked as `fit` checks it before training, "
+             "its |theta| counted; nothing was run or written)")
         return 0
     _ensure_importable()
     _check_devices(trials, resources, address)
@@ -408,10 +451,17 @@ def _run_locked(spec: SweepSpec, trials: list, resources: Resources, resume: boo
         if retry_failed:
             moved = _retry_failed(spec, trials)
             echo(f"[lightning_pfd] retrying {len(moved)} failed trial(s)")
-        echo(format_plan(spec, trials, resources) if not resume else
-             f"[lightning_pfd] resuming sweep {spec.name} ({len(trials)} trials) in {spec.sweep_dir}")
-        tuner = _tuner(spec, trials, resources, restore=resume, retry_failed=retry_failed)
-        errors = _ray_errors(tuner.fit(), [t.trial_id for t in trials])
+        todo = unfinished(spec, trials) if resume else None
+        if resume:
+            echo(f"[lightning_pfd] resuming sweep {spec.name} in {spec.sweep_dir}: {len(todo)} of "
+                 f"{len(trials)} trials to run (no result on disk: not run yet, interrupted, or their "
+                 "files deleted)")
+        else:
+            echo(format_plan(spec, trials, resources))
+        errors = {}
+        if todo is None or todo:
+            tuner = _tuner(spec, trials, resources, todo)
+            errors = _ray_errors(tuner.fit(), [t.trial_id for t in trials])
     finally:
         if started:
             import ray
@@ -431,6 +481,8 @@ def _write_record(spec: SweepSpec, trials: list, resources: Resources, old: Opti
     if old is not None:
         record.setdefault("resumed", []).append({"time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                                  "retry_failed": retry_failed, "versions": _versions()})
+        record["trials"] = [t.summary() for t in trials]  # the same trials (checked): today's fingerprints
+    record["sweep_dir"] = str(spec.sweep_dir)
     atomic_write_bytes(spec.sweep_dir / "sweep.json", (json.dumps(record, indent=1, default=str) + "\n").encode())
 
 

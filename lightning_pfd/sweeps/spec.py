@@ -48,6 +48,7 @@ from typing import Any, Optional
 
 import yaml
 
+from ..commands.run_safety import check_unique_keys
 from ..errors import ConfigError, did_you_mean
 
 __all__ = ["SweepSpec", "Trial", "Resources", "load_sweep", "expand_trials",
@@ -114,11 +115,30 @@ class Trial:
     n_train: Optional[int] = None
     n_params: Optional[int] = None
     model_label: str = ""
+    sweep_dir: Optional[str] = None
 
     @property
     def config_sha(self) -> str:
-        """sha256 of the trial's full fit config (a resumed sweep must run the same configs)."""
-        return hashlib.sha256(json.dumps(self.config, sort_keys=True, default=str).encode()).hexdigest()
+        """sha256 of the trial's full fit config (a resumed sweep must run the same configs), with
+        the sweep directory written as ``<sweep_dir>``: a sweep folder moved or copied elsewhere
+        keeps its fingerprints."""
+        text = json.dumps(self.config, sort_keys=True, default=str)
+        if self.sweep_dir:
+            text = text.replace(json.dumps(str(self.sweep_dir))[1:-1], "<sweep_dir>")
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    @property
+    def legacy_config_sha(self) -> str:
+        """The fingerprint of sweeps recorded before ``<sweep_dir>`` was written relative (with
+        the absolute paths of the sweep directory)."""
+        return self.legacy_config_sha_at(self.sweep_dir)
+
+    def legacy_config_sha_at(self, old_sweep_dir) -> str:
+        """:attr:`legacy_config_sha` of this trial had its sweep directory been ``old_sweep_dir``."""
+        text = json.dumps(self.config, sort_keys=True, default=str)
+        if self.sweep_dir and old_sweep_dir:
+            text = text.replace(json.dumps(str(self.sweep_dir))[1:-1], json.dumps(str(old_sweep_dir))[1:-1])
+        return hashlib.sha256(text.encode()).hexdigest()
 
     def summary(self) -> dict:
         return {"trial_id": self.trial_id, "index": self.index, "overrides": self.overrides,
@@ -383,6 +403,7 @@ def load_sweep(path, name: Optional[str] = None) -> SweepSpec:
     ``lightning_pfd/configs/sweeps/``). Raises ConfigError on the first problem."""
     source = _resolve_sweep_path(path)
     try:
+        check_unique_keys(source, "--config")
         raw = yaml.safe_load(source.read_text())
     except yaml.YAMLError as e:
         raise ConfigError("--config", f"not valid YAML: {' '.join(str(e).split())[:300]}",
@@ -546,6 +567,7 @@ def relocate_outputs(cfg: dict, trial_dir: Path, trial_id: str, sweep_name: str)
 
 
 def load_base(spec: SweepSpec) -> dict:
+    check_unique_keys(spec.base, "base")
     try:
         cfg = yaml.safe_load(spec.base.read_text())
     except yaml.YAMLError as e:
@@ -590,5 +612,6 @@ def expand_trials(spec: SweepSpec, base: Optional[dict] = None, seed_keys=None) 
                     apply_override(cfg, k, seed * factor)
             relocate_outputs(cfg, spec.sweep_dir / tid, tid, spec.name)
             trials.append(Trial(trial_id=tid, index=len(trials), overrides=overrides, seed=seed,
-                                config=cfg, model_label=model_label_for(overrides)))
+                                config=cfg, model_label=model_label_for(overrides),
+                                sweep_dir=str(spec.sweep_dir)))
     return trials

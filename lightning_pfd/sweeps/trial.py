@@ -63,8 +63,10 @@ def read_trial_result(trial_dir) -> Optional[dict]:
 
 
 def resume_checkpoint(trial_dir) -> Optional[str]:
-    """The trial's newest checkpoint (``last*.ckpt`` among equals), or None."""
-    found = [p for p in Path(trial_dir).rglob("*.ckpt") if p.is_file() and ".tmp" not in p.name]
+    """The trial's newest checkpoint (``last*.ckpt`` among equals), or None (never the weights of
+    a cut epoch in ``stopped/``, which are not a resume point)."""
+    found = [p for p in Path(trial_dir).rglob("*.ckpt") if p.is_file() and ".tmp" not in p.name
+             and p.parent.name != "stopped" and not p.parent.name.startswith("overwritten-")]
     if not found:
         return None
     return str(max(found, key=lambda p: (p.stat().st_mtime, p.name.startswith("last"))))

@@ -129,13 +129,15 @@ def _trial_error(tid: str, key: Optional[str], where: str, problem: str, n_bad: 
                        suggestion=suggestion or "fix the sweep file (nothing has run)", **kw)
 
 
-def validate_trials(spec: SweepSpec, trials: Optional[list] = None, construct: bool = True) -> list:
+def validate_trials(spec: SweepSpec, trials: Optional[list] = None, construct: bool = True,
+                    write_cache: bool = True) -> list:
     """Check every trial before anything runs: its keys exist (with a "did you mean"), its config
     parses with the ``fit`` parser (each distinct top-level group value is parsed once, see
     :func:`_parse_covering`), and each student's |θ| is counted; with ``construct``, each distinct
     datamodule, model (net on the meta device) and callback is also built once, so a value a
     class refuses fails now. Returns the trials (``n_train``, ``n_params``, ``seed`` filled).
-    Nothing is written. Raises ConfigError naming the trial and the key."""
+    Nothing is written but the cache entries the data setup makes (none with ``write_cache``
+    False: a dry run). Raises ConfigError naming the trial and the key."""
     base = load_base(spec)
     parser = FitParser(base)
     seed_keys = _seed_keys(spec.seed_keys or default_seed_keys(parser.base))
@@ -166,7 +168,7 @@ def validate_trials(spec: SweepSpec, trials: Optional[list] = None, construct: b
     parsed_all = [(t, _parse_covering(parser, t, trials, spec)) for t in trials]
     _construct(parsed_all, construct, len(trials))
     if construct:
-        preflight(parsed_all, spec)
+        preflight(parsed_all, spec, write_cache=write_cache)
     for t, parsed in parsed_all:
         sv = parsed.get("seed_everything")
         if t.seed is None and isinstance(sv, int) and not isinstance(sv, bool):
@@ -322,14 +324,16 @@ def _preflight_trainer(parsed: dict, callbacks: list):
     import lightning.pytorch as pl
 
     kw = {k: v for k, v in (parsed.get("trainer") or {}).items() if k not in _PREFLIGHT_SKIP}
-    kw.update(accelerator="cpu", devices=1, logger=False, callbacks=callbacks, enable_progress_bar=False,
-              enable_model_summary=False)
+    # enable_progress_bar stays the trial's: a progress-bar callback with it off is refused by
+    # Lightning in the trial as here, and a progress bar with it on (the quickstart) is fine
+    kw.update(accelerator="cpu", devices=1, logger=False, callbacks=callbacks, enable_model_summary=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return pl.Trainer(**{k: _build(v) if isinstance(v, (dict, list)) else v for k, v in kw.items()})
 
 
-def preflight(parsed_all: list, spec: Optional[SweepSpec] = None, max_listed: int = 20) -> None:
+def preflight(parsed_all: list, spec: Optional[SweepSpec] = None, max_listed: int = 20,
+              write_cache: bool = True) -> None:
     """Every trial's cross-component validation (:func:`lightning_pfd.commands.fit.check_components`,
     what ``fit`` checks before writing), on the trial's own data, model and callbacks; raises one
     :class:`ConfigError` listing every failing trial (the first ``max_listed``). Each distinct
@@ -371,7 +375,8 @@ def preflight(parsed_all: list, spec: Optional[SweepSpec] = None, max_listed: in
         raise ConfigError("sweep", f"{len(failures)} of {len(parsed_all)} trials fail the checks `fit` runs "
                           f"before training (nothing has run):\n{listed}{more}",
                           suggestion="fix the sweep file or the base config for these trials")
-    write_deferred(pending)
+    if write_cache:
+        write_deferred(pending)
 
 
 @contextlib.contextmanager
