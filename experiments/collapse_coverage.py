@@ -1,19 +1,37 @@
-"""Coverage study of the sweep report's collapse fit on synthetic sweeps with a known exponent γ.
+"""Calibration of the sweep report's collapse fit on synthetic sweeps: interval coverage under a
+randomized generator family, and the size and power of the goodness-of-fit (GOF) test.
 
-Each synthetic sweep has the design of the recorded ``mtog_digits`` sweep (4 widths with
-|θ| = 29,600 … 636,864, N = 2⁵ … 2¹², K = 2 repeats) and curves that collapse exactly in
-x = log₂(N/|θ|^γ) *after* a width-dependent floor (E_gen) or ceiling (E_mem) is removed, with
-Gaussian repeat noise of the recorded size (rms per-repeat sd 0.067 for E_gen and 0.090 for E_mem,
-heteroscedastic: each cell's sd is that times a log-normal factor). For every sweep the report's
-fit (:func:`lightning_pfd.analysis.scaling.bootstrap_collapse`, E_gen − floor, floor = E_gen at
-the largest N of each width) runs with B bootstrap resamples; the study records the bias and sd
-of γ̂, the coverage of the nominal 90 % percentile interval, and how often S(γ̂) stays under the
-within-noise threshold (the curves do collapse, so that is the rate of a correct "within noise").
+Design of the recorded ``mtog_digits`` sweep: 4 widths (|θ| = 29,600 … 636,864), N = 2⁵ … 2¹²,
+K = 2 repeats, then 2 random cells removed and one random cell with a single repeat. With
+x' = log₂N − γ (log₂|θ| − mean log₂|θ|) − c, E_gen = floor_w(N) + F(x'), F one of
 
-    python experiments/collapse_coverage.py --sweeps 200 --bootstrap 200 --gammas 0.3 0.5 0.7 --out experiments/results/collapse_coverage.json
+- ``logistic``: A σ(−x'/w), w ~ U(0.6, 1.0);
+- ``knee`` (a power law in N with a knee): A (1 + e^{x'/h})^{−β}, h ~ U(0.6, 1.0), β ~ U(0.6, 1.2);
 
-Single-threaded; per sweep 1 + B fits of ≈ 10 ms each. The recorded run (three processes, one per
-γ, on the shared 2-core machine) took 26–27 min per γ. Results: docs/sweeps_analysis.md.
+A ~ U(1.6, 2.4), c ~ 7.5 + U(−0.5, 0.5), floors 2.7, 2.0, 1.6, 1.5 (the recorded ones) + U(−0.1, 0.1).
+**Floor drift**: floor_w(N) = floor_w + D u_w (log₂N − 12), u_w ~ U(−1, 1) per width, D ~ U(0, 0.02)
+per octave (coverage settings; the GOF settings have D = 0). **Noise**: Student t(5) scaled to
+unit variance, cell sd = b (1 + κ |F'(x')| / max|F'|) e^{0.3 ξ}, b ~ U(0.03, 0.05), κ ~ U(1, 3)
+(larger where the curve is steep; rms ≈ the recorded 0.067 per repeat).
+
+Coverage settings (γ, shape), each sweep with freshly drawn parameters: TUNE = (0.3 logistic,
+0.7 logistic, 0 knee, 0.5 knee) chose the weight c of the between-width variance; HELD_OUT =
+(0 logistic, 0.5 logistic, 0.3 knee, 0.7 knee) report it. GOF settings (no drift, same noise):
+``collapse`` (γ ~ U(0, 0.7) and the shape drawn per sweep: the test must accept), and three mild
+non-collapses at γ = 0.5 it must reject: ``crossing`` (per-width steepness w_w = w (1 + 0.3 u_w),
+u_w = −1, −⅓, ⅓, 1 from the narrowest width: the curves cross), ``exponents`` (width-dependent
+exponents γ_w = 0.5 + 0.3 u_w: the transition moves with width but no single γ aligns it),
+``shapes`` (every width draws its own shape and parameters).
+
+For every sweep the report's fit runs (:func:`lightning_pfd.analysis.scaling.bootstrap_collapse`
+on E_gen − floor_w, floors fitted with γ, ``model`` bootstrap with B resamples, jackknife over
+widths); each sweep's γ̂, bootstrap sd, jackknife se, percentile interval and GOF p-value are
+stored, so the interval for any weight c is recomputed from them.
+
+    python experiments/collapse_coverage.py --sweeps 200 --bootstrap 50 --out experiments/results/collapse_coverage.json
+
+Single-threaded (OMP_NUM_THREADS=1); per sweep 1 + B + 4 fits of ≈ 7 ms. Results and wall time:
+docs/sweeps_analysis.md ("Calibration").
 """
 from __future__ import annotations
 
@@ -23,97 +41,216 @@ import math
 import time
 
 import numpy as np
+from scipy.stats import norm
 
 from lightning_pfd.analysis.scaling import bootstrap_collapse, group_cells
 
 LOG2_PARAMS = np.log2([29600, 67200, 191552, 636864])
 LOG2_N = np.arange(5, 13)
-FLOORS = (2.7, 2.0, 1.6, 1.5)      # E_gen at large N per width (recorded: 2.71, 2.01, 1.63, 1.53)
-CEILINGS = (4.4, 3.6, 3.3, 3.2)    # E_mem at large N per width (recorded: 4.18, 3.57, 3.26, 3.16)
-NOISE = (0.067, 0.090)             # rms per-repeat sd of E_gen, E_mem in the recorded sweep
+FLOORS = (2.7, 2.0, 1.6, 1.5)
+U_W = np.array([-1.0, -1 / 3, 1 / 3, 1.0])     # width index mapped to [−1, 1]
+
+TUNE = [("logistic", 0.3), ("logistic", 0.7), ("knee", 0.0), ("knee", 0.5)]
+HELD_OUT = [("logistic", 0.0), ("logistic", 0.5), ("knee", 0.3), ("knee", 0.7)]
+GOF = ["collapse", "crossing", "exponents", "shapes"]
 
 
-def synthetic_sweep(gamma: float, rng: np.random.Generator, *, K: int = 2, noise=NOISE,
-                    hetero: float = 0.7, width: float = 0.8, center: float = 7.5):
-    """Rows (n_train, n_params, [E_gen, E_mem]) of one synthetic sweep: with
-    x' = log₂N − γ (log₂|θ| − mean log₂|θ|) − ``center``,
-    E_gen = floor_w + 2 σ(−x'/width), E_mem = ceiling_w − σ(−(x' − ½)/width), σ the logistic;
-    each cell's noise sd = ``noise`` × exp(``hetero`` ξ − hetero²) (ξ ~ N(0, 1), rms ≈ noise)."""
+def _shape(rng, kind=None):
+    """A master curve F(x') and its derivative, shape and parameters drawn."""
+    kind = kind or ("logistic" if rng.random() < 0.5 else "knee")
+    A = rng.uniform(1.6, 2.4)
+    if kind == "logistic":
+        w = rng.uniform(0.6, 1.0)
+        f = lambda x: A / (1 + np.exp(x / w))
+        df = lambda x: -A * np.exp(x / w) / (w * (1 + np.exp(x / w)) ** 2)
+    else:
+        h, beta = rng.uniform(0.6, 1.0), rng.uniform(0.6, 1.2)
+        f = lambda x: A * (1 + np.exp(x / h)) ** (-beta)
+        df = lambda x: -A * beta / h * np.exp(x / h) * (1 + np.exp(x / h)) ** (-beta - 1)
+    return kind, f, df
+
+
+def synthetic_sweep(rng, shape="logistic", gamma=0.5, *, drift=0.02, alternative=None, K=2,
+                    missing=2, single=1):
+    """(n_train, n_params, E_gen) rows of one sweep of the randomized family (module docstring);
+    ``alternative``: None (a collapse) or "crossing" | "exponents" | "shapes" (no single γ)."""
     sbar = LOG2_PARAMS.mean()
+    c = 7.5 + rng.uniform(-0.5, 0.5)
+    floors = np.array(FLOORS) + rng.uniform(-0.1, 0.1, 4)
+    D = rng.uniform(0, drift) if drift else 0.0
+    slopes = D * rng.uniform(-1, 1, 4)
+    base, kappa = rng.uniform(0.03, 0.05), rng.uniform(1, 3)
+    kind, f, df = _shape(rng, shape)
+    wscale = 1.0
+    curves = []
+    for j, s in enumerate(LOG2_PARAMS):
+        g, fj, dfj, sc = gamma, f, df, 1.0
+        if alternative == "crossing":
+            sc = 1 + 0.3 * U_W[j]
+        elif alternative == "exponents":
+            g = gamma + 0.3 * U_W[j]
+        elif alternative == "shapes":
+            _, fj, dfj = _shape(rng)
+        x = (LOG2_N - g * (s - sbar) - c) / sc
+        curves.append((floors[j] + slopes[j] * (LOG2_N - 12) + fj(x), np.abs(dfj(x) / sc)))
+    steep = max(float(d.max()) for _, d in curves) * wscale
+    cells = [(j, i) for j in range(4) for i in range(LOG2_N.size)]
+    drop = set(rng.choice(len(cells), missing + single, replace=False).tolist())
+    drop_list = sorted(drop)
+    ones = set(drop_list[:single])
     n, p, v = [], [], []
-    for s, fl, ce in zip(LOG2_PARAMS, FLOORS, CEILINGS):
-        for ln in LOG2_N:
-            x = ln - gamma * (s - sbar) - center
-            g = fl + 2.0 / (1 + math.exp(x / width))
-            m = ce - 1.0 / (1 + math.exp((x - 0.5) / width))
-            sd = np.asarray(noise) * math.exp(hetero * rng.standard_normal() - hetero ** 2)
-            for _ in range(K):
-                n.append(int(2 ** ln))
-                p.append(int(round(2 ** s)))
-                v.append([g + sd[0] * rng.standard_normal(), m + sd[1] * rng.standard_normal()])
+    for k, (j, i) in enumerate(cells):
+        if k in drop and k not in ones:
+            continue
+        mu, d = curves[j][0][i], curves[j][1][i]
+        sd = base * (1 + kappa * d / steep) * math.exp(0.3 * rng.standard_normal())
+        for _ in range(1 if k in ones else K):
+            n.append(int(2 ** LOG2_N[i]))
+            p.append(int(round(2 ** LOG2_PARAMS[j])))
+            v.append(mu + sd * rng.standard_t(5) / math.sqrt(5 / 3))
     return n, p, np.array(v)
 
 
-QUANTITIES = {"e_gen_floor": ([0], 1), "e_mem_floor": ([1], 1)}  # (columns, floor_points)
+def fit_sweep(rows, B, seed, level):
+    f = bootstrap_collapse(group_cells(*rows), B=B, seed=seed, level=level, floor_points=1, shifts=True)
+    if f.gamma is None:
+        return None
+    return {"gamma_hat": f.gamma, "se_repeats": f.se_repeats, "se_widths": f.se_widths,
+            "interval_repeats": f.interval_repeats, "gof_p": f.gof_p, "S": f.score.spread}
 
 
-def run(gammas, sweeps, B, level, seed, quantities, method, shifts):
-    out = {}
-    for q in quantities:
-        cols, fp = QUANTITIES[q]
-        for gamma in gammas:
-            rng = np.random.default_rng([seed, int(round(1000 * gamma))])
-            est, cover, width, within, s_hat, failed = [], 0, [], 0, [], 0
-            t0 = time.time()
-            for r in range(sweeps):
-                cells = group_cells(*synthetic_sweep(gamma, rng))
-                f = bootstrap_collapse(cells, cols, B=B, seed=r, level=level, floor_points=fp, method=method,
-                                       shifts=shifts)
-                if f.gamma is None or f.interval is None:
-                    failed += 1
-                    continue
-                est.append(f.gamma)
-                cover += f.interval[0] <= gamma <= f.interval[1]
-                width.append(f.interval[1] - f.interval[0])
-                within += bool(f.within_noise)
-                s_hat.append(f.score.spread)
-            n = len(est)
-            cov = cover / n
-            out[f"{q}@{gamma:g}"] = {
-                "quantity": q, "gamma": gamma, "sweeps": sweeps, "fitted": n, "failed": failed,
-                "mean_gamma_hat": float(np.mean(est)), "bias": float(np.mean(est) - gamma),
-                "sd_gamma_hat": float(np.std(est, ddof=1)),
-                "coverage": cov, "coverage_se": math.sqrt(cov * (1 - cov) / n),
-                "median_interval_width": float(np.median(width)),
-                "within_noise_rate": within / n,
-                "s_hat_quantiles_5_50_95": [float(v) for v in np.quantile(s_hat, [0.05, 0.5, 0.95])],
-                "seconds": time.time() - t0}
-            print(json.dumps(out[f"{q}@{gamma:g}"]), flush=True)
-    return out
+def run_setting(name, make, sweeps, B, level, seed, checkpoint=None):
+    """``sweeps`` sweeps of one setting; ``checkpoint(partial)`` is called every 10 sweeps."""
+    rng = np.random.default_rng([seed, sum(map(ord, name))])
+    t0, recs = time.time(), []
+
+    def result():
+        return {"name": name, "sweeps": len(recs), "seconds": time.time() - t0,
+                "cpu_seconds": time.process_time(), "fits": list(recs), "failed": sum(x is None for x in recs)}
+
+    for r in range(sweeps):
+        recs.append(fit_sweep(make(rng), B, r, level))
+        if checkpoint is not None and (r + 1) % 10 == 0:
+            checkpoint(result())
+    return result()
+
+
+def interval(rec, c, level, bounds=(-0.5, 1.5)):
+    z = norm.ppf((1 + level) / 2)
+    se = math.sqrt(rec["se_repeats"] ** 2 + c * (rec["se_widths"] or 0.0) ** 2)
+    return max(bounds[0], rec["gamma_hat"] - z * se), min(bounds[1], rec["gamma_hat"] + z * se)
+
+
+def coverage(setting, gamma, c, level):
+    fits = [x for x in setting["fits"] if x is not None and x["se_repeats"] is not None]
+    ivs = [interval(x, c, level) for x in fits]
+    cov = sum(lo <= gamma <= hi for lo, hi in ivs)
+    n = len(fits)
+    g = np.array([x["gamma_hat"] for x in fits])
+    cov = int(cov)
+    return {"covered": cov, "n": n, "coverage": cov / n, "coverage_se": math.sqrt(cov / n * (1 - cov / n) / n),
+            "covered_repeats_only": int(sum(x["interval_repeats"][0] <= gamma <= x["interval_repeats"][1] for x in fits)),
+            "mean_gamma_hat": float(g.mean()), "sd_gamma_hat": float(g.std(ddof=1)),
+            "median_width": float(np.median([hi - lo for lo, hi in ivs])),
+            "min_width": float(min(hi - lo for lo, hi in ivs)),
+            "gamma_hat_exactly_zero": int(np.sum(g == 0.0)),
+            "gof_rejected": int(sum(x["gof_p"] is not None and x["gof_p"] < 0.05 for x in fits))}
+
+
+C_GRID = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+
+
+def summarize(res, level, target=0.90):
+    tune = [s for s in res["coverage"] if s["role"] == "tune"]
+    # the smallest weight whose pooled coverage on the tuning half reaches the target
+    chosen = None
+    for c in C_GRID:
+        cov = np.mean([coverage(s, s["gamma"], c, level)["coverage"] for s in tune])
+        if cov >= target:
+            chosen = c
+            break
+    chosen = C_GRID[-1] if chosen is None else chosen
+    table = []
+    for s in res["coverage"]:
+        row = {"role": s["role"], "shape": s["shape"], "gamma": s["gamma"], "seconds": s["seconds"],
+               **coverage(s, s["gamma"], chosen, level)}
+        row["coverage_c0"] = coverage(s, s["gamma"], 0.0, level)["coverage"]
+        table.append(row)
+    gof = []
+    for s in res["gof"]:
+        ps = np.array([x["gof_p"] for x in s["fits"] if x is not None and x["gof_p"] is not None])
+        gof.append({"setting": s["name"], "n": int(ps.size), "rejected_at_0.05": int(np.sum(ps < 0.05)),
+                    "rate": float(np.mean(ps < 0.05)), "median_p": float(np.median(ps)), "seconds": s["seconds"]})
+    return {"chosen_model_error_weight": chosen, "coverage": table, "gof": gof}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sweeps", type=int, default=200)
-    ap.add_argument("--bootstrap", type=int, default=200)
+    ap.add_argument("--bootstrap", type=int, default=50)
     ap.add_argument("--level", type=float, default=0.90)
-    ap.add_argument("--gammas", type=float, nargs="+", default=[0.3, 0.5, 0.7])
-    ap.add_argument("--quantities", nargs="+", default=["e_gen_floor"], choices=sorted(QUANTITIES))
-    ap.add_argument("--method", default="normal", choices=["seeds", "normal"])
-    ap.add_argument("--no-shifts", dest="shifts", action="store_false",
-                    help="floors from the largest N only (no jointly fitted per-width shifts)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--part", choices=["all", "coverage", "gof"], default="all")
+    ap.add_argument("--only", nargs="+", default=None,
+                    help="run only these settings (e.g. logistic@0.3 crossing), to split the study over processes")
+    ap.add_argument("--merge", nargs="+", default=None, help="merge the JSON files of split runs into --out")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    res = {"config": {k: getattr(a, k) for k in ("sweeps", "bootstrap", "level", "gammas", "quantities",
-                                                  "method", "shifts", "seed")},
-           "design": {"log2_params": LOG2_PARAMS.tolist(), "log2_n": LOG2_N.tolist(), "K": 2,
-                      "floors": FLOORS, "ceilings": CEILINGS, "noise": NOISE, "hetero": 0.7},
-           "results": run(a.gammas, a.sweeps, a.bootstrap, a.level, a.seed, a.quantities, a.method, a.shifts)}
-    if a.out:
+    if a.merge:
+        parts = [json.load(open(f)) for f in a.merge]
+        res = {"config": dict(parts[0]["config"], only=None, merge=a.merge, out=a.out),
+               "coverage": [s for p in parts for s in p["coverage"]], "gof": [s for p in parts for s in p["gof"]],
+               "wall_seconds_parts": [p["wall_seconds"] for p in parts]}
+        order = [f"{sh}@{g}" for sh, g in TUNE + HELD_OUT] + GOF
+        res["coverage"].sort(key=lambda s: order.index(s["name"]))
+        res["gof"].sort(key=lambda s: order.index(s["name"]))
+        res["summary"] = summarize(res, parts[0]["config"]["level"])
         with open(a.out, "w") as fh:
-            json.dump(res, fh, indent=2)
+            json.dump(res, fh, default=float)
             fh.write("\n")
+        print(json.dumps(res["summary"], indent=1, default=float))
+        return res
+    t0 = time.time()
+    res = {"config": vars(a), "coverage": [], "gof": []}
+
+    def save(partial=None, kind=None, extra=None):
+        if not a.out:
+            return
+        snap = {k: list(v) if isinstance(v, list) else v for k, v in res.items()}
+        if partial is not None:
+            snap[kind] = snap[kind] + [dict(partial, **extra)]
+        snap["wall_seconds"] = time.time() - t0
+        with open(a.out + ".tmp", "w") as fh:
+            json.dump(snap, fh, default=float)
+        import os
+        os.replace(a.out + ".tmp", a.out)
+    if a.part in ("all", "coverage"):
+        for role, settings in (("tune", TUNE), ("held_out", HELD_OUT)):
+            for shape, gamma in settings:
+                if a.only and f"{shape}@{gamma}" not in a.only:
+                    continue
+                info = dict(role=role, shape=shape, gamma=gamma)
+                s = run_setting(f"{shape}@{gamma}", lambda r, sh=shape, g=gamma: synthetic_sweep(r, sh, g),
+                                a.sweeps, a.bootstrap, a.level, a.seed,
+                                checkpoint=lambda p, info=info: save(p, "coverage", info))
+                s.update(info)
+                res["coverage"].append(s)
+                print(s["name"], f"{s['seconds']:.0f} s", flush=True)
+    if a.part in ("all", "gof"):
+        for name in GOF:
+            if a.only and name not in a.only:
+                continue
+            alt = None if name == "collapse" else name
+            s = run_setting(name, lambda r, alt=alt: synthetic_sweep(
+                r, None, r.uniform(0, 0.7) if alt is None else 0.5, drift=0.0, alternative=alt),
+                            a.sweeps, a.bootstrap, a.level, a.seed, checkpoint=lambda p: save(p, "gof", {}))
+            res["gof"].append(s)
+            print(name, f"{s['seconds']:.0f} s", flush=True)
+    res["wall_seconds"] = time.time() - t0
+    res["summary"] = summarize(res, a.level) if res["coverage"] and res["gof"] else None
+    save()
+    print(json.dumps(res.get("summary"), indent=1, default=float))
+    return res
 
 
 if __name__ == "__main__":

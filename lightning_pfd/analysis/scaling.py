@@ -7,7 +7,9 @@ Diffusion Distillation via Probability Flow Distance"); the definitions, with eq
 - **Data collapse** (§4.1, Fig. 2): the curves E(N) of several model sizes collapse onto one master
   curve when plotted against x = log₂(N / |θ|^γ) = log₂N − γ·log₂|θ|; the paper reports γ = ½.
   :func:`fit_collapse` estimates γ by minimising a leave-one-curve-out spread
-  (:func:`collapse_spread`), :func:`bootstrap_collapse` gives a percentile interval.
+  (:func:`collapse_spread`); :func:`bootstrap_collapse` tests whether the curves collapse at all
+  (a parametric bootstrap of the fitted collapse model, :func:`collapse_model`) and gives an interval
+  that includes the between-width error (jackknife over widths, :func:`jackknife_se`).
 - **MtoG transition** (§4.1): the N at which E_gen = E_mem on each model's mean curve
   (:func:`transition_point`), and its position on the collapsed axis.
 - **Bias–variance** (§4.3, Def. 3, eq. 9, 45): :func:`bias_variance_cell` decomposes the mean
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Literal, Optional, Sequence, Tuple, get_args
+from typing import Callable, Dict, List, Literal, Optional, Sequence, Tuple, get_args
 
 import numpy as np
 
@@ -35,6 +37,7 @@ __all__ = [
     "Cell", "CollapseScore", "CollapseFit", "group_cells", "cell_means", "collapse_coordinate",
     "overlap_weight", "collapse_spread", "fit_collapse", "within_noise_threshold",
     "cell_standard_errors", "subtract_floors", "bootstrap_collapse", "BOOTSTRAP_METHODS",
+    "master_curve", "collapse_model", "jackknife_se", "MODEL_ERROR_WEIGHT", "GOF_ALPHA",
     "crossings", "transition_point",
     "bias_variance_cell", "psi_fid", "psi_kid", "REFERENCE_GAMMAS",
 ]
@@ -319,7 +322,13 @@ class CollapseFit:
 
     ``gamma`` is None when no γ in the bounds leaves enough overlap (or fewer than two model
     sizes with two N each). ``references`` maps each γ of :data:`REFERENCE_GAMMAS` to its score.
-    From the bootstrap: ``interval`` (percentile, ``level``), ``gamma_se`` (sd of the refits),
+    From the bootstrap: ``interval`` (γ̂ ± z·``gamma_se`` with the model error, or the percentile
+    interval without it), ``gamma_se`` (√(sd² + c·se²_widths), or the sd of the refits),
+    ``interval_repeats`` and ``se_repeats`` (percentile interval and sd of the refits: the noise
+    of the repeats only), ``se_widths`` and ``jackknife`` (the jackknife over widths: {log₂|θ|:
+    γ̂ without it}), ``gof_p`` (goodness-of-fit p-value of the ``model`` bootstrap; ``rejected``
+    when below ``gof_alpha``), ``spread_null`` (the ``level`` range of S(γ̂) over sweeps that collapse
+    exactly: the ``model`` bootstrap gives no interval of S itself, ``spread_intervals`` stays empty),
     ``spread_intervals`` ({"gamma_hat" | "0.0" | "0.5": (lo, hi)} of S), ``critical`` (the
     S below which the residuals are within noise, see :func:`within_noise_threshold`),
     ``floors`` ({log₂|θ|: {"data_rich": [per quantity], "se": [...], "fitted": [...]}} when a floor
@@ -341,6 +350,22 @@ class CollapseFit:
     spread_intervals: Dict[str, Tuple[float, float]] = field(default_factory=dict)
     critical: Optional[float] = None
     floors: Dict[float, dict] = field(default_factory=dict)
+    interval_repeats: Optional[Tuple[float, float]] = None
+    se_repeats: Optional[float] = None
+    se_widths: Optional[float] = None
+    jackknife: Dict[float, Optional[float]] = field(default_factory=dict)
+    model_error_weight: Optional[float] = None
+    gof_p: Optional[float] = None
+    gof_alpha: Optional[float] = None
+    bootstrap_spreads: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    spread_null: Optional[Tuple[float, float]] = None
+
+    @property
+    def rejected(self) -> Optional[bool]:
+        """The goodness-of-fit test rejects the collapse (``gof_p < gof_alpha``); None untested."""
+        if self.gof_p is None or self.gof_alpha is None:
+            return None
+        return bool(self.gof_p < self.gof_alpha)
 
     @property
     def within_noise(self) -> Optional[bool]:
@@ -364,7 +389,13 @@ class CollapseFit:
                 "spread_intervals": {k: list(v) for k, v in self.spread_intervals.items()},
                 "critical": self.critical, "within_noise": self.within_noise,
                 "z_of_half": self.z_of(0.5),
-                "floors": {str(k): v for k, v in self.floors.items()}}
+                "floors": {str(k): v for k, v in self.floors.items()},
+                "interval_repeats": None if self.interval_repeats is None else list(self.interval_repeats),
+                "se_repeats": self.se_repeats, "se_widths": self.se_widths,
+                "jackknife": {str(k): v for k, v in self.jackknife.items()},
+                "model_error_weight": self.model_error_weight, "gof_p": self.gof_p,
+                "gof_alpha": self.gof_alpha, "rejected": self.rejected,
+                "spread_null": None if self.spread_null is None else list(self.spread_null)}
 
 
 def _bounds(bounds, step) -> Tuple[float, float]:
@@ -430,9 +461,9 @@ def within_noise_threshold(n_eff: float, level: OpenUnitInterval = 0.95, n_fitte
     return float(math.sqrt(chi2.ppf(level, nu) / nu))
 
 
-#: the bootstrap of :func:`bootstrap_collapse`; ``auto`` = ``normal`` when some cell has K ≥ 2
+#: the bootstrap of :func:`bootstrap_collapse`; ``auto`` = ``model`` when some cell has K ≥ 2
 #: repeats, else ``curves``.
-BootstrapMethod = Literal["auto", "seeds", "normal", "curves"]
+BootstrapMethod = Literal["auto", "model", "seeds", "normal", "curves"]
 BOOTSTRAP_METHODS = get_args(BootstrapMethod)
 
 
@@ -495,34 +526,118 @@ def _fitted_floors(floors: dict, score: Optional[CollapseScore]) -> Dict[float, 
     return out
 
 
+#: the most interior knots of the master curve's spline (:func:`master_curve`)
+MASTER_KNOTS = 6
+
+
+def master_curve(x, y, var, knots: Optional[int] = None) -> Callable[[np.ndarray], np.ndarray]:
+    """The master curve F of collapsed points (x_i, y_i) (y (P, Q)): a weighted least-squares cubic
+    B-spline (weights 1/var; None: unit) with ``knots`` interior knots at quantiles of the distinct
+    x (default min(:data:`MASTER_KNOTS`, ⌊#distinct x / 4⌋)); returns F evaluated column-wise, constant beyond the data.
+    The parametric bootstrap of :func:`bootstrap_collapse` draws its null sweeps from it."""
+    from scipy.interpolate import BSpline
+
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    y = y[:, None] if y.ndim == 1 else y
+    w = np.ones_like(y) if var is None else 1.0 / np.maximum(np.asarray(var, dtype=np.float64), 1e-300)
+    w = np.broadcast_to(w[:, None] if w.ndim == 1 else w, y.shape)
+    w = w / w.mean(0)
+    ux = np.unique(x)
+    lo, hi = float(ux[0]), float(ux[-1])
+    m = min(MASTER_KNOTS, ux.size // 4) if knots is None else int(knots)
+    if ux.size < 4 or hi - lo < 1e-9:
+        coef = [np.sum(w[:, q] * y[:, q]) / np.sum(w[:, q]) for q in range(y.shape[1])]
+        return lambda u: np.broadcast_to(np.array(coef), (*np.shape(u), y.shape[1]))
+    inner = np.unique(np.quantile(ux, np.arange(1, m + 1) / (m + 1))) if m > 0 else np.zeros(0)
+    inner = inner[(inner > lo + 1e-9) & (inner < hi - 1e-9)]
+    t = np.r_[[lo] * 4, inner, [hi] * 4]
+    D = BSpline.design_matrix(np.clip(x, lo, hi), t, 3).toarray()
+    splines = []
+    for q in range(y.shape[1]):
+        sw = np.sqrt(w[:, q])
+        c = np.linalg.lstsq(D * sw[:, None], y[:, q] * sw, rcond=None)[0]
+        splines.append(BSpline(t, c, 3, extrapolate=False))
+    return lambda u: np.stack([f(np.clip(np.asarray(u, dtype=np.float64), lo, hi)) for f in splines], axis=-1)
+
+
+def collapse_model(log2_n, log2_params, values, gamma: float, *, se=None, shifts=None) -> np.ndarray:
+    """Fitted values (P, Q) of the collapse model at ``gamma``: ŷ_i = F(x_i) + a_{w(i)}, with
+    x = log₂N − γ·log₂|θ|, a (C, Q) the per-width shifts (in the order of the sorted sizes; None:
+    0) and F the :func:`master_curve` of the shifted points (y_i − a_w, weights 1/se²): the sweep
+    that collapses exactly at γ and lies closest to the data."""
+    x0, lp, y, var = _as_points(log2_n, log2_params, values, se)
+    a = np.zeros((np.unique(lp).size, y.shape[1])) if shifts is None else np.asarray(shifts, dtype=np.float64)
+    idx = np.searchsorted(np.unique(lp), lp)
+    shifted = y - a[idx]
+    x = collapse_coordinate(x0, lp, gamma)
+    return master_curve(x, shifted, var)(x) + a[idx]
+
+
+def _jackknife_widths(ln, lp, y, sd, fit_kwargs) -> Dict[float, Optional[float]]:
+    """{log₂|θ|: γ̂ without that width} (None when the rest cannot be fitted)."""
+    out = {}
+    for s in np.unique(lp):
+        keep = lp != s
+        f = fit_collapse(ln[keep], lp[keep], y[keep], se=None if sd is None else sd[keep], **fit_kwargs)
+        out[float(s)] = f.gamma
+    return out
+
+
+def jackknife_se(values: Sequence[float]) -> Optional[float]:
+    """Jackknife standard error √((C−1)/C Σ_j (γ̂_(−j) − γ̄)²) of C leave-one-out estimates
+    (Efron & Stein 1981, "The jackknife estimate of variance"); None for fewer than two."""
+    v = np.asarray([g for g in values if g is not None], dtype=np.float64)
+    if v.size < 2:
+        return None
+    return float(math.sqrt((v.size - 1) / v.size * np.sum((v - v.mean()) ** 2)))
+
+
+#: weight c of the between-width (jackknife) variance in the interval's variance
+#: se² = sd²_repeats + c·se²_widths; chosen on the tuning half of the generator settings of
+#: experiments/collapse_coverage.py (docs/sweeps_analysis.md, "Coverage").
+MODEL_ERROR_WEIGHT = 0.5
+#: p-value below which the goodness-of-fit test rejects the collapse (docs/sweeps_analysis.md).
+GOF_ALPHA = 0.05
+
+
 def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] = None, *,
                        B: PositiveInt = 200, seed: NonNegativeInt = 0, level: OpenUnitInterval = 0.90,
                        method: BootstrapMethod = "auto", floor_points: Optional[PositiveInt] = None,
-                       prior_dof: NonNegativeFloat = 4.0, **fit_kwargs) -> CollapseFit:
-    """:func:`fit_collapse` on the cell means, in standard-error units, with a bootstrap.
+                       prior_dof: NonNegativeFloat = 4.0, model_error: bool = True,
+                       model_error_weight: NonNegativeFloat = MODEL_ERROR_WEIGHT,
+                       gof_alpha: OpenUnitInterval = GOF_ALPHA, **fit_kwargs) -> CollapseFit:
+    """:func:`fit_collapse` on the cell means, in standard-error units, with a bootstrap, a
+    goodness-of-fit test and an interval that includes the between-width (model) error.
 
     ``columns`` picks the quantities of ``Cell.samples`` (default all, fitted jointly). The
     standard errors come from the repeats (:func:`cell_standard_errors`, ``prior_dof``);
     ``floor_points``: subtract each width's floor estimated from its ``floor_points`` largest N
-    (:func:`subtract_floors`; recomputed in every resample). ``method``:
+    (:func:`subtract_floors`). With ``shifts`` (per-width levels fitted with γ) the floor only
+    sets the starting level: the fitted shift makes it a parameter, and every point keeps the
+    variance of its own cell mean (no point is an anchor of variance 0). Without ``shifts`` the
+    floor is data: the exact covariance bookkeeping of :func:`subtract_floors` is used and a floor
+    made of one point (which is then exactly 0) leaves the fit. ``method``:
 
-    - ``"seeds"``: the K repeats of every cell are drawn with replacement, their deviations from
-      the cell mean scaled by √(K/(K−1)) (:func:`_resampled_repeats`);
-    - ``"normal"``: K repeats of every cell are redrawn from N(ȳ_i, K se_i²) (parametric);
-    - ``"curves"``: whole model sizes are drawn with replacement and the distinct ones refitted;
-    - ``"auto"``: normal when some cell has K ≥ 2, else curves (with K = 2 the seed resampling
-      draws the pair itself half of the time and its intervals are too narrow, see
-      docs/sweeps_analysis.md).
+    - ``"model"`` (parametric bootstrap of the fitted collapse model): K repeats of every cell from
+      N(ŷ_i, K se_i²), ŷ = :func:`collapse_model` at γ̂ (a sweep that collapses exactly at γ̂);
+      gives the goodness-of-fit p-value p = (1 + #{S* ≥ S(γ̂)}) / (1 + B) of the refitted S*;
+    - ``"normal"``: K repeats of every cell from N(ȳ_i, K se_i²) around the observed means;
+    - ``"seeds"``: the K repeats drawn with replacement, deviations scaled by √(K/(K−1));
+    - ``"curves"``: whole model sizes drawn with replacement and the distinct ones refitted;
+    - ``"auto"``: model when some cell has K ≥ 2, else curves.
 
-    In every resample the cell means, their standard errors and the floors are recomputed from
-    the drawn repeats and γ is refitted. Returned: the percentile
-    interval of γ̂ at ``level``, its bootstrap sd ``gamma_se``, percentile intervals of S at γ̂
-    (refitted), 0 and ½, and the within-noise threshold of S (:func:`within_noise_threshold`).
-    Refits that find no γ are counted in ``bootstrap_failed``. ``seed`` seeds a
-    ``numpy.random.Generator``.
+    In every resample the cell means, their standard errors and the floors are recomputed and γ
+    is refitted. ``model_error``: γ is also refitted leaving out each width in turn (jackknife over
+    widths, :func:`jackknife_se`); the interval is then γ̂ ± z·√(sd² + c·se²_widths) (z the normal
+    quantile of ``level``, sd the bootstrap sd of γ̂, c = ``model_error_weight``), clipped to the
+    search bounds; without it (or with fewer than three widths) the percentile interval of the
+    bootstrap. The percentile interval is kept as ``interval_repeats``. ``gof_alpha``: the level of
+    the test (``gof_p < gof_alpha``: collapse rejected). ``seed`` seeds a ``numpy.random.Generator``.
     """
     check_args(bootstrap_collapse, locals())
     floor_points = None if floor_points is None else int(floor_points)
+    shifts = bool(fit_kwargs.get("shifts", False))
     cells = list(cells)
     if not cells:
         raise ConfigError("cells", "no cell to fit (no successful repeat)")
@@ -531,41 +646,60 @@ def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] =
     ln, lp, means = cell_means(cells)
     se = cell_standard_errors(cells, prior_dof)
     var0 = None if se is None else se ** 2
+    keep = np.ones(len(cells), dtype=bool)
+    if floor_points == 1 and not shifts:  # the floor point itself is 0 by construction: no data
+        for s in np.unique(lp):
+            idx = np.flatnonzero(lp == s)
+            if idx.size > 1:
+                keep[idx[np.argmax(ln[idx])]] = False
 
     def prepare(m, v):
         if floor_points is None:
             return m, v, {}
-        return subtract_floors(ln, lp, m, v, floor_points)
+        yy, vv, fl = subtract_floors(ln, lp, m, v, floor_points)
+        return yy, (v if shifts else vv), fl
 
     y, var, floors = prepare(means, var0)
     sd = None if var is None else np.sqrt(var)
-    fit = fit_collapse(ln, lp, y, se=sd, **fit_kwargs)
+    lnk, lpk, yk, sdk = ln[keep], lp[keep], y[keep], None if sd is None else sd[keep]
+    fit = fit_collapse(lnk, lpk, yk, se=sdk, **fit_kwargs)
     fit.floors = _fitted_floors(floors, fit.score)
     if method == "auto":
-        method = "normal" if se is not None else "curves"
-    if method == "normal" and se is None:
-        raise ConfigError("method", "'normal' needs standard errors: no cell has K >= 2 repeats",
+        method = "model" if se is not None else "curves"
+    if method in ("normal", "model") and se is None:
+        raise ConfigError("method", f"'{method}' needs standard errors: no cell has K >= 2 repeats",
                           value=method)
     fit.method, fit.level = method, float(level)
     if fit.gamma is None:
         return fit
-    n_fitted = 1 + (np.unique(lp).size - 1) * len(cols) * bool(fit_kwargs.get("shifts", False))
+    n_fitted = 1 + (np.unique(lp).size - 1) * len(cols) * shifts
     fit.critical = within_noise_threshold(fit.score.n_overlap, n_fitted=n_fitted) if sd is not None else None
     rng = np.random.default_rng(seed)
     sizes = np.unique(lp)
+    centre = means
+    if method == "model":
+        a = None if fit.score.shifts is None else np.asarray(fit.score.shifts)
+        fitted = collapse_model(lnk, lpk, yk, fit.gamma, se=sdk, shifts=a)
+        centre = means.copy()
+        centre[keep] = fitted + (means[keep] - yk)          # back to the units of the cell means
     gammas, s_hat, s_ref, failed = [], [], [], 0
     for _ in range(int(B)):
-        if method in ("seeds", "normal"):
-            drawn_cells = [Cell(c.n_train, c.n_params, _resampled_repeats(c.samples, rng, method, s))
-                           for c, s in zip(cells, se if se is not None else [None] * len(cells))]
+        if method in ("seeds", "normal", "model"):
+            drawn_cells = []
+            for c, s_i, mu in zip(cells, se if se is not None else [None] * len(cells), centre):
+                if method == "model":
+                    rep = mu + math.sqrt(c.samples.shape[0]) * s_i * rng.standard_normal(c.samples.shape)
+                else:
+                    rep = _resampled_repeats(c.samples, rng, method, s_i)
+                drawn_cells.append(Cell(c.n_train, c.n_params, rep))
             m = cell_means(drawn_cells)[2]
             se_b = cell_standard_errors(drawn_cells, prior_dof)
-            sel = np.ones(len(cells), dtype=bool)
+            sel = keep.copy()
         else:
             drawn = np.unique(rng.choice(sizes, size=sizes.size, replace=True))
             while drawn.size < 2 and sizes.size >= 2:
                 drawn = np.unique(rng.choice(sizes, size=sizes.size, replace=True))
-            sel, m, se_b = np.isin(lp, drawn), means, se
+            sel, m, se_b = np.isin(lp, drawn) & keep, means, se
         yb, vb, _ = prepare(m, None if se_b is None else se_b ** 2)
         sdb = None if vb is None else np.sqrt(vb[sel])
         refit = fit_collapse(ln[sel], lp[sel], yb[sel], se=sdb, **fit_kwargs)
@@ -577,19 +711,42 @@ def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] =
         if method != "curves":
             s_ref.append([refit.references[g].spread for g in REFERENCE_GAMMAS])
     fit.bootstrap = np.array(gammas)
+    fit.bootstrap_spreads = np.array(s_hat)
     fit.bootstrap_failed = failed
     qs = [(1 - level) / 2, (1 + level) / 2]
     if gammas:
         q = np.quantile(fit.bootstrap, qs)
-        fit.interval = (float(q[0]), float(q[1]))
-        fit.gamma_se = float(np.std(fit.bootstrap, ddof=1)) if len(gammas) > 1 else None
-        fit.spread_intervals["gamma_hat"] = tuple(float(v) for v in np.quantile(s_hat, qs))
-        if s_ref:
+        fit.interval_repeats = (float(q[0]), float(q[1]))
+        fit.interval = fit.interval_repeats
+        fit.se_repeats = float(np.std(fit.bootstrap, ddof=1)) if len(gammas) > 1 else None
+        fit.gamma_se = fit.se_repeats
+        if method == "model":  # S* of sweeps that collapse exactly: the null range of S(γ̂), no interval of S
+            fit.spread_null = tuple(float(v) for v in np.quantile(s_hat, qs))
+        else:
+            fit.spread_intervals["gamma_hat"] = tuple(float(v) for v in np.quantile(s_hat, qs))
+        if s_ref and method != "model":
             arr = np.array(s_ref)
             for j, g in enumerate(REFERENCE_GAMMAS):
                 col = arr[:, j][np.isfinite(arr[:, j])]
                 if col.size:
                     fit.spread_intervals[str(g)] = tuple(float(v) for v in np.quantile(col, qs))
+        if method == "model" and math.isfinite(fit.score.spread):
+            s_arr = np.asarray(s_hat)
+            fit.gof_p = float((1 + np.sum(s_arr >= fit.score.spread)) / (1 + s_arr.size))
+            fit.gof_alpha = float(gof_alpha)
+    if model_error and sizes.size >= 3:
+        jk = _jackknife_widths(lnk, lpk, yk, sdk, fit_kwargs)
+        fit.jackknife = jk
+        fit.se_widths = jackknife_se(list(jk.values()))
+        if fit.se_widths is not None and fit.se_repeats is not None:
+            from scipy.stats import norm
+
+            tot = math.sqrt(fit.se_repeats ** 2 + float(model_error_weight) * fit.se_widths ** 2)
+            z = float(norm.ppf((1 + level) / 2))
+            lo, hi = _bounds(fit_kwargs.get("bounds", (-0.5, 1.5)), 0.0)
+            fit.gamma_se = tot
+            fit.interval = (max(lo, fit.gamma - z * tot), min(hi, fit.gamma + z * tot))
+            fit.model_error_weight = float(model_error_weight)
     return fit
 
 

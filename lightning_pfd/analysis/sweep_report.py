@@ -17,8 +17,10 @@ finite E_gen/E_mem enter the fits; the others are listed with their errors. Writ
   (cells with K ≥ 2 repeats that saved endpoints);
 - ``report.md`` and ``analysis.json`` — per-cell table; for each collapse quantity
   (:data:`COLLAPSE_QUANTITIES`: E_gen less per-width floors, log(E_gen/E_mem) and E_mem less
-  per-width levels of the widths that cross, the raw curves) γ̂ with its bootstrap interval and sd,
-  the residual S in standard errors at γ̂ / 0 / ½ with intervals and the within-noise verdict;
+  per-width levels of the widths that cross, the raw curves) the goodness-of-fit verdict
+  ("collapse rejected" or "consistent with a collapse", with its p-value), γ̂ with an interval that
+  includes the between-width (model) error, the residual S in standard errors at γ̂ / 0 / ½, and a
+  sensitivity table (each width and the smallest N left out, the other quantities);
   MtoG transition points, bias–variance table with the identity error per cell, failed trials.
   Definitions: ``docs/sweeps_analysis.md``.
 
@@ -317,7 +319,33 @@ def _collapse(sweep: SweepData, B: int, seed: int, level: float, bounds) -> dict
             continue
         fits[q.key] = bootstrap_collapse(sel, cols, B=B, seed=seed, level=level, bounds=bounds,
                                          floor_points=q.floor_points, shifts=q.shifts)
-    return {"cells": cells, "fits": fits, "used": used, "excluded": excluded, "crossing": crossing}
+    sensitivity = _sensitivity(cells, COLLAPSE_QUANTITIES[0], used[PRIMARY], B, seed, level, bounds)
+    return {"cells": cells, "fits": fits, "used": used, "excluded": excluded, "crossing": crossing,
+            "sensitivity": sensitivity}
+
+
+def sensitivity_resamples(B: int) -> int:
+    """Bootstrap resamples of each sensitivity refit: a quarter of the main fit's, at least 20."""
+    return max(20, int(B) // 4)
+
+
+def _sensitivity(cells, q: "CollapseQuantity", widths, B: int, seed: int, level: float, bounds) -> List[dict]:
+    """The primary fit again without each width in turn and without the smallest N (γ̂, interval,
+    GOF p-value of each; docs/sweeps_analysis.md, "Sensitivity")."""
+    out = []
+    sel = [c for c in cells if c.n_params in widths]
+    if len(widths) < 2 or not sel:
+        return out
+    n_min = min(c.n_train for c in sel)
+    variants = [(f"without width |θ| = {w}", [c for c in sel if c.n_params != w]) for w in widths]
+    variants.append((f"without the smallest N (N = {n_min})", [c for c in sel if c.n_train != n_min]))
+    for label, sub in variants:
+        f = None
+        if len({c.n_params for c in sub}) >= 2:
+            f = bootstrap_collapse(sub, [q.column], B=sensitivity_resamples(B), seed=seed, level=level, bounds=bounds,
+                                   floor_points=q.floor_points, shifts=q.shifts)
+        out.append({"variant": label, "fit": f})
+    return out
 
 
 def _primary(collapse: dict):
@@ -537,29 +565,43 @@ def _md_escape(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _md_interval(f) -> str:
-    if f.interval is None:
+def _md_interval(f, attr: str = "interval") -> str:
+    iv = getattr(f, attr)
+    if iv is None:
         return "—" if f.gamma is None else f"— ({f.method}: no variability to resample)"
-    return f"[{f.interval[0]:.3f}, {f.interval[1]:.3f}]"
+    return f"[{iv[0]:.3f}, {iv[1]:.3f}]"
 
 
 def _md_spread(f, key: str, sc) -> str:
-    """S at one γ with its bootstrap percentile interval."""
+    """S at one γ with its bootstrap percentile interval, or at γ̂ with the range of S over sweeps
+    that collapse exactly (the ``model`` bootstrap)."""
     if sc is None or not math.isfinite(sc.spread):
         return "— (too little overlap)"
     iv = f.spread_intervals.get(key)
+    if iv is None and key == "gamma_hat" and f.spread_null is not None:
+        return f"{sc.spread:.3g} (collapse: {f.spread_null[0]:.3g}–{f.spread_null[1]:.3g})"
     return f"{sc.spread:.3g}" + ("" if iv is None else f" [{iv[0]:.3g}, {iv[1]:.3g}]")
 
 
-def _verdict(f) -> str:
-    """'within noise' or 'deviates by k s.e.' at γ̂ (the RMS residual in standard errors)."""
+def _gof_md(f) -> str:
+    """The goodness-of-fit line of a collapse quantity: 'collapse rejected (p = …)' or
+    'consistent with a collapse (p = …)' (parametric bootstrap of the fitted collapse model)."""
     if f is None or f.score is None:
         return "—"
-    if f.within_noise is None:
+    if f.rejected is None:
+        return "no goodness-of-fit test (no standard errors: K = 1)"
+    return ("collapse rejected" if f.rejected else "consistent with a collapse") + f" (p = {f.gof_p:.3g})"
+
+
+def _verdict(f) -> str:
+    """The GOF verdict, then γ̂ as a collapse exponent only when the collapse is not rejected."""
+    if f is None or f.score is None:
+        return "—"
+    if f.rejected is None:
         return f"RMS residual {f.score.spread:.3g} (no standard errors: K = 1)"
-    if f.within_noise:
-        return f"collapse within noise (S ≤ {f.critical:.2f})"
-    return f"deviate by {f.score.spread:.2f} s.e. RMS, beyond noise (≤ {f.critical:.2f} at 95 %)"
+    if f.rejected:
+        return f"{_gof_md(f)}: γ̂ = {f.gamma:.3f} is only the best-aligning exponent"
+    return f"{_gof_md(f)}: collapses at γ̂ = {f.gamma:.3f}"
 
 
 def _half_md(f, noun: str = "") -> str:
@@ -622,26 +664,25 @@ def _collapse_md(collapse: dict, opts: dict) -> list:
     if j is None or j.gamma is None:
         out += [f"No γ̂ for {q0.label}: {'fewer than two widths' if j is None else j.reason}.", ""]
     else:
-        sd = "" if j.gamma_se is None else f", bootstrap sd {j.gamma_se:.3f}"
-        out += [f"**{q0.label}: γ̂ = {j.gamma:.3f}, {100 * j.level:g} % interval {_md_interval(j)}** "
-                f"({j.method} bootstrap, B = {j.bootstrap.size}{sd}); the paper's γ = ½ lies "
-                f"{_half_md(j, ' the interval')}. At γ̂ the curves {_verdict(j)}; S(½) = {_md_spread(j, '0.5', j.references.get(0.5))}, "
-                f"S(0) = {_md_spread(j, '0.0', j.references.get(0.0))}.", ""]
+        out += [f"**{q0.label}: {_gof_md(j)}.** " + _estimate_md(j) + f" S(½) = "
+                f"{_md_spread(j, '0.5', j.references.get(0.5))}, S(0) = {_md_spread(j, '0.0', j.references.get(0.0))}.", ""]
+        out += _sensitivity_md(collapse, j)
     warn = [w for k, f in fits.items() if f is not None for w in _collapse_warnings(f, opts["bounds"], k)]
     out += [f"> {w}" for w in warn] + [""] * bool(warn)
-    out += ["| quantity | widths \\|θ\\| | γ̂ | interval | sd | γ = ½ | S(γ̂) | S(0): N alone | S(½): N/√\\|θ\\| | at γ̂ |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    out += ["| quantity | widths \\|θ\\| | goodness of fit | γ̂ | interval (with model error) | sd (repeats / widths) "
+            "| repeats only | γ = ½ | S(γ̂) | S(0): N alone | S(½): N/√\\|θ\\| |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for q in COLLAPSE_QUANTITIES:
         f = fits.get(q.key)
         widths = ", ".join(str(w) for w in collapse["used"][q.key])
         if f is None or f.gamma is None:
             why = "fewer than two widths" if f is None else f.reason
-            out.append(f"| {q.label} | {widths} | — | — | — | — | — | — | — | {_md_escape(why)} |")
+            out.append(f"| {q.label} | {widths} | {_md_escape(why)} | — | — | — | — | — | — | — | — |")
             continue
-        out.append(f"| {q.label} | {widths} | {f.gamma:.3f} | {_md_interval(f)} | "
-                   f"{'—' if f.gamma_se is None else f'{f.gamma_se:.3f}'} | {_half_md(f)} | "
+        out.append(f"| {q.label} | {widths} | {_gof_md(f)} | {f.gamma:.3f} | {_md_interval(f)} | "
+                   f"{_sd_md(f)} | {_md_interval(f, 'interval_repeats')} | {_half_md(f)} | "
                    f"{_md_spread(f, 'gamma_hat', f.score)} | {_md_spread(f, '0.0', f.references.get(0.0))} | "
-                   f"{_md_spread(f, '0.5', f.references.get(0.5))} | {_verdict(f)} |")
+                   f"{_md_spread(f, '0.5', f.references.get(0.5))} |")
     out.append("")
     for q in COLLAPSE_QUANTITIES:
         for w, why in collapse["excluded"][q.key].items():
@@ -660,11 +701,71 @@ def _collapse_md(collapse: dict, opts: dict) -> list:
         out.append("")
     lo, hi = opts["bounds"]
     level = next((f.level for f in fits.values() if f is not None and f.level), None)
-    return out + [f"S = RMS residual of each cell mean against the other widths' interpolated curves, in "
-                  "standard errors (from the K repeats, moderated, plus the master curve's and an "
-                  f"interpolation term); [..] = {'' if level is None else f'{100 * level:g} % '}bootstrap "
-                  "percentile interval; sd = bootstrap sd of γ̂; γ = ½ column: inside/outside the interval and "
-                  f"(½ − γ̂)/sd; γ searched in [{lo:g}, {hi:g}]. Definitions: docs/sweeps_analysis.md.", ""]
+    lv = '' if level is None else f'{100 * level:g} % '
+    return out + ["Goodness of fit: p-value of S(γ̂) against a parametric bootstrap of the fitted collapse model "
+                  "(a sweep that collapses exactly at γ̂ with the measured noise), rejected below "
+                  f"{_alpha(fits)}; only a quantity that is not rejected collapses at γ̂. S = RMS residual of each "
+                  "cell mean against the other widths' interpolated curves, in standard errors (from the K "
+                  "repeats, moderated, plus the master curve's and an interpolation term). Interval (with model "
+                  f"error) = {lv}interval γ̂ ± z·sd, sd² = sd²(repeats) + c·sd²(widths): the bootstrap sd of γ̂ "
+                  "and the jackknife over widths; repeats only = the bootstrap percentile interval; after S(γ̂): the "
+                  f"{lv}range of S(γ̂) over the bootstrap sweeps that collapse exactly; γ = ½ column: inside/outside the interval and (½ − γ̂)/sd; "
+                  f"γ searched in [{lo:g}, {hi:g}]. Definitions: docs/sweeps_analysis.md.", ""]
+
+
+def _alpha(fits) -> str:
+    a = next((f.gof_alpha for f in fits.values() if f is not None and f.gof_alpha is not None), None)
+    return "—" if a is None else f"{a:g}"
+
+
+def _sd_md(f) -> str:
+    if f.gamma_se is None:
+        return "—"
+    if f.se_widths is None:
+        return f"{f.gamma_se:.3f} (repeats only)"
+    return f"{f.gamma_se:.3f} ({f.se_repeats:.3f} / {f.se_widths:.3f})"
+
+
+def _estimate_md(f) -> str:
+    """γ̂ with its interval: 'collapses at γ̂' only when the GOF test does not reject."""
+    head = ("it collapses at" if f.rejected is False else
+            "the exponent that aligns the curves best (not a collapse exponent) is" if f.rejected else "best γ̂")
+    lv = f"{100 * f.level:g} %"
+    me = "with model error" if f.se_widths is not None else "repeats only"
+    return (f"{head[0].upper() + head[1:]} γ̂ = {f.gamma:.3f}, {lv} interval {_md_interval(f)} ({me}; sd "
+            f"{_sd_md(f)}; {f.method} bootstrap, B = {f.bootstrap.size}); the paper's γ = ½ lies "
+            f"{_half_md(f, ' the interval')}.")
+
+
+def _sensitivity_md(collapse: dict, j) -> list:
+    """The sensitivity table of the primary fit: each width left out, the smallest N left out, and
+    the secondary quantities; the summary states the spread of γ̂."""
+    rows = collapse.get("sensitivity") or []
+    if not rows:
+        return []
+    q0 = next(q for q in COLLAPSE_QUANTITIES if q.key == PRIMARY)
+    b = next((r["fit"].bootstrap.size for r in rows if r["fit"] is not None), None)
+    out = [f"Sensitivity of γ̂ ({q0.label} unless named; the refits with B = {b} resamples):", "",
+           "| fit | γ̂ | interval (with model error) | goodness of fit |", "|---|---|---|---|",
+           f"| all cells (the fit above) | {j.gamma:.3f} | {_md_interval(j)} | {_gof_md(j)} |"]
+    gs = [j.gamma]
+    for r in rows:
+        f = r["fit"]
+        if f is None or f.gamma is None:
+            out.append(f"| {_md_escape(r['variant'])} | — | — | {'fewer than two widths' if f is None else _md_escape(f.reason)} |")
+            continue
+        gs.append(f.gamma)
+        out.append(f"| {_md_escape(r['variant'])} | {f.gamma:.3f} | {_md_interval(f)} | {_gof_md(f)} |")
+    sec = []
+    for q in COLLAPSE_QUANTITIES[1:]:
+        f = collapse["fits"].get(q.key)
+        if f is not None and f.gamma is not None:
+            sec.append(f.gamma)
+            out.append(f"| {q.label} (widths {', '.join(str(w) for w in collapse['used'][q.key])}) | {f.gamma:.3f} | "
+                       f"{_md_interval(f)} | {_gof_md(f)} |")
+    out += ["", f"Spread: leaving out one width or the smallest N moves γ̂ over [{min(gs):.3f}, {max(gs):.3f}]"
+            + ("" if not sec else f"; the other quantities give {', '.join(f'{g:.3f}' for g in sec)}") + ".", ""]
+    return out
 
 
 def _collapse_warnings(fit, bounds, key: str = "") -> list:
@@ -848,6 +949,8 @@ def write_sweep_report(sweep_dir, out_dir=None, force: bool = False, *, model_si
                                                     verdict=_verdict(f))
                      for k, f in collapse["fits"].items()},
         "collapse_primary": PRIMARY,
+        "collapse_sensitivity": [{"variant": r["variant"], "fit": None if r["fit"] is None else r["fit"].to_dict()}
+                                 for r in collapse["sensitivity"]],
         "transitions": trans, "transition_spread": tspread, "bias_variance": bv,
         "trials": {str(k): v for k, v in per_trial.items()}, "consistency": consistency,
         "excluded": [{"trial_id": r.get("trial_id"), "status": r.get("status"), "reason": r["_reason"]}
