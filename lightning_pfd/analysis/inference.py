@@ -293,27 +293,34 @@ def _third_diff_vars(curve: Curve, h: int) -> Tuple[float, float]:
 
 
 def _pair_exponent(curve: Curve, h: int) -> Tuple[float, str]:
-    """The exponent from the lag pair (h, 2h): log2 of the ratio of the training parts of
-    Var(D_2h) and Var(D_h) (module docstring of :func:`shape_exponent`)."""
+    """A lower 95 % bound of the exponent from the lag pair (h, 2h): log2 of the ratio of the
+    training parts of Var(D_2h) and Var(D_h), minus twice its sampling sd (the log of a MAD
+    variance of third differences at lag h has sd ≈ 3·sqrt(h/count), inflated by total/training
+    where the seed part is subtracted). A short or seed-dominated curve thus never fails the
+    check by chance; a training part below :data:`SHAPE_MIN_SHARE` of the total at lag h is
+    taken at that share (noise invisible at lag h but present at 2h: a large exponent)."""
+    n = len(curve)
     t1, s1 = _third_diff_vars(curve, h)
     t2, s2 = _third_diff_vars(curve, 2 * h)
     if not (np.isfinite(t1) and np.isfinite(t2)) or t1 <= 0:
         return math.nan, "too few evaluations"
     v1, v2 = t1 - s1, t2 - s2
-    if v1 <= SHAPE_MIN_SHARE * t1:
-        if v2 > max(SHAPE_MIN_SHARE * t2, 4.0 * max(v1, 0.0)) and v2 > 0:
-            # invisible at lag h, present at lag 2h: smooth noise
-            return math.inf, f"training noise invisible at lag {h} but present at lag {2 * h}"
-        return math.nan, "training noise small next to the seed noise"
+    visible = v1 > SHAPE_MIN_SHARE * t1
     if v2 <= 0:
-        return 0.0, ""
-    return float(math.log2(v2 / v1)), ""
+        return (0.0, "") if visible else (math.nan, "training noise small next to the seed noise")
+    v1e = max(v1, SHAPE_MIN_SHARE * t1)
+    sd1 = 3.0 * math.sqrt(h / max(1, n - 3 * h)) * (t1 / v1e)
+    sd2 = 3.0 * math.sqrt(2 * h / max(1, n - 6 * h)) * (t2 / v2)
+    a_lo = math.log2(v2 / v1e) - 2.0 * math.sqrt(sd1 ** 2 + sd2 ** 2) / math.log(2.0)
+    if not visible and a_lo < MAX_SHAPE_EXPONENT:
+        return math.nan, "training noise small next to the seed noise"
+    return float(a_lo), ""
 
 
 def shape_exponent(curve: Curve, max_lag: Optional[int] = None) -> Tuple[float, str]:
-    """The exponent a of the training-noise variogram at short lags, V(h) ∝ h^a, from the
-    variances of third differences at lags h and 2h (seed part removed): for a power law
-    Var(D_2h)/Var(D_h) = 2^a. White noise: 0; AR(1), a random walk: ≈ 1; fBm: 2H; noise that is
+    """A lower 95 % bound of the exponent a of the training-noise variogram at short lags,
+    V(h) ∝ h^a, from the variances of third differences at lags h and 2h (seed part removed):
+    for a power law Var(D_2h)/Var(D_h) = 2^a (:func:`_pair_exponent`). White noise: 0; AR(1), a random walk: ≈ 1; fBm: 2H; noise that is
     smooth at the evaluation spacing: ≫ 2. The pairs h = 1, 2, ... up to ``max_lag``/2
     (default :data:`SHAPE_MAX_LAG`) are read and the largest measurable exponent is returned
     (noise smooth over a few evaluations is invisible at lag 1 but not at lag 2). Returns (a, note); a is NaN with the reason in ``note`` when the training part is not
