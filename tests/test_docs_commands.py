@@ -446,7 +446,9 @@ class Workspaces:
         if commands not in self.states:
             parent, before = self._state(commands[:-1])
             if before.returncode:
-                pytest.fail(f"an earlier command of the block failed: {commands[-2]}")
+                earlier = commands[-2] if len(commands) > 1 else QUICKSTART
+                pytest.fail(f"an earlier command of the block failed: {earlier}\n"
+                            f"{(before.stderr or '')[-2000:]}")
             if commands == (QUICKSTART,):
                 self.states[commands] = (parent, self.quickstart_result)  # the session run is it
             else:
