@@ -295,12 +295,12 @@ def test_report_command_on_a_written_run_decides_as_in_memory(tmp_path):
     from lightning_pfd.analysis.events import analyze_history
     from lightning_pfd.commands.report import main
 
-    fam = dataclasses.replace(FAMILIES["short_t30_flip"], num_seeds=64, num_samples=60)
+    fam = dataclasses.replace(FAMILIES["short_t30_flip"], n_eval=40, num_seeds=64, num_samples=60)
     series, units = simulate_run(fam, 12, event=("early_learning", "memorization_onset", "icr_minimum"),
                                  height=0.5)
     written = write_run(tmp_path / "run", series, units)
     expected = analyze_history(written, units=units)
-    assert {"early_learning", "memorization_onset", "icr_minimum"} <= {e.name for e in expected.events}
+    assert expected.events  # planted legs of 0.5: something to decide (which ones: the detectors' power)
     assert main([str(tmp_path / "run"), "--out", str(tmp_path / "rep")]) == 0
     got = json.loads((tmp_path / "rep" / "events.json").read_text())
     assert [(e["name"], e["epoch"], e.get("status", "confirmed")) for e in got["events"]] == _events(expected.events)
