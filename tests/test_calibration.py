@@ -307,3 +307,31 @@ def test_report_command_on_a_written_run_decides_as_in_memory(tmp_path):
     np.testing.assert_allclose([e["significance"] for e in got["events"]],
                                [e.significance for e in expected.events], rtol=1e-12)
     assert got["regime"]["name"] == expected.regime.name
+
+
+def test_seed_noise_families_have_the_measured_residual_sd():
+    """Every per-seed model gives E a residual sd of ``seed_sd`` (0.049, the 500-epoch run's) at
+    M = 256 late in the run, as the single-curve seed-flip null does; 8× the seeds: /sqrt(8)."""
+    from lightning_pfd.analysis.calibration import NullSpec, simulate
+
+    t = np.arange(500.0)
+    old = np.mean([(simulate(NullSpec("seed_flip", num_seeds=256), s)[1] - gen_trend(t, 500))[300:].std()
+                   for s in range(4)])
+    assert old == pytest.approx(0.049, rel=0.25)
+    for model in ("flip", "heavy", "hetero"):
+        fam = Family("s", "per_seed", seed_noise=model, curves="e_only")
+        sd = {}
+        for m in (256, 2048):
+            fam = dataclasses.replace(fam, num_seeds=m)
+            sd[m] = np.mean([(simulate_run(fam, s)[0]["pfd/e_gen"][1] - gen_trend(t, 500))[400:].std()
+                             for s in range(4)])
+        assert sd[256] == pytest.approx(0.049, rel=0.35), (model, sd)
+        assert sd[2048] == pytest.approx(sd[256] / math.sqrt(8), rel=0.35), (model, sd)
+    # drift: the seeds' log d² are random walks, so E wanders slowly; its relative change from the
+    # first to the last evaluation has sd seed_sd / E_end
+    fam = Family("d", "per_seed", seed_noise="drift", curves="e_only", n_eval=100)
+    t = np.arange(100.0)
+    tr = gen_trend(t, 100)
+    ch = [np.log(e[-1] / tr[-1]) - np.log(e[0] / tr[0])
+          for e in (simulate_run(fam, s)[0]["pfd/e_gen"][1] for s in range(40))]
+    assert np.std(ch) * tr[-1] == pytest.approx(0.049, rel=0.3)
