@@ -234,7 +234,7 @@ def _fake_detector(series, units=None):
 
 
 def test_calibrate_families_counts_confirmed_and_undecided_events():
-    fam = Family("tiny", "short", n_eval=12, num_seeds=4, curves="e_only")
+    fam = Family("tiny", "short", n_eval=12, num_seeds=4, seed_sd=0.02, curves="e_only")
     r = calibrate_families([fam], 60, _fake_detector, seed0=3)["tiny"]
     us = []
     from lightning_pfd.analysis.calibration import _run_seed
