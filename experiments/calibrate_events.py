@@ -132,7 +132,13 @@ def main(argv=None) -> int:
         f"{k} {v['simulate_s']:.2f} s, {v['analyze_history_s']:.2f} s" for k, v in cost.items()), flush=True)
     runs = {n: (args.runs if FAMILIES[n].num_seeds <= LARGE_M else args.runs_large) for n in names}
 
+    partial = {}
+    command = "python experiments/calibrate_events.py " + " ".join(sys.argv[1:] if argv is None else argv)
+
     def progress(name, r):
+        partial[name] = r  # a run stopped midway leaves the families it finished
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"command": command, "partial": True, "nulls": partial}, indent=2))
         print(f"{name:28s} {r['any_confirmed']:4d}/{r['runs']:<4d} any confirmed "
               f"({_pct(r['any_confirmed'], r['runs'])}, Wilson {_ci(r['ci95'])}), undecided {r['any_undecided']}, "
               f"{r['wall_s']:.0f} s", flush=True)
@@ -155,7 +161,6 @@ def main(argv=None) -> int:
                     print(f"power {event} h={h:g} {name} M={m}: {r['planted'][event]['found']}/{r['runs']}",
                           flush=True)
     wall = time.time() - t0
-    command = "python experiments/calibrate_events.py " + " ".join(sys.argv[1:] if argv is None else argv)
     out = {"command": command, "split": args.split, "min_sigma": MIN_SIGMA, "runs": args.runs,
            "runs_large": args.runs_large, "large_m": LARGE_M, "power_runs": args.power_runs,
            "heights": HEIGHTS, "seed0": args.seed0, "jobs": args.jobs, "cost_per_run": cost,

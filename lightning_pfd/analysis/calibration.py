@@ -379,8 +379,12 @@ def _seed_levels(rng: np.random.Generator, fam: Family, n: int, final: float) ->
         low = rng.uniform(0.5, 1.5, m)
         g = rng.lognormal(0.0, 1.0, m)
         g /= g.mean()
-        a = cv / 2.0 / math.sqrt(float(np.mean(g ** 2)))
-        a = min(a, 1.9)
+        # one seed's d² moves by s·g/2 around E² = mean(low) + s/2: cv = a·sqrt(mean g²)/2 with
+        # a = s/E² (as :func:`simulate`: a = 4·rel·sqrt(m_ref)/sqrt(mean g²))
+        a = 2.0 * cv / math.sqrt(float(np.mean(g ** 2)))
+        if a >= 2.0:
+            raise ValueError(f"seed_sd = {fam.seed_sd} is more seed noise than two basins can make at "
+                             f"m_ref = {fam.m_ref}")
         s = a * float(low.mean()) / (1.0 - a / 2.0)
         state = (rng.random(m) < 0.5)[None, :] ^ (np.cumsum(rng.random((n, m)) < fam.p_flip, axis=0) % 2 == 1)
         return (low[None, :] + state * (s * g)[None, :]) / (float(low.mean()) + s / 2.0)
@@ -397,7 +401,7 @@ def _seed_levels(rng: np.random.Generator, fam: Family, n: int, final: float) ->
         var = sig2 * np.arange(1, n + 1, dtype=np.float64)[:, None]
         return low[None, :] * np.exp(w - 0.5 * var)
     # hetero: per-seed amplitudes c_i = c·v_i spread over a factor ~10, persistent AR(1) noise
-    v = rng.lognormal(0.0, 0.7, m)
+    v = np.exp(rng.uniform(0.0, math.log(10.0), m))  # log-uniform over a factor 10
     v /= math.sqrt(float(np.mean(v ** 2)))
     lo_c, hi_c = 0.0, 3.0
     for _ in range(50):  # mean_i (exp(c² v_i²) − 1) = cv²  (bisection)
