@@ -109,22 +109,23 @@ def old_rule(y, reps, min_rise_z, patience=5):
 
 
 def new_rule_zs(y, reps, horizon, patience=5, window=DEFAULT_WINDOW, seed=0, min_z=None):
-    """(z of every check, patience-exhausted flag of every check): the rise test at each check."""
-    zs, pat = [], []
+    """(z of every check, patience-exhausted flag of every check): the rise test at every block end
+    (NaN elsewhere: it is tested at block ends only), and the patience rule on the raw values."""
+    zs, pat = np.full(y.size, np.nan), np.zeros(y.size, dtype=bool)
     best, wait = math.inf, 0
-    for i in range(1, y.size + 1):
-        v = y[i - 1]
-        if v < best:
-            best, wait = v, 0
+    for i in range(y.size):
+        if y[i] < best:
+            best, wait = y[i], 0
         else:
             wait += 1
-        r = rise_test(y[:i], reps[:i], horizon=horizon, window=window, seed=seed, min_z=min_z)
-        zs.append(r.z)
-        pat.append(wait >= patience)
-    return np.array(zs), np.array(pat)
+        pat[i] = wait >= patience
+        if (i + 1) % window == 0:
+            zs[i] = rise_test(y[:i + 1], reps[:i + 1], horizon=horizon, window=window, seed=seed, min_z=min_z).z
+    return zs, pat
 
 
 def first_stop(zs, pat, z):
+    """The first check where patience is exhausted and the rise test reaches z (None: no stop)."""
     hit = np.nonzero(pat & (np.nan_to_num(zs, nan=-np.inf) >= z))[0]
     return int(hit[0]) if hit.size else None
 
@@ -140,10 +141,11 @@ def wilson_upper(k, n, z=1.96):
 
 
 def null_table(families, runs, lengths=(40, 100), seed0=0):
+    """False stops per family: the rule as ICREarlyStopping applies it (patience 5 and the rise
+    test), the rise test alone (any block end at z), and the previous rule."""
     out = {}
     for fam in families:
-        stops = {z: 0 for z in ZS}
-        old = {z: 0 for z in ZS}
+        stops, alone, old = ({z: 0 for z in ZS} for _ in range(3))
         t0 = time.time()
         for r in range(runs):
             n = lengths[r % len(lengths)]
@@ -151,14 +153,17 @@ def null_table(families, runs, lengths=(40, 100), seed0=0):
             zs, pat = new_rule_zs(y, reps, horizon=n, seed=r, min_z=max(ZS))
             for z in ZS:
                 stops[z] += first_stop(zs, pat, z) is not None
+                alone[z] += bool(np.any(np.nan_to_num(zs, nan=-np.inf) >= z))
                 old[z] += old_rule(y, reps, z) is not None
-        out[fam] = {f"z={z:g}": {"stops": stops[z], "runs": runs, "rate": stops[z] / runs,
-                                 "wilson95_upper": wilson_upper(stops[z], runs)} for z in ZS}
-        out[fam]["old_rule"] = {f"z={z:g}": {"stops": old[z], "runs": runs, "rate": old[z] / runs} for z in ZS}
-        out[fam]["seconds"] = round(time.time() - t0, 1)
-        print(fam, {k: (v["stops"], round(v["wilson95_upper"], 3)) for k, v in out[fam].items()
-                    if k.startswith("z=")}, "old:", {k: v["stops"] for k, v in out[fam]["old_rule"].items()},
-              f"{out[fam]['seconds']}s", flush=True)
+        row = {}
+        for z in ZS:
+            row[f"z={z:g}"] = {"stops": stops[z], "runs": runs, "rate": stops[z] / runs,
+                               "wilson95_upper": wilson_upper(stops[z], runs),
+                               "rise_test_alone": alone[z], "previous_rule": old[z]}
+        row["seconds"] = round(time.time() - t0, 1)
+        out[fam] = row
+        print(fam, {k: (v["stops"], v["rise_test_alone"], round(v["wilson95_upper"], 3), v["previous_rule"])
+                    for k, v in row.items() if k.startswith("z=")}, f"{row['seconds']}s", flush=True)
     return out
 
 
@@ -181,13 +186,9 @@ def power_table(runs, seed0=10_000):
     for name, (n, t_min, rise) in cases.items():
         mu = u_shape(n, t_min, rise)
         for fam in ("white", "ar_train"):
-            res = {}
-            for z in ZS:
-                res[z] = []
+            res = {z: [] for z in ZS}
             for r in range(runs):
-                y, reps = simulate(fam, n, seed0 + r, mu=mu - 0.0)
-                if fam != "white":
-                    pass
+                y, reps = simulate(fam, n, seed0 + r, mu=mu)
                 zs, pat = new_rule_zs(y, reps, horizon=n, seed=r, min_z=max(ZS))
                 for z in ZS:
                     res[z].append(first_stop(zs, pat, z))
@@ -202,20 +203,142 @@ def power_table(runs, seed0=10_000):
     return out
 
 
+def trainer_runs(families, runs, n=40, seed0=50_000):
+    """The callback in a real Trainer (dry_run, so every check runs) against the pure rule: a tiny
+    LightningModule, ICRMonitor-format jackknife records written every epoch, one
+    ICREarlyStopping(min_rise_z=z, dry_run=True) per z."""
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.callbacks import Callback
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_pfd.analysis.per_unit import UnitRecord
+    from lightning_pfd.callbacks import ICREarlyStopping
+    from lightning_pfd.callbacks.base import per_unit_store
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def training_step(self, batch, batch_idx):
+            return (self.w - 1).pow(2).sum()
+
+        def validation_step(self, batch, batch_idx):
+            pass
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return DataLoader(TensorDataset(torch.zeros(2, 1)), batch_size=2)
+
+        def val_dataloader(self):
+            return DataLoader(TensorDataset(torch.zeros(2, 1)), batch_size=2)
+
+    class Records(Callback):
+        def __init__(self, y, reps):
+            self.y, self.reps = y, reps
+
+        def on_validation_epoch_end(self, trainer, pl_module):
+            e = trainer.current_epoch
+            pl_module.log("icr/icr", torch.tensor(self.y[e], dtype=torch.float32))
+            per_unit_store(trainer).write(UnitRecord("icr/icr", e, trainer.global_step, "jackknife",
+                                                     self.reps[e], np.arange(G), float(self.y[e])))
+
+    import tempfile
+
+    from lightning_pfd.callbacks.early_stopping import DEFAULT_MIN_RISE_Z as z
+    out = {}
+    for fam in families:
+        agree, stops = 0, 0
+        for r in range(runs):
+            y, reps = simulate(fam, n, seed0 + r)
+            y = y.astype(np.float32).astype(np.float64)  # the value as logged
+            es = ICREarlyStopping(dry_run=True, patience=5)  # the default min_rise_z
+            with tempfile.TemporaryDirectory() as root:
+                pl.Trainer(max_epochs=n, callbacks=[Records(y, reps), es], logger=False,
+                           default_root_dir=root, enable_progress_bar=False, enable_model_summary=False,
+                           enable_checkpointing=False, limit_train_batches=1, limit_val_batches=1,
+                           num_sanity_val_steps=0, accelerator="cpu", devices=1).fit(Tiny())
+            zs, pat = new_rule_zs(y, reps, horizon=n, seed=0, min_z=z)
+            pure = first_stop(zs, pat, z)
+            got = es.would_stop_epoch
+            agree += (got if got >= 0 else None) == pure
+            stops += got >= 0
+        out[fam] = {"runs": runs, "checks": n, "min_rise_z": z, "callback_equals_pure_rule": agree,
+                    "stops": stops, "wilson95_upper": wilson_upper(stops, runs)}
+        print("trainer", fam, out[fam], flush=True)
+    return out
+
+
+def real_run(run_dir):
+    """The pure rule on a real ICRMonitor run's per-unit records (``<run>/per_unit/icr_icr``): where
+    it would stop at each z, vs the ICR minimum and the memorization onset in metrics.csv."""
+    import csv
+
+    from lightning_pfd.analysis.per_unit import load_units
+
+    series, problems = load_units(Path(run_dir) / "per_unit", keys=["icr/icr"])
+    u = series["icr/icr"]
+    y, reps = u.logged, u.values
+    n = y.size
+    out = {"run_dir": str(run_dir), "epochs": [int(e) for e in u.epochs], "icr": [round(float(v), 5) for v in y],
+           "se": [round(float(np.sqrt((G - 1) / G * ((r - r.mean()) ** 2).sum())), 5) for r in reps],
+           "min_epoch": int(u.epochs[int(np.argmin(y))]), "problems": problems}
+    mem = {}
+    for path in Path(run_dir).glob("**/metrics.csv"):
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                if row.get("mem/ratio"):
+                    mem[int(row["epoch"])] = float(row["mem/ratio"])
+    out["mem_ratio"] = {str(k): v for k, v in sorted(mem.items())}
+    out["mem_onset_0.05"] = next((e for e, v in sorted(mem.items()) if v >= 0.05), None)
+    for z in ZS:
+        zs, pat = new_rule_zs(y, reps, horizon=n, seed=0, min_z=z)
+        stop = first_stop(zs, pat, z)
+        out[f"z={z:g}"] = {"stop_epoch": None if stop is None else int(u.epochs[stop]),
+                           "z_at_block_ends": [None if not np.isfinite(v) else round(float(v), 2) for v in zs[2::3]]}
+    print("real run", json.dumps(out)[:2000], flush=True)
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=300)
     p.add_argument("--power-runs", type=int, default=100)
     p.add_argument("--families", nargs="*", default=None)
+    p.add_argument("--trainer", type=int, default=0, help="runs per family through a real Trainer")
+    p.add_argument("--real-run", default=None, help="a run directory of icr_unet_small (per_unit records)")
     p.add_argument("--out", default="experiments/results/icr_early_stopping.json")
+    p.add_argument("--merge", nargs="*", default=None, help="merge these partial result files into --out")
     args = p.parse_args(argv)
+    if args.merge:
+        merged = {}
+        for f in args.merge:
+            part = json.loads(Path(f).read_text())
+            for k, v in part.items():
+                if isinstance(v, dict) and isinstance(merged.get(k), dict):
+                    merged[k].update(v)
+                elif k in ("command", "wall_seconds"):
+                    merged.setdefault(k + "s", []).append(v)
+                else:
+                    merged[k] = v
+        Path(args.out).write_text(json.dumps(merged, indent=1))
+        print("wrote", args.out)
+        return
     t0 = time.time()
-    fams = args.families or list(TUNE + HELD_OUT)
+    fams = list(TUNE + HELD_OUT) if args.families is None else args.families
     result = {"command": "OMP_NUM_THREADS=1 python " + " ".join(["experiments/icr_early_stopping.py"] + sys.argv[1:]),
-              "tuning_families": list(TUNE), "held_out_families": list(HELD_OUT),
-              "nulls": null_table(fams, args.runs)}
+              "tuning_families": list(TUNE), "held_out_families": list(HELD_OUT)}
+    if args.runs and fams:
+        result["nulls"] = null_table(fams, args.runs)
     if args.power_runs:
         result["u_shapes"] = power_table(args.power_runs)
+    if args.trainer:
+        result["trainer"] = trainer_runs(("white", "growing"), args.trainer)
+    if args.real_run:
+        result["real_run"] = real_run(args.real_run)
     result["wall_seconds"] = round(time.time() - t0, 1)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))

@@ -10,7 +10,7 @@ both
 1. **patience**: ``patience`` checks without an improvement of the (optionally smoothed) value by
    more than ``min_delta`` -- Lightning's ``EarlyStopping`` rule, on plain floats
    (:class:`~lightning_pfd.analysis.early_stop.PatienceRule`); and
-2. **a significant rise** (``min_rise_z``, default :data:`DEFAULT_MIN_RISE_Z` = 2.5): the
+2. **a significant rise** (``min_rise_z``, default :data:`DEFAULT_MIN_RISE_Z` = 3): the
    whole-run, selection-corrected rise test of :func:`~lightning_pfd.analysis.early_stop.rise_test`
    on the checks so far gives z >= ``min_rise_z``. The test compares the newest block of
    ``rise_window`` checks with every earlier block (every candidate minimum) using the paired
@@ -78,8 +78,8 @@ from .state import callback_field, callback_state_key
 
 __all__ = ["ICREarlyStopping", "DEFAULT_MIN_RISE_Z", "DEFAULT_HORIZON"]
 
-#: the default whole-run z of the rise test (1 − Φ(2.5) = 0.6 % nominal false stops)
-DEFAULT_MIN_RISE_Z = 2.5
+#: the default whole-run z of the rise test (1 − Φ(3) = 0.13 % nominal false stops)
+DEFAULT_MIN_RISE_Z = 3.0
 #: checks assumed for the Bonferroni split when the Trainer has no finite max_epochs
 DEFAULT_HORIZON = 1000
 
@@ -160,6 +160,7 @@ class ICREarlyStopping(Callback):
         self.series_epochs: List[int] = []
         self.series_values: List[float] = []
         self.series_reps: List[Optional[List[float]]] = []
+        self.series_se: List[Optional[float]] = []
 
     # ------------------------------------------------------------------ Lightning-compatible view
     @property
@@ -284,8 +285,10 @@ class ICREarlyStopping(Callback):
 
     def _record(self, trainer: "pl.Trainer", raw: float) -> None:
         """Append this check to the rise test's series: the per-unit record's value and jackknife
-        replicates (rank 0), else the logged value without replicates."""
+        replicates (rank 0), else the logged value and its logged ``<monitor>_se`` if any."""
         value, reps = raw, None
+        se = trainer.callback_metrics.get(self.monitor + "_se")
+        se = None if se is None else float(se)
         if trainer.is_global_zero:
             from .base import per_unit_store
 
@@ -297,6 +300,7 @@ class ICREarlyStopping(Callback):
         self.series_epochs.append(int(trainer.current_epoch))
         self.series_values.append(value)
         self.series_reps.append(reps)
+        self.series_se.append(se if se is not None and math.isfinite(se) else None)
 
     def rise(self) -> RiseTest:
         """The rise test on the series so far (:func:`~lightning_pfd.analysis.early_stop.rise_test`)."""
@@ -304,10 +308,13 @@ class ICREarlyStopping(Callback):
         reps = None
         if n and all(r is not None for r in self.series_reps) and len({len(r) for r in self.series_reps}) == 1:
             reps = np.array(self.series_reps, dtype=np.float64)
-        if reps is None and n and n % self.rise_window == 0:
+        se = None
+        if reps is None and n and all(v is not None for v in self.series_se):
+            se = self.series_se  # unpaired: independent errors (conservative for a fixed image subset)
+        elif reps is None and n and n % self.rise_window == 0:
             return RiseTest(True, reason=f"no jackknife replicates of {self.monitor} for every check (ICRMonitor "
                                          "writes them to <default_root_dir>/per_unit): undecided")
-        return rise_test(self.series_values, reps, horizon=self._horizon, window=self.rise_window, mode=self.mode,
+        return rise_test(self.series_values, reps, se, horizon=self._horizon, window=self.rise_window, mode=self.mode,
                          noise_window=DEFAULT_NOISE_WINDOW, seed=self.seed, min_z=self.min_rise_z)
 
     def run_check(self, trainer: "pl.Trainer") -> None:
@@ -337,7 +344,7 @@ class ICREarlyStopping(Callback):
                     if why and why not in self._warned:
                         self._warned.add(why)
                         rank_zero_warn(f"ICREarlyStopping({self.monitor}): patience exhausted at epoch "
-                                       f"{trainer.current_epoch} but the rise test is {why}; training goes on",
+                                       f"{trainer.current_epoch} but the rise test cannot decide ({why}); training goes on",
                                        category=RuntimeWarning)
                 else:
                     message = (f"{message} The rise over the minimum (checks {test.minimum[0]}-"
@@ -385,8 +392,8 @@ class ICREarlyStopping(Callback):
                 "best_epoch": self.best_epoch, "smoothed": self.smoothed, "smoothing": self.smoothing,
                 "schedule": self._schedule.state_dict(), "would_stop_epoch": self.would_stop_epoch,
                 "rise_z": self.rise_z, "series_epochs": list(self.series_epochs),
-                "series_values": list(self.series_values), "series_reps": [None if r is None else list(r)
-                                                                          for r in self.series_reps]}
+                "series_values": list(self.series_values), "series_se": list(self.series_se),
+                "series_reps": [None if r is None else list(r) for r in self.series_reps]}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self._rule.load_state_dict({"best": float(state_dict["best_score"]), "wait_count": state_dict["wait_count"]})
@@ -402,3 +409,4 @@ class ICREarlyStopping(Callback):
         self.series_epochs = [int(e) for e in state_dict.get("series_epochs", [])]
         self.series_values = [float(v) for v in state_dict.get("series_values", [])]
         self.series_reps = [None if r is None else [float(x) for x in r] for r in state_dict.get("series_reps", [])]
+        self.series_se = list(state_dict.get("series_se", [None] * len(self.series_values)))
