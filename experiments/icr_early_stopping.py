@@ -179,9 +179,32 @@ RECORDED = [0.478, 0.333, 0.377, 0.372, 0.378, 0.367, 0.366, 0.371, 0.357, 0.347
             0.394, 0.407, 0.422, 0.432, 0.433, 0.441, 0.44]  # experiments/results/icr_unet.json, small
 
 
+def first_stops(y, reps, horizon, patience=5, window=DEFAULT_WINDOW, seed=0):
+    """{z: first stop index or None} for every z of ZS, checking block ends until the largest z
+    stops (the rise test sized for that z, as ICREarlyStopping(min_rise_z=max(ZS)) would)."""
+    out = {z: None for z in ZS}
+    best, wait = math.inf, 0
+    for i in range(y.size):
+        if y[i] < best:
+            best, wait = y[i], 0
+        else:
+            wait += 1
+        if (i + 1) % window or wait < patience:
+            continue
+        z = rise_test(y[:i + 1], reps[:i + 1], horizon=horizon, window=window, seed=seed, min_z=max(ZS)).z
+        for level in ZS:
+            if out[level] is None and np.isfinite(z) and z >= level:
+                out[level] = i
+        if out[max(ZS)] is not None:
+            break
+    return out
+
+
 def power_table(runs, seed0=10_000):
-    cases = {"u60_rise0.05": (60, 20, 0.05), "u60_rise0.1": (60, 20, 0.1), "u100_rise0.1": (100, 40, 0.1),
-             "u100_rise0.05": (100, 40, 0.05)}
+    """Stops on U-shaped ICRs: how many runs stop, how many before the true minimum, and the delay
+    (stop check minus the true minimum) quartiles."""
+    cases = {"u60_rise0.05": (60, 20, 0.05), "u60_rise0.1": (60, 20, 0.1), "u100_rise0.05": (100, 40, 0.05),
+             "u100_rise0.1": (100, 40, 0.1)}
     out = {}
     for name, (n, t_min, rise) in cases.items():
         mu = u_shape(n, t_min, rise)
@@ -189,15 +212,14 @@ def power_table(runs, seed0=10_000):
             res = {z: [] for z in ZS}
             for r in range(runs):
                 y, reps = simulate(fam, n, seed0 + r, mu=mu)
-                zs, pat = new_rule_zs(y, reps, horizon=n, seed=r, min_z=max(ZS))
-                for z in ZS:
-                    res[z].append(first_stop(zs, pat, z))
+                for z, s in first_stops(y, reps, horizon=n, seed=r).items():
+                    res[z].append(s)
             row = {}
             for z in ZS:
                 st = [s for s in res[z] if s is not None]
-                row[f"z={z:g}"] = {"stopped": len(st), "runs": runs,
-                                   "before_min": sum(s < t_min for s in st),
-                                   "delay_quartiles": [float(q) for q in np.percentile(np.array(st) - t_min, [25, 50, 75])] if st else None}
+                row[f"z={z:g}"] = {"stopped": len(st), "runs": runs, "before_min": sum(s < t_min for s in st),
+                                   "delay_quartiles": [float(q) for q in np.percentile(np.array(st) - t_min, [25, 50, 75])]
+                                   if st else None}
             out[f"{name}/{fam}"] = {"n": n, "true_min": t_min, "rise": rise, **row}
             print(name, fam, row, flush=True)
     return out
@@ -303,6 +325,31 @@ def real_run(run_dir):
     return out
 
 
+def markdown(result):
+    """The tables of docs/icr.md from a result file."""
+    lines = ["| family | split | " + " | ".join(f"stops at z = {z:g} (Wilson 95 % upper)" for z in ZS)
+             + " | previous rule, z = 3 |", "|---|---|" + "---|" * (len(ZS) + 1)]
+    for fam in TUNE + HELD_OUT:
+        row = result.get("nulls", {}).get(fam)
+        if row is None:
+            continue
+        split = "tuning" if fam in TUNE else "**held out**"
+        cells = [f"{row[f'z={z:g}']['stops']}/{row[f'z={z:g}']['runs']} ({100 * row[f'z={z:g}']['wilson95_upper']:.1f} %)"
+                 for z in ZS]
+        lines.append(f"| {fam} | {split} | " + " | ".join(cells) + f" | {row['z=3']['previous_rule']}/{row['z=3']['runs']} |")
+    power = ["| U-shape / noise | " + " | ".join(f"z = {z:g}: stopped, before min, delay quartiles" for z in ZS) + " |",
+             "|---|" + "---|" * len(ZS)]
+    for name, row in result.get("u_shapes", {}).items():
+        cells = []
+        for z in ZS:
+            c = row[f"z={z:g}"]
+            q = c["delay_quartiles"]
+            cells.append(f"{c['stopped']}/{c['runs']}, {c['before_min']}, "
+                         + ("—" if q is None else f"{q[0]:g} / {q[1]:g} / {q[2]:g}"))
+        power.append(f"| {name} (n = {row['n']}, min at {row['true_min']}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines), "\n".join(power)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=300)
@@ -312,7 +359,12 @@ def main(argv=None):
     p.add_argument("--real-run", default=None, help="a run directory of icr_unet_small (per_unit records)")
     p.add_argument("--out", default="experiments/results/icr_early_stopping.json")
     p.add_argument("--merge", nargs="*", default=None, help="merge these partial result files into --out")
+    p.add_argument("--markdown", default=None, help="print the docs tables of this result file")
     args = p.parse_args(argv)
+    if args.markdown:
+        for table in markdown(json.loads(Path(args.markdown).read_text())):
+            print(table, "\n")
+        return
     if args.merge:
         merged = {}
         for f in args.merge:

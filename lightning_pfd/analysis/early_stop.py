@@ -232,7 +232,8 @@ def rise_test(values: Sequence[float], replicates: Optional[np.ndarray] = None, 
         noise_window: the recent checks of the local training-noise fit.
         seed: the Monte Carlo seed (the draws of check n use ``(seed, n)``: deterministic).
         min_z: the level a caller stops at: the number of draws is sized so that a z of about
-            ``min_z`` can be resolved (None: ``max_draws``).
+            ``min_z`` can be resolved, and drawing ends once z >= ``min_z`` is established (the
+            reported z is then a lower bound); None: ``max_draws``.
         max_draws: most Monte Carlo draws.
     """
     y = np.asarray(values, dtype=np.float64).reshape(-1)
@@ -295,12 +296,13 @@ def rise_test(values: Sequence[float], replicates: Optional[np.ndarray] = None, 
     w, u = np.linalg.eigh(cov_b)
     root = u * np.sqrt(np.clip(w, 0.0, None))[None, :]
     rng = np.random.default_rng([int(seed), n])
+    target = None
     if min_z is not None and math.isfinite(min_z):
-        need = int(math.ceil(50.0 * k_run / max(1.0 - _NORMAL.cdf(float(min_z)), 1e-300)))
-        limit = int(min(max(need, 2 ** 14), 2 ** 21))
+        target = max(1.0 - _NORMAL.cdf(float(min_z)), 1e-300)
+        limit = int(min(max(int(math.ceil(50.0 * k_run / target)), 2 ** 14), 2 ** 21))
     else:
         limit = int(max_draws)
-    chunk, drawn, hits = 4096, 0, 0
+    chunk, drawn, hits = 1024, 0, 0
     while drawn < limit:
         m = min(chunk, limit - drawn)
         eta = (rng.standard_normal((m, n_blocks)) @ root.T) * sign
@@ -322,6 +324,8 @@ def rise_test(values: Sequence[float], replicates: Optional[np.ndarray] = None, 
         drawn += m
         if hits >= 64:  # the p-value is known to ~12 %: far from the tails that need more draws
             break
+        if target is not None and k_run * (hits + 1) / (drawn + 1) <= target:
+            break  # already significant at min_z with the conservative (hits + 1) / (draws + 1)
         chunk = min(chunk * 2, 2 ** 16)
     p_check = (hits + 1) / (drawn + 1)
     p_run = min(1.0, k_run * p_check)
