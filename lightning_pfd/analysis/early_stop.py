@@ -36,7 +36,7 @@ false-stop rates in docs/icr.md, "ICREarlyStopping: the rise test"):
      used (training noise that grows over the run is seen where it is largest).
 
   The whole-run p-value is p_run = min(1, K · p_check), K = block ends in the run, and the
-  reported z = Φ⁻¹(1 − p_run) is on the one-sided normal scale. A test that cannot be made —
+  reported z = Φ⁻¹(1 − min(p_run, 1/2)) is on the one-sided normal scale (0: no evidence). A test that cannot be made —
   too few checks, a non-finite value, a zero or undefined noise estimate — is **undecided**
   (z = NaN, the reason in :attr:`RiseTest.reason`) and never a stop.
 
@@ -329,6 +329,6 @@ def rise_test(values: Sequence[float], replicates: Optional[np.ndarray] = None, 
         chunk = min(chunk * 2, 2 ** 16)
     p_check = (hits + 1) / (drawn + 1)
     p_run = min(1.0, k_run * p_check)
-    z = _NORMAL.inv_cdf(1.0 - min(p_run, 1.0 - 1e-12))
+    z = _NORMAL.inv_cdf(1.0 - min(p_run, 0.5))  # floored at 0: p_run >= 1/2 is no evidence of a rise
     return RiseTest(True, z=float(z), p_run=float(p_run), p_check=float(p_check), stat=stat, minimum=minimum,
                     tau2=float(tau2), phi=float(phi), draws=drawn)
