@@ -372,8 +372,8 @@ def main(argv=None):
             for k, v in part.items():
                 if isinstance(v, dict) and isinstance(merged.get(k), dict):
                     merged[k].update(v)
-                elif k in ("command", "wall_seconds"):
-                    merged.setdefault(k + "s", []).append(v)
+                elif k in ("command", "wall_seconds"):  # one per partial run (run in parallel)
+                    merged.setdefault({"command": "commands", "wall_seconds": "wall_seconds_per_part"}[k], []).append(v)
                 else:
                     merged[k] = v
         Path(args.out).write_text(json.dumps(merged, indent=1))
