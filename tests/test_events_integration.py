@@ -1,9 +1,9 @@
 """Per-unit records and events in real fits: what the monitors log and keep, resume, the online /
-final answer, `report` on the run's files, damaged records, ICREarlyStopping's significant rise."""
+final answer, `report` on the run's files, damaged records (ICREarlyStopping's rise test:
+tests/test_icr_early_stop.py)."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,8 +14,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from lightning_pfd.analysis.per_unit import PerUnitStore, UnitRecord, value_and_se
-from lightning_pfd.callbacks import GeneralizationMonitor, ICREarlyStopping, MemorizationMonitor, RegimeMonitor
+from lightning_pfd.analysis.per_unit import PerUnitStore, value_and_se
+from lightning_pfd.callbacks import GeneralizationMonitor, MemorizationMonitor, RegimeMonitor
 from lightning_pfd.commands.report import main as report_main
 from lightning_pfd.modules import DiffusionModule
 from lightning_pfd.nets import MLPNet
@@ -104,32 +104,6 @@ def test_damaged_record_is_reported_not_used(tmp_path, capsys):
     js = json.loads((tmp_path / "rep" / "events.json").read_text())
     assert "pfd/e_gen" not in js["per_unit"]["metrics"] and any("epoch_000001" in q for q in js["per_unit"]["problems"])
     assert "Per-unit records not used" in (tmp_path / "rep" / "report.md").read_text()
-
-
-def _jack(epoch, values, value):
-    return UnitRecord("icr/icr", epoch, epoch, "jackknife", np.asarray(values, float), np.arange(len(values)), value)
-
-
-def test_icr_early_stopping_requires_a_significant_rise(tmp_path):
-    store = PerUnitStore(tmp_path / "per_unit")
-    rng = np.random.default_rng(0)
-    base = 0.5 + 0.01 * rng.standard_normal(16)
-    store.write(_jack(2, base, 0.5))
-    store.write(_jack(7, base + 0.002 + 0.0001 * rng.standard_normal(16), 0.502))
-    trainer = SimpleNamespace(default_root_dir=str(tmp_path), ckpt_path="resume", is_global_zero=True,
-                              current_epoch=7, state=SimpleNamespace(fn="fit"))
-    es = ICREarlyStopping(min_rise_z=3.0)
-    es.best_epoch = 2
-    z = es._rise_z(trainer, 0.502, {})
-    b = np.load(store.path("icr/icr", 7))["values"] - base  # the brute-force paired jackknife
-    se = math.sqrt(15 / 16 * np.sum((b - b.mean()) ** 2))
-    assert z == pytest.approx(0.002 / se, rel=1e-9)
-    assert z > 3  # a small but paired-significant rise stops; unpaired (se 0.01 each) it would not:
-    es2 = ICREarlyStopping(min_rise_z=3.0)
-    es2.best_epoch, es2._best_value, es2._best_se = 3, 0.5, 0.01  # no record at epoch 3
-    assert es2._rise_z(trainer, 0.502, {"icr/icr_se": torch.tensor(0.01)}) == pytest.approx(0.002 / math.sqrt(2e-4))
-    with pytest.raises(Exception, match="min_rise_z"):
-        ICREarlyStopping(min_rise_z=-1)
 
 
 def test_a_provisional_event_that_moves_or_becomes_undecided_is_not_confirmed():

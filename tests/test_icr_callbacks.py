@@ -61,7 +61,9 @@ class _ScriptedICR(Callback):
 
 
 CURVE = [0.9, 0.7, 0.55, 0.5, 0.52, 0.51, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.0, 1.0]
-# minimum 0.5 at epoch 3; patience 3 -> epochs 4, 5, 6 do not improve -> stop at epoch 6
+# minimum 0.5 at epoch 3; patience 3 -> epochs 4, 5, 6 do not improve -> stop at epoch 6. These
+# scripted curves have no per-unit records, so the tests of the patience features use plain
+# patience (min_rise_z=None); the rise test is tested in tests/test_icr_early_stop.py
 
 
 def _best_ckpt_epoch(ckpt: ModelCheckpoint) -> int:
@@ -69,7 +71,7 @@ def _best_ckpt_epoch(ckpt: ModelCheckpoint) -> int:
 
 
 def test_stops_after_patience_and_keeps_the_minimum(tmp_path):
-    es = ICREarlyStopping(patience=3)
+    es = ICREarlyStopping(min_rise_z=None, patience=3)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="icr/icr", mode="min", save_top_k=1)
     logger = CSVLogger(tmp_path, name="csv")
     trainer = _trainer(tmp_path, [_ScriptedICR(CURVE), es, ckpt], max_epochs=len(CURVE),
@@ -88,7 +90,7 @@ def test_stops_after_patience_and_keeps_the_minimum(tmp_path):
 def test_dry_run_keeps_training_and_logs_where_it_would_have_stopped(tmp_path):
     """Observe mode: the same decision as a real stop (epoch 6 on CURVE), but every epoch runs;
     the checkpoint at the minimum is still the one kept."""
-    es = ICREarlyStopping(patience=3, dry_run=True)
+    es = ICREarlyStopping(min_rise_z=None, patience=3, dry_run=True)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="icr/icr", mode="min", save_top_k=1)
     logger = CSVLogger(tmp_path, name="csv")
     trainer = _trainer(tmp_path, [_ScriptedICR(CURVE), es, ckpt], max_epochs=len(CURVE),
@@ -101,7 +103,7 @@ def test_dry_run_keeps_training_and_logs_where_it_would_have_stopped(tmp_path):
     logger.finalize("success")
     rows = list(csv_rows(Path(logger.log_dir) / "metrics.csv", "icr/stop_epoch"))
     assert rows[:6] == [-1.0] * 6 and rows[6:] == [6.0] * (len(CURVE) - 6)
-    es2 = ICREarlyStopping(patience=3, dry_run=True)
+    es2 = ICREarlyStopping(min_rise_z=None, patience=3, dry_run=True)
     es2.load_state_dict(es.state_dict())
     assert es2.would_stop_epoch == 6
     with pytest.raises(ValueError, match="dry_run"):
@@ -118,7 +120,7 @@ def csv_rows(path, column):
 
 def test_min_delta_ignores_tiny_improvements(tmp_path):
     curve = [1.0, 0.8, 0.79, 0.785, 0.9, 0.9, 0.9, 0.9]
-    es = ICREarlyStopping(patience=2, min_delta=0.05)
+    es = ICREarlyStopping(min_rise_z=None, patience=2, min_delta=0.05)
     trainer = _trainer(tmp_path, [_ScriptedICR(curve), es], max_epochs=len(curve))
     trainer.fit(_Tiny())
     assert es.best_epoch == 1 and es.stopped_epoch == 3
@@ -137,7 +139,7 @@ def test_smoothing_uses_the_ema_of_the_curve(tmp_path):
             if wait >= 2 and stop is None:
                 stop = e
                 break
-    es = ICREarlyStopping(patience=2, smoothing=a)
+    es = ICREarlyStopping(min_rise_z=None, patience=2, smoothing=a)
     trainer = _trainer(tmp_path, [_ScriptedICR(curve), es], max_epochs=len(curve))
     trainer.fit(_Tiny())
     assert es.best_epoch == best_epoch and es.stopped_epoch == stop
@@ -147,14 +149,14 @@ def test_smoothing_uses_the_ema_of_the_curve(tmp_path):
 
 def test_state_survives_resume(tmp_path):
     # uninterrupted reference run
-    ref_es = ICREarlyStopping(patience=3, smoothing=0.3)
+    ref_es = ICREarlyStopping(min_rise_z=None, patience=3, smoothing=0.3)
     _trainer(tmp_path / "ref", [_ScriptedICR(CURVE), ref_es], max_epochs=len(CURVE)).fit(_Tiny())
     # interrupted after epoch 7 (inside the patience window), then resumed from the checkpoint
-    es1 = ICREarlyStopping(patience=3, smoothing=0.3)
+    es1 = ICREarlyStopping(min_rise_z=None, patience=3, smoothing=0.3)
     last = ModelCheckpoint(dirpath=tmp_path / "ck", save_last=True, save_top_k=0)
     _trainer(tmp_path, [_ScriptedICR(CURVE), es1, last], max_epochs=8).fit(_Tiny())
     assert es1.wait_count == 2 and es1.stopped_epoch == 0 and ref_es.stopped_epoch == 8
-    es2 = ICREarlyStopping(patience=3, smoothing=0.3)
+    es2 = ICREarlyStopping(min_rise_z=None, patience=3, smoothing=0.3)
     best = ModelCheckpoint(dirpath=tmp_path / "ck2", monitor="icr/icr", mode="min", save_top_k=1)
     _trainer(tmp_path, [_ScriptedICR(CURVE), es2, best], max_epochs=len(CURVE)).fit(
         _Tiny(), ckpt_path=str(tmp_path / "ck" / "last.ckpt"))
@@ -162,7 +164,7 @@ def test_state_survives_resume(tmp_path):
     assert es2.best_epoch == ref_es.best_epoch
     assert es2.smoothed == pytest.approx(ref_es.smoothed)
     # plain state_dict round trip
-    es3 = ICREarlyStopping(patience=3, smoothing=0.3)
+    es3 = ICREarlyStopping(min_rise_z=None, patience=3, smoothing=0.3)
     es3.load_state_dict(es2.state_dict())
     assert es3.state_dict() == es2.state_dict()
 
@@ -176,7 +178,7 @@ def test_a_nan_icr_counts_as_no_improvement(tmp_path, check_finite):
     # check without improvement (stop after 3 of them, at epoch 6, keeping epoch 3 as the best);
     # with check_finite=True Lightning's immediate stop at the first NaN (epoch 2)
     curve = [0.9, 0.7, NAN, 0.6, NAN, NAN, NAN, 0.5, 0.4, 0.3]
-    es = ICREarlyStopping(patience=3, check_finite=check_finite)
+    es = ICREarlyStopping(min_rise_z=None, patience=3, check_finite=check_finite)
     _trainer(tmp_path, [_ScriptedICR(curve), es], max_epochs=len(curve)).fit(_Tiny())
     assert es.stopped_epoch == (2 if check_finite else 6)
     assert es.best_epoch == (1 if check_finite else 3)
@@ -187,7 +189,7 @@ def test_early_stopping_bad_config():
     with pytest.raises(ValueError, match="smoothing"):
         ICREarlyStopping(smoothing=1.0)
     with pytest.raises(ValueError, match="patience"):
-        ICREarlyStopping(patience=0)
+        ICREarlyStopping(min_rise_z=None, patience=0)
     with pytest.raises(ValueError, match="min_delta"):
         ICREarlyStopping(min_delta=-0.1)
     with pytest.raises(ValueError, match="mode"):
@@ -501,11 +503,11 @@ class _EveryOther(Callback):
 def test_early_stopping_ignores_epochs_without_a_fresh_value(tmp_path):
     # Lightning keeps the stale value in callback_metrics at odd epochs; counting it as "no
     # improvement" would stop this steadily improving run after patience = 2 stale checks.
-    es = ICREarlyStopping(patience=2, every_n_epochs=2)
+    es = ICREarlyStopping(min_rise_z=None, patience=2, every_n_epochs=2)
     _trainer(tmp_path, [_EveryOther(), es], max_epochs=7).fit(_Tiny())
     assert es.stopped_epoch == 0 and es.wait_count == 0 and es.best_epoch == 6
     # inferred from an ICRMonitor in the callbacks
-    es2 = ICREarlyStopping(patience=2)
+    es2 = ICREarlyStopping(min_rise_z=None, patience=2)
     mon = ICRMonitor(every_n_epochs=3)
     mon.on_validation_epoch_end = lambda trainer, pl_module: None  # only its schedule matters
     mon.check_setup = lambda *args: None  # _Tiny has no denoiser and no data

@@ -1,0 +1,401 @@
+"""False stops and stop delays of ICREarlyStopping's rise test (docs/icr.md, "ICREarlyStopping:
+the rise test").
+
+Synthetic ICR runs in ICRMonitor's format: every check has a full estimate y_t and G = 16
+delete-a-group jackknife replicates r_{t,g}. Group g contributes x_{t,g} = mu_t + b_g + u_{t,g}
+(b_g: the fixed image groups, u: group noise), y_t = mean_g x_{t,g} + eta_t and
+r_{t,g} = mean_{h != g} x_{t,h} + eta_t (eta: training noise common to all groups). The null
+families (a flat or decaying ICR, no rise) are split into a tuning half and a held-out half;
+the window, the noise model and the default min_rise_z were chosen on the tuning half only.
+
+    OMP_NUM_THREADS=1 python experiments/icr_early_stopping.py               # full tables (~minutes)
+    OMP_NUM_THREADS=1 python experiments/icr_early_stopping.py --runs 40     # quick look
+    OMP_NUM_THREADS=1 python experiments/icr_early_stopping.py --trainer 30  # + runs through a real Trainer
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from lightning_pfd.analysis.early_stop import DEFAULT_WINDOW, rise_test
+
+G = 16
+SE = 0.01  # standard error of one ICR value from the group noise (sd_u / sqrt(G))
+LEVEL = 0.35
+
+#: tuning half / held-out half of the null families
+TUNE = ("white", "ar_train", "heavy_groups", "decay_plateau")
+HELD_OUT = ("growing", "group_drift", "smooth_train", "shrinking", "heavy_ar")
+ZS = (2.0, 2.5, 3.0)
+
+
+def _ar1(rng, n, phi, sd):
+    out = np.empty(n)
+    out[0] = rng.standard_normal() * sd
+    e = rng.standard_normal(n) * sd * math.sqrt(1 - phi ** 2)
+    for i in range(1, n):
+        out[i] = phi * out[i - 1] + e[i]
+    return out
+
+
+def simulate(family: str, n: int, seed: int, mu=None):
+    """(values (n,), replicates (n, G)) of one synthetic run; ``mu`` (n,) replaces the flat level."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n, dtype=np.float64)
+    sd_u = SE * math.sqrt(G)
+    mu = np.full(n, LEVEL) if mu is None else np.asarray(mu, dtype=np.float64)
+    scale = np.ones(n)
+    eta = np.zeros(n)
+    u = rng.standard_normal((n, G))
+    if family == "white":
+        pass
+    elif family == "ar_train":
+        eta = _ar1(rng, n, 0.8, SE)
+    elif family == "heavy_groups":
+        u = rng.standard_t(3, (n, G)) / math.sqrt(3.0)
+        eta = 0.5 * SE * rng.standard_normal(n)
+    elif family == "decay_plateau":
+        mu = mu + 0.1 * np.exp(-t / 8.0)
+        eta = _ar1(rng, n, 0.6, 0.5 * SE)
+    elif family == "growing":
+        scale = 1.0 + 1.5 * t / max(n - 1, 1)
+        eta = _ar1(rng, n, 0.8, SE) * scale
+    elif family == "group_drift":
+        u = np.stack([_ar1(rng, n, 0.9, 1.0) for _ in range(G)], 1)
+        eta = 0.3 * SE * rng.standard_normal(n)
+    elif family == "smooth_train":
+        raw = rng.standard_normal(n + 24)
+        k = np.exp(-0.5 * (np.arange(-12, 13) / 3.0) ** 2)
+        sm = np.convolve(raw, k / math.sqrt((k ** 2).sum()), mode="valid")[:n]
+        eta = SE * sm
+    elif family == "shrinking":
+        scale = 2.5 - 1.5 * t / max(n - 1, 1)
+        eta = _ar1(rng, n, 0.8, SE) * scale
+    elif family == "heavy_ar":
+        u = rng.standard_t(3, (n, G)) / math.sqrt(3.0)
+        eta = _ar1(rng, n, 0.9, SE)
+    else:
+        raise ValueError(family)
+    b = 0.05 * rng.standard_normal(G)
+    x = mu[:, None] + b[None, :] + sd_u * scale[:, None] * u
+    tot = x.sum(1)
+    y = tot / G + eta
+    reps = (tot[:, None] - x) / (G - 1) + eta[:, None]
+    return y, reps
+
+
+def old_rule(y, reps, min_rise_z, patience=5):
+    """The previous ICREarlyStopping(min_rise_z): patience on the raw value, then a paired
+    z of (now - best) >= min_rise_z, re-tested at every check. Returns the stop index or None."""
+    best, best_i, wait = math.inf, -1, 0
+    for i, v in enumerate(y):
+        if v < best:
+            best, best_i, wait = v, i, 0
+            continue
+        wait += 1
+        if wait >= patience:
+            d = reps[i] - reps[best_i]
+            se = math.sqrt((G - 1) / G * ((d - d.mean()) ** 2).sum())
+            z = (y[i] - y[best_i]) / se if se > 0 else (math.inf if y[i] > y[best_i] else 0.0)
+            if z >= min_rise_z:
+                return i
+    return None
+
+
+def new_rule_zs(y, reps, horizon, patience=5, window=DEFAULT_WINDOW, seed=0, min_z=None):
+    """(z of every check, patience-exhausted flag of every check): the rise test at every block end
+    (NaN elsewhere: it is tested at block ends only), and the patience rule on the raw values."""
+    zs, pat = np.full(y.size, np.nan), np.zeros(y.size, dtype=bool)
+    best, wait = math.inf, 0
+    for i in range(y.size):
+        if y[i] < best:
+            best, wait = y[i], 0
+        else:
+            wait += 1
+        pat[i] = wait >= patience
+        if (i + 1) % window == 0:
+            zs[i] = rise_test(y[:i + 1], reps[:i + 1], horizon=horizon, window=window, seed=seed, min_z=min_z).z
+    return zs, pat
+
+
+def first_stop(zs, pat, z):
+    """The first check where patience is exhausted and the rise test reaches z (None: no stop)."""
+    hit = np.nonzero(pat & (np.nan_to_num(zs, nan=-np.inf) >= z))[0]
+    return int(hit[0]) if hit.size else None
+
+
+def wilson_upper(k, n, z=1.96):
+    if n == 0:
+        return math.nan
+    p = k / n
+    den = 1 + z * z / n
+    centre = p + z * z / (2 * n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre + half) / den
+
+
+def null_table(families, runs, lengths=(40, 100), seed0=0):
+    """False stops per family: the rule as ICREarlyStopping applies it (patience 5 and the rise
+    test), the rise test alone (any block end at z), and the previous rule."""
+    out = {}
+    for fam in families:
+        stops, alone, old = ({z: 0 for z in ZS} for _ in range(3))
+        t0 = time.time()
+        for r in range(runs):
+            n = lengths[r % len(lengths)]
+            y, reps = simulate(fam, n, seed0 + r)
+            zs, pat = new_rule_zs(y, reps, horizon=n, seed=r, min_z=max(ZS))
+            for z in ZS:
+                stops[z] += first_stop(zs, pat, z) is not None
+                alone[z] += bool(np.any(np.nan_to_num(zs, nan=-np.inf) >= z))
+                old[z] += old_rule(y, reps, z) is not None
+        row = {}
+        for z in ZS:
+            row[f"z={z:g}"] = {"stops": stops[z], "runs": runs, "rate": stops[z] / runs,
+                               "wilson95_upper": wilson_upper(stops[z], runs),
+                               "rise_test_alone": alone[z], "previous_rule": old[z]}
+        row["seconds"] = round(time.time() - t0, 1)
+        out[fam] = row
+        print(fam, {k: (v["stops"], v["rise_test_alone"], round(v["wilson95_upper"], 3), v["previous_rule"])
+                    for k, v in row.items() if k.startswith("z=")}, f"{row['seconds']}s", flush=True)
+    return out
+
+
+def u_shape(n, t_min, rise):
+    """Falls from LEVEL + 0.1 to LEVEL at t_min, then rises linearly by ``rise`` to the end."""
+    t = np.arange(n, dtype=np.float64)
+    down = LEVEL + 0.1 * np.clip((t_min - t) / t_min, 0, None)
+    up = rise * np.clip((t - t_min) / max(n - 1 - t_min, 1), 0, None)
+    return down + up
+
+
+RECORDED = [0.478, 0.333, 0.377, 0.372, 0.378, 0.367, 0.366, 0.371, 0.357, 0.347, 0.351, 0.365, 0.375,
+            0.394, 0.407, 0.422, 0.432, 0.433, 0.441, 0.44]  # experiments/results/icr_unet.json, small
+
+
+def first_stops(y, reps, horizon, patience=5, window=DEFAULT_WINDOW, seed=0):
+    """{z: first stop index or None} for every z of ZS, checking block ends until the largest z
+    stops (the rise test sized for that z, as ICREarlyStopping(min_rise_z=max(ZS)) would)."""
+    out = {z: None for z in ZS}
+    best, wait = math.inf, 0
+    for i in range(y.size):
+        if y[i] < best:
+            best, wait = y[i], 0
+        else:
+            wait += 1
+        if (i + 1) % window or wait < patience:
+            continue
+        z = rise_test(y[:i + 1], reps[:i + 1], horizon=horizon, window=window, seed=seed, min_z=max(ZS)).z
+        for level in ZS:
+            if out[level] is None and np.isfinite(z) and z >= level:
+                out[level] = i
+        if out[max(ZS)] is not None:
+            break
+    return out
+
+
+def power_table(runs, seed0=10_000):
+    """Stops on U-shaped ICRs: how many runs stop, how many before the true minimum, and the delay
+    (stop check minus the true minimum) quartiles."""
+    cases = {"u60_rise0.05": (60, 20, 0.05), "u60_rise0.1": (60, 20, 0.1), "u100_rise0.05": (100, 40, 0.05),
+             "u100_rise0.1": (100, 40, 0.1)}
+    out = {}
+    for name, (n, t_min, rise) in cases.items():
+        mu = u_shape(n, t_min, rise)
+        for fam in ("white", "ar_train"):
+            res = {z: [] for z in ZS}
+            for r in range(runs):
+                y, reps = simulate(fam, n, seed0 + r, mu=mu)
+                for z, s in first_stops(y, reps, horizon=n, seed=r).items():
+                    res[z].append(s)
+            row = {}
+            for z in ZS:
+                st = [s for s in res[z] if s is not None]
+                row[f"z={z:g}"] = {"stopped": len(st), "runs": runs, "before_min": sum(s < t_min for s in st),
+                                   "delay_quartiles": [float(q) for q in np.percentile(np.array(st) - t_min, [25, 50, 75])]
+                                   if st else None}
+            out[f"{name}/{fam}"] = {"n": n, "true_min": t_min, "rise": rise, **row}
+            print(name, fam, row, flush=True)
+    return out
+
+
+def trainer_runs(families, runs, n=40, seed0=50_000):
+    """The callback in a real Trainer (dry_run, so every check runs) against the pure rule: a tiny
+    LightningModule, ICRMonitor-format jackknife records written every epoch, one
+    ICREarlyStopping(min_rise_z=z, dry_run=True) per z."""
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.callbacks import Callback
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_pfd.analysis.per_unit import UnitRecord
+    from lightning_pfd.callbacks import ICREarlyStopping
+    from lightning_pfd.callbacks.base import per_unit_store
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def training_step(self, batch, batch_idx):
+            return (self.w - 1).pow(2).sum()
+
+        def validation_step(self, batch, batch_idx):
+            pass
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return DataLoader(TensorDataset(torch.zeros(2, 1)), batch_size=2)
+
+        def val_dataloader(self):
+            return DataLoader(TensorDataset(torch.zeros(2, 1)), batch_size=2)
+
+    class Records(Callback):
+        def __init__(self, y, reps):
+            self.y, self.reps = y, reps
+
+        def on_validation_epoch_end(self, trainer, pl_module):
+            e = trainer.current_epoch
+            pl_module.log("icr/icr", torch.tensor(self.y[e], dtype=torch.float32))
+            per_unit_store(trainer).write(UnitRecord("icr/icr", e, trainer.global_step, "jackknife",
+                                                     self.reps[e], np.arange(G), float(self.y[e])))
+
+    import tempfile
+
+    from lightning_pfd.callbacks.early_stopping import DEFAULT_MIN_RISE_Z as z
+    out = {}
+    for fam in families:
+        agree, stops = 0, 0
+        for r in range(runs):
+            y, reps = simulate(fam, n, seed0 + r)
+            y = y.astype(np.float32).astype(np.float64)  # the value as logged
+            es = ICREarlyStopping(dry_run=True, patience=5)  # the default min_rise_z
+            with tempfile.TemporaryDirectory() as root:
+                pl.Trainer(max_epochs=n, callbacks=[Records(y, reps), es], logger=False,
+                           default_root_dir=root, enable_progress_bar=False, enable_model_summary=False,
+                           enable_checkpointing=False, limit_train_batches=1, limit_val_batches=1,
+                           num_sanity_val_steps=0, accelerator="cpu", devices=1).fit(Tiny())
+            zs, pat = new_rule_zs(y, reps, horizon=n, seed=0, min_z=z)
+            pure = first_stop(zs, pat, z)
+            got = es.would_stop_epoch
+            agree += (got if got >= 0 else None) == pure
+            stops += got >= 0
+        out[fam] = {"runs": runs, "checks": n, "min_rise_z": z, "callback_equals_pure_rule": agree,
+                    "stops": stops, "wilson95_upper": wilson_upper(stops, runs)}
+        print("trainer", fam, out[fam], flush=True)
+    return out
+
+
+def real_run(run_dir):
+    """The pure rule on a real ICRMonitor run's per-unit records (``<run>/per_unit/icr_icr``): where
+    it would stop at each z, vs the ICR minimum and the memorization onset in metrics.csv."""
+    import csv
+
+    from lightning_pfd.analysis.per_unit import load_units
+
+    series, problems = load_units(Path(run_dir) / "per_unit", keys=["icr/icr"])
+    u = series["icr/icr"]
+    y, reps = u.logged, u.values
+    n = y.size
+    out = {"run_dir": str(run_dir), "epochs": [int(e) for e in u.epochs], "icr": [round(float(v), 5) for v in y],
+           "se": [round(float(np.sqrt((G - 1) / G * ((r - r.mean()) ** 2).sum())), 5) for r in reps],
+           "min_epoch": int(u.epochs[int(np.argmin(y))]), "problems": problems}
+    mem = {}
+    for path in Path(run_dir).glob("**/metrics.csv"):
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                if row.get("mem/ratio"):
+                    mem[int(row["epoch"])] = float(row["mem/ratio"])
+    out["mem_ratio"] = {str(k): v for k, v in sorted(mem.items())}
+    out["mem_onset_0.05"] = next((e for e, v in sorted(mem.items()) if v >= 0.05), None)
+    for z in ZS:
+        zs, pat = new_rule_zs(y, reps, horizon=n, seed=0, min_z=z)
+        stop = first_stop(zs, pat, z)
+        out[f"z={z:g}"] = {"stop_epoch": None if stop is None else int(u.epochs[stop]),
+                           "z_at_block_ends": [None if not np.isfinite(v) else round(float(v), 2) for v in zs[2::3]]}
+    print("real run", json.dumps(out)[:2000], flush=True)
+    return out
+
+
+def markdown(result):
+    """The tables of docs/icr.md from a result file."""
+    lines = ["| family | split | " + " | ".join(f"stops at z = {z:g} (Wilson 95 % upper)" for z in ZS)
+             + " | previous rule, z = 3 |", "|---|---|" + "---|" * (len(ZS) + 1)]
+    for fam in TUNE + HELD_OUT:
+        row = result.get("nulls", {}).get(fam)
+        if row is None:
+            continue
+        split = "tuning" if fam in TUNE else "**held out**"
+        cells = [f"{row[f'z={z:g}']['stops']}/{row[f'z={z:g}']['runs']} ({100 * row[f'z={z:g}']['wilson95_upper']:.1f} %)"
+                 for z in ZS]
+        lines.append(f"| {fam} | {split} | " + " | ".join(cells) + f" | {row['z=3']['previous_rule']}/{row['z=3']['runs']} |")
+    power = ["| U-shape / noise | " + " | ".join(f"z = {z:g}: stopped, before min, delay quartiles" for z in ZS) + " |",
+             "|---|" + "---|" * len(ZS)]
+    for name, row in result.get("u_shapes", {}).items():
+        cells = []
+        for z in ZS:
+            c = row[f"z={z:g}"]
+            q = c["delay_quartiles"]
+            cells.append(f"{c['stopped']}/{c['runs']}, {c['before_min']}, "
+                         + ("—" if q is None else f"{q[0]:g} / {q[1]:g} / {q[2]:g}"))
+        power.append(f"| {name} (n = {row['n']}, min at {row['true_min']}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines), "\n".join(power)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=300)
+    p.add_argument("--power-runs", type=int, default=100)
+    p.add_argument("--families", nargs="*", default=None)
+    p.add_argument("--trainer", type=int, default=0, help="runs per family through a real Trainer")
+    p.add_argument("--real-run", default=None, help="a run directory of icr_unet_small (per_unit records)")
+    p.add_argument("--out", default="experiments/results/icr_early_stopping.json")
+    p.add_argument("--merge", nargs="*", default=None, help="merge these partial result files into --out")
+    p.add_argument("--markdown", default=None, help="print the docs tables of this result file")
+    args = p.parse_args(argv)
+    if args.markdown:
+        for table in markdown(json.loads(Path(args.markdown).read_text())):
+            print(table, "\n")
+        return
+    if args.merge:
+        merged = {}
+        for f in args.merge:
+            part = json.loads(Path(f).read_text())
+            for k, v in part.items():
+                if isinstance(v, dict) and isinstance(merged.get(k), dict):
+                    merged[k].update(v)
+                elif k in ("command", "wall_seconds"):  # one per partial run (run in parallel)
+                    merged.setdefault({"command": "commands", "wall_seconds": "wall_seconds_per_part"}[k], []).append(v)
+                else:
+                    merged[k] = v
+        Path(args.out).write_text(json.dumps(merged, indent=1))
+        print("wrote", args.out)
+        return
+    t0 = time.time()
+    fams = list(TUNE + HELD_OUT) if args.families is None else args.families
+    result = {"command": "OMP_NUM_THREADS=1 python " + " ".join(["experiments/icr_early_stopping.py"] + sys.argv[1:]),
+              "tuning_families": list(TUNE), "held_out_families": list(HELD_OUT)}
+    if args.runs and fams:
+        result["nulls"] = null_table(fams, args.runs)
+    if args.power_runs:
+        result["u_shapes"] = power_table(args.power_runs)
+    if args.trainer:
+        result["trainer"] = trainer_runs(("white", "growing"), args.trainer)
+    if args.real_run:
+        result["real_run"] = real_run(args.real_run)
+    result["wall_seconds"] = round(time.time() - t0, 1)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print("wrote", args.out, result["wall_seconds"], "s")
+
+
+if __name__ == "__main__":
+    main()
