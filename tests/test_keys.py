@@ -18,6 +18,8 @@ from lightning_pfd.errors import ConfigError
 T = np.arange(20, dtype=np.float64)
 #: early learning: an interior minimum near epoch 5, then a sustained rise
 U_CURVE = 2.0 + 2.0 * np.exp(-T / 2.0) + 1.0 * (1.0 - np.exp(-T / 12.0))
+# with a little noise: a noiseless curve's events are undecided (its only "noise" is smooth)
+U_CURVE = U_CURVE + 0.003 * np.random.default_rng(0).standard_normal(T.size)
 PARAMS = dict(window=3, min_sigma=2.5, min_rel=0.0, confirm=2)
 
 
@@ -229,6 +231,7 @@ def test_events_run_a_user_keys_detectors():
 def test_events_minimum_and_double_descent_detectors_on_a_user_key():
     t60 = np.arange(60.0)  # a 20-point piecewise-linear curve is mostly kinks for the noise bound
     dd = np.interp(t60, [0, 15, 33, 59], [3.0, 2.0, 2.8, 1.5])  # down, up, down again
+    dd = dd + 0.003 * np.random.default_rng(1).standard_normal(t60.size)
     oracle_dd = events.detect_double_descent(t60, dd, **PARAMS)
     oracle_min = events.detect_icr_minimum(T, U_CURVE, **PARAMS)
     assert oracle_dd is not None and oracle_min is not None
