@@ -953,6 +953,32 @@ def cases(fx: Path) -> List[Case]:
       "import torch\nfrom lightning_pfd.data import TensorDataModule\n"
       "x = torch.zeros(10, 4); x[3, 1] = float('nan')\nTensorDataModule(train_data=x).setup('fit')",
       ["train_data", "NaN"])
+    # this release's new arguments: event detectors, null families, the rise test, the collapse fit
+    es = "from lightning_pfd.callbacks import ICREarlyStopping\n"
+    a(22, "ICREarlyStopping min_rise_z=-1", es + "ICREarlyStopping(min_rise_z=-1)", ["min_rise_z", "-1"])
+    a(22, "ICREarlyStopping rise_window=0", es + "ICREarlyStopping(rise_window=0)", ["rise_window"])
+    a(22, "ICREarlyStopping horizon=0", es + "ICREarlyStopping(horizon=0)", ["horizon"])
+    a(22, "detect_memorization_onset without a memorization signal",
+      "import numpy as np\nfrom lightning_pfd.analysis import detect_memorization_onset\n"
+      "detect_memorization_onset(np.arange(10.0), None)", ["mem_ratio"])
+    a(22, "detect_early_learning min_sigma=nan", "import numpy as np\n"
+      "from lightning_pfd.analysis import detect_early_learning\n"
+      "detect_early_learning(np.arange(10.0), np.ones(10), min_sigma=float('nan'))", ["min_sigma"])
+    a(22, "variogram short_lag=0", "import numpy as np\n"
+      "from lightning_pfd.analysis.inference import Curve, variogram\n"
+      "variogram(Curve(np.arange(20.0), np.ones(20)), short_lag=0)", ["short_lag"])
+    cal = "from lightning_pfd.analysis.calibration import "
+    a(22, "simulate_run event='dd' (typo)", cal + "FAMILIES, simulate_run\n"
+      "simulate_run(FAMILIES['seed_flip_m256'], 0, event='dd', height=0.2)", ["event", "dd"])
+    a(22, "Family num_seeds=2", cal + "Family\nFamily('x', 'per_seed', num_seeds=2)", ["num_seeds"])
+    a(22, "calibration split('train')", cal + "split\nsplit('train')", ["train", "tune"])
+    a(22, "wilson_interval k > n", cal + "wilson_interval\nwilson_interval(5, 3)", ["k=5", "n=3"])
+    a(22, "calibrate_families with an unknown family", cal + "calibrate_families\n"
+      "calibrate_families(['no_such_family'], 2)", ["families", "no_such_family"])
+    a(22, "rise_test window=0", "from lightning_pfd.analysis.early_stop import rise_test\n"
+      "rise_test([0.5] * 10, se=[0.01] * 10, horizon=10, window=0)", ["window"])
+    a(22, "bootstrap_collapse method='bogus'", "from lightning_pfd.analysis.scaling import bootstrap_collapse\n"
+      "bootstrap_collapse([], method='bogus')", ["method", "bogus"])
     # checkpoint files through the API (need the fixture)
     C.append(Case("api-22", "Python API", "load_checkpoint on a file with flipped bytes",
                   code="from lightning_pfd.checkpoint import load_checkpoint\n"
