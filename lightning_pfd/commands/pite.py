@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale-aware-row", action="store_true",
                    help="add the row lim_x0A: the LIM config with parameterization x0_A (EDM's "
                         "preconditioning at the per-image level r sqrt(A), docs/levy.md)")
+    p.add_argument("--reference-row", action="store_true",
+                   help="add the row lim_ref: the LIM config with a_scale=lim_reference (A scaled "
+                        "by kappa(alpha) and reject_A applied to that A, the noise law of the LIM "
+                        "reference code; docs/levy.md)")
     p.add_argument("--alpha", type=_ALPHA, default=1.7,
                    help="stability index of the LIM row, in (1, 2] (the blog: 1.7); the data's "
                         "Hill tail index is recorded next to it")
@@ -256,6 +260,8 @@ def _rows(a) -> list:
             for q in _families(a)]
     lim = [f"--model.init_args.alpha={a.alpha}"] + list(a.lim_override) + _overrides(a, _LIM_OVERRIDES)
     rows.append(("lim", a.lim_config, lim))
+    if getattr(a, "reference_row", False):
+        rows.append(("lim_ref", a.lim_config, lim + ["--model.init_args.a_scale=lim_reference"]))
     if getattr(a, "scale_aware_row", False):
         rows.append(("lim_x0A", a.lim_config, lim + ["--model.init_args.parameterization=x0_A"]))
     return rows
@@ -303,6 +309,9 @@ def _inverse(dm, policy: str):
     return f
 
 
+#: the LIM rows: the config's LIM, the reference's scale of A (--reference-row), x0_A
+LIM_ROWS = ("lim", "lim_ref", "lim_x0A")
+
 NUM_SPLITS = 8  # reference splits for the same-law floor and the matched model scores
 
 
@@ -338,9 +347,10 @@ def _check_out(a) -> None:
 def _label(res: dict, row: str) -> str:
     """``SBM (EDM)``, ``SBM (VP)``, ... for the SBM rows ``sbm_<family>``; ``LIM (alpha = a)``
     (with its truncation of A when recorded)."""
-    if row in ("lim", "lim_x0A"):
+    if row in LIM_ROWS:
         t = res.get("lim_truncation") or ""
-        extra = ", scale-aware x0_A" if row == "lim_x0A" else ""
+        extra = {"lim_x0A": ", scale-aware x0_A",
+                 "lim_ref": ", A scaled as the LIM reference code"}.get(row, "")
         return f"LIM (alpha = {res.get('alpha', float('nan')):g}{', ' + t if t else ''}{extra})"
     return f"SBM ({row[4:].upper()})" if row.startswith("sbm_") else row
 
@@ -409,7 +419,7 @@ def claims(res: dict) -> dict:
     (``verdict``), for every LIM row ("lim", "lim_x0A") against the first SBM row; the keys of
     the lim_x0A row end in ``@lim_x0A``."""
     rows = res["rows"]
-    lims = [r for r in rows if r in ("lim", "lim_x0A")]
+    lims = [r for r in rows if r in LIM_ROWS]
     if not lims or not any(r.startswith("sbm_") for r in rows):
         return {}
     sbm = next(r for r in rows if r.startswith("sbm_"))
@@ -658,7 +668,8 @@ def run(a) -> dict:
                 res["alpha"] = float(model.alpha)
                 tr = model.truncation("train")
                 res["lim_truncation"] = _truncation_label(tr)
-                info["truncation"] = {"train": tr, "generate": model.truncation("generate")}
+                info["truncation"] = {"train": tr, "generate": model.truncation("generate"),
+                                      "a_scale": getattr(model, "a_scale", "standard")}
                 info["sampler"] = (f"{hp.sampler}, {hp.num_steps} steps, time grid "
                                    f"{hp.get('time_grid', 'uniform')}, parameterization "
                                    f"{hp.get('parameterization', 'eps')}")
