@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "--threads N|auto`, printed as the first line)")
     p.add_argument("--out", default="runs/pite", help="output directory")
     p.add_argument("--force", action="store_true", help="replace the results of an earlier run in --out")
+    p.add_argument("--rescore", action="store_true",
+                   help="train nothing: recompute the claims' tests, the data's tail indices and "
+                        "the table of the earlier run in --out from its results.json (its saved "
+                        "arguments rebuild the data), and rewrite results.json and table.md")
     p.add_argument("--override", action="append", default=[],
                    help="extra LightningCLI override applied to all models, e.g. "
                         "--override=--model.init_args.lr=1e-3")
@@ -412,12 +416,46 @@ CLAIMS = (("lim_rmsqe", "LIM better in RMSQE", "rmsqe", True),
            "rmsqe_clipped", True),
           ("lim_loader", "LIM better in LOADER", "loader", True),
           ("sbm_bulk", "SBM better in the bulk (bulk QE)", "bulk_qe", False))
+#: the reference's scale of A against the standard one (lim_ref against lim, same seeds)
+REFERENCE_CLAIMS = (("ref_rmsqe", "A scaled as the LIM reference: lower RMSQE than the standard scale", "rmsqe"),
+                    ("ref_rmsqe_clipped", "A scaled as the LIM reference: lower clipped RMSQE than "
+                     "the standard scale", "rmsqe_clipped"),
+                    ("ref_loader", "A scaled as the LIM reference: lower LOADER than the standard scale", "loader"),
+                    ("ref_bulk", "A scaled as the LIM reference: lower bulk QE than the standard scale", "bulk_qe"))
+#: the design of each comparison: LIM rows against an SBM row are different models with
+#: different noise processes (a shared seed value gives only the same batch order and
+#: initialisation), so their runs are independent samples (Mann-Whitney); lim_ref against lim
+#: is one module whose only difference is the scale of A (same seeds, initialisation, batch
+#: order and noise streams): paired by seed (sign-flip test)
+CLAIM_DESIGN = {"sbm": "unpaired", "reference": "paired"}
 
 
-def claims(res: dict) -> dict:
-    """observable -> claim key -> {"claim", "verdict", "lim_row", "lim", "sbm_row", "sbm"}
-    (``verdict``), for every LIM row ("lim", "lim_x0A") against the first SBM row; the keys of
-    the lim_x0A row end in ``@lim_x0A``."""
+def _claim(text, better_row, worse_row, sm, m, design, level, **extra) -> dict:
+    from ..metrics.seed_tests import compare
+
+    bv, wv = sm[better_row][m]["values"], sm[worse_row][m]["values"]
+    t = compare(bv, wv, design=design, level=level)
+    return {"claim": text, **extra, "verdict": t["verdict"], "p": t["p"], "test": t["test"],
+            "design": design, "level": level, "p_other": t["p_other"],
+            "prob_better": t["prob_better"], "ratio": t["ratio"], "better_row": better_row,
+            "worse_row": worse_row, "all_seeds": verdict(bv, wv)}
+
+
+def claims(res: dict, level: Optional[float] = None) -> dict:
+    """observable -> claim key -> the claim, its test and verdict, for every LIM row ("lim",
+    "lim_ref", "lim_x0A") against the first SBM row (keys of the other rows end in ``@<row>``)
+    and, when both rows are there, lim_ref against lim (keys ``ref_*``).
+
+    Each claim: {"claim", "verdict", "p", "test", "design", "level", "p_other" (the other
+    design's test), "prob_better" (probability that a run of the claimed-better row scores
+    lower), "ratio" (Hodges–Lehmann ratio better/worse), "all_seeds" (:func:`verdict`, the
+    former every-seed rule), "p_holm" (Holm over every claim of the record), "lim_row",
+    "sbm_row", "lim", "sbm" (the summaries)}. The verdict follows the design's exact test at
+    ``level`` (default :data:`lightning_pfd.metrics.seed_tests.LEVEL` = 0.05, two-sided;
+    :func:`lightning_pfd.metrics.seed_tests.compare`)."""
+    from ..metrics.seed_tests import LEVEL, holm
+
+    level = LEVEL if level is None else float(level)
     rows = res["rows"]
     lims = [r for r in rows if r in LIM_ROWS]
     if not lims or not any(r.startswith("sbm_") for r in rows):
@@ -429,11 +467,18 @@ def claims(res: dict) -> dict:
         out[o] = {}
         for lim in lims:
             for key, text, m, lim_better in CLAIMS:
-                lv, sv = sm[lim][m]["values"], sm[sbm][m]["values"]
-                out[o][key if lim == "lim" else f"{key}@{lim}"] = {
-                    "claim": text, "sbm_row": sbm, "lim_row": lim,
-                    "verdict": verdict(lv, sv) if lim_better else verdict(sv, lv),
-                    "lim": sm[lim][m], "sbm": sm[sbm][m]}
+                b, w = (lim, sbm) if lim_better else (sbm, lim)
+                out[o][key if lim == "lim" else f"{key}@{lim}"] = _claim(
+                    text, b, w, sm, m, CLAIM_DESIGN["sbm"], level, sbm_row=sbm, lim_row=lim,
+                    lim=sm[lim][m], sbm=sm[sbm][m])
+        if "lim" in lims and "lim_ref" in lims:
+            for key, text, m in REFERENCE_CLAIMS:
+                out[o][key] = _claim(text, "lim_ref", "lim", sm, m, CLAIM_DESIGN["reference"], level,
+                                     sbm_row="lim", lim_row="lim_ref", lim=sm["lim_ref"][m],
+                                     sbm=sm["lim"][m])
+    flat = [c for o in out.values() for c in o.values()]
+    for c, p in zip(flat, holm([c["p"] for c in flat])):
+        c["p_holm"] = p
     return out
 
 
@@ -443,6 +488,33 @@ def _ms(d: dict, pct: bool = False) -> str:
     if len(d["values"]) == 1:
         return f(d["values"][0])
     return f"{f(d['mean'])} ± {f(d['sd'])} [{f(d['min'])}, {f(d['max'])}]"
+
+
+def _claims_heading(cl: dict) -> str:
+    c0 = next(iter(cl.values()))
+    if "p" not in c0:  # a record from before the tests (v3): the every-seed rule
+        return ("The blog's claims across training seeds (holds = every seed of the better row "
+                "below every seed of the other; undecided = the ranges overlap):")
+    return (f"The claims across training seeds, each tested at the two-sided level "
+            f"{c0['level']:g}: LIM rows against SBM with the exact Mann-Whitney test (independent "
+            f"runs), the reference's scale of A against the standard one with the exact "
+            f"sign-flip test of the per-seed log ratios (paired by seed); holds / reversed = "
+            f"p < {c0['level']:g} in / against the claim's direction, else undecided. P(better) = "
+            f"probability that a run of the claimed-better row scores lower; ratio = "
+            f"Hodges-Lehmann ratio claimed-better / other; p_Holm over every claim of the run:")
+
+
+def _claim_line(res: dict, c: dict) -> str:
+    if "p" not in c:
+        vals = (f"{_label(res, c['lim_row'])} {_ms(c['lim'])}, {_label(res, c['sbm_row'])} "
+                f"{_ms(c['sbm'])}")
+        return f"- {c['claim']}: **{c['verdict']}** ({vals})"
+    vals = f"{c['lim_row']} {_ms(c['lim'])}, {c['sbm_row']} {_ms(c['sbm'])}"
+    other = "sign-flip" if c["design"] == "unpaired" else "Mann-Whitney"
+    return (f"- {c['claim']} [{c['lim_row']} vs {c['sbm_row']}]: "
+            f"**{c['verdict']} (p = {c['p']:.2g})**, P(better) = {c['prob_better']:.2f}, "
+            f"ratio = {c['ratio']:.3g}, p_Holm = {c.get('p_holm', float('nan')):.2g}, "
+            f"{other} p = {c['p_other']:.2g}, every-seed rule: {c['all_seeds']} ({vals})")
 
 
 def format_table(res: dict) -> str:
@@ -479,11 +551,9 @@ def format_table(res: dict) -> str:
         out.append("")
         cl = res.get("claims", {}).get(obs)
         if cl:
-            out.append("The blog's claims across training seeds (holds = every seed of the better "
-                       "row below every seed of the other; undecided = the ranges overlap):")
+            out.append(_claims_heading(cl))
             for c in cl.values():
-                out.append(f"- {c['claim']}: **{c['verdict']}** ({_label(res, c['lim_row'])} "
-                           f"{_ms(c['lim'])}, {_label(res, c['sbm_row'])} {_ms(c['sbm'])})")
+                out.append(_claim_line(res, c))
             out.append("")
         q = res["quantiles"][obs]
         out.append("Quantiles q50 / q90 / q97.5 / q99 / max (generated: all seeds pooled):")
@@ -493,9 +563,21 @@ def format_table(res: dict) -> str:
         if h:
             out.append("")
             out.append(f"Tail index of the data's observable (Hill, n = {res['n_ref']}): " + "; ".join(
-                f"k = {e['k']}: {e['alpha']:.3g} ± {e['se']:.2g}" for e in h)
+                f"k = {e['k']}: {e['alpha']:.3g} ± {e['se']:.2g}"
+                + (f" ({e['distinct_top']} distinct among the top {e['k']})" if "distinct_top" in e else "")
+                for e in h)
                 + f" (alpha of the LIM noise: {res.get('alpha', float('nan')):g}; Hill assumes a "
                 "Pareto-type upper tail: not meaningful for a bounded observable such as a fraction)")
+        hi = res.get("hill_images", {}).get(obs)
+        if hi:
+            cells = [f"k = {e['k']} ({100 * e['k_fraction']:g} %): {e['alpha']:.3g} "
+                     f"[{e['lo']:.3g}, {e['hi']:.3g}]" if "error" not in e else
+                     f"k = {100 * e['k_fraction']:g} %: {e['error']}" for e in hi["estimates"]]
+            lvl = next((e["level"] for e in hi["estimates"] if "level" in e), HILL_LEVEL)
+            out.append("")
+            out.append(f"Tail index without shared peaks (Hill on {hi['description']}, "
+                       f"{100 * lvl:g} % percentile interval of {HILL_BOOT} resamples): "
+                       + "; ".join(cells))
         out.append("")
     out += ["**Out of the training range** (generated pixels outside it, in training space; "
             "precipitation: [-1, 1] = [0, log_max] mm/h), mean over the training seeds:", "",
@@ -622,12 +704,66 @@ def bulk_qe_floor(ev) -> float:
 
 
 def _hill(ref) -> list:
-    """Hill tail index of the data's observable at k = 2 %, 5 %, 10 % of n (when >= 2 points)."""
+    """Hill tail index of the data's observable at k = 2 %, 5 %, 10 % of n (when >= 2 points),
+    on the observables of the (overlapping, random) training crops, with the number of distinct
+    values among the k largest (overlapping crops share peak pixels: their naive standard error
+    overstates the precision; :func:`_hill_images` is the honest one)."""
     from ..metrics.tails import hill_tail_index
 
     n = int(ref.numel())
     ks = sorted({k for k in (n // 50, n // 20, n // 10) if 2 <= k <= n - 1})
     return [hill_tail_index(ref, k) for k in ks]
+
+
+#: tail index on images: the fractions k/n and the bootstrap of :func:`_hill_images`
+HILL_FRACTIONS, HILL_BOOT, HILL_LEVEL = (0.05, 0.1), 1000, 0.9
+
+
+def _tile_observables(dm, name: str, kw: dict, ev):
+    """(values, image index, description) of the observable on data without shared pixels:
+    for the precipitation data, every non-overlapping crop_size x crop_size tile of every
+    training frame in mm/h (one value per tile; tiles of one frame share its image index); for
+    other data, the training samples' own observables (one image each)."""
+    import torch
+
+    from ..data.precip import PrecipitationDataModule, load_stageiv
+    from ..metrics.observables import get_observable
+    from ..metrics.tails import image_tiles
+
+    if isinstance(dm, PrecipitationDataModule):
+        frames = load_stageiv(dm.path)[list(dm.train_frames)]
+        tiles, img = image_tiles(frames, dm.crop_size)
+        v = get_observable(name, **kw)(tiles.to(torch.float64))
+        return v, img, (f"{tiles.shape[0]} non-overlapping {dm.crop_size}x{dm.crop_size} tiles of "
+                        f"the {frames.shape[0]} training frames, bootstrap over frames")
+    ref = ev.reference_observable
+    return ref, torch.arange(ref.numel()), f"{ref.numel()} training samples, bootstrap over samples"
+
+
+def _hill_images(dm, name: str, kw: dict, ev) -> dict:
+    """The data's tail index with an honest interval: Hill on one value per non-overlapping
+    tile (:func:`_tile_observables`), k = 5 % and 10 % of the values, the 90 % percentile
+    interval of 1000 seeded bootstrap resamples of the images (frames)."""
+    from ..metrics.tails import hill_bootstrap
+
+    v, img, desc = _tile_observables(dm, name, kw, ev)
+    out = {"description": desc, "estimates": []}
+    for f in HILL_FRACTIONS:
+        try:
+            out["estimates"].append(hill_bootstrap(v, img, f, HILL_BOOT, seed=0, level=HILL_LEVEL))
+        except ValueError as e:  # e.g. too few values for this k (ConfigError is a ValueError)
+            out["estimates"].append({"k_fraction": f, "error": str(e)})
+        out["estimates"][-1]["k_fraction"] = f
+    return out
+
+
+def _tail_indices(res: dict, dm, specs, evs) -> None:
+    """``res["hill"]`` (overlapping crops, k = 2/5/10 %) and ``res["hill_images"]`` (tiles,
+    bootstrap over frames) for every observable."""
+    res["hill"], res["hill_images"] = {}, {}
+    for label, name, kw in specs:
+        res["hill"][label] = _hill(evs[label].reference_observable)
+        res["hill_images"][label] = _hill_images(dm, name, kw, evs[label])
 
 
 def run(a) -> dict:
@@ -696,7 +832,7 @@ def run(a) -> dict:
             del clis[(name, sd)]
     res["summary"] = {o: {r: {m: summarize(res["runs"][r][str(sd)]["metrics"][o][m] for sd in seeds)
                               for m in RUN_METRICS} for r in res["rows"]} for o in evs}
-    res["floor"], res["quantiles"], res["hill"] = {}, {}, {}
+    res["floor"], res["quantiles"] = {}, {}
     qs = torch.tensor([0.5, 0.9, 0.975, 0.99], dtype=torch.float64)
     for o, ev in evs.items():
         fl = ev.floors()
@@ -707,7 +843,7 @@ def run(a) -> dict:
             k: (torch.quantile(v.double(), qs).tolist() + [float(v.max())]) if v.numel()
             else [float("nan")] * 5
             for k, v in [("data", ev.reference_observable)] + list(pooled.items())}
-        res["hill"][o] = _hill(ev.reference_observable)
+    _tail_indices(res, dm, specs, evs)
     res["claims"] = claims(res)
     res["floor_method"] = (f"same_law_floor: {NUM_SPLITS} splits, n_gen = {a.num_samples} vs the "
                            f"other {res['n_ref'] - a.num_samples} reference points; models scored "
@@ -733,8 +869,36 @@ def run(a) -> dict:
     return res
 
 
+def rescore(a) -> dict:
+    """``pite --rescore``: the claims (:func:`claims`), tail indices and table of the run in
+    ``--out`` recomputed from its ``results.json`` with this version's tests; its per-seed scores
+    are kept as they are. The data (for the tail indices) come from the run's saved arguments."""
+    t0 = time.time()
+    path = Path(a.out) / "results.json"
+    if not path.exists():
+        raise ConfigError("--out", "holds no results.json of an earlier pite run to rescore", value=a.out)
+    res = json.loads(path.read_text())
+    saved = argparse.Namespace(**{**vars(build_parser().parse_args([])), **res["args"], "out": a.out})
+    specs = [parse_observable(s) for s in res["observables"]]
+    name, cfg, extra = _rows(saved)[0]
+    cli = build_one(saved, cfg, f"{name}_rescore", list(extra))
+    evs = tail_evaluations(saved, cli.datamodule, specs)
+    _tail_indices(res, cli.datamodule, specs, evs)
+    res["claims"] = claims(res)
+    res["rescored_s"] = round(time.time() - t0, 1)
+    table = format_table(res)
+    (Path(a.out) / "table.md").write_text(table + "\n")
+    path.write_text(json.dumps(res, indent=2, default=str))
+    print(table)
+    print(f"[pite] rescored {path} ({res['rescored_s']:.0f} s)")
+    return res
+
+
 def _pite(argv: list) -> int:
     a = build_parser().parse_args(argv)
+    if a.rescore:
+        rescore(a)
+        return 0
     try:
         _validate(a)
     except ConfigError:
