@@ -6,8 +6,9 @@ models).
 
 Defaults (docs/levy.md, "PITE at CPU scale"): the configs ``experiments/pite_sbm`` (EDM
 preconditioning) and ``experiments/pite_lim`` (alpha = ``--alpha`` = 1.7, x0 parameterisation,
-Heun in r = sigma/gamma on EDM's grid, 100 steps, A = c_alpha A' >= 20 rejected as in the LIM
-reference code): 16x16 crops, a 78k-parameter U-Net, 1500 steps each, training seeds
+Heun in r = sigma/gamma on EDM's grid, 100 steps, A = c_alpha A' >= 20 rejected on the standard
+scale; ``--reference-row`` adds ``lim_ref``, the same with A on the LIM reference code's scale,
+``a_scale=lim_reference``): 16x16 crops, a 78k-parameter U-Net, 1500 steps each, training seeds
 ``--seeds 0,1,2`` (initialisation, batch order and training noise). ``--sbm-families edm,vp``
 adds an SBM row with VP preconditioning; any registered diffusion family
 (:func:`lightning_pfd.diffusion.families.family_names`: edm, vp, ve, ...) can be a row. Every
@@ -20,8 +21,10 @@ floors, the scores of the samples clipped to the training range [-1, 1] (what th
 codes do when saving), the fraction of samples outside that range, the share of the RMSQE from
 its largest single-sample contribution, and the bulk quantile error (the same integral over
 [0, eta]). The table gives mean ± sd [min, max] over the seeds and, for each of the blog's
-claims (LIM better in RMSQE / in LOADER, SBM better in the bulk), whether it holds for every
-seed ("holds"), for none ("reversed") or neither ("undecided"). The data's tail index (Hill) is
+claims (LIM better in RMSQE / in LOADER, SBM better in the bulk), an exact test over the
+seeds (:mod:`lightning_pfd.metrics.seed_tests`: Mann-Whitney for a LIM row against SBM, the
+paired sign-flip test for lim_ref against lim) with its p-value, effect sizes and verdict
+("holds" / "reversed" at p < 0.05 two-sided, else "undecided"). The data's tail index (Hill) is
 recorded next to alpha. ``--out-of-range clip`` caps generated values at log_max before the
 inverse transform for every score (default ``keep``: faithful; the clipped scores are reported
 either way). Writes ``results.json``, ``table.md``, ``observables.pt`` (the finite observables
@@ -121,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "--threads N|auto`, printed as the first line)")
     p.add_argument("--out", default="runs/pite", help="output directory")
     p.add_argument("--force", action="store_true", help="replace the results of an earlier run in --out")
+    p.add_argument("--merge", default="",
+                   help="train nothing: merge the runs in these comma-separated directories (the "
+                        "same settings, different --seeds; an interrupted run contributes what it "
+                        "finished) into one record in --out")
     p.add_argument("--rescore", action="store_true",
                    help="train nothing: recompute the claims' tests, the data's tail indices and "
                         "the table of the earlier run in --out from its results.json (its saved "
@@ -822,6 +829,7 @@ def run(a) -> dict:
                     print(f"[pite] {name} seed {sd} / {o}: rmsqe and loader undefined (every "
                           "sample non-finite)", flush=True)
             res["runs"][name][str(sd)] = info
+            _save_partial(Path(a.out), res, gen_obs, seeds)
             m0 = info["metrics"][next(iter(evs))]
             print(f"[pite] {name} seed {sd}: trained {model.global_step} steps in {t_fit:.0f} s, "
                   f"sampled {a.num_samples} in {t_sample:.0f} s ({info['sampler']}); "
@@ -830,6 +838,26 @@ def run(a) -> dict:
                   f"pixels above the training range: {_pct(info['out_of_range'], 'pixels_above')}",
                   flush=True)
             del clis[(name, sd)]
+    return _finish(a, res, gen_obs, evs, specs, dm, seeds, t_start)
+
+
+def _save_partial(out: Path, res: dict, gen_obs: dict, seeds) -> None:
+    """After every (row, seed): ``partial.json`` (the finished runs) and
+    ``partial_observables.pt``, so that an interrupted run keeps what it finished
+    (``pite --merge`` reads them)."""
+    import torch
+
+    keep = {k: res[k] for k in ("eta", "observables", "rows", "train_seeds", "num_samples",
+                                "out_of_range", "args", "runs", "n_ref") if k in res}
+    (out / "partial.json").write_text(json.dumps(keep, indent=2, default=str))
+    torch.save({o: {f"{r}/seed{sd}": v for r, vs in gen_obs[o].items() for sd, v in zip(seeds, vs)}
+                for o in gen_obs}, out / "partial_observables.pt")
+
+
+def _finish(a, res: dict, gen_obs: dict, evs: dict, specs, dm, seeds, t_start: float) -> dict:
+    """Summaries, floors, quantiles, tail indices, claims and the files of a run (or a merge)."""
+    import torch
+
     res["summary"] = {o: {r: {m: summarize(res["runs"][r][str(sd)]["metrics"][o][m] for sd in seeds)
                               for m in RUN_METRICS} for r in res["rows"]} for o in evs}
     res["floor"], res["quantiles"] = {}, {}
@@ -894,8 +922,79 @@ def rescore(a) -> dict:
     return res
 
 
+def _load_part(d: Path):
+    """(record, observables) of an earlier run in ``d``: results.json + observables.pt, else
+    what an interrupted run saved (partial.json + partial_observables.pt)."""
+    import torch
+
+    for rj, ob in (("results.json", "observables.pt"), ("partial.json", "partial_observables.pt")):
+        if (d / rj).exists() and (d / ob).exists():
+            return json.loads((d / rj).read_text()), torch.load(d / ob)
+    raise ConfigError("--merge", "holds no results of a pite run (results.json or partial.json)",
+                      value=str(d))
+
+
+def merge(a) -> dict:
+    """``pite --merge DIR,DIR,... --out OUT``: one record from runs of the same settings with
+    different training seeds (e.g. one process per seed); a row enters when every seed has it
+    (an interrupted run contributes the (row, seed) runs it finished). Summaries, floors,
+    quantiles, tail indices, claims, table and density plot are computed as by a single run."""
+    t0 = time.time()
+    _check_out(a)
+    parts = [_load_part(Path(d.strip())) for d in str(a.merge).split(",") if d.strip()]
+    if len(parts) < 1:
+        raise ConfigError("--merge", "needs at least one directory", value=a.merge)
+    base = parts[0][0]
+    for rec, _ in parts[1:]:
+        for k in ("eta", "observables", "num_samples", "out_of_range", "n_ref"):
+            if rec.get(k) != base.get(k):
+                raise ConfigError("--merge", f"the runs differ in {k}", value=a.merge)
+    seeds, runs, gen_obs = [], {}, {o: {} for o in base["observables"]}
+    for rec, ob in parts:
+        for r, per in rec["runs"].items():
+            for sd, info in per.items():
+                if sd in runs.get(r, {}):
+                    raise ConfigError("--merge", f"row {r} seed {sd} appears twice", value=a.merge)
+                runs.setdefault(r, {})[sd] = info
+                if int(sd) not in seeds:
+                    seeds.append(int(sd))
+    seeds.sort()
+    rows = [r for r in base["rows"] if r in runs and all(str(sd) in runs[r] for sd in seeds)]
+    obs_all = {}
+    for _, ob in parts:
+        for o in base["observables"]:
+            obs_all.setdefault(o, {}).update({k: v for k, v in ob[o].items() if k != "data"})
+    for o in base["observables"]:
+        for r in rows:
+            gen_obs[o][r] = [obs_all[o][f"{r}/seed{sd}"] for sd in seeds]
+    saved = argparse.Namespace(**{**vars(build_parser().parse_args([])), **base["args"],
+                                  "out": a.out, "seeds": ",".join(map(str, seeds))})
+    specs = [parse_observable(x) for x in base["observables"]]
+    name, cfg, extra = _rows(saved)[0]
+    dm = build_one(saved, cfg, f"{name}_merge", list(extra)).datamodule
+    evs = tail_evaluations(saved, dm, specs)
+    os.makedirs(a.out, exist_ok=True)
+    res = {k: base[k] for k in ("eta", "observables", "num_samples", "out_of_range", "n_ref")}
+    res.update({"rows": rows, "train_seeds": seeds, "args": vars(saved),
+                "runs": {r: {str(sd): runs[r][str(sd)] for sd in seeds} for r in rows},
+                "merged_from": [{"dir": d.strip(), "wall_s": rec.get("wall_s"),
+                                 "complete": "summary" in rec}
+                                for d, (rec, _) in zip(str(a.merge).split(","), parts)],
+                "dropped_rows": sorted(set(runs) - set(rows))})
+    for r in rows:
+        for sd in seeds:
+            tr = runs[r][str(sd)].get("truncation")
+            if tr:
+                res["lim_truncation"] = _truncation_label(tr["train"])
+                res["alpha"] = float(saved.alpha)
+    return _finish(saved, res, gen_obs, evs, specs, dm, seeds, t0)
+
+
 def _pite(argv: list) -> int:
     a = build_parser().parse_args(argv)
+    if a.merge:
+        merge(a)
+        return 0
     if a.rescore:
         rescore(a)
         return 0

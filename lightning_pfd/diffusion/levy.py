@@ -281,9 +281,11 @@ def sample_alpha_stable(alpha: float, shape: Sequence[int], isotropic: bool = Tr
     longer exactly alpha-stable; docs/levy.md, "Truncating A"):
 
     * ``reject_A = c``: every A >= c is *redrawn* until A < c, so A has the law of A
-      conditioned on A < c (independent of G). This is what the Lévy–Itō model's reference
-      code does (``torchlevy`` ``LevyStable.sample(reject_threshold=20)``, used for the training
-      noise, the prior and the SDE noise). With ``seeds`` the redraws are counter-based: draw k
+      conditioned on A < c (independent of G). The Lévy–Itō model's reference code rejects in
+      the same way (``LevyStable.sample(reject_threshold=20)`` of its vendored sampler, for the
+      training noise, the prior and the SDE noise), but on its own, kappa-scaled A: its "A >= 20"
+      is ``a_scale="lim_reference"`` with ``reject_A=20`` (A_standard >= 42.2 at alpha = 1.7),
+      not the standard A >= 20. With ``seeds`` the redraws are counter-based: draw k
       of row i uses the uniforms with element indices [2 k n, 2 (k+1) n) of (seeds[i], stream 2
       ``stream``) (n = factors per row; k = 0 are the unconditioned draw's own uniforms), so a
       row still depends only on its seed, and equals the unconditioned draw whenever that one

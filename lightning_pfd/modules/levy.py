@@ -166,8 +166,10 @@ class LevyItoModule(EMAModule):
         loss: "squared" (LIM), "huber" (smooth L1, ``huber_delta``) or "l2" (non-squared, DLPM).
         reject_A: rejection threshold of the heavy-tailed factor A = c_alpha A' of the training
             noise: A >= reject_A is redrawn, so A has the law of A given A < reject_A (default 20,
-            the Lévy–Itō model's reference code: ``torchlevy`` ``reject_threshold=20``; None =
-            exact alpha-stable noise). A hyperparameter: at alpha = 1.7, P(A >= 20) = 2.5 %;
+            the threshold of the Lévy–Itō model's reference code, ``reject_threshold=20``, which
+            applies it to its kappa-scaled A: the reference's law is this with ``a_scale=
+            "lim_reference"``; None = exact alpha-stable noise). A hyperparameter: at alpha = 1.7,
+            P(A >= 20) = 2.53 % (standard scale), 1.27 % ("lim_reference");
             DLPM's copy bounds A' at 20, i.e. A at 20 c_alpha = 7.22 (docs/levy.md, "Truncating A").
         clamp_A: the clamping variant, A <- min(A, clamp_A) (a point mass at the threshold; not
             what the reference codes do). At most one of ``clamp_A`` and ``reject_A``.
