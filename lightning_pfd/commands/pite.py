@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=_POSITIVE, default=512,
                    help="generated samples per model and training seed, an integer > 0 and < "
                         "--n-train (evaluation seeds 0..num_samples-1, the same for every model)")
-    p.add_argument("--seeds", default="0,1,2",
+    p.add_argument("--seeds", default="0,1,2,3,4",
                    help="comma-separated training seeds: every row is trained once per seed "
                         "(network initialisation, batch order, training noise); the table "
                         "reports mean ± sd [min, max] over them")
