@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add the row lim_ref: the LIM config with a_scale=lim_reference (A scaled "
                         "by kappa(alpha) and reject_A applied to that A, the noise law of the LIM "
                         "reference code; docs/levy.md)")
+    p.add_argument("--rows", default="",
+                   help="comma-separated subset of the rows to train (names as in the table: "
+                        "sbm_<family>, lim, lim_ref, lim_x0A; default: all), e.g. one process "
+                        "per (row, seed) whose records --merge combines")
     p.add_argument("--alpha", type=_ALPHA, default=1.7,
                    help="stability index of the LIM row, in (1, 2] (the blog: 1.7); the data's "
                         "Hill tail index is recorded next to it")
@@ -206,6 +210,7 @@ def _validate(a) -> None:
         raise ConfigError("--num-samples", f"must be < --n-train ({a.n_train}) for the same-law "
                           "floor (n_gen = num_samples)", value=a.num_samples)
     _families(a)
+    _rows(a)
     train_seeds(a)
     for spec in a.observable or DEFAULT_OBSERVABLES:
         parse_observable(spec)
@@ -275,7 +280,13 @@ def _rows(a) -> list:
         rows.append(("lim_ref", a.lim_config, lim + ["--model.init_args.a_scale=lim_reference"]))
     if getattr(a, "scale_aware_row", False):
         rows.append(("lim_x0A", a.lim_config, lim + ["--model.init_args.parameterization=x0_A"]))
-    return rows
+    want = [r.strip() for r in str(getattr(a, "rows", "") or "").split(",") if r.strip()]
+    names = [r[0] for r in rows]
+    for r in want:
+        if r not in names:
+            raise ConfigError("--rows", "not a row of this run (the row flags decide which exist)",
+                              value=r, accepted=names)
+    return [r for r in rows if r[0] in want] if want else rows
 
 
 def build_one(a, config: str, name: str, extra: Sequence[str] = ()):
