@@ -574,7 +574,13 @@ def format_table(res: dict) -> str:
                 out.append(_claim_line(res, c))
             out.append("")
         q = res["quantiles"][obs]
-        out.append("Quantiles q50 / q90 / q97.5 / q99 / max (generated: all seeds pooled):")
+        ps = res.get("pooled_seeds")
+        if ps and any(list(v) != list(seeds) for v in ps.values()):
+            out.append("Quantiles q50 / q90 / q97.5 / q99 / max (generated: pooled over the seeds "
+                       "whose observables were saved: " + "; ".join(
+                           f"{r} {', '.join(map(str, v))}" for r, v in ps.items()) + "):")
+        else:
+            out.append("Quantiles q50 / q90 / q97.5 / q99 / max (generated: all seeds pooled):")
         for k in ["data"] + list(rows):
             out.append(f"- {k}: " + " / ".join(f"{x:.4g}" for x in q[k]))
         h = res.get("hill", {}).get(obs)
@@ -865,10 +871,13 @@ def _save_partial(out: Path, res: dict, gen_obs: dict, seeds) -> None:
                 for o in gen_obs}, out / "partial_observables.pt")
 
 
-def _finish(a, res: dict, gen_obs: dict, evs: dict, specs, dm, seeds, t_start: float) -> dict:
-    """Summaries, floors, quantiles, tail indices, claims and the files of a run (or a merge)."""
+def _finish(a, res: dict, gen_obs: dict, evs: dict, specs, dm, seeds, t_start: float,
+            pooled: Optional[dict] = None) -> dict:
+    """Summaries, floors, quantiles, tail indices, claims and the files of a run (or a merge;
+    ``pooled``: row -> the seeds whose observables ``gen_obs`` holds, default all)."""
     import torch
 
+    pooled = pooled or {r: list(seeds) for r in res["rows"]}
     res["summary"] = {o: {r: {m: summarize(res["runs"][r][str(sd)]["metrics"][o][m] for sd in seeds)
                               for m in RUN_METRICS} for r in res["rows"]} for o in evs}
     res["floor"], res["quantiles"] = {}, {}
@@ -877,11 +886,11 @@ def _finish(a, res: dict, gen_obs: dict, evs: dict, specs, dm, seeds, t_start: f
         fl = ev.floors()
         res["floor"][o] = {"rmsqe": fl["rmsqe_floor"], "loader": fl["loader_floor"],
                            "bulk_qe": bulk_qe_floor(ev)}
-        pooled = {r: torch.cat(gen_obs[o][r]) for r in res["rows"]}
+        cat = {r: torch.cat(gen_obs[o][r]) if gen_obs[o][r] else torch.zeros(0) for r in res["rows"]}
         res["quantiles"][o] = {
             k: (torch.quantile(v.double(), qs).tolist() + [float(v.max())]) if v.numel()
             else [float("nan")] * 5
-            for k, v in [("data", ev.reference_observable)] + list(pooled.items())}
+            for k, v in [("data", ev.reference_observable)] + list(cat.items())}
     _tail_indices(res, dm, specs, evs)
     res["claims"] = claims(res)
     res["floor_method"] = (f"same_law_floor: {NUM_SPLITS} splits, n_gen = {a.num_samples} vs the "
@@ -895,13 +904,16 @@ def _finish(a, res: dict, gen_obs: dict, evs: dict, specs, dm, seeds, t_start: f
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
     torch.save({o: {"data": evs[o].reference_observable,
-                    **{f"{r}/seed{sd}": v for r, vs in gen_obs[o].items() for sd, v in zip(seeds, vs)}}
+                    **{f"{r}/seed{sd}": v for r, vs in gen_obs[o].items() for sd, v in zip(pooled[r], vs)}}
                 for o in evs}, out / "observables.pt")
     labels = {r: _label(res, r) for r in res["rows"]}
+    npool = sorted({len(v) for v in pooled.values()})
+    pooled_txt = (f"{npool[0]} training seeds pooled" if len(npool) == 1 else
+                  f"{npool[0]}-{npool[-1]} training seeds pooled per row")
     _density_plot(out / "density.png", evs,
-                  {o: {labels[k]: torch.cat(v) for k, v in gen_obs[o].items()} for o in evs},
+                  {o: {labels[k]: torch.cat(v) for k, v in gen_obs[o].items() if v} for o in evs},
                   f"PITE (StageIV crops, {a.num_samples} samples per model and seed, "
-                  f"{len(seeds)} training seeds pooled)", unit=_unit(dm))
+                  f"{pooled_txt})", unit=_unit(dm))
     print(table)
     print(f"[pite] wrote {out / 'table.md'}, {out / 'results.json'}, {out / 'density.png'} "
           f"({res['wall_s']:.0f} s)")
@@ -934,10 +946,14 @@ def rescore(a) -> dict:
 
 
 def _load_part(d: Path):
-    """(record, observables) of an earlier run in ``d``: results.json + observables.pt, else
-    what an interrupted run saved (partial.json + partial_observables.pt)."""
+    """(record, observables or None) of an earlier run: a directory with results.json +
+    observables.pt, else what an interrupted run saved (partial.json +
+    partial_observables.pt); or a results JSON file alone (its per-seed scores, no observables,
+    e.g. a recorded ``experiments/results/pite_*.json``)."""
     import torch
 
+    if d.is_file():
+        return json.loads(d.read_text()), None
     for rj, ob in (("results.json", "observables.pt"), ("partial.json", "partial_observables.pt")):
         if (d / rj).exists() and (d / ob).exists():
             return json.loads((d / rj).read_text()), torch.load(d / ob)
@@ -945,41 +961,58 @@ def _load_part(d: Path):
                       value=str(d))
 
 
+#: the arguments that must agree between merged runs (the experiment's settings)
+MERGE_SETTINGS = ("sbm_config", "lim_config", "max_steps", "crop_size", "model_channels",
+                  "num_blocks", "lr", "ema_decay", "n_train", "batch_size", "num_samples", "alpha",
+                  "lim_steps", "lim_sampler", "lim_time_grid", "observable", "out_of_range", "eta",
+                  "floor", "override", "sbm_override", "lim_override")
+_ROW_ORDER = ("lim", "lim_ref", "lim_x0A")
+
+
 def merge(a) -> dict:
-    """``pite --merge DIR,DIR,... --out OUT``: one record from runs of the same settings with
-    different training seeds (e.g. one process per seed); a row enters when every seed has it
-    (an interrupted run contributes the (row, seed) runs it finished). Summaries, floors,
-    quantiles, tail indices, claims, table and density plot are computed as by a single run."""
+    """``pite --merge PART,PART,... --out OUT``: one record from runs of the same settings
+    (:data:`MERGE_SETTINGS` must agree) with different rows or training seeds, e.g. one
+    process per (row, seed) (``--rows``, ``--seeds``). A part is a run directory (an
+    interrupted run contributes the (row, seed) runs it finished) or a results JSON file (its
+    per-seed scores only). A row enters the record when every merged seed has it. Summaries,
+    floors, claims and tail indices as by a single run; the pooled quantiles and the density
+    plot use the (row, seed) runs whose observables were saved (``res["pooled_seeds"]``)."""
     t0 = time.time()
     _check_out(a)
-    parts = [_load_part(Path(d.strip())) for d in str(a.merge).split(",") if d.strip()]
-    if len(parts) < 1:
-        raise ConfigError("--merge", "needs at least one directory", value=a.merge)
+    names = [d.strip() for d in str(a.merge).split(",") if d.strip()]
+    if not names:
+        raise ConfigError("--merge", "needs at least one run directory or results file", value=a.merge)
+    parts = [_load_part(Path(d)) for d in names]
     base = parts[0][0]
-    for rec, _ in parts[1:]:
+    for (rec, _), d in zip(parts[1:], names[1:]):
         for k in ("eta", "observables", "num_samples", "out_of_range", "n_ref"):
             if rec.get(k) != base.get(k):
-                raise ConfigError("--merge", f"the runs differ in {k}", value=a.merge)
-    seeds, runs, gen_obs = [], {}, {o: {} for o in base["observables"]}
-    for rec, ob in parts:
+                raise ConfigError("--merge", f"{d} differs from {names[0]} in {k}", value=a.merge)
+        for k in MERGE_SETTINGS:
+            if rec["args"].get(k) != base["args"].get(k):
+                raise ConfigError("--merge", f"{d} differs from {names[0]} in the setting {k} "
+                                  f"({rec['args'].get(k)!r} vs {base['args'].get(k)!r})", value=a.merge)
+    runs, obs_all = {}, {o: {} for o in base["observables"]}
+    for (rec, ob), d in zip(parts, names):
         for r, per in rec["runs"].items():
             for sd, info in per.items():
                 if sd in runs.get(r, {}):
                     raise ConfigError("--merge", f"row {r} seed {sd} appears twice", value=a.merge)
-                runs.setdefault(r, {})[sd] = info
-                if int(sd) not in seeds:
-                    seeds.append(int(sd))
-    seeds.sort()
-    rows = [r for r in base["rows"] if r in runs and all(str(sd) in runs[r] for sd in seeds)]
-    obs_all = {}
-    for _, ob in parts:
-        for o in base["observables"]:
-            obs_all.setdefault(o, {}).update({k: v for k, v in ob[o].items() if k != "data"})
-    for o in base["observables"]:
-        for r in rows:
-            gen_obs[o][r] = [obs_all[o][f"{r}/seed{sd}"] for sd in seeds]
-    saved = argparse.Namespace(**{**vars(build_parser().parse_args([])), **base["args"],
-                                  "out": a.out, "seeds": ",".join(map(str, seeds))})
+                runs.setdefault(r, {})[sd] = {**info, "from": d}
+        if ob is not None:
+            for o in base["observables"]:
+                obs_all[o].update({k: v for k, v in ob[o].items() if k != "data"})
+    seeds = sorted({int(sd) for per in runs.values() for sd in per})
+    order = [r for r in runs if r.startswith("sbm_")] + [r for r in _ROW_ORDER if r in runs]
+    rows = [r for r in order if all(str(sd) in runs[r] for sd in seeds)]
+    pooled = {r: [sd for sd in seeds if all(f"{r}/seed{sd}" in obs_all[o] for o in obs_all)]
+              for r in rows}
+    gen_obs = {o: {r: [obs_all[o][f"{r}/seed{sd}"] for sd in pooled[r]] for r in rows}
+               for o in base["observables"]}
+    saved = argparse.Namespace(**{**vars(build_parser().parse_args([])),
+                                  **{k: base["args"].get(k) for k in MERGE_SETTINGS if k in base["args"]},
+                                  "out": a.out, "seeds": ",".join(map(str, seeds)),
+                                  "reference_row": "lim_ref" in rows, "scale_aware_row": "lim_x0A" in rows})
     specs = [parse_observable(x) for x in base["observables"]]
     name, cfg, extra = _rows(saved)[0]
     dm = build_one(saved, cfg, f"{name}_merge", list(extra)).datamodule
@@ -988,17 +1021,18 @@ def merge(a) -> dict:
     res = {k: base[k] for k in ("eta", "observables", "num_samples", "out_of_range", "n_ref")}
     res.update({"rows": rows, "train_seeds": seeds, "args": vars(saved),
                 "runs": {r: {str(sd): runs[r][str(sd)] for sd in seeds} for r in rows},
-                "merged_from": [{"dir": d.strip(), "wall_s": rec.get("wall_s"),
-                                 "complete": "summary" in rec}
-                                for d, (rec, _) in zip(str(a.merge).split(","), parts)],
-                "dropped_rows": sorted(set(runs) - set(rows))})
+                "merged_from": [{"part": d, "wall_s": rec.get("wall_s"), "complete": "summary" in rec,
+                                 "runs": {r: sorted(per) for r, per in rec["runs"].items()}}
+                                for d, (rec, _) in zip(names, parts)],
+                "dropped_rows": {r: sorted(runs[r]) for r in runs if r not in rows},
+                "pooled_seeds": pooled})
     for r in rows:
         for sd in seeds:
             tr = runs[r][str(sd)].get("truncation")
             if tr:
                 res["lim_truncation"] = _truncation_label(tr["train"])
                 res["alpha"] = float(saved.alpha)
-    return _finish(saved, res, gen_obs, evs, specs, dm, seeds, t0)
+    return _finish(saved, res, gen_obs, evs, specs, dm, seeds, t0, pooled)
 
 
 def _pite(argv: list) -> int:
