@@ -431,6 +431,20 @@ def test_pite_table_is_the_functional_metrics_of_its_observables(tmp_path):
             assert res["summary"][o][r]["loader"]["mean"] == pytest.approx(np.mean(vals), rel=1e-12)
             assert res["summary"][o][r]["loader"]["sd"] == pytest.approx(np.std(vals, ddof=1), abs=1e-12)
     assert (out / "table.md").read_text() == format_table(res) + "\n"
+    # --merge of the run split by seed (one directory per seed) gives back the same record
+    for sd in (0, 3):
+        part = tmp_path / f"part{sd}"
+        part.mkdir()
+        rec = {**res, "runs": {r: {str(sd): res["runs"][r][str(sd)]} for r in res["rows"]}}
+        (part / "results.json").write_text(json.dumps(rec))
+        torch.save({o: {k: v for k, v in obs[o].items() if k == "data" or k.endswith(f"seed{sd}")}
+                    for o in obs}, part / "observables.pt")
+    merged_out = tmp_path / "merged"
+    assert main(["pite", "--merge", f"{tmp_path / 'part0'},{tmp_path / 'part3'}", "--out", str(merged_out)]) == 0
+    merged = json.loads((merged_out / "results.json").read_text())
+    assert merged["train_seeds"] == [0, 3] and merged["rows"] == res["rows"]
+    for k in ("summary", "floor", "quantiles", "claims", "hill"):
+        assert json.dumps(merged[k]) == json.dumps(res[k]), k
     # the data's tail index on non-overlapping tiles of the training frames (one value per tile)
     hi = res["hill_images"]["max"]
     assert "non-overlapping 8x8 tiles of the 18 training frames" in hi["description"]
