@@ -368,7 +368,8 @@ def test_pite_out_of_range_uses_the_datamodules_range():
                                   ["--crop-size", "-1"], ["--sbm-families", "edn"],
                                   ["--sbm-families", "edm,edm"], ["--observable", "maxx"],
                                   ["--lim-steps", "0"], ["--seeds", "1,1"], ["--seeds", "a"],
-                                  ["--alpha", "0.9"]])
+                                  ["--alpha", "0.9"], ["--rows", "lim_ref"], ["--rows", "sbm"],
+                                  ["--merge", "/nonexistent/pite_run"]])
 def test_pite_cli_rejects_bad_args(argv, capsys):
     from lightning_pfd.cli import main
 
