@@ -9,7 +9,7 @@ preconditioning) and ``experiments/pite_lim`` (alpha = ``--alpha`` = 1.7, x0 par
 Heun in r = sigma/gamma on EDM's grid, 100 steps, A = c_alpha A' >= 20 rejected on the standard
 scale; ``--reference-row`` adds ``lim_ref``, the same with A on the LIM reference code's scale,
 ``a_scale=lim_reference``): 16x16 crops, a 78k-parameter U-Net, 1500 steps each, training seeds
-``--seeds 0,1,2`` (initialisation, batch order and training noise). ``--sbm-families edm,vp``
+``--seeds 0,1,2,3,4`` (initialisation, batch order and training noise). ``--sbm-families edm,vp``
 adds an SBM row with VP preconditioning; any registered diffusion family
 (:func:`lightning_pfd.diffusion.families.family_names`: edm, vp, ve, ...) can be a row. Every
 (row, seed) generates ``--num-samples`` samples from the same evaluation seeds 0..n-1; the
