@@ -789,9 +789,10 @@ def test_x0_A_flow_given_A_is_edm_flow_at_level_r_sqrt_A():
     with pytest.raises(ValueError, match="sampler"):
         m.generate(seeds[:2], sampler="sde")
     for kw, field in ((dict(isotropic=False), "isotropic"), (dict(sampler="sde"), "sampler"),
-                      (dict(sample_compile=True), "sample_compile")):
-        with pytest.raises(ConfigError, match=field):
+                      (dict(sample_compile=True), "sample_compile"), (dict(clamp_eps=3.0), "clamp_eps")):
+        with pytest.raises(ConfigError, match=f"{field}.*parameterization x0_A"):
             LevyItoModule(_Dummy(3), parameterization="x0_A", **kw)
+        LevyItoModule(_Dummy(3), parameterization="x0", **kw)  # the premise is x0_A's alone
 
 
 def alpha_stable_stream_(name, i):
@@ -804,3 +805,95 @@ def stream(name):
     from lightning_pfd.diffusion.streams import stream as _s
 
     return _s(name)
+
+
+# ----------------------------------------------------------------------------- the reference's A scale
+def _reference_cms_factor(alpha: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """An independent numpy re-derivation of the law of the LIM reference sampler's factor A:
+    Chambers–Mallows–Stuck for a' = alpha/2, beta = 1 with the reference's constant
+    (1 + beta^2 tan(pi a'/2))^(1/(2a')) (tan, where CMS has tan^2), times 2 cos(pi alpha/4)^(2/alpha)."""
+    ap = alpha / 2.0
+    v = rng.uniform(-np.pi / 2, np.pi / 2, n)
+    w = rng.exponential(1.0, n)
+    b = np.arctan(np.tan(np.pi * ap / 2)) / ap
+    s = (1.0 + np.tan(np.pi * ap / 2)) ** (1.0 / (2.0 * ap))
+    x = s * np.sin(ap * (v + b)) / np.cos(v) ** (1 / ap) * (np.cos(v - ap * (v + b)) / w) ** ((1 - ap) / ap)
+    return x * 2.0 * np.cos(np.pi * alpha / 4) ** (2.0 / alpha)
+
+
+def test_lim_reference_scale_closed_form():
+    """kappa(alpha) = ((1 + tan(pi alpha/4)) cos^2(pi alpha/4))^(1/alpha) = the ratio of the
+    reference's CMS constant to the standard one; the documented values; kappa(2) = 1."""
+    from lightning_pfd.diffusion.levy import factor_scale, lim_reference_scale
+
+    for a, want in ((1.2, 0.85), (1.5, 0.63), (1.7, 0.474), (1.8, 0.38)):
+        ap = a / 2
+        ratio = ((1 + math.tan(math.pi * ap / 2)) / (1 + math.tan(math.pi * ap / 2) ** 2)) ** (1 / (2 * ap))
+        assert lim_reference_scale(a) == pytest.approx(ratio, rel=1e-12)
+        assert lim_reference_scale(a) == pytest.approx(want, abs=0.006)
+    assert 20 / lim_reference_scale(1.7) == pytest.approx(42.2, abs=0.05)
+    assert lim_reference_scale(2.0) == 1.0 and factor_scale(1.7) == 1.0
+    with pytest.raises(ConfigError, match="a_scale"):
+        factor_scale(1.7, "reference")
+
+
+def test_lim_reference_a_scale_matches_an_independent_reference_sampler(scipy_s1):
+    """a_scale="lim_reference" draws the law of the reference sampler's A: two-sample KS (10^5
+    draws each) against the numpy re-derivation above, unconditioned and with the reference's
+    rejection A >= 20 (its draws filtered below 20); P(A >= 20) against the closed form
+    P(A' >= 20/(kappa c_alpha)) of scipy's totally skewed alpha/2-stable law (S1) for both
+    scales (1.27 % vs 2.53 % at alpha = 1.7); a noise coordinate against scipy's symmetric
+    alpha-stable law of scale sqrt(kappa) (grid KS), which rejects scale 1."""
+    from lightning_pfd.diffusion.levy import lim_reference_scale, sample_subgaussian_factor
+
+    alpha, n = 1.7, 100_000
+    kappa, c_a = lim_reference_scale(alpha), subgaussian_constant(alpha)
+    ref = _reference_cms_factor(alpha, 2 * n, np.random.default_rng(7))
+    ours = sample_subgaussian_factor(alpha, n, seeds=range(n), a_scale="lim_reference")[:, 0].numpy()
+    assert stats.ks_2samp(ours, ref[:n]).pvalue > 1e-3
+    std = sample_subgaussian_factor(alpha, n, seeds=range(n))[:, 0].numpy()
+    assert stats.ks_2samp(std, ref[:n]).pvalue < 1e-12  # the standard scale is another law
+    np.testing.assert_allclose(ours, kappa * std, rtol=1e-12)  # row by row: kappa times the draw
+    rej = sample_subgaussian_factor(alpha, n, seeds=range(n), reject_A=20.0,
+                                    a_scale="lim_reference")[:, 0].numpy()
+    assert rej.max() < 20.0 and stats.ks_2samp(rej, ref[ref < 20.0]).pvalue > 1e-3
+    sd = math.sqrt(0.02 / n)
+    for scale, a_scale in ((kappa, "lim_reference"), (1.0, "standard")):
+        p = float(scipy_s1(alpha / 2, 1.0).sf(20.0 / (scale * c_a)))
+        got = std if a_scale == "standard" else ours
+        assert abs(float(np.mean(got >= 20.0)) - p) < 4 * sd
+    assert float(scipy_s1(alpha / 2, 1.0).sf(20.0 / (kappa * c_a))) == pytest.approx(0.0127, abs=1e-4)
+    assert float(scipy_s1(alpha / 2, 1.0).sf(20.0 / c_a)) == pytest.approx(0.0253, abs=1e-4)
+    eps = sample_alpha_stable(alpha, (2,), seeds=range(N_KS), stream=3, a_scale="lim_reference")
+    assert ks_stat(eps[:, 0].numpy(), scipy_s1(alpha, 0.0, scale=math.sqrt(kappa)).cdf) < KS_CRIT
+    assert ks_stat(eps[:, 0].numpy(), scipy_s1(alpha, 0.0).cdf) > KS_CRIT
+
+
+def test_module_a_scale_reaches_training_noise_and_prior(monkeypatch):
+    """LevyItoModule(a_scale="lim_reference") draws its seeded training noise and the prior of
+    ``generate`` with the reference's scale and the rejection on the scaled A; "standard" stays
+    the default."""
+    from lightning_pfd.diffusion.levy import lim_reference_scale, sample_subgaussian_factor
+    from lightning_pfd.diffusion.streams import alpha_stable_stream
+    from lightning_pfd.modules import LevyItoModule
+
+    assert LevyItoModule(_Dummy(3)).a_scale == "standard"
+    m = LevyItoModule(_Dummy(3), a_scale="lim_reference")
+    seeds = list(range(2000))
+    _, eps, A = m.draw(torch.zeros(2000, 3), seeds=seeds, return_factor=True)
+    k = alpha_stable_stream("levy.loss_eps")
+    want = sample_subgaussian_factor(1.7, 2000, seeds=seeds, stream=k, reject_A=20.0)
+    want_ref = sample_subgaussian_factor(1.7, 2000, seeds=seeds, stream=k, reject_A=20.0 / lim_reference_scale(1.7))
+    torch.testing.assert_close(A, want_ref * lim_reference_scale(1.7))
+    assert not torch.allclose(A, want * lim_reference_scale(1.7))  # the threshold moved to 42.2
+    torch.testing.assert_close(eps, sample_alpha_stable(1.7, (3,), seeds=seeds, stream=k, reject_A=20.0,
+                                                        a_scale="lim_reference"))
+    import lightning_pfd.modules.levy as mod
+
+    monkeypatch.setattr(mod, "levy_sample", lambda score, x_T, *a, **kw: x_T)  # return the prior
+    sch = m.schedule
+    prior = sample_alpha_stable(1.7, (3,), seeds=range(50), stream=alpha_stable_stream("levy.sampler", 0),
+                                reject_A=20.0, a_scale="lim_reference") * sch.sigma(sch.T)
+    torch.testing.assert_close(m.generate(range(50)), prior)
+    with pytest.raises(ConfigError, match="a_scale"):
+        LevyItoModule(_Dummy(3), a_scale="reference")

@@ -270,15 +270,86 @@ def test_pite_table_and_observable_parsing():
            "hill": {"max": [{"k": 2, "alpha": 2.5, "se": 0.5, "threshold": 1.0}]}}
     res["claims"] = claims(res)
     c = res["claims"]["max"]
-    assert c["lim_rmsqe"]["verdict"] == "reversed" and c["lim_loader"]["verdict"] == "holds"
-    assert c["sbm_bulk"]["verdict"] == "undecided"
+    # two seeds per row: the every-seed rule separates, the exact test cannot (p >= 1/3)
+    assert c["lim_rmsqe"]["all_seeds"] == "reversed" and c["lim_loader"]["all_seeds"] == "holds"
+    assert c["sbm_bulk"]["all_seeds"] == "undecided"
+    assert c["lim_loader"]["verdict"] == "undecided" and c["lim_loader"]["p"] == pytest.approx(1 / 3)
+    assert c["lim_loader"]["prob_better"] == 1.0 and c["lim_loader"]["design"] == "unpaired"
+    assert c["lim_loader"]["ratio"] == pytest.approx(math.exp(np.median(np.log([[1 / 5, 1 / 6], [2 / 5, 2 / 6]]))))
     t = format_table(res)
     assert "| RMSQE (blog, no root) (eta = 0.975) | 1.5 ± 0.707 [1, 2] | 3.5 ± 0.707 [3, 4] | 0.5 |" in t
     assert "SBM (EDM)" in t and "LIM (alpha = 1.7, A >= 20 rejected)" in t
-    assert "- LIM better in LOADER: **holds**" in t and "k = 2: 2.5 ± 0.5" in t
+    assert "- LIM better in LOADER [lim vs sbm_edm]: **undecided (p = 0.33)**" in t and "k = 2: 2.5 ± 0.5" in t
+    assert "every-seed rule: holds" in t
     assert "| pixels > +1 | 0.1 % | 0.1 % |" in t and "| samples with a pixel > +1 | 5 % | 5 % |" in t
     res["runs"]["lim"]["1"]["out_of_range"] = None  # data without a training range
     assert "| pixels > +1 | 0.1 % | n/a |" in format_table(res)
+
+
+def test_pite_claims_are_exact_tests_with_five_seeds():
+    """Five seeds per row: LIM rows against SBM by the exact Mann-Whitney test (separated rows:
+    p = 2/252, "holds" / "reversed" at 0.05), lim_ref against lim by the exact sign-flip test
+    of the per-seed log ratios (paired; with 5 pairs p >= 1/16: undecided at 0.05); Holm over
+    every claim; the verdict words are the test's."""
+    from lightning_pfd.commands.pite import RUN_METRICS, claims, format_table, summarize
+    from lightning_pfd.metrics.seed_tests import compare, holm
+
+    rows, seeds = ["sbm_edm", "lim", "lim_ref"], [0, 1, 2, 3, 4]
+    base = {"sbm_edm": [10.0, 12.0, 9.0, 11.0, 30.0], "lim": [100.0, 90.0, 95.0, 300.0, 80.0],
+            "lim_ref": [101.0, 91.0, 97.0, 301.0, 82.0]}
+    runs = {r: {str(sd): {"out_of_range": None, "metrics": {"max": {
+        m: base[r][i] * (1 if m != "loader" else -1 if r == "sbm_edm" else 1) + (50 if m == "loader" else 0)
+        for m in RUN_METRICS}}} for i, sd in enumerate(seeds)} for r in rows}
+    res = {"rows": rows, "observables": ["max"], "train_seeds": seeds,
+           "summary": {"max": {r: {m: summarize(runs[r][str(sd)]["metrics"]["max"][m] for sd in seeds)
+                                   for m in RUN_METRICS} for r in rows}}}
+    c = claims(res)["max"]
+    assert c["lim_rmsqe"]["verdict"] == "reversed" and c["lim_rmsqe"]["p"] == pytest.approx(2 / 252)
+    assert c["sbm_bulk"]["verdict"] == "holds" and c["sbm_bulk"]["prob_better"] == 1.0
+    assert c["lim_rmsqe@lim_ref"]["verdict"] == "reversed"
+    ref = c["ref_rmsqe"]  # lim_ref 1-2 % above lim in every seed: paired, p = 2/32
+    assert ref["design"] == "paired" and ref["verdict"] == "undecided" and ref["p"] == pytest.approx(2 / 32)
+    assert ref == {**ref, **{k: v for k, v in compare(base["lim_ref"], base["lim"], "paired").items()
+                             if k in ("p", "p_other", "ratio", "prob_better")}}
+    flat = list(c.values())
+    assert [x["p_holm"] for x in flat] == pytest.approx(holm([x["p"] for x in flat]))
+    res.update({"eta": 0.975, "alpha": 1.7, "out_of_range": "keep", "num_samples": 16, "n_ref": 40,
+                "runs": runs, "floor": {"max": {"rmsqe": 1.0, "loader": 1.0, "bulk_qe": 1.0}},
+                "quantiles": {"max": {k: [1.0] * 5 for k in ["data"] + rows}}, "claims": {"max": c}})
+    t = format_table(res)
+    assert "- LIM better in RMSQE [lim vs sbm_edm]: **reversed (p = 0.0079)**" in t
+    assert "[lim_ref vs lim]: **undecided (p = 0.062)**" in t and "A scaled as the LIM reference code" in t
+
+
+def test_pite_reference_row_builds_the_reference_noise(tmp_path):
+    """--reference-row adds lim_ref: the LIM config with a_scale=lim_reference (and the same
+    rejection threshold, now on the scaled A)."""
+    import sys
+    from unittest import mock
+
+    from lightning_pfd.commands.pite import _cli_args, _rows, build_parser
+    from lightning_pfd.commands.fit import PFDLightningCLI
+
+    a = build_parser().parse_args(["--out", str(tmp_path), "--crop-size", "8", "--n-train", "16",
+                                   "--reference-row", "--scale-aware-row"])
+    rows = _rows(a)
+    assert [r[0] for r in rows] == ["sbm_edm", "lim", "lim_ref", "lim_x0A"]
+    with mock.patch.object(sys, "argv", ["x"]):
+        m = PFDLightningCLI(args=_cli_args(a, rows[2][1], "lim_ref", rows[2][2]), run=False).model
+    assert m.a_scale == "lim_reference" and m.parameterization == "x0"
+    assert m.truncation("train") == {"clamp_A": None, "reject_A": 20.0}
+
+
+def test_cli_refuses_clamp_eps_with_x0_A(capsys, tmp_path):
+    """The refusal reaches the command line: a config with parameterization x0_A and clamp_eps
+    fails before training (status 2), naming both."""
+    from lightning_pfd.cli import main
+
+    argv = ["pite", "--seeds", "0", "--crop-size", "8", "--n-train", "16", "--num-samples", "8",
+            "--scale-aware-row", "--lim-override=--model.init_args.clamp_eps=3.0", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "clamp_eps" in err and "x0_A" in err
 
 
 def test_pite_out_of_range_uses_the_datamodules_range():
@@ -297,7 +368,8 @@ def test_pite_out_of_range_uses_the_datamodules_range():
                                   ["--crop-size", "-1"], ["--sbm-families", "edn"],
                                   ["--sbm-families", "edm,edm"], ["--observable", "maxx"],
                                   ["--lim-steps", "0"], ["--seeds", "1,1"], ["--seeds", "a"],
-                                  ["--alpha", "0.9"]])
+                                  ["--alpha", "0.9"], ["--rows", "lim_ref"], ["--rows", "sbm"],
+                                  ["--merge", "/nonexistent/pite_run"]])
 def test_pite_cli_rejects_bad_args(argv, capsys):
     from lightning_pfd.cli import main
 
@@ -359,5 +431,29 @@ def test_pite_table_is_the_functional_metrics_of_its_observables(tmp_path):
             vals = [res["runs"][r][str(sd)]["metrics"][o]["loader"] for sd in (0, 3)]
             assert res["summary"][o][r]["loader"]["mean"] == pytest.approx(np.mean(vals), rel=1e-12)
             assert res["summary"][o][r]["loader"]["sd"] == pytest.approx(np.std(vals, ddof=1), abs=1e-12)
+    assert (out / "table.md").read_text() == format_table(res) + "\n"
+    # --merge of the run split by seed (one directory per seed) gives back the same record
+    for sd in (0, 3):
+        part = tmp_path / f"part{sd}"
+        part.mkdir()
+        rec = {**res, "runs": {r: {str(sd): res["runs"][r][str(sd)]} for r in res["rows"]}}
+        (part / "results.json").write_text(json.dumps(rec))
+        torch.save({o: {k: v for k, v in obs[o].items() if k == "data" or k.endswith(f"seed{sd}")}
+                    for o in obs}, part / "observables.pt")
+    merged_out = tmp_path / "merged"
+    assert main(["pite", "--merge", f"{tmp_path / 'part0'},{tmp_path / 'part3'}", "--out", str(merged_out)]) == 0
+    merged = json.loads((merged_out / "results.json").read_text())
+    assert merged["train_seeds"] == [0, 3] and merged["rows"] == res["rows"]
+    for k in ("summary", "floor", "quantiles", "claims", "hill"):
+        assert json.dumps(merged[k]) == json.dumps(res[k]), k
+    # the data's tail index on non-overlapping tiles of the training frames (one value per tile)
+    hi = res["hill_images"]["max"]
+    assert "non-overlapping 8x8 tiles of the 18 training frames" in hi["description"]
+    assert all(e["lo"] <= e["hi"] and e["groups"] == 18 for e in hi["estimates"])
+    # --rescore recomputes claims, tail indices and the table from results.json: the same
+    assert main(["pite", "--rescore", "--out", str(out)]) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert json.dumps(again["claims"]) == json.dumps(res["claims"])  # (NaN-safe comparison)
+    assert json.dumps(again["hill_images"]) == json.dumps(res["hill_images"])
     assert (out / "table.md").read_text() == format_table(res) + "\n"
     assert (out / "density.png").stat().st_size > 0

@@ -6,9 +6,10 @@ models).
 
 Defaults (docs/levy.md, "PITE at CPU scale"): the configs ``experiments/pite_sbm`` (EDM
 preconditioning) and ``experiments/pite_lim`` (alpha = ``--alpha`` = 1.7, x0 parameterisation,
-Heun in r = sigma/gamma on EDM's grid, 100 steps, A = c_alpha A' >= 20 rejected as in the LIM
-reference code): 16x16 crops, a 78k-parameter U-Net, 1500 steps each, training seeds
-``--seeds 0,1,2`` (initialisation, batch order and training noise). ``--sbm-families edm,vp``
+Heun in r = sigma/gamma on EDM's grid, 100 steps, A = c_alpha A' >= 20 rejected on the standard
+scale; ``--reference-row`` adds ``lim_ref``, the same with A on the LIM reference code's scale,
+``a_scale=lim_reference``): 16x16 crops, a 78k-parameter U-Net, 1500 steps each, training seeds
+``--seeds 0,1,2,3,4`` (initialisation, batch order and training noise). ``--sbm-families edm,vp``
 adds an SBM row with VP preconditioning; any registered diffusion family
 (:func:`lightning_pfd.diffusion.families.family_names`: edm, vp, ve, ...) can be a row. Every
 (row, seed) generates ``--num-samples`` samples from the same evaluation seeds 0..n-1; the
@@ -20,8 +21,10 @@ floors, the scores of the samples clipped to the training range [-1, 1] (what th
 codes do when saving), the fraction of samples outside that range, the share of the RMSQE from
 its largest single-sample contribution, and the bulk quantile error (the same integral over
 [0, eta]). The table gives mean ± sd [min, max] over the seeds and, for each of the blog's
-claims (LIM better in RMSQE / in LOADER, SBM better in the bulk), whether it holds for every
-seed ("holds"), for none ("reversed") or neither ("undecided"). The data's tail index (Hill) is
+claims (LIM better in RMSQE / in LOADER, SBM better in the bulk), an exact test over the
+seeds (:mod:`lightning_pfd.metrics.seed_tests`: Mann-Whitney for a LIM row against SBM, the
+paired sign-flip test for lim_ref against lim) with its p-value, effect sizes and verdict
+("holds" / "reversed" at p < 0.05 two-sided, else "undecided"). The data's tail index (Hill) is
 recorded next to alpha. ``--out-of-range clip`` caps generated values at log_max before the
 inverse transform for every score (default ``keep``: faithful; the clipped scores are reported
 either way). Writes ``results.json``, ``table.md``, ``observables.pt`` (the finite observables
@@ -87,13 +90,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=_POSITIVE, default=512,
                    help="generated samples per model and training seed, an integer > 0 and < "
                         "--n-train (evaluation seeds 0..num_samples-1, the same for every model)")
-    p.add_argument("--seeds", default="0,1,2",
+    p.add_argument("--seeds", default="0,1,2,3,4",
                    help="comma-separated training seeds: every row is trained once per seed "
                         "(network initialisation, batch order, training noise); the table "
                         "reports mean ± sd [min, max] over them")
     p.add_argument("--scale-aware-row", action="store_true",
                    help="add the row lim_x0A: the LIM config with parameterization x0_A (EDM's "
                         "preconditioning at the per-image level r sqrt(A), docs/levy.md)")
+    p.add_argument("--reference-row", action="store_true",
+                   help="add the row lim_ref: the LIM config with a_scale=lim_reference (A scaled "
+                        "by kappa(alpha) and reject_A applied to that A, the noise law of the LIM "
+                        "reference code; docs/levy.md)")
+    p.add_argument("--rows", default="",
+                   help="comma-separated subset of the rows to train (names as in the table: "
+                        "sbm_<family>, lim, lim_ref, lim_x0A; default: all), e.g. one process "
+                        "per (row, seed) whose records --merge combines")
     p.add_argument("--alpha", type=_ALPHA, default=1.7,
                    help="stability index of the LIM row, in (1, 2] (the blog: 1.7); the data's "
                         "Hill tail index is recorded next to it")
@@ -117,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "--threads N|auto`, printed as the first line)")
     p.add_argument("--out", default="runs/pite", help="output directory")
     p.add_argument("--force", action="store_true", help="replace the results of an earlier run in --out")
+    p.add_argument("--merge", default="",
+                   help="train nothing: merge the runs in these comma-separated directories (the "
+                        "same settings, different --seeds; an interrupted run contributes what it "
+                        "finished) into one record in --out")
+    p.add_argument("--rescore", action="store_true",
+                   help="train nothing: recompute the claims' tests, the data's tail indices and "
+                        "the table of the earlier run in --out from its results.json (its saved "
+                        "arguments rebuild the data), and rewrite results.json and table.md")
     p.add_argument("--override", action="append", default=[],
                    help="extra LightningCLI override applied to all models, e.g. "
                         "--override=--model.init_args.lr=1e-3")
@@ -191,6 +210,7 @@ def _validate(a) -> None:
         raise ConfigError("--num-samples", f"must be < --n-train ({a.n_train}) for the same-law "
                           "floor (n_gen = num_samples)", value=a.num_samples)
     _families(a)
+    _rows(a)
     train_seeds(a)
     for spec in a.observable or DEFAULT_OBSERVABLES:
         parse_observable(spec)
@@ -256,9 +276,17 @@ def _rows(a) -> list:
             for q in _families(a)]
     lim = [f"--model.init_args.alpha={a.alpha}"] + list(a.lim_override) + _overrides(a, _LIM_OVERRIDES)
     rows.append(("lim", a.lim_config, lim))
+    if getattr(a, "reference_row", False):
+        rows.append(("lim_ref", a.lim_config, lim + ["--model.init_args.a_scale=lim_reference"]))
     if getattr(a, "scale_aware_row", False):
         rows.append(("lim_x0A", a.lim_config, lim + ["--model.init_args.parameterization=x0_A"]))
-    return rows
+    want = [r.strip() for r in str(getattr(a, "rows", "") or "").split(",") if r.strip()]
+    names = [r[0] for r in rows]
+    for r in want:
+        if r not in names:
+            raise ConfigError("--rows", "not a row of this run (the row flags decide which exist)",
+                              value=r, accepted=names)
+    return [r for r in rows if r[0] in want] if want else rows
 
 
 def build_one(a, config: str, name: str, extra: Sequence[str] = ()):
@@ -303,6 +331,9 @@ def _inverse(dm, policy: str):
     return f
 
 
+#: the LIM rows: the config's LIM, the reference's scale of A (--reference-row), x0_A
+LIM_ROWS = ("lim", "lim_ref", "lim_x0A")
+
 NUM_SPLITS = 8  # reference splits for the same-law floor and the matched model scores
 
 
@@ -338,9 +369,10 @@ def _check_out(a) -> None:
 def _label(res: dict, row: str) -> str:
     """``SBM (EDM)``, ``SBM (VP)``, ... for the SBM rows ``sbm_<family>``; ``LIM (alpha = a)``
     (with its truncation of A when recorded)."""
-    if row in ("lim", "lim_x0A"):
+    if row in LIM_ROWS:
         t = res.get("lim_truncation") or ""
-        extra = ", scale-aware x0_A" if row == "lim_x0A" else ""
+        extra = {"lim_x0A": ", scale-aware x0_A",
+                 "lim_ref": ", A scaled as the LIM reference code"}.get(row, "")
         return f"LIM (alpha = {res.get('alpha', float('nan')):g}{', ' + t if t else ''}{extra})"
     return f"SBM ({row[4:].upper()})" if row.startswith("sbm_") else row
 
@@ -402,14 +434,48 @@ CLAIMS = (("lim_rmsqe", "LIM better in RMSQE", "rmsqe", True),
            "rmsqe_clipped", True),
           ("lim_loader", "LIM better in LOADER", "loader", True),
           ("sbm_bulk", "SBM better in the bulk (bulk QE)", "bulk_qe", False))
+#: the reference's scale of A against the standard one (lim_ref against lim, same seeds)
+REFERENCE_CLAIMS = (("ref_rmsqe", "A scaled as the LIM reference: lower RMSQE than the standard scale", "rmsqe"),
+                    ("ref_rmsqe_clipped", "A scaled as the LIM reference: lower clipped RMSQE than "
+                     "the standard scale", "rmsqe_clipped"),
+                    ("ref_loader", "A scaled as the LIM reference: lower LOADER than the standard scale", "loader"),
+                    ("ref_bulk", "A scaled as the LIM reference: lower bulk QE than the standard scale", "bulk_qe"))
+#: the design of each comparison: LIM rows against an SBM row are different models with
+#: different noise processes (a shared seed value gives only the same batch order and
+#: initialisation), so their runs are independent samples (Mann-Whitney); lim_ref against lim
+#: is one module whose only difference is the scale of A (same seeds, initialisation, batch
+#: order and noise streams): paired by seed (sign-flip test)
+CLAIM_DESIGN = {"sbm": "unpaired", "reference": "paired"}
 
 
-def claims(res: dict) -> dict:
-    """observable -> claim key -> {"claim", "verdict", "lim_row", "lim", "sbm_row", "sbm"}
-    (``verdict``), for every LIM row ("lim", "lim_x0A") against the first SBM row; the keys of
-    the lim_x0A row end in ``@lim_x0A``."""
+def _claim(text, better_row, worse_row, sm, m, design, level, **extra) -> dict:
+    from ..metrics.seed_tests import compare
+
+    bv, wv = sm[better_row][m]["values"], sm[worse_row][m]["values"]
+    t = compare(bv, wv, design=design, level=level)
+    return {"claim": text, **extra, "verdict": t["verdict"], "p": t["p"], "test": t["test"],
+            "design": design, "level": level, "p_other": t["p_other"],
+            "prob_better": t["prob_better"], "ratio": t["ratio"], "better_row": better_row,
+            "worse_row": worse_row, "all_seeds": verdict(bv, wv)}
+
+
+def claims(res: dict, level: Optional[float] = None) -> dict:
+    """observable -> claim key -> the claim, its test and verdict, for every LIM row ("lim",
+    "lim_ref", "lim_x0A") against the first SBM row (keys of the other rows end in ``@<row>``)
+    and, when both rows are there, lim_ref against lim (keys ``ref_*``).
+
+    Each claim: {"claim", "verdict", "p", "test", "design", "level", "p_other" (the other
+    design's test), "prob_better" (probability that a run of the claimed-better row scores
+    lower), "ratio" (Hodges–Lehmann ratio better/worse), "all_seeds" (:func:`verdict`, the
+    former every-seed rule), "p_holm" (Holm over every claim of the record), "lim_row",
+    "sbm_row", "lim", "sbm" (the summaries)}. The verdict follows the design's exact test at
+    ``level`` (default :data:`lightning_pfd.metrics.seed_tests.LEVEL` = 0.05, two-sided;
+    :func:`lightning_pfd.metrics.seed_tests.compare`)."""
+    from ..metrics.seed_tests import LEVEL, holm
+
+    level = LEVEL if level is None else float(level)
     rows = res["rows"]
-    lims = [r for r in rows if r in ("lim", "lim_x0A")]
+    lims = [r for r in rows if r in LIM_ROWS]
     if not lims or not any(r.startswith("sbm_") for r in rows):
         return {}
     sbm = next(r for r in rows if r.startswith("sbm_"))
@@ -419,11 +485,18 @@ def claims(res: dict) -> dict:
         out[o] = {}
         for lim in lims:
             for key, text, m, lim_better in CLAIMS:
-                lv, sv = sm[lim][m]["values"], sm[sbm][m]["values"]
-                out[o][key if lim == "lim" else f"{key}@{lim}"] = {
-                    "claim": text, "sbm_row": sbm, "lim_row": lim,
-                    "verdict": verdict(lv, sv) if lim_better else verdict(sv, lv),
-                    "lim": sm[lim][m], "sbm": sm[sbm][m]}
+                b, w = (lim, sbm) if lim_better else (sbm, lim)
+                out[o][key if lim == "lim" else f"{key}@{lim}"] = _claim(
+                    text, b, w, sm, m, CLAIM_DESIGN["sbm"], level, sbm_row=sbm, lim_row=lim,
+                    lim=sm[lim][m], sbm=sm[sbm][m])
+        if "lim" in lims and "lim_ref" in lims:
+            for key, text, m in REFERENCE_CLAIMS:
+                out[o][key] = _claim(text, "lim_ref", "lim", sm, m, CLAIM_DESIGN["reference"], level,
+                                     sbm_row="lim", lim_row="lim_ref", lim=sm["lim_ref"][m],
+                                     sbm=sm["lim"][m])
+    flat = [c for o in out.values() for c in o.values()]
+    for c, p in zip(flat, holm([c["p"] for c in flat])):
+        c["p_holm"] = p
     return out
 
 
@@ -433,6 +506,33 @@ def _ms(d: dict, pct: bool = False) -> str:
     if len(d["values"]) == 1:
         return f(d["values"][0])
     return f"{f(d['mean'])} ± {f(d['sd'])} [{f(d['min'])}, {f(d['max'])}]"
+
+
+def _claims_heading(cl: dict) -> str:
+    c0 = next(iter(cl.values()))
+    if "p" not in c0:  # a record from before the tests (v3): the every-seed rule
+        return ("The blog's claims across training seeds (holds = every seed of the better row "
+                "below every seed of the other; undecided = the ranges overlap):")
+    return (f"The claims across training seeds, each tested at the two-sided level "
+            f"{c0['level']:g}: LIM rows against SBM with the exact Mann-Whitney test (independent "
+            f"runs), the reference's scale of A against the standard one with the exact "
+            f"sign-flip test of the per-seed log ratios (paired by seed); holds / reversed = "
+            f"p < {c0['level']:g} in / against the claim's direction, else undecided. P(better) = "
+            f"probability that a run of the claimed-better row scores lower; ratio = "
+            f"Hodges-Lehmann ratio claimed-better / other; p_Holm over every claim of the run:")
+
+
+def _claim_line(res: dict, c: dict) -> str:
+    if "p" not in c:
+        vals = (f"{_label(res, c['lim_row'])} {_ms(c['lim'])}, {_label(res, c['sbm_row'])} "
+                f"{_ms(c['sbm'])}")
+        return f"- {c['claim']}: **{c['verdict']}** ({vals})"
+    vals = f"{c['lim_row']} {_ms(c['lim'])}, {c['sbm_row']} {_ms(c['sbm'])}"
+    other = "sign-flip" if c["design"] == "unpaired" else "Mann-Whitney"
+    return (f"- {c['claim']} [{c['lim_row']} vs {c['sbm_row']}]: "
+            f"**{c['verdict']} (p = {c['p']:.2g})**, P(better) = {c['prob_better']:.2f}, "
+            f"ratio = {c['ratio']:.3g}, p_Holm = {c.get('p_holm', float('nan')):.2g}, "
+            f"{other} p = {c['p_other']:.2g}, every-seed rule: {c['all_seeds']} ({vals})")
 
 
 def format_table(res: dict) -> str:
@@ -469,23 +569,39 @@ def format_table(res: dict) -> str:
         out.append("")
         cl = res.get("claims", {}).get(obs)
         if cl:
-            out.append("The blog's claims across training seeds (holds = every seed of the better "
-                       "row below every seed of the other; undecided = the ranges overlap):")
+            out.append(_claims_heading(cl))
             for c in cl.values():
-                out.append(f"- {c['claim']}: **{c['verdict']}** ({_label(res, c['lim_row'])} "
-                           f"{_ms(c['lim'])}, {_label(res, c['sbm_row'])} {_ms(c['sbm'])})")
+                out.append(_claim_line(res, c))
             out.append("")
         q = res["quantiles"][obs]
-        out.append("Quantiles q50 / q90 / q97.5 / q99 / max (generated: all seeds pooled):")
+        ps = res.get("pooled_seeds")
+        if ps and any(list(v) != list(seeds) for v in ps.values()):
+            out.append("Quantiles q50 / q90 / q97.5 / q99 / max (generated: pooled over the seeds "
+                       "whose observables were saved: " + "; ".join(
+                           f"{r} {', '.join(map(str, v))}" for r, v in ps.items()) + "):")
+        else:
+            out.append("Quantiles q50 / q90 / q97.5 / q99 / max (generated: all seeds pooled):")
         for k in ["data"] + list(rows):
             out.append(f"- {k}: " + " / ".join(f"{x:.4g}" for x in q[k]))
         h = res.get("hill", {}).get(obs)
         if h:
             out.append("")
             out.append(f"Tail index of the data's observable (Hill, n = {res['n_ref']}): " + "; ".join(
-                f"k = {e['k']}: {e['alpha']:.3g} ± {e['se']:.2g}" for e in h)
+                f"k = {e['k']}: {e['alpha']:.3g} ± {e['se']:.2g}"
+                + (f" ({e['distinct_top']} distinct among the top {e['k']})" if "distinct_top" in e else "")
+                for e in h)
                 + f" (alpha of the LIM noise: {res.get('alpha', float('nan')):g}; Hill assumes a "
                 "Pareto-type upper tail: not meaningful for a bounded observable such as a fraction)")
+        hi = res.get("hill_images", {}).get(obs)
+        if hi:
+            cells = [f"k = {e['k']} ({100 * e['k_fraction']:g} %): {e['alpha']:.3g} "
+                     f"[{e['lo']:.3g}, {e['hi']:.3g}]" if "error" not in e else
+                     f"k = {100 * e['k_fraction']:g} %: {e['error']}" for e in hi["estimates"]]
+            lvl = next((e["level"] for e in hi["estimates"] if "level" in e), HILL_LEVEL)
+            out.append("")
+            out.append(f"Tail index without shared peaks (Hill on {hi['description']}, "
+                       f"{100 * lvl:g} % percentile interval of {HILL_BOOT} resamples): "
+                       + "; ".join(cells))
         out.append("")
     out += ["**Out of the training range** (generated pixels outside it, in training space; "
             "precipitation: [-1, 1] = [0, log_max] mm/h), mean over the training seeds:", "",
@@ -612,12 +728,66 @@ def bulk_qe_floor(ev) -> float:
 
 
 def _hill(ref) -> list:
-    """Hill tail index of the data's observable at k = 2 %, 5 %, 10 % of n (when >= 2 points)."""
+    """Hill tail index of the data's observable at k = 2 %, 5 %, 10 % of n (when >= 2 points),
+    on the observables of the (overlapping, random) training crops, with the number of distinct
+    values among the k largest (overlapping crops share peak pixels: their naive standard error
+    overstates the precision; :func:`_hill_images` is the honest one)."""
     from ..metrics.tails import hill_tail_index
 
     n = int(ref.numel())
     ks = sorted({k for k in (n // 50, n // 20, n // 10) if 2 <= k <= n - 1})
     return [hill_tail_index(ref, k) for k in ks]
+
+
+#: tail index on images: the fractions k/n and the bootstrap of :func:`_hill_images`
+HILL_FRACTIONS, HILL_BOOT, HILL_LEVEL = (0.05, 0.1), 1000, 0.9
+
+
+def _tile_observables(dm, name: str, kw: dict, ev):
+    """(values, image index, description) of the observable on data without shared pixels:
+    for the precipitation data, every non-overlapping crop_size x crop_size tile of every
+    training frame in mm/h (one value per tile; tiles of one frame share its image index); for
+    other data, the training samples' own observables (one image each)."""
+    import torch
+
+    from ..data.precip import PrecipitationDataModule, load_stageiv
+    from ..metrics.observables import get_observable
+    from ..metrics.tails import image_tiles
+
+    if isinstance(dm, PrecipitationDataModule):
+        frames = load_stageiv(dm.path)[list(dm.train_frames)]
+        tiles, img = image_tiles(frames, dm.crop_size)
+        v = get_observable(name, **kw)(tiles.to(torch.float64))
+        return v, img, (f"{tiles.shape[0]} non-overlapping {dm.crop_size}x{dm.crop_size} tiles of "
+                        f"the {frames.shape[0]} training frames, bootstrap over frames")
+    ref = ev.reference_observable
+    return ref, torch.arange(ref.numel()), f"{ref.numel()} training samples, bootstrap over samples"
+
+
+def _hill_images(dm, name: str, kw: dict, ev) -> dict:
+    """The data's tail index with an honest interval: Hill on one value per non-overlapping
+    tile (:func:`_tile_observables`), k = 5 % and 10 % of the values, the 90 % percentile
+    interval of 1000 seeded bootstrap resamples of the images (frames)."""
+    from ..metrics.tails import hill_bootstrap
+
+    v, img, desc = _tile_observables(dm, name, kw, ev)
+    out = {"description": desc, "estimates": []}
+    for f in HILL_FRACTIONS:
+        try:
+            out["estimates"].append(hill_bootstrap(v, img, f, HILL_BOOT, seed=0, level=HILL_LEVEL))
+        except ValueError as e:  # e.g. too few values for this k (ConfigError is a ValueError)
+            out["estimates"].append({"k_fraction": f, "error": str(e)})
+        out["estimates"][-1]["k_fraction"] = f
+    return out
+
+
+def _tail_indices(res: dict, dm, specs, evs) -> None:
+    """``res["hill"]`` (overlapping crops, k = 2/5/10 %) and ``res["hill_images"]`` (tiles,
+    bootstrap over frames) for every observable."""
+    res["hill"], res["hill_images"] = {}, {}
+    for label, name, kw in specs:
+        res["hill"][label] = _hill(evs[label].reference_observable)
+        res["hill_images"][label] = _hill_images(dm, name, kw, evs[label])
 
 
 def run(a) -> dict:
@@ -658,7 +828,8 @@ def run(a) -> dict:
                 res["alpha"] = float(model.alpha)
                 tr = model.truncation("train")
                 res["lim_truncation"] = _truncation_label(tr)
-                info["truncation"] = {"train": tr, "generate": model.truncation("generate")}
+                info["truncation"] = {"train": tr, "generate": model.truncation("generate"),
+                                      "a_scale": getattr(model, "a_scale", "standard")}
                 info["sampler"] = (f"{hp.sampler}, {hp.num_steps} steps, time grid "
                                    f"{hp.get('time_grid', 'uniform')}, parameterization "
                                    f"{hp.get('parameterization', 'eps')}")
@@ -675,6 +846,7 @@ def run(a) -> dict:
                     print(f"[pite] {name} seed {sd} / {o}: rmsqe and loader undefined (every "
                           "sample non-finite)", flush=True)
             res["runs"][name][str(sd)] = info
+            _save_partial(Path(a.out), res, gen_obs, seeds)
             m0 = info["metrics"][next(iter(evs))]
             print(f"[pite] {name} seed {sd}: trained {model.global_step} steps in {t_fit:.0f} s, "
                   f"sampled {a.num_samples} in {t_sample:.0f} s ({info['sampler']}); "
@@ -683,20 +855,43 @@ def run(a) -> dict:
                   f"pixels above the training range: {_pct(info['out_of_range'], 'pixels_above')}",
                   flush=True)
             del clis[(name, sd)]
+    return _finish(a, res, gen_obs, evs, specs, dm, seeds, t_start)
+
+
+def _save_partial(out: Path, res: dict, gen_obs: dict, seeds) -> None:
+    """After every (row, seed): ``partial.json`` (the finished runs) and
+    ``partial_observables.pt``, so that an interrupted run keeps what it finished
+    (``pite --merge`` reads them)."""
+    import torch
+
+    keep = {k: res[k] for k in ("eta", "observables", "rows", "train_seeds", "num_samples",
+                                "out_of_range", "args", "runs", "n_ref") if k in res}
+    (out / "partial.json").write_text(json.dumps(keep, indent=2, default=str))
+    torch.save({o: {f"{r}/seed{sd}": v for r, vs in gen_obs[o].items() for sd, v in zip(seeds, vs)}
+                for o in gen_obs}, out / "partial_observables.pt")
+
+
+def _finish(a, res: dict, gen_obs: dict, evs: dict, specs, dm, seeds, t_start: float,
+            pooled: Optional[dict] = None) -> dict:
+    """Summaries, floors, quantiles, tail indices, claims and the files of a run (or a merge;
+    ``pooled``: row -> the seeds whose observables ``gen_obs`` holds, default all)."""
+    import torch
+
+    pooled = pooled or {r: list(seeds) for r in res["rows"]}
     res["summary"] = {o: {r: {m: summarize(res["runs"][r][str(sd)]["metrics"][o][m] for sd in seeds)
                               for m in RUN_METRICS} for r in res["rows"]} for o in evs}
-    res["floor"], res["quantiles"], res["hill"] = {}, {}, {}
+    res["floor"], res["quantiles"] = {}, {}
     qs = torch.tensor([0.5, 0.9, 0.975, 0.99], dtype=torch.float64)
     for o, ev in evs.items():
         fl = ev.floors()
         res["floor"][o] = {"rmsqe": fl["rmsqe_floor"], "loader": fl["loader_floor"],
                            "bulk_qe": bulk_qe_floor(ev)}
-        pooled = {r: torch.cat(gen_obs[o][r]) for r in res["rows"]}
+        cat = {r: torch.cat(gen_obs[o][r]) if gen_obs[o][r] else torch.zeros(0) for r in res["rows"]}
         res["quantiles"][o] = {
             k: (torch.quantile(v.double(), qs).tolist() + [float(v.max())]) if v.numel()
             else [float("nan")] * 5
-            for k, v in [("data", ev.reference_observable)] + list(pooled.items())}
-        res["hill"][o] = _hill(ev.reference_observable)
+            for k, v in [("data", ev.reference_observable)] + list(cat.items())}
+    _tail_indices(res, dm, specs, evs)
     res["claims"] = claims(res)
     res["floor_method"] = (f"same_law_floor: {NUM_SPLITS} splits, n_gen = {a.num_samples} vs the "
                            f"other {res['n_ref'] - a.num_samples} reference points; models scored "
@@ -709,21 +904,145 @@ def run(a) -> dict:
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
     torch.save({o: {"data": evs[o].reference_observable,
-                    **{f"{r}/seed{sd}": v for r, vs in gen_obs[o].items() for sd, v in zip(seeds, vs)}}
+                    **{f"{r}/seed{sd}": v for r, vs in gen_obs[o].items() for sd, v in zip(pooled[r], vs)}}
                 for o in evs}, out / "observables.pt")
     labels = {r: _label(res, r) for r in res["rows"]}
+    npool = sorted({len(v) for v in pooled.values()})
+    pooled_txt = (f"{npool[0]} training seeds pooled" if len(npool) == 1 else
+                  f"{npool[0]}-{npool[-1]} training seeds pooled per row")
     _density_plot(out / "density.png", evs,
-                  {o: {labels[k]: torch.cat(v) for k, v in gen_obs[o].items()} for o in evs},
+                  {o: {labels[k]: torch.cat(v) for k, v in gen_obs[o].items() if v} for o in evs},
                   f"PITE (StageIV crops, {a.num_samples} samples per model and seed, "
-                  f"{len(seeds)} training seeds pooled)", unit=_unit(dm))
+                  f"{pooled_txt})", unit=_unit(dm))
     print(table)
     print(f"[pite] wrote {out / 'table.md'}, {out / 'results.json'}, {out / 'density.png'} "
           f"({res['wall_s']:.0f} s)")
     return res
 
 
+def rescore(a) -> dict:
+    """``pite --rescore``: the claims (:func:`claims`), tail indices and table of the run in
+    ``--out`` recomputed from its ``results.json`` with this version's tests; its per-seed scores
+    are kept as they are. The data (for the tail indices) come from the run's saved arguments."""
+    t0 = time.time()
+    path = Path(a.out) / "results.json"
+    if not path.exists():
+        raise ConfigError("--out", "holds no results.json of an earlier pite run to rescore", value=a.out)
+    res = json.loads(path.read_text())
+    saved = argparse.Namespace(**{**vars(build_parser().parse_args([])), **res["args"], "out": a.out})
+    specs = [parse_observable(s) for s in res["observables"]]
+    name, cfg, extra = _rows(saved)[0]
+    cli = build_one(saved, cfg, f"{name}_rescore", list(extra))
+    evs = tail_evaluations(saved, cli.datamodule, specs)
+    _tail_indices(res, cli.datamodule, specs, evs)
+    res["claims"] = claims(res)
+    res["rescored_s"] = round(time.time() - t0, 1)
+    table = format_table(res)
+    (Path(a.out) / "table.md").write_text(table + "\n")
+    path.write_text(json.dumps(res, indent=2, default=str))
+    print(table)
+    print(f"[pite] rescored {path} ({res['rescored_s']:.0f} s)")
+    return res
+
+
+def _load_part(d: Path):
+    """(record, observables or None) of an earlier run: a directory with results.json +
+    observables.pt, else what an interrupted run saved (partial.json +
+    partial_observables.pt); or a results JSON file alone (its per-seed scores, no observables,
+    e.g. a recorded ``experiments/results/pite_*.json``)."""
+    import torch
+
+    if d.is_file():
+        return json.loads(d.read_text()), None
+    for rj, ob in (("results.json", "observables.pt"), ("partial.json", "partial_observables.pt")):
+        if (d / rj).exists() and (d / ob).exists():
+            return json.loads((d / rj).read_text()), torch.load(d / ob)
+    raise ConfigError("--merge", "holds no results of a pite run (results.json or partial.json)",
+                      value=str(d))
+
+
+#: the arguments that must agree between merged runs (the experiment's settings)
+MERGE_SETTINGS = ("sbm_config", "lim_config", "max_steps", "crop_size", "model_channels",
+                  "num_blocks", "lr", "ema_decay", "n_train", "batch_size", "num_samples", "alpha",
+                  "lim_steps", "lim_sampler", "lim_time_grid", "observable", "out_of_range", "eta",
+                  "floor", "override", "sbm_override", "lim_override")
+_ROW_ORDER = ("lim", "lim_ref", "lim_x0A")
+
+
+def merge(a) -> dict:
+    """``pite --merge PART,PART,... --out OUT``: one record from runs of the same settings
+    (:data:`MERGE_SETTINGS` must agree) with different rows or training seeds, e.g. one
+    process per (row, seed) (``--rows``, ``--seeds``). A part is a run directory (an
+    interrupted run contributes the (row, seed) runs it finished) or a results JSON file (its
+    per-seed scores only). A row enters the record when every merged seed has it. Summaries,
+    floors, claims and tail indices as by a single run; the pooled quantiles and the density
+    plot use the (row, seed) runs whose observables were saved (``res["pooled_seeds"]``)."""
+    t0 = time.time()
+    _check_out(a)
+    names = [d.strip() for d in str(a.merge).split(",") if d.strip()]
+    if not names:
+        raise ConfigError("--merge", "needs at least one run directory or results file", value=a.merge)
+    parts = [_load_part(Path(d)) for d in names]
+    base = parts[0][0]
+    for (rec, _), d in zip(parts[1:], names[1:]):
+        for k in ("eta", "observables", "num_samples", "out_of_range", "n_ref"):
+            if rec.get(k) != base.get(k):
+                raise ConfigError("--merge", f"{d} differs from {names[0]} in {k}", value=a.merge)
+        for k in MERGE_SETTINGS:
+            if rec["args"].get(k) != base["args"].get(k):
+                raise ConfigError("--merge", f"{d} differs from {names[0]} in the setting {k} "
+                                  f"({rec['args'].get(k)!r} vs {base['args'].get(k)!r})", value=a.merge)
+    runs, obs_all = {}, {o: {} for o in base["observables"]}
+    for (rec, ob), d in zip(parts, names):
+        for r, per in rec["runs"].items():
+            for sd, info in per.items():
+                if sd in runs.get(r, {}):
+                    raise ConfigError("--merge", f"row {r} seed {sd} appears twice", value=a.merge)
+                runs.setdefault(r, {})[sd] = {**info, "from": d}
+        if ob is not None:
+            for o in base["observables"]:
+                obs_all[o].update({k: v for k, v in ob[o].items() if k != "data"})
+    seeds = sorted({int(sd) for per in runs.values() for sd in per})
+    order = [r for r in runs if r.startswith("sbm_")] + [r for r in _ROW_ORDER if r in runs]
+    rows = [r for r in order if all(str(sd) in runs[r] for sd in seeds)]
+    pooled = {r: [sd for sd in seeds if all(f"{r}/seed{sd}" in obs_all[o] for o in obs_all)]
+              for r in rows}
+    gen_obs = {o: {r: [obs_all[o][f"{r}/seed{sd}"] for sd in pooled[r]] for r in rows}
+               for o in base["observables"]}
+    saved = argparse.Namespace(**{**vars(build_parser().parse_args([])),
+                                  **{k: base["args"].get(k) for k in MERGE_SETTINGS if k in base["args"]},
+                                  "out": a.out, "seeds": ",".join(map(str, seeds)),
+                                  "reference_row": "lim_ref" in rows, "scale_aware_row": "lim_x0A" in rows})
+    specs = [parse_observable(x) for x in base["observables"]]
+    name, cfg, extra = _rows(saved)[0]
+    dm = build_one(saved, cfg, f"{name}_merge", list(extra)).datamodule
+    evs = tail_evaluations(saved, dm, specs)
+    os.makedirs(a.out, exist_ok=True)
+    res = {k: base[k] for k in ("eta", "observables", "num_samples", "out_of_range", "n_ref")}
+    res.update({"rows": rows, "train_seeds": seeds, "args": vars(saved),
+                "runs": {r: {str(sd): runs[r][str(sd)] for sd in seeds} for r in rows},
+                "merged_from": [{"part": d, "wall_s": rec.get("wall_s"), "complete": "summary" in rec,
+                                 "runs": {r: sorted(per) for r, per in rec["runs"].items()}}
+                                for d, (rec, _) in zip(names, parts)],
+                "dropped_rows": {r: sorted(runs[r]) for r in runs if r not in rows},
+                "pooled_seeds": pooled})
+    for r in rows:
+        for sd in seeds:
+            tr = runs[r][str(sd)].get("truncation")
+            if tr:
+                res["lim_truncation"] = _truncation_label(tr["train"])
+                res["alpha"] = float(saved.alpha)
+    return _finish(saved, res, gen_obs, evs, specs, dm, seeds, t0, pooled)
+
+
 def _pite(argv: list) -> int:
     a = build_parser().parse_args(argv)
+    if a.merge:
+        merge(a)
+        return 0
+    if a.rescore:
+        rescore(a)
+        return 0
     try:
         _validate(a)
     except ConfigError:

@@ -47,7 +47,8 @@ from .noise import seeded_noise, seeded_uniform
 
 __all__ = [
     "sample_alpha_stable", "sample_positive_stable", "check_truncation", "sample_subgaussian_factor",
-    "MAX_REJECTION_ROUNDS", "subgaussian_constant", "check_alpha",
+    "MAX_REJECTION_ROUNDS", "subgaussian_constant", "check_alpha", "lim_reference_scale",
+    "factor_scale", "A_SCALES", "AScale",
     "CosineSchedule", "fractional_dsm_loss", "denoiser_dsm_loss", "levy_time_grid",
     "levy_ode_step", "levy_ddim_step", "levy_sde_step", "levy_sample", "score_to_eps",
     "denoiser_to_score", "LEVY_SAMPLERS", "LEVY_TIME_GRIDS", "PARAMETERIZATIONS",
@@ -66,6 +67,10 @@ Parameterization = Literal["eps", "x0", "x0_A"]
 PARAMETERIZATIONS = get_args(Parameterization)
 #: per-example penalties of the regression: "squared" (LIM), "huber" (smooth L1), "l2" (DLPM)
 LevyLoss = Literal["squared", "huber", "l2"]
+#: scale of the sub-Gaussian factor A: "standard" (A = c_alpha A', unit stable scale) or
+#: "lim_reference" (A scaled by kappa(alpha), as the LIM reference code's sampler draws it)
+AScale = Literal["standard", "lim_reference"]
+A_SCALES = get_args(AScale)
 
 _EPS_V = 1e-12  # keeps V strictly inside (-pi/2, pi/2)
 
@@ -87,6 +92,30 @@ def subgaussian_constant(alpha: float) -> float:
     if a == 2.0:
         return 0.0
     return 2.0 * max(math.cos(math.pi * a / 4.0), 0.0) ** (2.0 / a)
+
+
+def lim_reference_scale(alpha: float) -> float:
+    """kappa(alpha) = ((1 + tan(pi alpha/4)) cos^2(pi alpha/4))^(1/alpha): the factor by which the
+    Lévy–Itō model's reference sampler scales A (docs/levy.md, "The reference's scale of A").
+
+    Chambers–Mallows–Stuck in Weron's form (Weron 1996, "On the Chambers-Mallows-Stuck method
+    for simulating skewed stable random variables") has the constant
+    S = (1 + beta^2 tan^2(pi a'/2))^(1/(2a')); with tan instead of tan^2 (and beta = 1,
+    a' = alpha/2) the ratio of the two constants is kappa. 0.85 / 0.63 / 0.474 / 0.38 at
+    alpha = 1.2 / 1.5 / 1.7 / 1.8; kappa -> 0 as alpha -> 2, where the reference returns
+    sqrt(2) G (so kappa(2) = 1 here, as there)."""
+    a = check_alpha(alpha)
+    if a == 2.0:
+        return 1.0
+    x = math.pi * a / 4.0
+    return ((1.0 + math.tan(x)) * math.cos(x) ** 2) ** (1.0 / a)
+
+
+def factor_scale(alpha: float, a_scale: str = "standard") -> float:
+    """The multiplier of the standard factor A for ``a_scale``: 1 ("standard") or
+    ``lim_reference_scale(alpha)`` ("lim_reference"); the noise's stable scale is its root."""
+    check_choice("a_scale", a_scale, A_SCALES)
+    return 1.0 if a_scale == "standard" else lim_reference_scale(alpha)
 
 
 def _cms_A(alpha: float, u: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -197,9 +226,12 @@ def sample_positive_stable(alpha: float, n: int, generator: torch.Generator | No
 def sample_subgaussian_factor(alpha: float, rows: int, per_row: int = 1,
                               generator: torch.Generator | None = None, device=None, seeds=None,
                               stream: int = 0, clamp_A: float | None = None,
-                              reject_A: float | None = None) -> torch.Tensor:
+                              reject_A: float | None = None,
+                              a_scale: AScale = "standard") -> torch.Tensor:
     """The factor A = c_alpha A' of ``sample_alpha_stable`` (float64, shape (rows, per_row)),
-    truncated by ``clamp_A`` / ``reject_A`` as documented there.
+    truncated by ``clamp_A`` / ``reject_A`` as documented there; with
+    ``a_scale="lim_reference"`` the factor is kappa(alpha) A (``lim_reference_scale``) and the
+    thresholds apply to that scaled factor, as in the reference code.
 
     With ``seeds`` (``rows`` = len(seeds)) it uses the seeded stream 2 ``stream``, so
     ``sample_alpha_stable(..., seeds=seeds, stream=k)`` has exactly
@@ -208,13 +240,16 @@ def sample_subgaussian_factor(alpha: float, rows: int, per_row: int = 1,
     At alpha = 2, A = 2."""
     a = check_alpha(alpha)
     check_truncation(a, clamp_A, reject_A)
+    kappa = factor_scale(a, a_scale)
     if a == 2.0:
         A = torch.full((int(rows), int(per_row)), 2.0, dtype=torch.float64, device=device)
     else:
         u, w = _draw_uw(int(rows), int(per_row), generator, device, seeds, 2 * stream)
         A = _cms_A(a, u, w)
-        if reject_A is not None:
-            A = _redraw_above(a, A, float(reject_A), generator, seeds, 2 * stream)
+        if reject_A is not None:  # kappa A >= c  <=>  A >= c / kappa
+            A = _redraw_above(a, A, float(reject_A) / kappa, generator, seeds, 2 * stream)
+        if kappa != 1.0:
+            A = A * kappa
     if clamp_A is not None:
         A = A.clamp_max(float(clamp_A))
     return A
@@ -224,7 +259,8 @@ def sample_alpha_stable(alpha: float, shape: Sequence[int], isotropic: bool = Tr
                         generator: torch.Generator | None = None,
                         dtype: torch.dtype = torch.float64, device=None, seeds=None,
                         stream: int = 0, clamp_A: float | None = None,
-                        reject_A: float | None = None, return_factor: bool = False):
+                        reject_A: float | None = None, return_factor: bool = False,
+                        a_scale: AScale = "standard"):
     """Symmetric alpha-stable noise with scale 1 per coordinate (E e^{iu eps} = e^{-|u|^alpha}).
 
     ``isotropic=True``: sub-Gaussian construction eps = sqrt(A) G with one A = c_alpha A'
@@ -245,9 +281,11 @@ def sample_alpha_stable(alpha: float, shape: Sequence[int], isotropic: bool = Tr
     longer exactly alpha-stable; docs/levy.md, "Truncating A"):
 
     * ``reject_A = c``: every A >= c is *redrawn* until A < c, so A has the law of A
-      conditioned on A < c (independent of G). This is what the Lévy–Itō model's reference
-      code does (``torchlevy`` ``LevyStable.sample(reject_threshold=20)``, used for the training
-      noise, the prior and the SDE noise). With ``seeds`` the redraws are counter-based: draw k
+      conditioned on A < c (independent of G). The Lévy–Itō model's reference code rejects in
+      the same way (``LevyStable.sample(reject_threshold=20)`` of its vendored sampler, for the
+      training noise, the prior and the SDE noise), but on its own, kappa-scaled A: its "A >= 20"
+      is ``a_scale="lim_reference"`` with ``reject_A=20`` (A_standard >= 42.2 at alpha = 1.7),
+      not the standard A >= 20. With ``seeds`` the redraws are counter-based: draw k
       of row i uses the uniforms with element indices [2 k n, 2 (k+1) n) of (seeds[i], stream 2
       ``stream``) (n = factors per row; k = 0 are the unconditioned draw's own uniforms), so a
       row still depends only on its seed, and equals the unconditioned draw whenever that one
@@ -255,6 +293,13 @@ def sample_alpha_stable(alpha: float, shape: Sequence[int], isotropic: bool = Tr
     * ``clamp_A = c``: A <- min(A, c), a point mass at c (at alpha = 1.7 and c = 20: P(A >= 20)
       = 2.5 %). Not what either reference code does: DLPM clamps A' at 20 *before* the factor
       c_alpha (i.e. A at 20 c_alpha = 7.22 at alpha = 1.7). Kept as a named variant.
+
+    ``a_scale``: "standard" (default, the law above) or "lim_reference": the factor is
+    kappa(alpha) A (``lim_reference_scale``: 0.474 at alpha = 1.7), as the Lévy–Itō model's
+    reference sampler draws it (its CMS constant has tan where CMS has tan^2), so the noise has
+    stable scale sqrt(kappa), and ``reject_A`` / ``clamp_A`` act on the scaled factor (the
+    reference's "reject A >= 20" is A_standard >= 20/kappa = 42.2 at alpha = 1.7). Row by row
+    this is the standard draw truncated at c/kappa, times sqrt(kappa) (docs/levy.md).
     """
     a = check_alpha(alpha)
     shape = tuple(int(s) for s in shape)
@@ -274,7 +319,7 @@ def sample_alpha_stable(alpha: float, shape: Sequence[int], isotropic: bool = Tr
     else:
         G = seeded_noise(seeds, (numel,), device=device, stream=2 * stream + 1)
     A = sample_subgaussian_factor(a, rows, 1 if isotropic else numel, generator, G.device, seeds,
-                                  stream, clamp_A, reject_A)
+                                  stream, clamp_A, reject_A, a_scale)
     eps = A.sqrt() * G
     eps = eps.reshape(rows, *per).to(dtype)
     return (eps, A) if return_factor else eps

@@ -102,6 +102,7 @@ __all__ = [
     "rmsqe_options", "loader_options",
     "kde_density", "integrate_abs_log_ratio", "bandwidth_rule", "quantile_step_integral",
     "quantile_step_contributions", "matched_rmsqe_contributions", "top_share", "hill_tail_index",
+    "hill_bootstrap", "image_tiles",
     "RootMeanSquaredQuantileError", "LogAbsoluteDensityRatio", "QUANTILE_METHOD",
     "RMSQE_DEFINITIONS", "BANDWIDTH_RULES", "QUANTILE_CONVENTION",
 ]
@@ -438,26 +439,98 @@ def top_share(contributions) -> float:
     return float(c.max()) / tot if tot > 0 and math.isfinite(tot) else math.nan
 
 
-def hill_tail_index(x, k: int) -> dict:
+def hill_tail_index(x, k: int, distinct: bool = False) -> dict:
     """Hill's estimator of the tail index from the k largest values (Hill 1975):
     alpha_hat = k / sum_{i=1}^{k} log(X_(n-i+1) / X_(n-k)), X_(j) the order statistics, with its
     asymptotic standard error alpha_hat / sqrt(k). For P(X > x) ~ x^(-alpha), alpha_hat -> alpha;
     comparable with the stability index alpha of alpha-stable noise (P(|eps| > x) ~ x^(-alpha)).
-    Returns ``{"k", "alpha", "se", "threshold"}``; alpha is NaN when X_(n-k) <= 0 (the estimator
-    needs positive order statistics) or all k values equal the threshold."""
+
+    ``distinct=True``: the estimator on the distinct values (each value once): repeated values,
+    e.g. the same peak pixel seen by overlapping crops, otherwise count as several independent
+    observations and the standard error alpha_hat/sqrt(k) overstates the precision (an honest
+    interval: :func:`hill_bootstrap` over images). k then counts distinct values. Returns
+    ``{"k", "alpha", "se", "threshold", "n", "distinct_top"}`` (n: values used; distinct_top:
+    distinct values among the k largest); alpha is NaN when X_(n-k) <= 0 (the estimator needs
+    positive order statistics) or all k values equal the threshold."""
     v = np.sort(np.asarray(torch.as_tensor(x, dtype=torch.float64).reshape(-1).cpu()))
     v = v[np.isfinite(v)]
+    if distinct:
+        v = np.unique(v)
     n = v.size
     if isinstance(k, bool) or not float(k).is_integer() or not 1 <= int(k) <= n - 1:
         raise ConfigError("k", f"must be an integer in [1, n - 1] = [1, {n - 1}] (the number of "
                           "upper order statistics)", value=k)
     k = int(k)
     thr = float(v[n - k - 1])
+    top = int(np.unique(v[n - k:]).size)
     if not thr > 0:
-        return {"k": k, "alpha": math.nan, "se": math.nan, "threshold": thr}
+        return {"k": k, "alpha": math.nan, "se": math.nan, "threshold": thr, "n": n,
+                "distinct_top": top}
     s = float(np.sum(np.log(v[n - k:] / thr)))
     a = k / s if s > 0 else math.nan
-    return {"k": k, "alpha": a, "se": a / math.sqrt(k), "threshold": thr}
+    return {"k": k, "alpha": a, "se": a / math.sqrt(k), "threshold": thr, "n": n, "distinct_top": top}
+
+
+def hill_bootstrap(values, groups, k_fraction: float, num_boot: int = 1000, seed: int = 0,
+                   level: float = 0.9, distinct: bool = False) -> dict:
+    """Hill's tail index of ``values`` with a bootstrap interval over ``groups`` (e.g. images:
+    the values of one image share pixels and weather, so images, not values, are the
+    independent units). Each resample draws the groups with replacement (seeded) and applies
+    :func:`hill_tail_index` with k = round(``k_fraction`` x its number of values) (distinct
+    values with ``distinct``); the interval is the percentile interval at ``level``.
+
+    Returns {"alpha" (on all values), "k", "lo", "hi", "boot_sd", "level", "num_boot",
+    "groups", "n", "se_asymptotic", "distinct"}. ValueError for a bad fraction, level or
+    grouping."""
+    v = np.asarray(torch.as_tensor(values, dtype=torch.float64).reshape(-1).cpu())
+    g = np.asarray(groups).reshape(-1)
+    if g.size != v.size:
+        raise ValueError(f"groups: need one group label per value ({v.size}), got {g.size}")
+    if not 0.0 < float(k_fraction) < 1.0:
+        raise ValueError(f"k_fraction: must lie in (0, 1), got {k_fraction!r}")
+    if not 0.0 < float(level) < 1.0:
+        raise ValueError(f"level: must lie in (0, 1), got {level!r}")
+    if int(num_boot) < 1:
+        raise ValueError(f"num_boot: must be >= 1, got {num_boot!r}")
+    labels, inv = np.unique(g, return_inverse=True)
+
+    def k_of(x):
+        n = np.unique(x[np.isfinite(x)]).size if distinct else int(np.isfinite(x).sum())
+        return int(min(max(1, round(float(k_fraction) * n)), n - 1))
+
+    full = hill_tail_index(v, k_of(v), distinct=distinct)
+    rng = np.random.default_rng(int(seed))
+    boots = np.empty(int(num_boot))
+    for b in range(int(num_boot)):
+        times = np.bincount(rng.integers(0, labels.size, labels.size), minlength=labels.size)
+        x = np.repeat(v, times[inv])  # every value of a group drawn j times, j times
+        boots[b] = hill_tail_index(x, k_of(x), distinct=distinct)["alpha"]
+    ok = boots[np.isfinite(boots)]
+    q = (1.0 - float(level)) / 2.0
+    lo, hi = (np.quantile(ok, [q, 1.0 - q]).tolist() if ok.size else [math.nan, math.nan])
+    return {"alpha": full["alpha"], "k": full["k"], "lo": float(lo), "hi": float(hi),
+            "boot_sd": float(ok.std(ddof=1)) if ok.size > 1 else math.nan, "level": float(level),
+            "num_boot": int(num_boot), "groups": int(labels.size), "n": int(v.size),
+            "se_asymptotic": full["se"], "distinct": bool(distinct)}
+
+
+def image_tiles(images, size: int):
+    """Non-overlapping ``size`` x ``size`` tiles of images (N, H, W) or (N, C, H, W) (the
+    remainder at the right and bottom edges dropped) -> (tiles (N n_tiles, C, size, size),
+    image index of every tile). One maximum per tile never shares a pixel with another, unlike
+    the maxima of overlapping random crops."""
+    x = torch.as_tensor(images)
+    if x.ndim == 3:
+        x = x[:, None]
+    if x.ndim != 4:
+        raise ValueError(f"images: need shape (N, H, W) or (N, C, H, W), got {tuple(x.shape)}")
+    N, C, H, W = x.shape
+    size = int(size)
+    if not 1 <= size <= min(H, W):
+        raise ValueError(f"size: must lie in [1, min(H, W)] = [1, {min(H, W)}], got {size}")
+    h, w = H // size, W // size
+    t = x[:, :, :h * size, :w * size].reshape(N, C, h, size, w, size).permute(0, 2, 4, 1, 3, 5)
+    return t.reshape(N * h * w, C, size, size), torch.arange(N).repeat_interleave(h * w)
 
 
 def rmsqe_options(eta: OpenUnitInterval = 0.975, u_max: float | None = None, num_levels: PositiveInt = 200,

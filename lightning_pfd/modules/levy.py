@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..diffusion.levy import (LEVY_SAMPLERS, LEVY_TIME_GRIDS, PARAMETERIZATIONS, CosineSchedule,
-                              LevyLoss, LevySamplerName, LevyTimeGrid, Parameterization,
+                              AScale, LevyLoss, LevySamplerName, LevyTimeGrid, Parameterization,
                               denoiser_dsm_loss, denoiser_to_score, fractional_dsm_loss, levy_sample,
                               sample_alpha_stable)
 from ..diffusion.sampling import CompileMode, check_compile, compile_denoiser, pad_rows
@@ -166,12 +166,21 @@ class LevyItoModule(EMAModule):
         loss: "squared" (LIM), "huber" (smooth L1, ``huber_delta``) or "l2" (non-squared, DLPM).
         reject_A: rejection threshold of the heavy-tailed factor A = c_alpha A' of the training
             noise: A >= reject_A is redrawn, so A has the law of A given A < reject_A (default 20,
-            the Lévy–Itō model's reference code: ``torchlevy`` ``reject_threshold=20``; None =
-            exact alpha-stable noise). A hyperparameter: at alpha = 1.7, P(A >= 20) = 2.5 %;
+            the threshold of the Lévy–Itō model's reference code, ``reject_threshold=20``, which
+            applies it to its kappa-scaled A: the reference's law is this with ``a_scale=
+            "lim_reference"``; None = exact alpha-stable noise). A hyperparameter: at alpha = 1.7,
+            P(A >= 20) = 2.53 % (standard scale), 1.27 % ("lim_reference");
             DLPM's copy bounds A' at 20, i.e. A at 20 c_alpha = 7.22 (docs/levy.md, "Truncating A").
         clamp_A: the clamping variant, A <- min(A, clamp_A) (a point mass at the threshold; not
             what the reference codes do). At most one of ``clamp_A`` and ``reject_A``.
-        clamp_eps: clamp of |eps| per coordinate (None = off).
+        a_scale: scale of the factor A of every noise draw (training, prior, SDE): "standard"
+            (default: A = c_alpha A', noise of stable scale 1) or "lim_reference": A scaled by
+            kappa(alpha) = ((1 + tan(pi alpha/4)) cos^2(pi alpha/4))^(1/alpha) (0.474 at alpha =
+            1.7), the law the LIM reference code's sampler draws; ``reject_A`` / ``clamp_A``
+            then act on that scaled A, so ``reject_A=20`` with "lim_reference" is the reference's
+            rejection (A_standard >= 42.2 at alpha = 1.7; docs/levy.md).
+        clamp_eps: clamp of |eps| per coordinate (None = off; refused with ``x0_A``, whose
+            preconditioning needs eps = sqrt(A) G exactly Gaussian given A).
         isotropic: sub-Gaussian isotropic noise (one A per example) or per-coordinate A.
         gradient_clip_val: global grad-norm clip applied in ``on_before_optimizer_step``
             (None/0 = off; Lightning's ``trainer.gradient_clip_val`` works as well).
@@ -224,7 +233,7 @@ class LevyItoModule(EMAModule):
                  divergence_patience: NonNegativeInt = 10, on_divergence: OnDivergence = "stop",
                  parameterization: Parameterization = "eps", time_grid: LevyTimeGrid = "uniform",
                  rho: PositiveFloat = 7.0,
-                 sample_compile: Union[bool, CompileMode] = False):
+                 sample_compile: Union[bool, CompileMode] = False, a_scale: AScale = "standard"):
         check_args(LevyItoModule.__init__, locals())
         super().__init__()
         check_compile(sample_compile, "sample_compile")
@@ -233,7 +242,11 @@ class LevyItoModule(EMAModule):
             for bad, field, why in ((not isotropic, "isotropic", "needs one factor A per example"),
                                     (sampler == "sde", "sampler", "the reverse SDE draws fresh "
                                      "noise with other factors A; use ode, ddim or heun"),
-                                    (bool(sample_compile), "sample_compile", "is not supported")):
+                                    (bool(sample_compile), "sample_compile", "is not supported"),
+                                    (clamp_eps is not None, "clamp_eps",
+                                     "needs eps = sqrt(A) G Gaussian given A (its preconditioning "
+                                     "is EDM's at the level r sqrt(A)); clamping eps breaks that: "
+                                     "set clamp_eps: null")):
                 if bad:
                     raise ConfigError(field, f"parameterization x0_A {why}")
         check_training_args(net, betas)
@@ -262,6 +275,11 @@ class LevyItoModule(EMAModule):
         return {"clamp_A": hp.get("generate_clamp_A"), "reject_A": rA if g == "train" else g}
 
     @property
+    def a_scale(self) -> str:
+        """The scale convention of the factor A ("standard" or "lim_reference")."""
+        return self.hparams.get("a_scale", "standard")
+
+    @property
     def alpha(self) -> float:
         return self.schedule.alpha
 
@@ -282,12 +300,13 @@ class LevyItoModule(EMAModule):
         if seeds is None:
             t = self.schedule.sample_t(y.shape[0], device=y.device)
             eps, A = sample_alpha_stable(self.alpha, y.shape, hp.isotropic, device=y.device,
-                                         return_factor=True, **self.truncation("train"))
+                                         return_factor=True, a_scale=self.a_scale,
+                                         **self.truncation("train"))
         else:
             t = self.schedule.sample_t(len(seeds), device=y.device, seeds=seeds, stream=_T_STREAM)
             eps, A = sample_alpha_stable(self.alpha, y.shape[1:], hp.isotropic, device=y.device,
                                          seeds=seeds, stream=_EPS_STREAM, return_factor=True,
-                                         **self.truncation("train"))
+                                         a_scale=self.a_scale, **self.truncation("train"))
         if hp.clamp_eps is not None:
             eps = eps.clamp(-hp.clamp_eps, hp.clamp_eps)
         return (t, eps, A) if return_factor else (t, eps)
@@ -349,6 +368,7 @@ class LevyItoModule(EMAModule):
         model = self.score_model if model is None else model
         seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
         iso, a, trunc = self.hparams.isotropic, self.alpha, self.truncation("generate")
+        trunc = {**trunc, "a_scale": self.a_scale}
         score = model.fractional_score
         if self.sample_compile and len(seeds):  # fixed shapes: one graph for every batch and epoch
             score = pad_rows(compile_denoiser(score, self.sample_compile, self.sample_compile_backend, self.device),
