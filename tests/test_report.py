@@ -30,7 +30,7 @@ CURVES = {
     "pfd/e_gen": 2 + 2 * np.exp(-T / 3) + (1 - np.exp(-T / 20)) + 0.01 * RNG.standard_normal(40),
     "pfd/e_mem": 3.5 - 0.8 / (1 + np.exp(-(T - 22) / 2.5)) + 0.01 * RNG.standard_normal(40),
     "icr/icr": 0.5 + 0.3 * ((T - 14) / 20) ** 2 + 0.003 * RNG.standard_normal(40),
-    "mem/ratio": 0.8 / (1 + np.exp(-(T - 24) / 2.0)),
+    "mem/ratio": 0.8 / (1 + np.exp(-(T - 24) / 2.0)) + 0.01 * RNG.standard_normal(40),
     "loss/train_fixed": 1 / (1 + T / 4),
     "loss/test_fixed": 1 / (1 + T / 4) + 0.002 * T,
 }

@@ -34,13 +34,17 @@ EPOCHS = 18
 T = np.arange(EPOCHS, dtype=np.float64)
 CURVES = {
     # early learning: interior minimum near epoch 5, then a sustained rise
-    "pfd/e_gen": 2.0 + 2.0 * np.exp(-T / 2.0) + 1.0 * (1.0 - np.exp(-T / 12.0)),
+    "pfd/e_gen": 2.0 + 2.0 * np.exp(-T / 2.0) + 1.5 * (1.0 - np.exp(-T / 12.0)),
     "pfd/e_mem": 3.5 - 0.8 / (1.0 + np.exp(-(T - 10.0) / 1.5)),
     "icr/icr": 0.5 + 0.3 * ((T - 6.0) / 8.0) ** 2,
     "mem/ratio": 0.8 / (1.0 + np.exp(-(T - 11.0) / 1.2)),
     "loss/train_fixed": 1.0 / (1.0 + T / 3.0),
     "loss/test_fixed": 1.0 / (1.0 + T / 3.0) + 0.004 * T,
 }
+# a little noise: a noiseless curve's events are undecided (its only "noise" is smooth)
+_RNG = np.random.default_rng(11)
+for _k, _sd in (("pfd/e_gen", 0.003), ("pfd/e_mem", 0.003), ("icr/icr", 0.001), ("mem/ratio", 0.002)):
+    CURVES[_k] = CURVES[_k] + _sd * _RNG.standard_normal(EPOCHS)
 PARAMS = dict(window=3, min_sigma=2.5, min_rel=0.0, confirm=2)
 
 
@@ -181,7 +185,7 @@ def test_wandb_events_metrics_table_and_images(wandb_run):
     # (once provisional when found, once more when the final test confirms it at fit end)
     x, y = h.series("events/early_learning_epoch")
     assert y.tolist() == [el.epoch, el.epoch]
-    assert x[0] >= el.detected_epoch  # emitted when confirmed, not before
+    assert x[0] > el.epoch  # emitted once the rise after the minimum was seen, not before
     assert h.series("events/early_learning_confirmed")[1].tolist() == [1.0]
     assert h.series("events/icr_minimum_epoch")[1].tolist() == [icr.epoch, icr.epoch]
     on_epochs = h.series("events/memorization_onset_epoch")[1].tolist()  # provisional (history so far), final
@@ -241,7 +245,9 @@ def test_csv_logger_events_and_report(tmp_path):
     assert h.series("events/early_learning_epoch")[1].tolist() == [el.epoch, el.epoch]  # provisional, final
     on_epochs = h.series("events/memorization_onset_epoch")[1].tolist()  # provisional (history so far), final
     assert len(on_epochs) == 2 and on_epochs[-1] == onset.epoch
-    assert h.series("events/memorization_onset_confirmed")[1].tolist() == [1.0]
+    # confirmed when the final test keeps the provisional epoch, "moved" when it does not
+    status = "confirmed" if on_epochs[0] == on_epochs[-1] else "moved"
+    assert h.series(f"events/memorization_onset_{status}")[1].tolist() == [1.0]
     rep = Path(logger.log_dir) / "report"
     assert (rep / "dynamics.png").is_file() and (rep / "icr_memorization.png").is_file()
     data = json.loads((rep / "events.json").read_text())
