@@ -156,3 +156,47 @@ def test_seed_flip_null_reproduces_the_measured_noise():
         stats[m] = np.mean(r, 0)
     assert 0.04 <= stats[256][0] <= 0.06 and stats[256][1] >= 0.93
     assert stats[2048][0] == pytest.approx(stats[256][0] / math.sqrt(8), rel=0.3)
+
+
+# ----------------------------------------------------------------------------- the noise model
+def test_shape_factor_is_the_power_law_identity():
+    """For V(h) = h^a, Var(D_h) = (15 − 6·2^a + 3^a)·V(h) (the variogram identity of third
+    differences), so the bound V ≤ factor·Var(D_h)/4 is tight at the factor 4/(15 − 6·2^a + 3^a)
+    above a = 1.37 and 1 below; it cannot be bounded at a = 2 (a linear drift)."""
+    from lightning_pfd.analysis.inference import shape_factor
+
+    h = np.arange(1, 6, dtype=float)
+    for a in (0.5, 1.0, 1.5, 1.7):
+        V = lambda x: x ** a  # noqa: E731
+        var_d = 15 * V(h) - 6 * V(2 * h) + V(3 * h)
+        assert np.all(V(h) <= shape_factor(a) * var_d / 4 * (1 + 1e-12))
+    assert shape_factor(1.0) == 1.0 and math.isinf(shape_factor(2.0))
+    assert shape_factor(1.5) == pytest.approx(4 / (15 - 6 * 2 ** 1.5 + 3 ** 1.5))
+
+
+@pytest.mark.parametrize("kind, hurst, lo, hi", [("white", 0.5, -3.0, 0.3), ("fbm", 0.85, 1.0, 1.75)])
+def test_shape_exponent_is_a_lower_bound_of_the_true_exponent(kind, hurst, lo, hi):
+    """White noise has exponent 0, fBm 2H (1.7 here): the reported lower 95 % bound lies below
+    the truth and not far below it on 3000 evaluations."""
+    from lightning_pfd.analysis.calibration import noise_process
+    from lightning_pfd.analysis.inference import shape_exponent
+
+    y = noise_process(np.random.default_rng(4), kind, 3000, hurst=hurst)[:, 0]
+    a, _ = shape_exponent(Curve(np.arange(3000.0), y))
+    assert lo <= a <= hi
+
+
+def test_noise_model_sees_noise_that_grows_where_the_leg_is():
+    """AR(1) noise whose sd grows 4× over 600 evaluations: the local scale of a contrast at the
+    end is well above 1 (the pooled variogram understates it there), at the start it is 1; with
+    noise of constant size both are ≈ 1 (the shrinkage keeps agreeing windows pooled)."""
+    from lightning_pfd.analysis.calibration import noise_process
+    from lightning_pfd.analysis.inference import NoiseModel
+
+    n = 600
+    base = noise_process(np.random.default_rng(5), "ar1", n, phi=0.9)[:, 0]
+    end, start = contrast(n, np.arange(n - 5, n), np.array([n - 60])), contrast(n, np.arange(5), np.array([60]))
+    grow = NoiseModel.fit(Curve(np.arange(n, dtype=float), base * 4.0 ** (np.arange(n) / n)))
+    flat = NoiseModel.fit(Curve(np.arange(n, dtype=float), base))
+    assert grow.local_scale(end) > 2.0 and grow.local_scale(start) == 1.0
+    assert flat.local_scale(end) < 1.3 and flat.local_scale(start) < 1.3
