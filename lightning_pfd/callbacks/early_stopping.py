@@ -68,7 +68,6 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_prefixed_message, rank_zero_warn
 
@@ -77,6 +76,21 @@ from ..errors import ConfigError, renamed_fields
 from ..validation import HalfOpenUnitInterval, NonNegativeFloat, NonNegativeInt, PositiveInt, check_args
 from .schedule import MeasurementSchedule
 from .state import callback_field, callback_state_key
+
+try:  # newer Lightning names why a run stopped; the same names and values otherwise
+    from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+except ImportError:  # pragma: no cover - Lightning 2.5.3 (the oldest supported)
+    import enum
+
+    class EarlyStoppingReason(enum.Enum):
+        """Why the run stopped (Lightning's ``EarlyStoppingReason`` where it exists)."""
+
+        NOT_STOPPED = 0
+        STOPPING_THRESHOLD = 1
+        DIVERGENCE_THRESHOLD = 2
+        PATIENCE_EXHAUSTED = 3
+        NON_FINITE_METRIC = 4
+
 
 __all__ = ["ICREarlyStopping", "DEFAULT_MIN_RISE_Z", "DEFAULT_HORIZON"]
 
