@@ -272,22 +272,46 @@ def test_a_failing_trial_is_recorded_and_the_others_complete(tmp_path, ray_local
     assert results(spec.sweep_dir)[1]["status"] == "failed"
 
 
-def test_an_interrupted_sweep_resumes_only_the_unfinished_trials(tmp_path, ray_local):
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_a_sigkilled_driver_leaves_no_ray_process_and_resume_runs_only_the_rest(tmp_path, ray_local):
+    """The driver starts its own Ray; SIGKILL the driver alone after its first trial finished,
+    while the next one trains: within a bounded time no process it started (gcs_server, raylet,
+    agents, workers, the watchdog) is left; ``--resume`` then runs only the unfinished trials."""
     path = write_sweep(tmp_path, {"data.init_args.n_train": [16, 24, 32]}, name="intr")
     sweep_dir = tmp_path / "runs" / "intr"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "lightning_pfd", "sweep", "--config", str(path),
-                             "--max-concurrent", "1"], cwd=tmp_path, env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = tmp_path / "driver.out"
+    with out.open("wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "lightning_pfd", "sweep", "--config", str(path),
+                                 "--max-concurrent", "1"], cwd=tmp_path, env=env, start_new_session=True,
+                                stdout=fh, stderr=subprocess.STDOUT)
     first = sweep_dir / "n_train=16" / "trial_result.json"
+    recorded = {}
     try:
         deadline = time.time() + 240
         while not first.exists() and proc.poll() is None and time.time() < deadline:
+            recorded.update(_proc_tree(proc.pid))
             time.sleep(0.2)
-        assert first.exists(), "the first trial never finished"
+        assert first.exists(), out.read_text()[-3000:]
+        recorded.update(_proc_tree(proc.pid))
+        names = " ".join(cmd for _, cmd in recorded.values())
+        assert "raylet" in names and "gcs_server" in names and "ray::" in names, names
+        assert "ray_watchdog.py" in names
+        os.kill(proc.pid, signal.SIGKILL)  # the driver only: its watchdog must stop the rest
+        proc.wait(timeout=10)
+        deadline = time.time() + 20
+        while _still_alive(recorded) and time.time() < deadline:
+            time.sleep(0.2)
+        assert _still_alive(recorded) == {}
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray it started
-        proc.wait(timeout=60)
+        for pid in _still_alive(recorded):  # only what this test's driver started
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+    # the plan names each trial with its short name, as Tune's table shows it
+    text = out.read_text()
+    assert re.search(r"^\s+t01\s+n_train=16\s", text, re.M) and re.search(r"^\s+t02\s+n_train=24\s", text, re.M)
+    assert text.count("sweep intr: 3 trials") == 1  # printed once (flushed before Ray forks)
     done = {d.name: (d / "trial_result.json").stat().st_mtime_ns
             for d in sweep_dir.iterdir() if (d / "trial_result.json").exists()}
     assert "n_train=16" in done and len(done) < 3
@@ -350,48 +374,6 @@ def _still_alive(recorded: dict) -> dict:
         if int(text[text.rindex(")") + 2:].split()[19]) == start:
             alive[pid] = cmd
     return alive
-
-
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
-def test_a_sigkilled_driver_leaves_no_ray_process(tmp_path):
-    """The driver starts its own Ray; SIGKILL it while a trial trains: within a bounded time no
-    process it started (gcs_server, raylet, agents, workers, the watchdog) is left."""
-    path = write_sweep(tmp_path, {"data.init_args.n_train": [16, 24]}, name="killed",
-                       shared={"trainer.max_epochs": 1000})
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = tmp_path / "driver.out"
-    with out.open("wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "lightning_pfd", "sweep", "--config", str(path),
-                                 "--max-concurrent", "1"], cwd=tmp_path, env=env, start_new_session=True,
-                                stdout=fh, stderr=subprocess.STDOUT)
-    recorded = {}
-    try:
-        started = tmp_path / "runs" / "killed" / "n_train=16" / "attempts.jsonl"
-        deadline = time.time() + 90
-        while not started.exists() and proc.poll() is None and time.time() < deadline:
-            recorded.update(_proc_tree(proc.pid))
-            time.sleep(0.2)
-        assert started.exists(), out.read_text()[-3000:]
-        time.sleep(1.0)
-        recorded.update(_proc_tree(proc.pid))
-        names = " ".join(cmd for _, cmd in recorded.values())
-        assert "raylet" in names and "gcs_server" in names and "ray::" in names, names
-        assert "ray_watchdog.py" in names
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        deadline = time.time() + 20
-        while _still_alive(recorded) and time.time() < deadline:
-            time.sleep(0.2)
-        assert _still_alive(recorded) == {}
-    finally:
-        for pid in _still_alive(recorded):  # only what this test's driver started
-            os.kill(pid, signal.SIGKILL)
-        if proc.poll() is None:
-            proc.kill()
-    # the plan names each trial with its short name, as Tune's table shows it
-    text = out.read_text()
-    assert re.search(r"^\s+t01\s+n_train=16\s", text, re.M) and re.search(r"^\s+t02\s+n_train=24\s", text, re.M)
-    assert text.count("sweep killed: 2 trials") == 1  # printed once (flushed before Ray forks)
 
 
 def test_trials_get_short_distinct_names_in_tunes_table():
