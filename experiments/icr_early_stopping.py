@@ -108,17 +108,24 @@ def old_rule(y, reps, min_rise_z, patience=5):
     return None
 
 
-def new_rule_zs(y, reps, horizon, patience=5, window=DEFAULT_WINDOW, seed=0, min_z=None):
-    """(z of every check, patience-exhausted flag of every check): the rise test at every block end
-    (NaN elsewhere: it is tested at block ends only), and the patience rule on the raw values."""
-    zs, pat = np.full(y.size, np.nan), np.zeros(y.size, dtype=bool)
-    best, wait = math.inf, 0
+def waits(y):
+    """Checks since the running minimum of ``y`` (0 where a check sets a new minimum): the
+    patience counter of EarlyStopping on the raw values."""
+    out, best, wait = np.zeros(y.size, dtype=np.int64), math.inf, 0
     for i in range(y.size):
         if y[i] < best:
             best, wait = y[i], 0
         else:
             wait += 1
-        pat[i] = wait >= patience
+        out[i] = wait
+    return out
+
+
+def new_rule_zs(y, reps, horizon, patience=5, window=DEFAULT_WINDOW, seed=0, min_z=None):
+    """(z of every check, patience-exhausted flag of every check): the rise test at every block end
+    (NaN elsewhere: it is tested at block ends only), and the patience rule on the raw values."""
+    zs, pat = np.full(y.size, np.nan), waits(y) >= patience
+    for i in range(y.size):
         if (i + 1) % window == 0:
             zs[i] = rise_test(y[:i + 1], reps[:i + 1], horizon=horizon, window=window, seed=seed, min_z=min_z).z
     return zs, pat
@@ -183,13 +190,9 @@ def first_stops(y, reps, horizon, patience=5, window=DEFAULT_WINDOW, seed=0):
     """{z: first stop index or None} for every z of ZS, checking block ends until the largest z
     stops (the rise test sized for that z, as ICREarlyStopping(min_rise_z=max(ZS)) would)."""
     out = {z: None for z in ZS}
-    best, wait = math.inf, 0
+    wait = waits(y)
     for i in range(y.size):
-        if y[i] < best:
-            best, wait = y[i], 0
-        else:
-            wait += 1
-        if (i + 1) % window or wait < patience:
+        if (i + 1) % window or wait[i] < patience:
             continue
         z = rise_test(y[:i + 1], reps[:i + 1], horizon=horizon, window=window, seed=seed, min_z=max(ZS)).z
         for level in ZS:
@@ -230,43 +233,11 @@ def trainer_runs(families, runs, n=40, seed0=50_000):
     LightningModule, ICRMonitor-format jackknife records written every epoch, one
     ICREarlyStopping(min_rise_z=z, dry_run=True) per z."""
     import lightning.pytorch as pl
-    import torch
-    from lightning.pytorch.callbacks import Callback
-    from torch.utils.data import DataLoader, TensorDataset
 
-    from lightning_pfd.analysis.per_unit import UnitRecord
     from lightning_pfd.callbacks import ICREarlyStopping
-    from lightning_pfd.callbacks.base import per_unit_store
 
-    class Tiny(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.zeros(1))
-
-        def training_step(self, batch, batch_idx):
-            return (self.w - 1).pow(2).sum()
-
-        def validation_step(self, batch, batch_idx):
-            pass
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-        def train_dataloader(self):
-            return DataLoader(TensorDataset(torch.zeros(2, 1)), batch_size=2)
-
-        def val_dataloader(self):
-            return DataLoader(TensorDataset(torch.zeros(2, 1)), batch_size=2)
-
-    class Records(Callback):
-        def __init__(self, y, reps):
-            self.y, self.reps = y, reps
-
-        def on_validation_epoch_end(self, trainer, pl_module):
-            e = trainer.current_epoch
-            pl_module.log("icr/icr", torch.tensor(self.y[e], dtype=torch.float32))
-            per_unit_store(trainer).write(UnitRecord("icr/icr", e, trainer.global_step, "jackknife",
-                                                     self.reps[e], np.arange(G), float(self.y[e])))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from scripted_icr import ScriptedICR, TinyModule  # the tests' Trainer side, shared
 
     import tempfile
 
@@ -279,10 +250,10 @@ def trainer_runs(families, runs, n=40, seed0=50_000):
             y = y.astype(np.float32).astype(np.float64)  # the value as logged
             es = ICREarlyStopping(dry_run=True, patience=5)  # the default min_rise_z
             with tempfile.TemporaryDirectory() as root:
-                pl.Trainer(max_epochs=n, callbacks=[Records(y, reps), es], logger=False,
+                pl.Trainer(max_epochs=n, callbacks=[ScriptedICR(y, reps), es], logger=False,
                            default_root_dir=root, enable_progress_bar=False, enable_model_summary=False,
                            enable_checkpointing=False, limit_train_batches=1, limit_val_batches=1,
-                           num_sanity_val_steps=0, accelerator="cpu", devices=1).fit(Tiny())
+                           num_sanity_val_steps=0, accelerator="cpu", devices=1).fit(TinyModule())
             zs, pat = new_rule_zs(y, reps, horizon=n, seed=0, min_z=z)
             pure = first_stop(zs, pat, z)
             got = es.would_stop_epoch

@@ -16,6 +16,7 @@ from lightning_pfd.callbacks.icr import fixed_subset, sigma_key
 from lightning_pfd.diffusion.augment import noisy_view
 from lightning_pfd.diffusion.features import extract_features
 from lightning_pfd.metrics import invariant_contamination_ratio
+from scripted_icr import ScriptedICR, TinyModule
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,38 +29,6 @@ def _trainer(tmp_path, callbacks, max_epochs, logger=False, **kw):
 
 
 # ----------------------------------------------------------------------------- scripted ICR curve
-class _Tiny(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.zeros(1))
-
-    def training_step(self, batch, batch_idx):
-        return (self.w - 1).pow(2).sum()
-
-    def validation_step(self, batch, batch_idx):
-        pass
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    def train_dataloader(self):
-        return DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=4)
-
-    def val_dataloader(self):
-        return DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=4)
-
-
-class _ScriptedICR(Callback):
-    """Logs curve[epoch] as icr/icr in on_validation_epoch_end, like ICRMonitor."""
-
-    def __init__(self, curve):
-        self.curve = curve
-
-    def on_validation_epoch_end(self, trainer, pl_module):
-        if not trainer.sanity_checking:
-            pl_module.log("icr/icr", torch.tensor(self.curve[trainer.current_epoch]))
-
-
 CURVE = [0.9, 0.7, 0.55, 0.5, 0.52, 0.51, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.0, 1.0]
 # minimum 0.5 at epoch 3; patience 3 -> epochs 4, 5, 6 do not improve -> stop at epoch 6. These
 # scripted curves have no per-unit records, so the tests of the patience features use plain
@@ -74,9 +43,9 @@ def test_stops_after_patience_and_keeps_the_minimum(tmp_path):
     es = ICREarlyStopping(min_rise_z=None, patience=3)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="icr/icr", mode="min", save_top_k=1)
     logger = CSVLogger(tmp_path, name="csv")
-    trainer = _trainer(tmp_path, [_ScriptedICR(CURVE), es, ckpt], max_epochs=len(CURVE),
+    trainer = _trainer(tmp_path, [ScriptedICR(CURVE), es, ckpt], max_epochs=len(CURVE),
                        logger=logger)
-    trainer.fit(_Tiny())
+    trainer.fit(TinyModule(batch=4))
     assert es.stopped_epoch == 6 and trainer.current_epoch == 7  # stopped after epoch 6
     assert es.best_epoch == 3 and float(es.best_score) == pytest.approx(0.5)
     assert float(ckpt.best_model_score) == pytest.approx(0.5)
@@ -93,9 +62,9 @@ def test_dry_run_keeps_training_and_logs_where_it_would_have_stopped(tmp_path):
     es = ICREarlyStopping(min_rise_z=None, patience=3, dry_run=True)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="icr/icr", mode="min", save_top_k=1)
     logger = CSVLogger(tmp_path, name="csv")
-    trainer = _trainer(tmp_path, [_ScriptedICR(CURVE), es, ckpt], max_epochs=len(CURVE),
+    trainer = _trainer(tmp_path, [ScriptedICR(CURVE), es, ckpt], max_epochs=len(CURVE),
                        logger=logger)
-    trainer.fit(_Tiny())
+    trainer.fit(TinyModule(batch=4))
     assert trainer.current_epoch == len(CURVE) and es.stopped_epoch == 0  # never stopped
     assert es.would_stop_epoch == 6 and es.best_epoch == 3
     assert _best_ckpt_epoch(ckpt) == 3
@@ -121,8 +90,8 @@ def csv_rows(path, column):
 def test_min_delta_ignores_tiny_improvements(tmp_path):
     curve = [1.0, 0.8, 0.79, 0.785, 0.9, 0.9, 0.9, 0.9]
     es = ICREarlyStopping(min_rise_z=None, patience=2, min_delta=0.05)
-    trainer = _trainer(tmp_path, [_ScriptedICR(curve), es], max_epochs=len(curve))
-    trainer.fit(_Tiny())
+    trainer = _trainer(tmp_path, [ScriptedICR(curve), es], max_epochs=len(curve))
+    trainer.fit(TinyModule(batch=4))
     assert es.best_epoch == 1 and es.stopped_epoch == 3
 
 
@@ -140,8 +109,8 @@ def test_smoothing_uses_the_ema_of_the_curve(tmp_path):
                 stop = e
                 break
     es = ICREarlyStopping(min_rise_z=None, patience=2, smoothing=a)
-    trainer = _trainer(tmp_path, [_ScriptedICR(curve), es], max_epochs=len(curve))
-    trainer.fit(_Tiny())
+    trainer = _trainer(tmp_path, [ScriptedICR(curve), es], max_epochs=len(curve))
+    trainer.fit(TinyModule(batch=4))
     assert es.best_epoch == best_epoch and es.stopped_epoch == stop
     assert float(es.best_score) == pytest.approx(best)
     assert float(trainer.callback_metrics["icr/icr_smooth"]) == pytest.approx(ema)
@@ -150,16 +119,16 @@ def test_smoothing_uses_the_ema_of_the_curve(tmp_path):
 def test_state_survives_resume(tmp_path):
     # uninterrupted reference run
     ref_es = ICREarlyStopping(min_rise_z=None, patience=3, smoothing=0.3)
-    _trainer(tmp_path / "ref", [_ScriptedICR(CURVE), ref_es], max_epochs=len(CURVE)).fit(_Tiny())
+    _trainer(tmp_path / "ref", [ScriptedICR(CURVE), ref_es], max_epochs=len(CURVE)).fit(TinyModule(batch=4))
     # interrupted after epoch 7 (inside the patience window), then resumed from the checkpoint
     es1 = ICREarlyStopping(min_rise_z=None, patience=3, smoothing=0.3)
     last = ModelCheckpoint(dirpath=tmp_path / "ck", save_last=True, save_top_k=0)
-    _trainer(tmp_path, [_ScriptedICR(CURVE), es1, last], max_epochs=8).fit(_Tiny())
+    _trainer(tmp_path, [ScriptedICR(CURVE), es1, last], max_epochs=8).fit(TinyModule(batch=4))
     assert es1.wait_count == 2 and es1.stopped_epoch == 0 and ref_es.stopped_epoch == 8
     es2 = ICREarlyStopping(min_rise_z=None, patience=3, smoothing=0.3)
     best = ModelCheckpoint(dirpath=tmp_path / "ck2", monitor="icr/icr", mode="min", save_top_k=1)
-    _trainer(tmp_path, [_ScriptedICR(CURVE), es2, best], max_epochs=len(CURVE)).fit(
-        _Tiny(), ckpt_path=str(tmp_path / "ck" / "last.ckpt"))
+    _trainer(tmp_path, [ScriptedICR(CURVE), es2, best], max_epochs=len(CURVE)).fit(
+        TinyModule(batch=4), ckpt_path=str(tmp_path / "ck" / "last.ckpt"))
     assert es2.stopped_epoch == ref_es.stopped_epoch
     assert es2.best_epoch == ref_es.best_epoch
     assert es2.smoothed == pytest.approx(ref_es.smoothed)
@@ -179,7 +148,7 @@ def test_a_nan_icr_counts_as_no_improvement(tmp_path, check_finite):
     # with check_finite=True Lightning's immediate stop at the first NaN (epoch 2)
     curve = [0.9, 0.7, NAN, 0.6, NAN, NAN, NAN, 0.5, 0.4, 0.3]
     es = ICREarlyStopping(min_rise_z=None, patience=3, check_finite=check_finite)
-    _trainer(tmp_path, [_ScriptedICR(curve), es], max_epochs=len(curve)).fit(_Tiny())
+    _trainer(tmp_path, [ScriptedICR(curve), es], max_epochs=len(curve)).fit(TinyModule(batch=4))
     assert es.stopped_epoch == (2 if check_finite else 6)
     assert es.best_epoch == (1 if check_finite else 3)
     assert float(es.best_score) == pytest.approx(0.7 if check_finite else 0.6)
@@ -356,12 +325,12 @@ def test_icr_monitor_ddp_spawn_matches_single_process(tmp_path):
 
 
 # ----------------------------------------------------------------------------- MemorizationMonitor
-class _CopyingModule(_Tiny):
+class _CopyingModule(TinyModule):
     """generate(seeds): exact training copies for seeds divisible by 4, fresh noise otherwise;
     with ``nan``, NaN samples (diverged) for seeds = 1 mod 10."""
 
     def __init__(self, train, nan=False):
-        super().__init__()
+        super().__init__(batch=4)
         self.train_set, self.nan = train, nan
 
     def generate(self, seeds, batch_size=256):
@@ -504,14 +473,14 @@ def test_early_stopping_ignores_epochs_without_a_fresh_value(tmp_path):
     # Lightning keeps the stale value in callback_metrics at odd epochs; counting it as "no
     # improvement" would stop this steadily improving run after patience = 2 stale checks.
     es = ICREarlyStopping(min_rise_z=None, patience=2, every_n_epochs=2)
-    _trainer(tmp_path, [_EveryOther(), es], max_epochs=7).fit(_Tiny())
+    _trainer(tmp_path, [_EveryOther(), es], max_epochs=7).fit(TinyModule(batch=4))
     assert es.stopped_epoch == 0 and es.wait_count == 0 and es.best_epoch == 6
     # inferred from an ICRMonitor in the callbacks
     es2 = ICREarlyStopping(min_rise_z=None, patience=2)
     mon = ICRMonitor(every_n_epochs=3)
     mon.on_validation_epoch_end = lambda trainer, pl_module: None  # only its schedule matters
-    mon.check_setup = lambda *args: None  # _Tiny has no denoiser and no data
-    _trainer(tmp_path, [_EveryOther(), mon, es2], max_epochs=1).fit(_Tiny())
+    mon.check_setup = lambda *args: None  # TinyModule has no denoiser and no data
+    _trainer(tmp_path, [_EveryOther(), mon, es2], max_epochs=1).fit(TinyModule(batch=4))
     assert es2._every == 3
     with pytest.raises(ValueError, match="every_n_epochs"):
         ICREarlyStopping(every_n_epochs=0)

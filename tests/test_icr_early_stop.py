@@ -8,13 +8,11 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from torch.utils.data import DataLoader, TensorDataset
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_pfd.analysis.early_stop import PatienceRule, rise_test
-from lightning_pfd.analysis.per_unit import UnitRecord
 from lightning_pfd.callbacks import ICREarlyStopping
-from lightning_pfd.callbacks.base import per_unit_store
+from scripted_icr import ScriptedICR, TinyModule
 
 G = 16
 SE = 0.01
@@ -117,10 +115,10 @@ def test_undecided_rise_never_stops_and_says_why(tmp_path):
     curve = [0.9, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2]
     es = ICREarlyStopping(patience=2)
     with pytest.warns(RuntimeWarning, match="no jackknife replicates"):
-        _trainer(tmp_path, [_Scripted(np.array(curve), None), es], len(curve)).fit(_Tiny())
+        _trainer(tmp_path, [ScriptedICR(np.array(curve), None), es], len(curve)).fit(TinyModule())
     assert es.stopped_epoch == 0 and es.wait_count == 7 and math.isnan(es.rise_z)
     plain = ICREarlyStopping(patience=2, min_rise_z=None)
-    _trainer(tmp_path / "p", [_Scripted(np.array(curve), None), plain], len(curve)).fit(_Tiny())
+    _trainer(tmp_path / "p", [ScriptedICR(np.array(curve), None), plain], len(curve)).fit(TinyModule())
     assert plain.stopped_epoch == 3
     with pytest.raises(ValueError, match="min_rise_z"):
         ICREarlyStopping(min_rise_z=-1)
@@ -129,43 +127,6 @@ def test_undecided_rise_never_stops_and_says_why(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the Trainer
-class _Tiny(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.zeros(1))
-
-    def training_step(self, batch, batch_idx):
-        return (self.w - 1).pow(2).sum()
-
-    def validation_step(self, batch, batch_idx):
-        pass
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    def train_dataloader(self):
-        return DataLoader(TensorDataset(torch.zeros(2, 1)), batch_size=2)
-
-    def val_dataloader(self):
-        return DataLoader(TensorDataset(torch.zeros(2, 1)), batch_size=2)
-
-
-class _Scripted(Callback):
-    """Logs y[epoch] as icr/icr and writes its jackknife replicates as ICRMonitor does."""
-
-    def __init__(self, y, reps):
-        self.y, self.reps = y, reps
-
-    def on_validation_epoch_end(self, trainer, pl_module):
-        if trainer.sanity_checking:
-            return
-        e = trainer.current_epoch
-        pl_module.log("icr/icr", torch.tensor(self.y[e], dtype=torch.float32))
-        if self.reps is not None and trainer.is_global_zero:
-            per_unit_store(trainer).write(UnitRecord("icr/icr", e, trainer.global_step, "jackknife",
-                                                     self.reps[e], np.arange(G), float(self.y[e])))
-
-
 def _trainer(root, callbacks, max_epochs):
     return pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, default_root_dir=root,
                       enable_progress_bar=False, enable_model_summary=False, limit_train_batches=1,
@@ -184,7 +145,7 @@ def u_run():
 def test_trainer_integration_equals_the_pure_rule(tmp_path, u_run):
     y, reps, stop, zs = u_run
     es = ICREarlyStopping(patience=5)
-    _trainer(tmp_path, [_Scripted(y, reps), es], y.size).fit(_Tiny())
+    _trainer(tmp_path, [ScriptedICR(y, reps), es], y.size).fit(TinyModule())
     assert es.stopped_epoch == stop and es.stopping_reason.name == "PATIENCE_EXHAUSTED"
     assert es.rise_z == pytest.approx(zs[-1]) and es.rise_z >= 3.0
     assert "whole-run z" in es.stopping_reason_message
@@ -194,14 +155,14 @@ def test_resume_mid_run_takes_the_same_decision(tmp_path, u_run):
     y, reps, stop, zs = u_run
     first = ICREarlyStopping(patience=5)
     last = ModelCheckpoint(dirpath=tmp_path / "ck", save_last=True, save_top_k=0)
-    trainer = pl.Trainer(max_epochs=stop - 2, callbacks=[_Scripted(y, reps), first, last], logger=False,
+    trainer = pl.Trainer(max_epochs=stop - 2, callbacks=[ScriptedICR(y, reps), first, last], logger=False,
                          default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
                          limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=0, accelerator="cpu")
-    trainer.fit(_Tiny())
+    trainer.fit(TinyModule())
     assert first.stopped_epoch == 0 and len(first.series_values) == stop - 2
     second = ICREarlyStopping(patience=5)
-    trainer2 = _trainer(tmp_path, [_Scripted(y, reps), second], y.size)
-    trainer2.fit(_Tiny(), ckpt_path=str(tmp_path / "ck" / "last.ckpt"))
+    trainer2 = _trainer(tmp_path, [ScriptedICR(y, reps), second], y.size)
+    trainer2.fit(TinyModule(), ckpt_path=str(tmp_path / "ck" / "last.ckpt"))
     assert second.stopped_epoch == stop and second.rise_z == pytest.approx(zs[-1])
     assert second.series_values[:stop - 2] == first.series_values
     again = ICREarlyStopping(patience=5)

@@ -1,0 +1,56 @@
+"""A one-parameter LightningModule and a callback that logs a scripted ICR curve as ICRMonitor
+does (the value as ``icr/icr``, optionally its delete-a-group jackknife replicates in the run's
+per-unit store): the Trainer side of the ICR early-stopping tests and of
+``experiments/icr_early_stopping.py``, without a diffusion model."""
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_pfd.analysis.per_unit import UnitRecord
+from lightning_pfd.callbacks.base import per_unit_store
+
+
+class TinyModule(pl.LightningModule):
+    """w -> (w - 1)^2 by SGD on ``batch`` zero inputs: one step per epoch, nothing else."""
+
+    def __init__(self, batch: int = 2):
+        super().__init__()
+        self.batch = batch
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def training_step(self, batch, batch_idx):
+        return (self.w - 1).pow(2).sum()
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.zeros(self.batch, 1)), batch_size=self.batch)
+
+    def val_dataloader(self):
+        return DataLoader(TensorDataset(torch.zeros(self.batch, 1)), batch_size=self.batch)
+
+
+class ScriptedICR(Callback):
+    """Logs ``y[epoch]`` as ``icr/icr`` in ``on_validation_epoch_end`` (not in the sanity check),
+    and with ``reps`` (epochs, G) writes the epoch's jackknife replicates as ICRMonitor does."""
+
+    def __init__(self, y, reps=None):
+        self.y, self.reps = np.asarray(y, dtype=np.float64), reps
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if trainer.sanity_checking:
+            return
+        e = trainer.current_epoch
+        pl_module.log("icr/icr", torch.tensor(self.y[e], dtype=torch.float32))
+        if self.reps is not None and trainer.is_global_zero:
+            groups = np.arange(self.reps.shape[1])
+            per_unit_store(trainer).write(UnitRecord("icr/icr", e, trainer.global_step, "jackknife",
+                                                     self.reps[e], groups, float(self.y[e])))
