@@ -67,7 +67,9 @@ _PHIS = (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 _MAX_LAG = 4
 _MIN_DIFFS = 5  # second differences needed at a lag to use it
 _MAX_PHI = 0.9  # the slowest training noise (AR(1) coefficient per check) of the model
-_EXCESS_SE = 1.0  # the excess is taken this many standard errors above its mean
+#: the excess is taken this many standard errors above its mean (an upper bound of the training
+#: noise: 1 s.e. let a flat ICR with AR(1) training noise stop in 4/300 runs at z = 3, 2 s.e. in 0/300)
+_EXCESS_SE = 2.0
 _NORMAL = NormalDist()
 
 
