@@ -6,6 +6,7 @@ The commands (``fit`` and LightningCLI's other subcommands, ``report``, ``icr-sw
 """
 from __future__ import annotations
 
-from .commands import CONFIG_DIR, DEFAULT_CONFIG, PROG, debug_enabled, main
+from .commands import main
+from .launch import CONFIG_DIR, DEFAULT_CONFIG, PROG, debug_enabled
 
 __all__ = ["main", "PROG", "CONFIG_DIR", "DEFAULT_CONFIG", "debug_enabled"]

@@ -3,7 +3,7 @@
 :class:`ConfigError` is raised for a bad value a user typed (a config field, a command-line
 option, a file): it names the field, the bad value, what is accepted and, where a name is
 close to an accepted one, a "did you mean" suggestion. Every command of the command line
-(:func:`lightning_pfd.commands.run_guarded`) prints it as one block and exits with status 2; the
+(:func:`lightning_pfd.launch.run_guarded`) prints it as one block and exits with status 2; the
 traceback is shown only with ``--debug`` or ``LIGHTNING_PFD_DEBUG=1``. :func:`renamed_fields`
 re-raises it under the name the user typed (a callback's config path, a command's flag).
 

@@ -11,7 +11,7 @@ ranges below) and ``typing.Literal``. Two checkers read the same declaration:
   :class:`~lightning_pfd.errors.ConfigError` -- a ``ValueError``, or ``TypeError`` for a value
   of the wrong kind -- naming the argument itself (``lr``), never a config path. The command
   line adds the path of the component that raised it (``model.init_args.lr``; see
-  :func:`lightning_pfd.commands.fit.PFDLightningCLI.instantiate_classes`).
+  :func:`lightning_pfd.launch.cli.PFDLightningCLI.instantiate_classes`).
 
 Arguments annotated with plain types (``float``, ``Sequence[float]``, a class) are not checked
 here; their constraints that no type expresses (a relation between two arguments) stay in the

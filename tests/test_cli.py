@@ -238,7 +238,7 @@ def test_removed_compatibility_modules_are_gone_and_unreferenced():
 
 
 def test_negative_values_join_their_option():
-    from lightning_pfd.commands.fit import join_negative_values
+    from lightning_pfd.launch.cli import join_negative_values
 
     assert join_negative_values(["--lr", "-1e-3"]) == ["--lr=-1e-3"]
 
@@ -345,7 +345,7 @@ def test_renamed_fields_names_what_the_user_typed():
 def test_pite_has_an_sbm_row_for_every_registered_family(tmp_path):
     from lightning_pfd.commands.pite import _cli_args, _label, _rows, build_parser
     from lightning_pfd.diffusion.families import family_names
-    from lightning_pfd.commands.fit import PFDLightningCLI
+    from lightning_pfd.launch.cli import PFDLightningCLI
 
     names = list(family_names())
     assert {"edm", "vp", "ve"} <= set(names)
@@ -373,7 +373,7 @@ def test_known_start_up_noise_is_silenced_by_exact_message_only():
 
     from lightning.pytorch.utilities import rank_zero_info
 
-    from lightning_pfd.commands import quiet_known_noise
+    from lightning_pfd.launch import quiet_known_noise
 
     buf = io.StringIO()
     handler = logging.StreamHandler(buf)
@@ -459,7 +459,7 @@ def test_a_missing_file_refused_by_a_datamodule_is_named_by_its_config_path():
     datamodule's ``__init__`` keeps its class and gets the datamodule's config path."""
     import lightning.pytorch as pl
 
-    from lightning_pfd.commands.fit import at_config_path
+    from lightning_pfd.launch.cli import at_config_path
     from lightning_pfd.errors import MissingFileError
 
     class NeedsAFile(pl.LightningDataModule):

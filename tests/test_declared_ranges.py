@@ -86,7 +86,7 @@ def test_the_parsed_config_holds_plain_numbers(tmp_path):
 
     import yaml
 
-    from lightning_pfd.commands.fit import PFDLightningCLI
+    from lightning_pfd.launch.cli import PFDLightningCLI
 
     cfg = {"model": {"class_path": "lightning_pfd.modules.DiffusionModule",
                      "init_args": {"net": {"class_path": "lightning_pfd.nets.MLPNet",
@@ -108,7 +108,7 @@ def test_the_parsed_config_holds_plain_numbers(tmp_path):
 def test_a_missing_file_a_datamodule_refuses_is_named_by_its_config_path(tmp_path):
     """A MissingFileError (also an OSError) raised in a datamodule's __init__ gets the config
     path of its field like any ConfigError."""
-    from lightning_pfd.commands.fit import at_config_path
+    from lightning_pfd.launch.cli import at_config_path
     from lightning_pfd.data import TensorFileDataModule
     from lightning_pfd.errors import MissingFileError
 

@@ -72,7 +72,7 @@ def test_a_cache_path_that_is_a_file_is_named(tmp_path, monkeypatch):
 
 def test_a_hint_names_the_value_the_parser_keeps(monkeypatch):
     """An option given twice: argparse keeps the last value, so the hint names that one."""
-    from lightning_pfd.commands.fit import _argv_value
+    from lightning_pfd.launch.cli import _argv_value
 
     monkeypatch.setattr(sys, "argv", ["x", "fit", "--trainer.max_epochs", "2", "--trainer.max_epochs=two"])
     assert _argv_value("trainer.max_epochs") == "two"

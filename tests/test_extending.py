@@ -39,7 +39,7 @@ from lightning_pfd.diffusion import GaussianDenoiser
 from lightning_pfd.diffusion.families import _FAMILIES, build_family, get_family
 from lightning_pfd.errors import ConfigError
 from lightning_pfd.evaluation.base import Comm
-from lightning_pfd.commands.fit import PFDLightningCLI
+from lightning_pfd.launch.cli import PFDLightningCLI
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 _BLOCK = re.compile(r"```(?:python|yaml)\n(# file: (\S+)[^\n]*\n.*?)```", re.S)
@@ -508,7 +508,7 @@ def test_new_kind_of_metric_declares_its_ranges(ext, tmp_path, capsys):
     """The page's evaluation refuses num_samples = 0 from Python (naming the argument) and from
     its config block (naming the full config path) before anything is written."""
     import my_evaluations
-    from lightning_pfd.commands.fit import PFDLightningCLI
+    from lightning_pfd.launch.cli import PFDLightningCLI
 
     with pytest.raises(ValueError, match=r"^num_samples: must be an integer > 0; got 0$"):
         my_evaluations.NearestNeighbourDistance(num_samples=0)

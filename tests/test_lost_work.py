@@ -99,7 +99,7 @@ def test_sigterm_with_a_plain_model_checkpoint_keeps_every_finished_epoch(tmp_pa
 
 
 def test_the_stop_message_says_how_many_epochs_finished_without_a_checkpoint():
-    from lightning_pfd.commands.interrupts import SignalRecord, resume_message
+    from lightning_pfd.launch.interrupts import SignalRecord, resume_message
 
     rec = SignalRecord()
     rec.signum = int(signal.SIGTERM)
@@ -192,7 +192,7 @@ def test_a_path_component_too_long_is_refused_before_anything_is_written(run, ca
 
 def test_probe_names_a_read_only_place_and_an_unwritable_cache(tmp_path, monkeypatch):
     from lightning_pfd.cache import check_cache_writable
-    from lightning_pfd.commands.run_safety import probe_output_places
+    from lightning_pfd.launch.run_safety import probe_output_places
 
     ro = tmp_path / "ro"
     ro.mkdir()

@@ -194,7 +194,7 @@ def test_pite_config_builds_through_the_cli(tmp_path):
     from unittest import mock
 
     from lightning_pfd.commands.pite import _cli_args, _rows, build_parser
-    from lightning_pfd.commands.fit import PFDLightningCLI
+    from lightning_pfd.launch.cli import PFDLightningCLI
     from lightning_pfd.modules import DiffusionModule, LevyItoModule
 
     a = build_parser().parse_args(["--out", str(tmp_path), "--crop-size", "8", "--n-train", "16",
@@ -222,7 +222,7 @@ def test_pite_scale_aware_row_and_alpha(tmp_path):
     from unittest import mock
 
     from lightning_pfd.commands.pite import _cli_args, _label, _rows, build_parser
-    from lightning_pfd.commands.fit import PFDLightningCLI
+    from lightning_pfd.launch.cli import PFDLightningCLI
 
     a = build_parser().parse_args(["--out", str(tmp_path), "--crop-size", "8", "--n-train", "16",
                                    "--scale-aware-row", "--alpha", "1.5"])
@@ -328,7 +328,7 @@ def test_pite_reference_row_builds_the_reference_noise(tmp_path):
     from unittest import mock
 
     from lightning_pfd.commands.pite import _cli_args, _rows, build_parser
-    from lightning_pfd.commands.fit import PFDLightningCLI
+    from lightning_pfd.launch.cli import PFDLightningCLI
 
     a = build_parser().parse_args(["--out", str(tmp_path), "--crop-size", "8", "--n-train", "16",
                                    "--reference-row", "--scale-aware-row"])

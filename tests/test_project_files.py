@@ -48,7 +48,7 @@ def test_changelog_names_the_version():
 
 def test_teacher_config_logs_within_an_epoch():
     """Lightning warns when an epoch has fewer batches than log_every_n_steps (default 50)."""
-    from lightning_pfd.commands import CONFIG_DIR
+    from lightning_pfd.launch import CONFIG_DIR
     from lightning_pfd.data import DigitsDataModule
 
     cfg = yaml.safe_load((CONFIG_DIR / "teacher_edm_digits.yaml").read_text())

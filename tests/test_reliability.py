@@ -15,7 +15,7 @@ import torch
 from lightning_pfd.checkpoint import (CHECKSUM_KEY, CheckpointError, content_digest, load_checkpoint,
                                       save_checkpoint)
 from lightning_pfd.cli import main
-from lightning_pfd.commands.fit import join_negative_values
+from lightning_pfd.launch.cli import join_negative_values
 from lightning_pfd.modules import DiffusionModule
 from lightning_pfd.modules.base import compare_hparams, step_seed
 

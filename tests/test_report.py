@@ -409,7 +409,7 @@ def test_a_stopped_fit_says_how_to_rebuild_its_report():
     command that builds it from the logs; a run without a report-writing monitor gets no line."""
     from types import SimpleNamespace
 
-    from lightning_pfd.commands.interrupts import SignalRecord, resume_message
+    from lightning_pfd.launch.interrupts import SignalRecord, resume_message
 
     record = SignalRecord()
     record.signum = 15

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lightning_pfd.commands import CONFIG_DIR
-from lightning_pfd.commands.run_dir import OUTPUT_PATH_KEYS, relocate, relocated_path
+from lightning_pfd.launch import CONFIG_DIR
+from lightning_pfd.launch.run_dir import OUTPUT_PATH_KEYS, relocate, relocated_path
 from lightning_pfd.errors import ConfigError
 
 QUICKSTART = yaml.safe_load((CONFIG_DIR / "quickstart.yaml").read_text())
@@ -62,7 +62,7 @@ def test_the_sweeps_move_the_same_keys():
 
 def test_the_cli_builds_a_trainer_writing_into_run_dir(tmp_path, monkeypatch):
     from lightning_pfd.callbacks.regime import RegimeMonitor
-    from lightning_pfd.commands.fit import PFDLightningCLI
+    from lightning_pfd.launch.cli import PFDLightningCLI
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.argv", ["python -m lightning_pfd"])

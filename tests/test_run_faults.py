@@ -86,7 +86,7 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(finished_run):
 
 
 def test_finished_run_reads_lightnings_stop_rule():
-    from lightning_pfd.commands.run_checks import finished_run
+    from lightning_pfd.launch.run_checks import finished_run
 
     ckpt = {"global_step": 20, "loops": {"fit_loop": {"epoch_progress": {"current": {"processed": 2}}}}}
     assert finished_run(ckpt, 2, -1) is not None and finished_run(ckpt, 3, -1) is None
@@ -115,7 +115,7 @@ def test_monitored_keys_are_checked_in_the_namespaces_of_the_monitors():
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
     from lightning_pfd.callbacks import ICRMonitor
-    from lightning_pfd.commands.run_checks import check_monitored_keys
+    from lightning_pfd.launch.run_checks import check_monitored_keys
 
     icr = ICRMonitor(num_images=16, views_per_image=2, d_proj=4, image_shape=[1, 8, 8], level=1)
 
@@ -148,7 +148,7 @@ def test_wandb_online_without_credentials_fails_before_writing(tmp_path):
 
 def test_wandb_online_check_accepts_credentials_and_offline_modes():
     from lightning_pfd.callbacks import AutoWandbLogger
-    from lightning_pfd.commands.run_checks import check_wandb_online
+    from lightning_pfd.launch.run_checks import check_wandb_online
 
     class T:
         loggers = [AutoWandbLogger(save_dir="unused", offline=True)]
@@ -234,8 +234,8 @@ def test_an_appended_checkpoint_without_dirpath_writes_into_the_runs_folder(tmp_
 def test_teacher_config_with_the_representation_stack_has_one_checkpoint_folder(tmp_path, monkeypatch):
     """The combination of issue 22 (teacher_edm_digits + callbacks/representation.yaml), built
     (not trained): every checkpoint callback writes into runs/teacher_edm_digits/checkpoints."""
-    from lightning_pfd.commands.fit import PFDLightningCLI
-    from lightning_pfd.commands.run_checks import share_checkpoint_dir, writes_last
+    from lightning_pfd.launch.cli import PFDLightningCLI
+    from lightning_pfd.launch.run_checks import share_checkpoint_dir, writes_last
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from lightning_pfd.checkpoint import load_checkpoint
-from lightning_pfd.commands.interrupts import _resume_command, signal_guard
+from lightning_pfd.launch.interrupts import _resume_command, signal_guard
 from test_reliability import _cli, _env, _rows, _write_config
 
 

@@ -83,7 +83,7 @@ class EvenWidth(__import__("lightning.pytorch", fromlist=["LightningModule"]).Li
 def test_command_line_adds_the_component_path(width, field, tmp_path, capsys):
     """The module names ``width``; the command line reports where the user wrote it, whether
     jsonargparse (the declared range) or the module (its own rule) refused the value."""
-    from lightning_pfd.commands.fit import PFDLightningCLI
+    from lightning_pfd.launch.cli import PFDLightningCLI
 
     args = ["--model", f"{__name__}.EvenWidth", "--model.init_args.width", str(width),
             "--data", "lightning_pfd.data.GaussianMixtureDataModule", f"--trainer.default_root_dir={tmp_path / 'run'}"]
@@ -99,7 +99,7 @@ def test_command_line_adds_the_component_path(width, field, tmp_path, capsys):
 def test_a_config_file_value_is_named_by_its_path(tmp_path, capsys):
     """jsonargparse names a class_path argument by its bare name; the error says where the
     config file sets it."""
-    from lightning_pfd.commands.fit import PFDLightningCLI
+    from lightning_pfd.launch.cli import PFDLightningCLI
 
     cfg = tmp_path / "run.yaml"
     cfg.write_text(f"model:\n  class_path: {__name__}.EvenWidth\n  init_args:\n    width: -2\n"
@@ -140,7 +140,7 @@ class CountedEvaluation:
 def test_a_nested_class_argument_is_named_by_its_full_path(tmp_path, capsys, where):
     """A monitor's evaluation (a class inside a callback's arguments): a value its declared range
     refuses is named by where it sits, in the config file or on the command line."""
-    from lightning_pfd.commands.fit import PFDLightningCLI
+    from lightning_pfd.launch.cli import PFDLightningCLI
 
     value = -1 if where == "config" else 4
     cfg = tmp_path / "run.yaml"

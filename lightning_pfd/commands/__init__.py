@@ -2,7 +2,8 @@
 module each, and what they share.
 
 - ``fit`` (and LightningCLI's ``validate``, ``test``, ``predict``): :mod:`lightning_pfd.commands.fit`
-  (LightningCLI and the validation phase before anything is written);
+  (around :mod:`lightning_pfd.launch.cli`: LightningCLI and the validation phase before anything
+  is written);
 - ``report``: :mod:`lightning_pfd.commands.report` (the report of a run, or of a sweep directory);
 - ``icr-sweep``: :mod:`lightning_pfd.commands.icr_sweep` (ICR and a linear probe over sigma);
 - ``pite``: :mod:`lightning_pfd.commands.pite` (the SBM vs LIM tail-metric table);
@@ -11,11 +12,11 @@ module each, and what they share.
 A command is a module with ``main(argv) -> int`` (the exit status); a new one is one module plus
 one :class:`Command` line in :data:`COMMANDS`. Shared by all of them:
 
-* **errors** (:func:`run_guarded`): an expected user error, a
-  :class:`~lightning_pfd.errors.ConfigError`, is printed as one short block on stderr and the
-  exit status is 2; ``--debug`` (anywhere on the command line) or ``LIGHTNING_PFD_DEBUG=1``
-  re-raises it with its traceback (``report`` prints the bare one-line block, without the
-  program name and the hint, as its documented output). Option errors come from
+* **errors** (:func:`lightning_pfd.launch.run_guarded`, the launch layer below the commands and
+  the sweeps): an expected user error, a :class:`~lightning_pfd.errors.ConfigError`, is printed
+  as one short block on stderr and the exit status is 2; ``--debug`` (anywhere on the command
+  line) or ``LIGHTNING_PFD_DEBUG=1`` re-raises it with its traceback (``report`` prints the bare
+  one-line block, without the program name and the hint, as its documented output). Option errors come from
   :class:`~lightning_pfd.errors.ShortErrorParser` (one block, status 2, "did you mean"), and an
   option's range is its argparse type (:func:`typed`, from the restricted types of
   :mod:`lightning_pfd.validation`), shown by ``--help``;
@@ -28,32 +29,16 @@ Nothing here imports Lightning or torch: ``report`` starts without them.
 """
 from __future__ import annotations
 
-import contextvars
 import importlib
 import os
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["Command", "COMMANDS", "LIGHTNING_SUBCOMMANDS", "PROG", "CONFIG_DIR", "DEFAULT_CONFIG",
-           "USER_ERROR", "main", "command_for", "run_guarded", "print_user_error", "debug_enabled",
-           "pop_flag", "configure_threads", "print_extra_help", "print_main_help", "quiet_known_noise",
-           "typed"]
+from ..launch import (CONFIG_DIR, LIGHTNING_SUBCOMMANDS, PROG, quiet_known_noise,
+                      run_guarded)
 
-PROG = "python -m lightning_pfd"
-#: the embedded configs (``--config quickstart`` names ``CONFIG_DIR / "quickstart.yaml"``)
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-#: the config a bare ``python -m lightning_pfd`` / ``fit`` without ``--config`` runs
-DEFAULT_CONFIG = CONFIG_DIR / "quickstart.yaml"
-#: the exit status of a user error (argparse's)
-USER_ERROR = 2
-#: LightningCLI's own subcommands: all handled by :mod:`lightning_pfd.commands.fit`
-LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
-DEBUG_ENV = "LIGHTNING_PFD_DEBUG"
-
-_DEBUG = contextvars.ContextVar("lightning_pfd_debug", default=False)
-
+__all__ = ["Command", "COMMANDS", "main", "command_for", "configure_threads", "print_extra_help",
+           "print_main_help", "typed"]
 
 @dataclass(frozen=True)
 class Command:
@@ -119,62 +104,6 @@ def command_for(argv: Sequence[str]) -> Command:
     return COMMANDS.get(argv[0] if argv else "fit", COMMANDS["fit"])
 
 
-# ----------------------------------------------------------------------------- errors
-def debug_enabled(argv: Sequence[str] = ()) -> bool:
-    """``--debug`` in ``argv``, given to the dispatcher, or ``LIGHTNING_PFD_DEBUG`` set (not 0)."""
-    return "--debug" in argv or _DEBUG.get() or os.environ.get(DEBUG_ENV, "") not in ("", "0")
-
-
-def pop_flag(argv: list, flag: str) -> bool:
-    """Remove every ``flag`` from ``argv``; True when there was one."""
-    found = flag in argv
-    while flag in argv:
-        argv.remove(flag)
-    return found
-
-
-def print_user_error(err: BaseException, prog: Optional[str] = PROG, hint: bool = True) -> int:
-    """Print an expected user error as one short block on stderr; return :data:`USER_ERROR`.
-
-    The block is ``"<prog>: error: <field>: <problem>"`` with the bad value, what is accepted and
-    a suggestion on the following lines (:meth:`ConfigError.block`); ``prog`` None leaves the
-    prefix out, ``hint`` adds the line saying how to see the traceback."""
-    from ..errors import ConfigError
-
-    text = err.block() if isinstance(err, ConfigError) else f"error: {err}"
-    if prog:
-        text = f"{prog}: {text}"
-    if hint:
-        text += f"\n(run with --debug or {DEBUG_ENV}=1 for the traceback)"
-    print(text, file=sys.stderr, flush=True)
-    return USER_ERROR
-
-
-def run_guarded(body: Callable[[list], Optional[int]], argv: Optional[Sequence[str]] = None,
-                prog: Optional[str] = PROG, hint: bool = True) -> int:
-    """``body(argv)`` (``--debug`` removed; ``argv`` None: ``sys.argv[1:]``) as an exit status:
-    a :class:`~lightning_pfd.errors.ConfigError` is printed by :func:`print_user_error` (status 2),
-    or re-raised with its traceback under ``--debug`` / ``LIGHTNING_PFD_DEBUG``; an option
-    refused by the command's parser (printed by it) is status 2 too. Every command's ``main``
-    runs its body through this."""
-    from ..errors import ConfigError, UsageExit
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    debug = debug_enabled(args)
-    pop_flag(args, "--debug")
-    token = _DEBUG.set(debug)  # a nested command (the dispatcher's) sees it
-    try:
-        return int(body(args) or 0)
-    except ConfigError as err:
-        if debug:
-            raise
-        return print_user_error(err, prog, hint)
-    except UsageExit as err:
-        return int(err.code)
-    finally:
-        _DEBUG.reset(token)
-
-
 # ----------------------------------------------------------------------------- threads
 def configure_threads(argv: list) -> None:
     """Pop ``--threads`` and, for a computing command, set the CPU threads (one printed line:
@@ -207,56 +136,6 @@ def print_extra_help() -> None:
             print(f"  {c.name:<10} {c.help}  ({c.prog} --help)")
     print(f"\nEmbedded configs ({CONFIG_DIR}): "
           + ", ".join(sorted(q.stem for q in CONFIG_DIR.glob('*.yaml'))))
-
-
-#: known start-up messages a user cannot act on: (logger or warning category, message start)
-_NOISE_LOG = ("lightning.pytorch.utilities.rank_zero", "💡 Tip: For seamless cloud logging")
-_NOISE_WARNINGS = (
-    (r".*isinstance\(treespec, LeafSpec\)` is deprecated.*", None),
-    # ModelCheckpoint on the run lock (locks.py) in its directory; an earlier run's checkpoints
-    # there are refused (or replaced with --overwrite) before Lightning looks
-    (r"Checkpoint directory .* exists and is not empty\.$", "lightning.pytorch.callbacks.model_checkpoint"),
-)
-
-
-#: Lightning's CSV writer, started in a resumed run's own version directory, warns that "Previous
-#: log files in this directory will be deleted": untrue on ``fit --ckpt_path``, where
-#: :func:`lightning_pfd.callbacks.checkpoint.continue_loggers` moves ``metrics.csv`` aside before
-#: the writer starts and writes its rows back (the resume keeps every row up to the checkpoint).
-#: Ignored by that exact message around that call only (a fresh run into an existing version
-#: directory, where the files are replaced, still shows it).
-RESUMED_CSV_WARNING = (r"Experiment logs directory .* exists and is not empty\. Previous log files in "
-                       r"this directory will be deleted when the new ones are saved!")
-
-
-class _DropMessage:
-    """A logging filter dropping records whose message starts with ``prefix``."""
-
-    def __init__(self, prefix: str):
-        self.prefix = prefix
-
-    def filter(self, record) -> bool:
-        return not str(record.getMessage()).startswith(self.prefix)
-
-
-def quiet_known_noise() -> None:
-    """Silence, by exact message, what the libraries print at start-up that a user cannot act on:
-    Lightning's advertisement for its cloud logger (an INFO record of its rank-zero logger),
-    torch's pytree ``LeafSpec`` deprecation raised inside Lightning, and ModelCheckpoint's
-    "directory exists and is not empty", which the run lock's file in that directory would raise
-    on every fresh run (an earlier run's checkpoints there are refused by ``fit`` before, unless
-    ``--overwrite``). Every other message and warning is left as it is (idempotent)."""
-    import logging
-    import warnings
-
-    logger = logging.getLogger(_NOISE_LOG[0])
-    if not any(isinstance(f, _DropMessage) for f in logger.filters):
-        logger.addFilter(_DropMessage(_NOISE_LOG[1]))
-    for pattern, module in _NOISE_WARNINGS:
-        if module is None:
-            warnings.filterwarnings("ignore", message=pattern)
-        else:
-            warnings.filterwarnings("ignore", message=pattern, module=module)
 
 
 #: LightningCLI's subcommands and their help lines (the top-level ``--help``, without Lightning)

@@ -48,7 +48,8 @@ from ..errors import ConfigError, ShortErrorParser, renamed_fields
 from ..evaluation.icr_sweep import DEFAULT_SIGMAS, sweep, sweep_evaluation
 from ..classpath import import_class
 from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeInt, PositiveInt
-from . import COMMANDS, run_guarded, typed
+from ..launch import run_guarded
+from . import COMMANDS, typed
 
 __all__ = ["main", "validate_args", "check_loaded", "build_datamodule", "load_module", "instantiate",
            "format_table", "plot", "SHORT_NAMES", "fit_data_to_model", "reliability_warnings",

@@ -44,7 +44,8 @@ from typing import Optional, Sequence
 
 from ..errors import ConfigError, ShortErrorParser, renamed_fields
 from ..validation import NonNegativeFloat, NonNegativeInt, OpenUnitInterval, PositiveInt, StabilityIndex, ranged
-from . import COMMANDS, run_guarded, typed
+from ..launch import run_guarded
+from . import COMMANDS, typed
 
 __all__ = ["main", "build_parser", "format_table", "tail_evaluations", "NUM_SPLITS",
            "parse_observable", "sbm_families", "summarize", "verdict", "claims", "bulk_qe",
@@ -195,7 +196,7 @@ def _families(a) -> list:
 
 
 def _check_config_arg(flag: str, value: str) -> None:
-    from .fit import resolve_config_path
+    from ..launch.cli import resolve_config_path
 
     try:
         resolve_config_path(value)
@@ -235,7 +236,7 @@ def _seed_overrides(seed: int) -> list:
 
 
 def _cli_args(a, config: str, name: str, extra: Sequence[str] = ()) -> list[str]:
-    from .fit import resolve_config_path
+    from ..launch.cli import resolve_config_path
 
     args = ["--config", resolve_config_path(config), "--trainer.max_epochs=-1",
             "--trainer.logger=false",
@@ -297,7 +298,7 @@ def build_one(a, config: str, name: str, extra: Sequence[str] = ()):
     from unittest import mock
 
     from ..callbacks.base import MeasurementCallback
-    from .fit import PFDLightningCLI
+    from ..launch.cli import PFDLightningCLI
 
     with mock.patch.object(sys, "argv", [sys.argv[0]]):  # silence LightningCLI's mixed-args warning
         cli = PFDLightningCLI(args=_cli_args(a, config, name, extra), run=False,

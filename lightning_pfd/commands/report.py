@@ -39,7 +39,7 @@ from ..analysis.report import (DEFAULT_SETTINGS, _fmt, check_settings, find_save
                                free_report_dir, load_detector_settings, saved_metric_keys,
                                write_report)
 from ..errors import ConfigError, ShortErrorParser, renamed_fields
-from . import run_guarded
+from ..launch import run_guarded
 
 __all__ = ["main", "build_parser", "resolve_settings"]
 

@@ -13,7 +13,8 @@ import sys
 from typing import Optional, Sequence
 
 from ..errors import ShortErrorParser
-from . import COMMANDS, run_guarded
+from ..launch import run_guarded
+from . import COMMANDS
 
 __all__ = ["main", "build_parser"]
 

@@ -48,7 +48,7 @@ from typing import Any, Optional
 
 import yaml
 
-from ..commands.run_safety import check_unique_keys
+from ..launch.run_safety import check_unique_keys
 from ..errors import ConfigError, did_you_mean
 
 __all__ = ["SweepSpec", "Trial", "Resources", "load_sweep", "expand_trials",
@@ -285,7 +285,7 @@ def check_known_key(parsed: dict, key: str, skip_prefixes: tuple = ()) -> None:
 
 # ----------------------------------------------------------------------------- reading
 def _resolve_base(value: Any, source: Optional[Path]) -> Path:
-    from ..commands import CONFIG_DIR
+    from ..launch import CONFIG_DIR
 
     if not isinstance(value, str) or not value:
         raise ConfigError("base", "the base fit config is required: a path or an embedded name",
@@ -453,7 +453,7 @@ def load_sweep(path, name: Optional[str] = None) -> SweepSpec:
 
 
 def _resolve_sweep_path(value) -> Path:
-    from ..commands import CONFIG_DIR
+    from ..launch import CONFIG_DIR
 
     sweeps = CONFIG_DIR / "sweeps"
     p = Path(value)

@@ -85,7 +85,7 @@ def _environment(payload: dict):
         os.environ.update({k: str(v) for k, v in (payload.get("env") or {}).items()})
         for k in [k for k in os.environ if k.startswith("SLURM_")]:
             del os.environ[k]
-        from ..commands.fit import ensure_wandb_mode
+        from ..launch.cli import ensure_wandb_mode
 
         ensure_wandb_mode()
         torch.set_num_threads(max(1, int(payload.get("cpus") or 1)))
@@ -130,8 +130,8 @@ def _finish_wandb(exit_code: int = 0) -> None:
 
 def _run_fit(config: dict, ckpt: Optional[str]):
     """``python -m lightning_pfd fit`` in this process on a config dict; returns the CLI."""
-    from ..commands import PROG
-    from ..commands.fit import PFDLightningCLI
+    from ..launch import PROG
+    from ..launch.cli import PFDLightningCLI
 
     fit = dict(config)
     if ckpt is not None:

@@ -2,7 +2,7 @@
 
 For every trial: its dotted keys exist in the parsed base config (a "did you mean" otherwise),
 its full config parses with the ``fit`` parser of
-:class:`~lightning_pfd.commands.fit.PFDLightningCLI`, the student's trainable parameters |θ|
+:class:`~lightning_pfd.launch.cli.PFDLightningCLI`, the student's trainable parameters |θ|
 are counted (the net built on the ``meta`` device: no memory, no time) and — for a real run —
 each distinct datamodule, model and callback is built once, so a value a class refuses fails
 now. The first problem raises a :class:`~lightning_pfd.errors.ConfigError` naming the trial and
@@ -31,7 +31,7 @@ __all__ = ["validate_trials", "FitParser", "default_seed_keys", "build_net_meta"
 def _parse_only_cli():
     """A PFDLightningCLI that builds the ``fit`` parser and parses, nothing else; its parser
     raises instead of printing and exiting."""
-    from ..commands.fit import PFDArgumentParser, PFDLightningCLI
+    from ..launch.cli import PFDArgumentParser, PFDLightningCLI
 
     class _ParseError(Exception):
         pass
@@ -54,7 +54,7 @@ def _parse_only_cli():
 
 
 class FitParser:
-    """The ``fit`` parser of :class:`~lightning_pfd.commands.fit.PFDLightningCLI`, built once;
+    """The ``fit`` parser of :class:`~lightning_pfd.launch.cli.PFDLightningCLI`, built once;
     :meth:`parse` returns the fully parsed config as a dict, or raises ``(message)``."""
 
     def __init__(self, base: dict):
@@ -78,7 +78,7 @@ class FitParser:
 
 
 def _condense(message: str) -> str:
-    from ..commands.fit import condense_error
+    from ..launch.cli import condense_error
 
     text = condense_error(message)
     return re.sub(r'(Parser key "[\w.]+":\s*;?\s*)+', "", text).strip("; ") or text
@@ -334,13 +334,13 @@ def _preflight_trainer(parsed: dict, callbacks: list):
 
 def preflight(parsed_all: list, spec: Optional[SweepSpec] = None, max_listed: int = 20,
               write_cache: bool = True) -> None:
-    """Every trial's cross-component validation (:func:`lightning_pfd.commands.fit.check_components`,
+    """Every trial's cross-component validation (:func:`lightning_pfd.launch.cli.check_components`,
     what ``fit`` checks before writing), on the trial's own data, model and callbacks; raises one
     :class:`ConfigError` listing every failing trial (the first ``max_listed``). Each distinct
     datamodule is set up once (its cache writes are made only when every trial passes, as in
     ``fit``); models are built once per distinct config."""
     from ..cache import deferred_writes, write_deferred
-    from ..commands.fit import check_components
+    from ..launch.cli import check_components
 
     def sig(obj) -> str:
         return json.dumps(obj, sort_keys=True, default=str)

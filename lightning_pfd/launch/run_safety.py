@@ -1,6 +1,6 @@
 """Checks and housekeeping of a ``fit`` that protect earlier work, made before training starts.
 
-Used by :meth:`lightning_pfd.commands.fit.PFDLightningCLI.validate_run`:
+Used by :meth:`lightning_pfd.launch.cli.PFDLightningCLI.validate_run`:
 
 - :func:`check_run_length` — ``trainer.max_epochs 0`` / ``trainer.max_steps 0`` train nothing
   (Lightning would exit 0 and write an empty run): refused.

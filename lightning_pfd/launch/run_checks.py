@@ -1,7 +1,7 @@
 """Checks of a configured run that need the instantiated trainer, made before anything is written.
 
-Used by :meth:`lightning_pfd.commands.fit.PFDLightningCLI.validate_run` (and the sweep pre-flight
-through :func:`lightning_pfd.commands.fit.check_components`):
+Used by :meth:`lightning_pfd.launch.cli.PFDLightningCLI.validate_run` (and the sweep pre-flight
+through :func:`lightning_pfd.launch.cli.check_components`):
 
 - :func:`check_monitored_keys` — every callback's ``monitor`` (``ModelCheckpoint``,
   ``EarlyStopping``, ...) names a key that a configured monitor logs, when the key lies in the
