@@ -16,9 +16,9 @@ one :class:`Command` line in :data:`COMMANDS`. Shared by all of them:
   the sweeps): an expected user error, a :class:`~lightning_pfd.errors.ConfigError`, is printed
   as one short block on stderr and the exit status is 2; ``--debug`` (anywhere on the command
   line) or ``LIGHTNING_PFD_DEBUG=1`` re-raises it with its traceback (``report`` prints the bare
-  one-line block, without the program name and the hint, as its documented output). Option errors come from
-  :class:`~lightning_pfd.errors.ShortErrorParser` (one block, status 2, "did you mean"), and an
-  option's range is its argparse type (:func:`typed`, from the restricted types of
+  one-line block, without the program name and the hint, as its documented output). Option
+  errors come from :class:`~lightning_pfd.errors.ShortErrorParser` (one block, status 2, "did
+  you mean"), and an option's range is its argparse type (:func:`typed`, from the restricted types of
   :mod:`lightning_pfd.validation`), shown by ``--help``;
 * **threads** (:func:`configure_threads`): ``--threads N|auto`` (or ``LIGHTNING_PFD_THREADS``) is
   taken off the command line and, for a command that computes on this process's CPU
@@ -34,11 +34,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from ..launch import (CONFIG_DIR, LIGHTNING_SUBCOMMANDS, PROG, quiet_known_noise,
-                      run_guarded)
+from ..launch import CONFIG_DIR, LIGHTNING_SUBCOMMANDS, PROG, quiet_known_noise, run_guarded
 
 __all__ = ["Command", "COMMANDS", "main", "command_for", "configure_threads", "print_extra_help",
            "print_main_help", "typed"]
+
 
 @dataclass(frozen=True)
 class Command:
