@@ -20,6 +20,7 @@ from lightning_pfd.callbacks.figures import figure_to_array, log_figure
 from lightning_pfd.evaluation import sharding
 from lightning_pfd.errors import ConfigError
 from lightning_pfd.evaluation.base import TorchDistributed, distributed_world, process_of
+from wandb_wait import wait_for_exit_record
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -309,7 +310,7 @@ def test_log_figure_offline_wandb_image_and_user_key_summary(tmp_path):
     assert bar.get_metrics(trainer, trainer.lightning_module)["PROBE"] == "4"
     run_dir = Path(logger.experiment.dir).parent
     wandb.finish()
-    _wait_for_exit_record(run_dir)
+    wait_for_exit_record(run_dir)
     assert mon.written == [None, None, None]  # W&B took the images: no PNG written
     assert not (tmp_path / "figures").exists()
     h = load_history(run_dir, use_leet=False)
@@ -322,20 +323,6 @@ def test_log_figure_offline_wandb_image_and_user_key_summary(tmp_path):
     metric = {r.get("name"): r for kind, r in recs if kind == "metric"}
     assert metric["probe/value"]["step_metric"] == "epoch"
     assert keys.find("probe/value") is None  # declared by the run's callback, not built in
-
-
-def _wait_for_exit_record(run_dir, timeout=60.0):
-    """The W&B service may still be writing the offline log after ``wandb.finish()``."""
-    import time
-
-    from lightning_pfd.analysis.history import read_wandb_records
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        files = list(Path(run_dir).glob("run-*.wandb"))
-        if files and any(k == "exit" for k, _ in read_wandb_records(files[0], use_leet=False)[0]):
-            return
-        time.sleep(0.1)
 
 
 def test_log_figure_tensorboard(tmp_path):

@@ -23,6 +23,7 @@ from lightning_pfd.analysis.report import SETTINGS_FILE, save_detector_settings,
 from lightning_pfd.callbacks.regime import RegimeMonitor
 from lightning_pfd.commands.report import main
 from lightning_pfd.errors import ConfigError
+from wandb_wait import wait_for_exit_record
 
 T = np.arange(40, dtype=np.float64)
 RNG = np.random.default_rng(7)
@@ -91,6 +92,7 @@ def test_report_on_wandb_offline_run(tmp_path):
                  **{k: float(v[e]) for k, v in CURVES.items()}})
     run_dir = Path(run.dir).parent
     wandb.finish()
+    wait_for_exit_record(run_dir)
     assert main(["report", str(run_dir)]) == 0  # leading "report" (dispatcher argv) tolerated
     _check_outputs(run_dir / "report", _expected())
     # the built-in reader gives the same report (written beside it: paths in it are relative to
@@ -249,15 +251,16 @@ def _wandb_run(tmp_path) -> Path:
     run = wandb.init(dir=str(tmp_path), project="trunc", mode="offline")
     for e in range(T.size):
         run.log({"epoch": e, **{k: float(v[e]) for k, v in CURVES.items()}})
-    f = next(Path(run.dir).parent.glob("run-*.wandb"))
+    run_dir = Path(run.dir).parent
     wandb.finish()
-    return f
+    return wait_for_exit_record(run_dir)
 
 
 def _cut_mid_record(data: bytes, at: int) -> bytes:
     """The first prefix of length >= ``at`` that ends inside a record."""
     while scan_wandb_log(data[:at])[1] is None or "mid-record" not in scan_wandb_log(data[:at])[1]:
         at += 1
+        assert at < len(data), f"no prefix of the {len(data)}-byte log from {at} ends inside a record"
     return data[:at]
 
 

@@ -29,6 +29,7 @@ from lightning_pfd.callbacks.wandb_setup import (
     has_wandb_credentials,
     logger_offline_if_no_credentials,
 )
+from wandb_wait import wait_for_exit_record
 
 EPOCHS = 18
 T = np.arange(EPOCHS, dtype=np.float64)
@@ -125,23 +126,10 @@ def wandb_run(tmp_path_factory):
         cb.save_config(trainer, trainer.lightning_module, "fit")
         run_dir = Path(logger.experiment.dir).parent
         wandb.finish()
-        _wait_for_exit_record(run_dir)
+        wait_for_exit_record(run_dir)
     finally:
         mp.undo()
     return run_dir, mon
-
-
-def _wait_for_exit_record(run_dir: Path, timeout: float = 60.0) -> None:
-    """The W&B service may still be writing the offline log after ``wandb.finish()`` returns
-    (seen on a loaded machine): wait until the log holds its exit record."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        files = list(run_dir.glob("run-*.wandb"))
-        if files and any(k == "exit" for k, _ in read_wandb_records(files[0], use_leet=False)[0]):
-            return
-        time.sleep(0.1)
 
 
 def test_wandb_history_summaries_and_axes(wandb_run):
