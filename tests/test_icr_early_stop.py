@@ -92,6 +92,25 @@ def test_u_shaped_icr_stops_after_its_minimum():
     assert t.minimum[0] <= 12 + 3 and t.z >= 3.0 and math.isfinite(t.z)
 
 
+def test_training_noise_bound_is_never_zero_where_the_curve_moves():
+    """Group noise only, 12 checks: the mean excess of the second differences over their jackknife
+    variance is negative in some runs, yet the upper bound (mean floored at 0, plus two standard
+    errors) and every fitted tau2 stay positive; a slow smooth training noise the short run cannot
+    see is therefore never modelled as none."""
+    from lightning_pfd.analysis.early_stop import fit_training_noise
+
+    negative = 0
+    for seed in range(20):
+        y, reps = _run(12, seed)
+        d = y[2:] - 2 * y[1:-1] + y[:-2]
+        dr = reps[2:] - 2 * reps[1:-1] + reps[:-2]
+        v = (G - 1) / G * ((dr - dr.mean(1, keepdims=True)) ** 2).sum(1)
+        negative += (d ** 2 - v).mean() < 0
+        lags, excess, tau2, phis = fit_training_noise(y, reps)
+        assert np.all(excess > 0) and np.all(tau2 > 0)
+    assert negative >= 3  # the unfloored estimate would have been clipped to 0 in these runs
+
+
 def test_zero_or_undefined_noise_is_undecided_never_infinite():
     n = 24
     y = np.full(n, 0.3)

@@ -31,7 +31,10 @@ false-stop rates in docs/icr.md, "ICREarlyStopping: the rise test"):
      to the excess of the second differences over their jackknife variance at lags 1..4:
      E[(y_{t+h} − 2y_t + y_{t−h})²] − v_jk = 4V(h) − V(2h) = 2τ²(1 − φ^h)(3 − φ^h) for the AR(1)
      variogram V(h) = 2τ²(1 − φ^h). Second differences cancel a local linear trend, so a rising
-     curve does not inflate the estimate. The model is fitted on the whole run and on the last
+     curve does not inflate the estimate. The excess at each lag is bounded above by its mean,
+     floored at 0, plus two standard errors, so it is never 0 while the curve moves (a zero
+     estimate early in a run let slow training noise stop flat runs). The model is fitted on
+     the whole run and on the last
      ``noise_window`` checks; the one that gives the larger variance to the tested contrasts is
      used (training noise that grows over the run is seen where it is largest).
 
@@ -67,8 +70,10 @@ _PHIS = (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 _MAX_LAG = 4
 _MIN_DIFFS = 5  # second differences needed at a lag to use it
 _MAX_PHI = 0.9  # the slowest training noise (AR(1) coefficient per check) of the model
-#: the excess is taken this many standard errors above its mean (an upper bound of the training
-#: noise: 1 s.e. let a flat ICR with AR(1) training noise stop in 4/300 runs at z = 3, 2 s.e. in 0/300)
+#: the excess is taken this many standard errors above its mean floored at 0 (an upper bound of
+#: the training noise: 1 s.e. above the mean let a flat ICR with AR(1) training noise stop in
+#: 4/300 runs at z = 3, 2 s.e. in 0/300; without the floor at 0, smooth and random-walk training
+#: noise stopped 3-4 % of flat runs, most of them with a fitted training noise of exactly 0)
 _EXCESS_SE = 2.0
 _NORMAL = NormalDist()
 
@@ -180,10 +185,10 @@ def fit_training_noise(y: np.ndarray, reps: Optional[np.ndarray] = None, se: Opt
     """The AR(1) training-noise models allowed by the curve (module docstring, part 2):
     ``(lags, excess, tau2 per phi, phis)`` or None when no lag has enough second differences.
 
-    ``excess[h]`` is an upper (one standard error) estimate of the mean excess of the squared
-    second differences at lag h over their jackknife (or ``se``) variance; for every phi of the
-    grid up to ``max_phi``, tau2 is the least-squares fit of 2 tau2 (1 - phi^h)(3 - phi^h) to it
-    (0 when the curve is no rougher than its group noise)."""
+    ``excess[h]`` is an upper estimate of the mean excess of the squared second differences at
+    lag h over their jackknife (or ``se``) variance: the mean floored at 0 plus ``_EXCESS_SE``
+    standard errors (positive whenever the differences vary); for every phi of the grid up to
+    ``max_phi``, tau2 is the least-squares fit of 2 tau2 (1 - phi^h)(3 - phi^h) to it."""
     lags, excess = [], []
     for h in range(1, _MAX_LAG + 1):
         if y.size - 2 * h < _MIN_DIFFS:
@@ -191,7 +196,10 @@ def fit_training_noise(y: np.ndarray, reps: Optional[np.ndarray] = None, se: Opt
         d2, v = _second_differences(y, reps, se, h)
         x = d2 - v
         lags.append(h)
-        excess.append(float(x.mean() + _EXCESS_SE * x.std(ddof=1) / math.sqrt(x.size)))
+        # the mean floored at 0, plus _EXCESS_SE standard errors: a mean excess at or below 0 is
+        # not evidence of no training noise (a short run's excess is often negative by chance
+        # while its slow training noise is real), so it cannot pull the bound to 0
+        excess.append(max(0.0, float(x.mean())) + _EXCESS_SE * float(x.std(ddof=1)) / math.sqrt(x.size))
     if not lags:
         return None
     h, m = np.array(lags, dtype=np.float64), np.array(excess)
