@@ -110,6 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--power-runs", type=int, default=100,
                     help="runs per planted event / family / M (default 100; 0: no power table)")
     ap.add_argument("--families", nargs="*", default=None, help="only these families (names)")
+    ap.add_argument("--power-events", nargs="*", default=None, choices=sorted(HEIGHTS),
+                    help="measure the power of these events only (default: all)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--seed0", type=int, default=10_000)
     ap.add_argument("--out", default=str(ROOT / "experiments/results/calibrate_events_v2.json"))
@@ -148,6 +150,8 @@ def main(argv=None) -> int:
     if args.power_runs:
         for m in (2048, 256):
             for event, h in HEIGHTS.items():
+                if args.power_events and event not in args.power_events:
+                    continue
                 if m != 256 and event in ("memorization_onset", "icr_minimum"):
                     continue  # the ratio and ICR do not depend on M: once, at M = 256
                 for name in POWER_FAMILIES:

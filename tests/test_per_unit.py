@@ -112,6 +112,63 @@ def test_variogram_bounds_the_true_variogram(phi):
         assert 0.85 * true <= V[h] <= 2.8 * true, (h, V[h], true)
 
 
+def _binomial_ratio(rng, T, U=128, p=0.05):
+    """A memorization ratio with no training noise: T evaluations of U independent 0/1
+    indicators with a constant probability ``p`` (the units of a per-unit ``indicator`` record)."""
+    u = (rng.random((T, U)) < p).astype(np.float64)
+    return u
+
+
+def test_a_discrete_ratio_has_a_binomial_floor_never_zero():
+    """Pure binomial indicators (no training noise): the training part of Var(D_1) is estimated
+    as total − seed, often <= 0. For a ratio of indicators it is floored at seed·sqrt(2/count),
+    which (Monte Carlo over 200 such curves) is below the estimate's own standard deviation: the
+    floor is one sampling error at most, not an inflation. It enters as a nugget: the same
+    white-noise level added at every lag, lifting V(1) to the floor (a variogram plus a nugget
+    is a variogram, and a contrast's variance can only grow); the same values read as a
+    continuous metric keep the zero estimate."""
+    from lightning_pfd.analysis.inference import _diff, _robust_var
+
+    rng = np.random.default_rng(3)
+    T, h = 100, 1
+    ests, floors, zero_left, lifted = [], [], 0, 0
+    for _ in range(200):
+        u = _binomial_ratio(rng, T)
+        ratio = Curve(np.arange(T, dtype=float), u.mean(1), u, "linear", True)
+        d = _diff(ratio.y, h, 3)
+        seed = float(np.mean(ratio.unit_var(_diff(ratio.units, h, 3))))
+        ests.append(_robust_var(d) - seed)
+        floors.append(seed * math.sqrt(2 * h / d.size))
+        V = variogram(ratio)
+        assert np.all(V[1:] > 0)  # never 0 where indicators change
+        assert V[1] >= 0.25 * floors[-1] * (1 - 1e-12)
+        continuous = variogram(Curve(ratio.epochs, ratio.y, u, "linear", False))
+        zero_left += continuous[1] == 0.0
+        nugget = V[1:] - continuous[1:]  # the floor adds the same white-noise level at every lag
+        assert np.allclose(nugget, nugget[0], rtol=0, atol=1e-15) and nugget[0] >= 0
+        if nugget[0] > 0:
+            lifted += 1
+            assert V[1] == pytest.approx(0.25 * floors[-1])
+    assert np.mean(floors) < np.std(ests)
+    assert zero_left > 0  # the unfloored estimate is 0 on some of these curves
+    assert lifted >= zero_left
+
+
+def test_a_ratio_that_sits_at_zero_then_moves_gives_finite_significance():
+    """Indicators all 0 for 30 evaluations, then a binomial 0.2 for 20: the onset, if any, has a
+    finite significance (the floor replaces a zero training-noise estimate) and is confirmed."""
+    from lightning_pfd.analysis.events import detect_memorization_onset
+
+    rng = np.random.default_rng(4)
+    T, U = 50, 128
+    p = np.where(np.arange(T) < 30, 0.0, 0.2)
+    u = (rng.random((T, U)) < p[:, None]).astype(np.float64)
+    series = UnitSeries("mem/ratio", "indicator", np.arange(T, dtype=float), u, np.arange(U), u.mean(1))
+    ev = detect_memorization_onset(np.arange(T, dtype=float), u.mean(1), units=series)
+    assert ev is not None and math.isfinite(ev.significance) and ev.status == "confirmed"
+    assert 27 <= ev.epoch <= 32  # the change at 30, located within the smoothing window (5)
+
+
 # ----------------------------------------------------------------------------- held-out tests
 def test_held_out_z_is_calibrated_on_the_seed_flip_null():
     """A fixed contrast (evaluation 400 vs 100) on the held-out half of a seed-flip null (slow,

@@ -62,6 +62,9 @@ class Curve:
     y: np.ndarray
     units: Optional[np.ndarray] = None
     kind: str = "scalar"
+    #: the units are 0/1 indicators (a memorization ratio): the training part of the variogram
+    #: has a binomial floor (:func:`variogram`)
+    discrete: bool = False
 
     def __len__(self) -> int:
         return int(self.y.size)
@@ -69,7 +72,7 @@ class Curve:
     def slice(self, lo: int, hi: int) -> "Curve":
         """The evaluations lo..hi-1 (a local segment of the curve)."""
         u = None if self.units is None else self.units[lo:hi]
-        return Curve(self.epochs[lo:hi], self.y[lo:hi], u, self.kind)
+        return Curve(self.epochs[lo:hi], self.y[lo:hi], u, self.kind, self.discrete)
 
     def seed_var(self, rows: np.ndarray) -> np.ndarray:
         """Seed variance of each contrast row (K, T) (0 without units)."""
@@ -104,7 +107,7 @@ def _curve(kind: str, epochs: np.ndarray, values: np.ndarray, logged: np.ndarray
         y = values.mean(1)
     else:  # jackknife replicates: the value is the logged full-sample estimate
         return Curve(epochs, logged.astype(np.float64), values, "jackknife")
-    return Curve(epochs, y, _linear_units(kind, values, y), "linear")
+    return Curve(epochs, y, _linear_units(kind, values, y), "linear", kind == "indicator")
 
 
 def curves_from_units(series: UnitSeries) -> Tuple[Curve, Curve, Curve, bool]:
@@ -189,10 +192,32 @@ def _lag_values(curve: Curve, lags, order: int = DIFF_ORDER) -> np.ndarray:
             continue
         total = _robust_var(d)
         if curve.units is not None:
-            q = _diff(curve.units, h, order)
-            total = max(0.0, total - float(np.mean(curve.unit_var(q))))
+            seed = float(np.mean(curve.unit_var(_diff(curve.units, h, order))))
+            total = max(0.0, total - seed)
         vals.append(bound * total)
     return _isotonic(np.asarray(vals, dtype=np.float64))
+
+
+def _binomial_floor(curve: Curve, order: int) -> float:
+    """The least training part of Var(D_h) of a ratio of 0/1 indicators, the same at every lag
+    (issue: a discrete ratio's training-noise estimate was often exactly 0). Under the binomial
+    model with no training noise, Var(D_1) is the seed part σ² and total − σ² scatters around 0:
+    σ²·sqrt(2/count) is the standard error of a variance from ``count`` independent Gaussian
+    differences (the MAD-based estimate's measured sd is about twice that,
+    tests/test_per_unit.py), so an estimate below it is not evidence of no training noise and is
+    raised to it. It enters the finished variogram (:func:`variogram`) as a nugget — white
+    training noise added at every lag h >= 1 — that lifts V(1) to the floor: applied per lag
+    before the secant extension it would flatten the secant and lower the long-lag bound, and a
+    plain max(V, floor) would lower the variance of a contrast of window means (the within-window
+    pairs enter −½ Σ c_s c_t V with a negative sign). 0 where no indicator ever changes
+    (σ² = 0); no floor for any other curve."""
+    if not curve.discrete or curve.units is None:
+        return 0.0
+    d = _diff(curve.y, 1, order)
+    if d.size < 3:
+        return 0.0
+    seed = float(np.mean(curve.unit_var(_diff(curve.units, 1, order))))
+    return seed * math.sqrt(2.0 / d.size) if seed > 0 else 0.0
 
 
 def _isotonic(v: np.ndarray) -> np.ndarray:
@@ -225,7 +250,9 @@ def variogram(curve: Curve, *, max_lag_frac: PositiveFloat = 1.0 / 6.0, max_lag:
 
     A real event on the curve (a bump over tens of evaluations) inflates (a) at the lags of its
     own width; (b) is read where the event's curvature is small, so an event does not hide
-    itself. At least ``min_count`` differences per lag."""
+    itself. At least ``min_count`` differences per lag. A ratio of 0/1 indicators whose V(1) is
+    below its binomial floor (:func:`_binomial_floor`, times 1/4) gets the difference added at
+    every lag h >= 1 (a nugget)."""
     check_args(variogram, locals())
     n = len(curve)
     out = np.zeros(max(n, 1))
@@ -249,7 +276,12 @@ def variogram(curve: Curve, *, max_lag_frac: PositiveFloat = 1.0 / 6.0, max_lag:
         slope = max(0.0, v_short[-1] - v_short[-2])
         v = np.where(h_all > h_s, v_short[-1] + (h_all - h_s) * slope, v)
     out[1:] = v
-    return np.maximum.accumulate(out)
+    out = np.maximum.accumulate(out)
+    # a ratio's binomial floor as a nugget (white training noise) that lifts V(1) to the floor:
+    # V + nugget is a variogram, and a nugget can only add variance to a contrast (raising V at
+    # short lags alone, max(V, floor), would lower the variance of a contrast of window means)
+    out[1:] += max(0.0, _DIFF[DIFF_ORDER][1] * _binomial_floor(curve, DIFF_ORDER) - out[1]) if n > 1 else 0.0
+    return out
 
 
 def _train_var(c: np.ndarray, V: np.ndarray) -> float:
