@@ -26,6 +26,9 @@ import numpy as np
 
 from lightning_pfd.analysis.early_stop import DEFAULT_WINDOW, rise_test
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from scripted_icr import ScriptedICR, TinyModule, previous_rule  # noqa: E402  the tests' side, shared
+
 G = 16
 SE = 0.01  # standard error of one ICR value from the group noise (sd_u / sqrt(G))
 LEVEL = 0.35
@@ -154,24 +157,6 @@ def simulate(family: str, n: int, seed: int, mu=None):
     return y, reps
 
 
-def old_rule(y, reps, min_rise_z, patience=5):
-    """The previous ICREarlyStopping(min_rise_z): patience on the raw value, then a paired
-    z of (now - best) >= min_rise_z, re-tested at every check. Returns the stop index or None."""
-    best, best_i, wait = math.inf, -1, 0
-    for i, v in enumerate(y):
-        if v < best:
-            best, best_i, wait = v, i, 0
-            continue
-        wait += 1
-        if wait >= patience:
-            d = reps[i] - reps[best_i]
-            se = math.sqrt((G - 1) / G * ((d - d.mean()) ** 2).sum())
-            z = (y[i] - y[best_i]) / se if se > 0 else (math.inf if y[i] > y[best_i] else 0.0)
-            if z >= min_rise_z:
-                return i
-    return None
-
-
 def waits(y):
     """Checks since the running minimum of ``y`` (0 where a check sets a new minimum): the
     patience counter of EarlyStopping on the raw values."""
@@ -225,7 +210,7 @@ def null_table(families, runs, lengths=(40, 100), seed0=0):
             for z in ZS:
                 stops[z] += first_stop(zs, pat, z) is not None
                 alone[z] += bool(np.any(np.nan_to_num(zs, nan=-np.inf) >= z))
-                old[z] += old_rule(y, reps, z) is not None
+                old[z] += previous_rule(y, reps, z) is not None
         row = {}
         for z in ZS:
             row[f"z={z:g}"] = {"stops": stops[z], "runs": runs, "rate": stops[z] / runs,
@@ -300,8 +285,6 @@ def trainer_runs(families, runs, n=40, seed0=50_000):
 
     from lightning_pfd.callbacks import ICREarlyStopping
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from scripted_icr import ScriptedICR, TinyModule  # the tests' Trainer side, shared
 
     import tempfile
 

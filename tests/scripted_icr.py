@@ -54,3 +54,24 @@ class ScriptedICR(Callback):
             groups = np.arange(self.reps.shape[1])
             per_unit_store(trainer).write(UnitRecord("icr/icr", e, trainer.global_step, "jackknife",
                                                      self.reps[e], groups, float(self.y[e])))
+
+
+def previous_rule(y, reps, min_rise_z, patience=5):
+    """The previous ``ICREarlyStopping(min_rise_z)`` (the rule the rise test replaced): patience on
+    the raw values, then the paired jackknife z of (now − best) >= ``min_rise_z``, re-tested at
+    every check after patience is exhausted. ``reps``: (n, G) delete-a-group replicates. Returns
+    the stop index or None (a zero jackknife variance with a rise gave z = inf: a stop)."""
+    g = reps.shape[1]
+    best, best_i, wait = np.inf, -1, 0
+    for i, v in enumerate(y):
+        if v < best:
+            best, best_i, wait = v, i, 0
+            continue
+        wait += 1
+        if wait >= patience:
+            d = reps[i] - reps[best_i]
+            se = float(np.sqrt((g - 1) / g * ((d - d.mean()) ** 2).sum()))
+            z = (y[i] - y[best_i]) / se if se > 0 else (np.inf if y[i] > y[best_i] else 0.0)
+            if z >= min_rise_z:
+                return i
+    return None

@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_pfd.analysis.early_stop import PatienceRule, rise_test
 from lightning_pfd.callbacks import ICREarlyStopping
-from scripted_icr import ScriptedICR, TinyModule
+from scripted_icr import ScriptedICR, TinyModule, previous_rule
 
 G = 16
 SE = 0.01
@@ -33,22 +33,6 @@ def _run(n, seed, mu=None, common_sd=0.0):
 def _u(n, t_min, rise):
     t = np.arange(n, dtype=float)
     return 0.35 + 0.1 * np.clip((t_min - t) / t_min, 0, None) + rise * np.clip((t - t_min) / (n - 1 - t_min), 0, None)
-
-
-def _old_rule_stops(y, reps, z, patience=5):
-    """The previous ICREarlyStopping(min_rise_z=z): patience, then a paired z of now vs the best
-    epoch, re-tested at every check."""
-    best, bi, wait = math.inf, -1, 0
-    for i, v in enumerate(y):
-        if v < best:
-            best, bi, wait = v, i, 0
-            continue
-        wait += 1
-        d = reps[i] - reps[bi]
-        se = math.sqrt((G - 1) / G * ((d - d.mean()) ** 2).sum())
-        if wait >= patience and se > 0 and (v - best) / se >= z:
-            return True
-    return False
 
 
 def _pure_stop(y, reps, z=3.0, patience=5, horizon=None, window=3):
@@ -76,7 +60,7 @@ def test_flat_icr_rarely_stops_where_the_previous_rule_almost_always_did():
     most 1 (nominal whole-run rate 0.6 %); the previous rule (the selected minimum re-tested at
     every check) fails the same bound by far."""
     runs = [_run(40, s) for s in range(20)]
-    old = sum(_old_rule_stops(y, r, 2.5) for y, r in runs)
+    old = sum(previous_rule(y, r, 2.5) is not None for y, r in runs)
     new = sum(_any_block_end_significant(y, r, 2.5) for y, r in runs)
     assert new <= 1, new
     assert old >= 7, old  # the same bound, applied to the previous rule, fails

@@ -140,39 +140,39 @@ class Event:
         if "detector" in d:  # an event on a user key
             what = d.get("display", d.get("key", "?"))
             if d["detector"] == "double_descent":
-                return (f"double descent of {what}: minimum at epoch {_fmt(d['first_min_epoch'])}, "
-                        f"peak at {_fmt(self.epoch)}, descends again to epoch "
-                        f"{_fmt(d['second_min_epoch'])} ({self.significance:.1f}σ weakest leg)")
+                return (f"double descent of {what}: minimum at epoch {format_epoch(d['first_min_epoch'])}, "
+                        f"peak at {format_epoch(self.epoch)}, descends again to epoch "
+                        f"{format_epoch(d['second_min_epoch'])} ({self.significance:.1f}σ weakest leg)")
             if d["detector"] == "memorization_onset":
-                return (f"onset of {what} at epoch {_fmt(self.epoch)}"
+                return (f"onset of {what} at epoch {format_epoch(self.epoch)}"
                         f"{_leg_text(d, 'rise', ': rises by ')}")
             kind = "early learning of" if d["detector"] == "early_learning" else "minimum of"
-            return (f"{kind} {what}: minimum {d['min_value']:.4g} at epoch {_fmt(self.epoch)}"
+            return (f"{kind} {what}: minimum {d['min_value']:.4g} at epoch {format_epoch(self.epoch)}"
                     f"{_leg_text(d, 'rise', ', then rises by ')}")
         if self.status == "undecided":
-            return (f"{self.name.replace('_', ' ')} at epoch {_fmt(self.epoch)}: undecided "
+            return (f"{self.name.replace('_', ' ')} at epoch {format_epoch(self.epoch)}: undecided "
                     f"({self.reason})")
         if self.name == "early_learning":
-            return (f"early learning: E_gen minimum {d['min_value']:.4g} at epoch {_fmt(self.epoch)}"
+            return (f"early learning: E_gen minimum {d['min_value']:.4g} at epoch {format_epoch(self.epoch)}"
                     f"{_leg_text(d, 'descent', ', after a descent of ')}"
                     f"{_leg_text(d, 'rise', ', then rises by ')}")
         if self.name == "double_descent":
-            return (f"epoch-wise double descent: minimum at epoch {_fmt(d['first_min_epoch'])}, "
-                    f"peak at {_fmt(self.epoch)}, descends again to epoch {_fmt(d['second_min_epoch'])} "
+            return (f"epoch-wise double descent: minimum at epoch {format_epoch(d['first_min_epoch'])}, "
+                    f"peak at {format_epoch(self.epoch)}, descends again to epoch {format_epoch(d['second_min_epoch'])} "
                     f"({self.significance:.1f}σ weakest leg)")
         if self.name == "icr_minimum":
-            return (f"ICR minimum {d['min_value']:.4g} at epoch {_fmt(self.epoch)} (U-shape"
+            return (f"ICR minimum {d['min_value']:.4g} at epoch {format_epoch(self.epoch)} (U-shape"
                     f"{_leg_text(d, 'descent', ': descent ')}{_leg_text(d, 'rise', ', rise ')})")
         if self.name == "memorization_onset":
-            s = (f"memorization onset at epoch {_fmt(self.epoch)} from {d.get('source', 'mem/ratio')}"
+            s = (f"memorization onset at epoch {format_epoch(self.epoch)} from {d.get('source', 'mem/ratio')}"
                  f"{_leg_text(d, 'rise', ': rises by ')}")
             lead = d.get("lead_epochs")
             if lead is not None:
-                how = (f"anticipates it by {_fmt(lead)} epochs" if float(lead) >= 0
-                       else f"comes {_fmt(-float(lead))} epochs after it")
-                s += f"; ICR minimum at epoch {_fmt(d['icr_min_epoch'])} {how}"
+                how = (f"anticipates it by {format_epoch(lead)} epochs" if float(lead) >= 0
+                       else f"comes {format_epoch(-float(lead))} epochs after it")
+                s += f"; ICR minimum at epoch {format_epoch(d['icr_min_epoch'])} {how}"
             return s
-        return f"{self.name} at epoch {_fmt(self.epoch)} ({self.significance:.1f}σ)"
+        return f"{self.name} at epoch {format_epoch(self.epoch)} ({self.significance:.1f}σ)"
 
 
 @dataclass(frozen=True)
@@ -225,7 +225,9 @@ def _leg_text(d: dict, leg: str, prefix: str) -> str:
     return f"{prefix}{float(rec['diff']):.3g} (z {float(rec['z']):.1f})"
 
 
-def _fmt(x) -> str:
+def format_epoch(x) -> str:
+    """An epoch as the event messages print it: an integer without a decimal point, else 3
+    significant digits; "—" for None."""
     if x is None:
         return "—"
     x = float(x)
@@ -744,7 +746,7 @@ def classify_regime(epochs, e_gen, e_mem, *, mem_ratio=None, gap=None,
         if abs(score) <= margin:
             reasons.append(f"E_gen/E_mem = {math.exp(score):.3g} within ×{math.exp(margin):.3g} of 1")
         if early_learning is not None:
-            reasons.append(f"early learning at epoch {_fmt(early_learning.epoch)}")
+            reasons.append(f"early learning at epoch {format_epoch(early_learning.epoch)}")
         if ratio_end is not None and ratio_end >= ratio_clean:
             reasons.append(f"memorization ratio {ratio_end:.3g} >= {ratio_clean}")
     return Regime(name=name, score=float(score), reasons=tuple(reasons),

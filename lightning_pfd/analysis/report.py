@@ -87,7 +87,8 @@ def check_settings(settings: dict, field: Callable[[str], str] = str) -> dict:
             for name, v in settings.items()}
 
 
-def _atomic_write(path: Path, text: str):
+def atomic_write_text(path: Path, text: str):
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (no half-written file)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -100,7 +101,7 @@ def save_detector_settings(directory, settings: dict, **meta) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     record = dict(format=_FORMAT, settings=check_settings(settings), **meta)
     path = d / SETTINGS_FILE
-    _atomic_write(path, json.dumps(record, indent=2, default=str) + "\n")
+    atomic_write_text(path, json.dumps(record, indent=2, default=str) + "\n")
     return path
 
 
@@ -176,7 +177,9 @@ def free_report_dir(out, force: bool = False, files: Sequence[str] = REPORT_FILE
 
 
 # ----------------------------------------------------------------------------- markdown
-def _fmt(v, digits=4) -> str:
+def format_value(v, digits=4) -> str:
+    """A value as the reports print it (integers as such, booleans lower-case, ``digits``
+    significant digits, "—" for None)."""
     if v is None:
         return "—"
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
@@ -209,9 +212,9 @@ def _metric_rows(series: dict, keys: dict, metric_keys: keys_registry.KeySet) ->
         x, y = series[name]
         i = int(np.argmin(y))
         j = int(np.argmax(y))
-        rows.append(f"| {label} | `{name}` | {len(x)} | {_fmt(y[0])} | "
-                    f"{_fmt(y[i])} (epoch {_fmt(x[i])}) | {_fmt(y[j])} (epoch {_fmt(x[j])}) | "
-                    f"{_fmt(y[-1])} |")
+        rows.append(f"| {label} | `{name}` | {len(x)} | {format_value(y[0])} | "
+                    f"{format_value(y[i])} (epoch {format_value(x[i])}) | {format_value(y[j])} (epoch {format_value(x[j])}) | "
+                    f"{format_value(y[-1])} |")
     return rows
 
 
@@ -224,7 +227,7 @@ def _input_info(history) -> Optional[dict]:
 
 
 def _epochs_text(ep) -> str:
-    return "—" if ep is None else f"{_fmt(ep[0])}–{_fmt(ep[1])}"
+    return "—" if ep is None else f"{format_value(ep[0])}–{format_value(ep[1])}"
 
 
 def _input_md(info: Optional[dict]) -> tuple:
@@ -263,7 +266,7 @@ def _settings_md(settings: dict, sources: Optional[dict]) -> list:
         if name == "keys":
             v = ", ".join(f"{r}=`{m}`" for r, m in v.items())
         else:
-            v = f"`{_fmt(v)}`"
+            v = f"`{format_value(v)}`"
         src = (sources or {}).get(name, "arguments")
         out.append(f"| {name} | {v} | {src} |")
     return out + ["", "(window in evaluations, min_sigma = the z each leg must reach on held-out seeds, min_rel relative to the "
@@ -277,12 +280,12 @@ def _regime_md(analysis: RunAnalysis, k: dict) -> list:
         return out + ["Not determined (needs both `%s` and `%s`)." % (k["e_gen"], k["e_mem"]), ""]
     out += [f"**{reg.name}** — log(E_gen/E_mem) = {reg.score:.3f} at the end of training "
             f"(means of the last smoothed evaluations, so they differ from the last values in the "
-            f"metric table below: E_gen = {_fmt(reg.detail['e_gen_end'])}, "
-            f"E_mem = {_fmt(reg.detail['e_mem_end'])}"
+            f"metric table below: E_gen = {format_value(reg.detail['e_gen_end'])}, "
+            f"E_mem = {format_value(reg.detail['e_mem_end'])}"
             + ("" if reg.detail.get("mem_ratio_end") is None
-               else f", memorization ratio = {_fmt(reg.detail['mem_ratio_end'])}")
+               else f", memorization ratio = {format_value(reg.detail['mem_ratio_end'])}")
             + ("" if reg.detail.get("gap_end") is None
-               else f", ℓ_test − ℓ_train = {_fmt(reg.detail['gap_end'])}") + ").", ""]
+               else f", ℓ_test − ℓ_train = {format_value(reg.detail['gap_end'])}") + ").", ""]
     return out + [f"- {r}" for r in reg.reasons] + [""]
 
 
@@ -292,10 +295,10 @@ def _events_md(analysis: RunAnalysis) -> list:
         out += ["| event | epoch | z (weakest leg) | legs: difference ± s.e. (z) | test | description |",
                 "|---|---|---|---|---|---|"]
         for e in analysis.events:
-            legs = "; ".join(f"{k} {_fmt(v['diff'], 3)} ± {_fmt(v['se'], 2)} ({_fmt(v['z'], 3)})"
+            legs = "; ".join(f"{k} {format_value(v['diff'], 3)} ± {format_value(v['se'], 2)} ({format_value(v['z'], 3)})"
                              for k, v in e.detail.get("legs", {}).items())
             test = "held-out seeds" if e.detail.get("held_out") else "same values (no per-unit record)"
-            out.append(f"| {e.name} | {_fmt(e.epoch)} | {_fmt(e.significance, 3)} | {legs} | {test} | "
+            out.append(f"| {e.name} | {format_value(e.epoch)} | {format_value(e.significance, 3)} | {legs} | {test} | "
                        f"{e.describe()} |")
         out.append("")
     else:
@@ -303,7 +306,7 @@ def _events_md(analysis: RunAnalysis) -> list:
     if analysis.undecided:
         out += ["**Undecided** (the test passed, but the noise model failed its check on this run, "
                 "so the event is not confirmed):", ""]
-        out += [f"- {e.name} at epoch {_fmt(e.epoch)}: {e.reason}" for e in analysis.undecided] + [""]
+        out += [f"- {e.name} at epoch {format_value(e.epoch)}: {e.reason}" for e in analysis.undecided] + [""]
     out += ["(z = (difference − selection allowance) / s.e., the s.e. = paired seed part + local "
             "training-noise part; docs/events.md.)", ""]
     found = {e.name for e in analysis.events} | {e.name for e in analysis.undecided}
@@ -397,8 +400,8 @@ def write_report(history: History | dict, out_dir, *, keys: Optional[dict] = Non
                          title=title, settings=settings, sources=settings_sources,
                          input_info=info, unit_info=unit_info, metric_keys=metric_keys)
     md_path, js_path = out / "report.md", out / "events.json"
-    _atomic_write(md_path, md)
-    _atomic_write(js_path, json.dumps(dict(analysis.to_dict(), params=params, settings=settings,
+    atomic_write_text(md_path, md)
+    atomic_write_text(js_path, json.dumps(dict(analysis.to_dict(), params=params, settings=settings,
                                            settings_source=settings_sources, input=info,
                                            per_unit=unit_info),
                                       indent=2, default=_json_default))

@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import ConfigError, ShortErrorParser, renamed_fields
 from ..validation import IntAtLeastTwo, NonNegativeInt, OpenUnitInterval, PositiveInt, check_args
-from .report import _atomic_write, _fmt, holds_report
+from .report import atomic_write_text, format_value, holds_report
 from .scaling import (bias_variance_cell, bootstrap_collapse, cell_means,
                       collapse_coordinate, group_cells, psi_fid, psi_kid, transition_point)
 
@@ -558,7 +558,7 @@ def _plot_bias_variance(bv: List[dict], path: Path) -> Optional[str]:
 def _md_cell(s: dict) -> str:
     if not s or s["mean"] is None:
         return "—"
-    return _fmt(s["mean"]) + ("" if s["sd"] is None else f" ± {_fmt(s['sd'], 2)}")
+    return format_value(s["mean"]) + ("" if s["sd"] is None else f" ± {format_value(s['sd'], 2)}")
 
 
 def _md_escape(text) -> str:
@@ -696,8 +696,8 @@ def _collapse_md(collapse: dict, opts: dict) -> list:
                 "s.e.; fitted: plus the shift fitted jointly with γ̂, the shifts summing to 0):", "",
                 "| \\|θ\\| | at the largest N | fitted |", "|---|---|---|"]
         for s, rec in sorted(f.floors.items()):
-            fit_v = "—" if rec["fitted"] is None else _fmt(rec["fitted"][0])
-            out.append(f"| {int(round(2 ** s))} | {_fmt(rec['data_rich'][0])} ± {_fmt(rec['se'][0], 2)} | {fit_v} |")
+            fit_v = "—" if rec["fitted"] is None else format_value(rec["fitted"][0])
+            out.append(f"| {int(round(2 ** s))} | {format_value(rec['data_rich'][0])} ± {format_value(rec['se'][0], 2)} | {fit_v} |")
         out.append("")
     lo, hi = opts["bounds"]
     level = next((f.level for f in fits.values() if f is not None and f.level), None)
@@ -783,13 +783,13 @@ def _transition_md(trans, tspread, gamma) -> list:
     out = ["## MtoG transition: E_gen = E_mem", "",
            "| \\|θ\\| | log₂N* | N* | log₂(N*/\\|θ\\|^γ̂) | log₂(N*/√\\|θ\\|) |", "|---|---|---|---|---|"]
     for t in trans:
-        out.append(f"| {t['n_params']} | {_fmt(t['log2_n'])} | {_fmt(t['n'])} | {_fmt(t['x_gamma_hat'])} | "
-                   f"{_fmt(t['x_gamma_half'])} |")
+        out.append(f"| {t['n_params']} | {format_value(t['log2_n'])} | {format_value(t['n'])} | {format_value(t['x_gamma_hat'])} | "
+                   f"{format_value(t['x_gamma_half'])} |")
     out += ["", "— = the mean curves do not cross from E_gen > E_mem to E_gen ≤ E_mem inside the N range. "
-            f"Spread (sd) of the crossing across sizes: against log₂N {_fmt(tspread['x_gamma0'])}, "
-            f"against log₂(N/|θ|^γ̂) {_fmt(tspread['x_gamma_hat'])}"
+            f"Spread (sd) of the crossing across sizes: against log₂N {format_value(tspread['x_gamma0'])}, "
+            f"against log₂(N/|θ|^γ̂) {format_value(tspread['x_gamma_hat'])}"
             + ("" if gamma is None else f" (γ̂ = {gamma:.3f})")
-            + f", against log₂(N/√|θ|) {_fmt(tspread['x_gamma_half'])}.", ""]
+            + f", against log₂(N/√|θ|) {format_value(tspread['x_gamma_half'])}.", ""]
     return out
 
 
@@ -822,8 +822,8 @@ def _bv_md(bv: List[dict], spec: Optional[dict] = None) -> list:
             "|---|---|---|---|---|---|---|---|---|---|"]
     for c in done:
         out.append(f"| {_md_escape(c['model_label'])} | {c['n_params']} | {c['n_train']} | {c['k']} | {c['m']} | "
-                   f"{_fmt(c['e_bias_sq'])} | {_fmt(c['e_var'])} | {_fmt(c['e_gen_sq_mean'])} | "
-                   f"{', '.join(_fmt(v) for v in c['e_gen'])} | {c['identity_abs_error']:.1e} / "
+                   f"{format_value(c['e_bias_sq'])} | {format_value(c['e_var'])} | {format_value(c['e_gen_sq_mean'])} | "
+                   f"{', '.join(format_value(v) for v in c['e_gen'])} | {c['identity_abs_error']:.1e} / "
                    f"{c['identity_rel_error']:.1e} |")
     skipped = [c for c in bv if "skipped" in c]
     out += [""] + [f"- skipped |θ| = {c['n_params']}, N = {c['n_train']}: {c['skipped']}" for c in skipped]
@@ -956,8 +956,8 @@ def write_sweep_report(sweep_dir, out_dir=None, force: bool = False, *, model_si
         "excluded": [{"trial_id": r.get("trial_id"), "status": r.get("status"), "reason": r["_reason"]}
                      for r in sweep.excluded]}
     md_path, js_path = out / "report.md", out / "analysis.json"
-    _atomic_write(js_path, json.dumps(analysis, indent=2, default=_json_default) + "\n")
-    _atomic_write(md_path, md)
+    atomic_write_text(js_path, json.dumps(analysis, indent=2, default=_json_default) + "\n")
+    atomic_write_text(md_path, md)
     return {"out_dir": str(out), "markdown": str(md_path), "json": str(js_path), "figures": figs,
             "incomplete": sweep.incomplete, "analysis": analysis}
 

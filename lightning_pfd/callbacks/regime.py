@@ -63,7 +63,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
 from .. import keys as keys_registry
-from ..analysis.events import DEFAULT_KEYS, MIN_SIGMA, Event, RunAnalysis, _fmt as _fmt_epoch, analyze_history
+from ..analysis.events import DEFAULT_KEYS, MIN_SIGMA, Event, RunAnalysis, format_epoch, analyze_history
 from ..analysis.history import History
 from ..analysis.per_unit import load_units
 from ..analysis.report import check_settings, save_detector_settings
@@ -354,7 +354,7 @@ class RegimeMonitor(Callback):
                 metrics.update({f"events/{name}_moved": 1.0, f"events/{name}_epoch": float(e.epoch),
                                 f"events/{name}_significance": float(e.significance)})
                 lines.append(f"[bold yellow]moved[/] the provisional event at epoch {d['epoch']} is at "
-                             f"epoch {_fmt_epoch(e.epoch)} in the final test: {e.describe()}")
+                             f"epoch {format_epoch(e.epoch)} in the final test: {e.describe()}")
             else:
                 self.final[name] = dict(e.to_dict(), status="confirmed")
                 metrics.update({f"events/{name}_confirmed": 1.0, f"events/{name}_epoch": float(e.epoch),

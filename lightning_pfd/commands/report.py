@@ -35,7 +35,7 @@ from typing import Optional, Sequence, get_args
 from ..analysis.events import DEFAULT_KEYS
 from ..analysis.history import History, Source, load_history
 from ..analysis.per_unit import find_store, load_units
-from ..analysis.report import (DEFAULT_SETTINGS, _fmt, check_settings, find_saved_settings,
+from ..analysis.report import (DEFAULT_SETTINGS, format_value, check_settings, find_saved_settings,
                                free_report_dir, load_detector_settings, saved_metric_keys,
                                write_report)
 from ..errors import ConfigError, ShortErrorParser, renamed_fields
@@ -156,7 +156,7 @@ def _print_settings(settings: dict, sources: dict) -> None:
     by_source: dict = {}
     for name, v in settings.items():
         text = "keys=" + ",".join(f"{r}:{m}" for r, m in v.items() if DEFAULT_KEYS.get(r) != m) \
-            if name == "keys" else f"{name}={_fmt(v)}"
+            if name == "keys" else f"{name}={format_value(v)}"
         if text != "keys=":
             by_source.setdefault(sources[name], []).append(text)
     print("settings: " + "; ".join(f"{', '.join(v)} ({src})" for src, v in by_source.items()))
