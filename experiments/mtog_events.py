@@ -4,7 +4,7 @@ For every trial directory of a finished sweep (``runs/<sweep>/<trial-id>/``) it 
 analysis as ``python -m lightning_pfd report`` on that trial: the CSV log, the per-unit records in
 ``per_unit/`` (held-out tests with paired per-seed errors) and the detector settings the trial's
 RegimeMonitor saved. It also reads what the RegimeMonitor decided at the end of the trial
-(``events/<name>_confirmed`` / ``_retracted`` in the CSV) and checks that both agree. Writes
+(``events/<name>_confirmed`` / ``_moved`` / ``_retracted`` in the CSV) and checks that both agree. Writes
 ``experiments/results/<sweep>_events.json`` and a markdown table (events per cell: N × width,
 both repeats)::
 
@@ -37,7 +37,7 @@ def trial_events(trial: Path) -> dict:
                         confirm=settings["confirm"], require_descent=settings["require_descent"])
     online = {}
     for key in hist.keys():
-        if key.startswith("events/") and key.endswith(("_confirmed", "_retracted")):
+        if key.startswith("events/") and key.endswith(("_confirmed", "_retracted", "_moved")):
             name, status = key[len("events/"):].rsplit("_", 1)
             online[name] = status
     found = {e.name: e for e in a.events}
@@ -49,8 +49,9 @@ def trial_events(trial: Path) -> dict:
                                  for k, v in e.detail.get("legs", {}).items()}} for e in a.events],
             "regime": None if a.regime is None else a.regime.name,
             "online_final": online,
-            "agrees_with_run": all((online.get(n) == "confirmed") == (n in found) for n in set(online) | set(found)
-                                   if n != "memorization_lead"),
+            # "moved": the final test confirmed the event at another epoch than the provisional one
+            "agrees_with_run": all((online.get(n) in ("confirmed", "moved")) == (n in found)
+                                   for n in set(online) | set(found) if n != "memorization_lead"),
             "settings": {k: settings[k] for k in ("window", "min_sigma", "confirm")},
             "per_unit_metrics": sorted(units), "per_unit_problems": problems}
 
