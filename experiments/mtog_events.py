@@ -4,7 +4,7 @@ For every trial directory of a finished sweep (``runs/<sweep>/<trial-id>/``) it 
 analysis as ``python -m lightning_pfd report`` on that trial: the CSV log, the per-unit records in
 ``per_unit/`` (held-out tests with paired per-seed errors) and the detector settings the trial's
 RegimeMonitor saved. It also reads what the RegimeMonitor decided at the end of the trial
-(``events/<name>_confirmed`` / ``_moved`` / ``_retracted`` in the CSV) and checks that both agree. Writes
+(``events/<name>_confirmed`` / ``_moved`` / ``_retracted`` in the CSV) and checks that both agree (the same events, at the epoch the run logged last). Writes
 ``experiments/results/<sweep>_events.json`` and a markdown table (events per cell: N × width,
 both repeats)::
 
@@ -49,11 +49,19 @@ def trial_events(trial: Path) -> dict:
                                  for k, v in e.detail.get("legs", {}).items()}} for e in a.events],
             "regime": None if a.regime is None else a.regime.name,
             "online_final": online,
-            # "moved": the final test confirmed the event at another epoch than the provisional one
+            # "moved": the final test confirmed the event at another epoch than the provisional one;
+            # both at the epoch the run logged last for it
             "agrees_with_run": all((online.get(n) in ("confirmed", "moved")) == (n in found)
+                                   and (n not in found or _last(hist, f"events/{n}_epoch") == float(found[n].epoch))
                                    for n in set(online) | set(found) if n != "memorization_lead"),
             "settings": {k: settings[k] for k in ("window", "min_sigma", "confirm")},
             "per_unit_metrics": sorted(units), "per_unit_problems": problems}
+
+
+def _last(hist, key: str) -> float:
+    """The last value the run logged for ``key`` (NaN if never)."""
+    _, ys = hist.series(key)
+    return float(ys[-1]) if len(ys) else math.nan
 
 
 def table(rows: list) -> str:
