@@ -45,6 +45,10 @@ HELD_OUT_V3 = ("smooth_wide", "walk_white", "ou_slow", "cyclic", "grow_smooth")
 #: a fourth held-out half, defined after the third had been run once (smooth_wide failed: a zero
 #: training-noise estimate early in a run) and before the floored excess was run on any of these
 HELD_OUT_V4 = ("smooth_ar", "ou_mid", "cyclic_slow", "heavy_jumps", "shrink_smooth")
+#: every family with the split it belongs to, as docs/icr.md's table names it
+SPLIT = {**{f: "tuning" for f in TUNE}, **{f: "held out (seen four times)" for f in HELD_OUT},
+         **{f: "held out (seen three times)" for f in HELD_OUT_NEW},
+         **{f: "held out (seen twice)" for f in HELD_OUT_V3}, **{f: "**held out, new**" for f in HELD_OUT_V4}}
 ZS = (2.0, 2.5, 3.0)
 
 
@@ -281,13 +285,11 @@ def trainer_runs(families, runs, n=40, seed0=50_000):
     """The callback in a real Trainer (dry_run, so every check runs) against the pure rule: a tiny
     LightningModule, ICRMonitor-format jackknife records written every epoch, one
     ICREarlyStopping(min_rise_z=z, dry_run=True) per z."""
+    import tempfile
+
     import lightning.pytorch as pl
 
     from lightning_pfd.callbacks import ICREarlyStopping
-
-
-    import tempfile
-
     from lightning_pfd.callbacks.early_stopping import DEFAULT_MIN_RISE_Z as z
     out = {}
     for fam in families:
@@ -347,13 +349,10 @@ def markdown(result):
     """The tables of docs/icr.md from a result file."""
     lines = ["| family | split | " + " | ".join(f"stops at z = {z:g} (Wilson 95 % upper)" for z in ZS)
              + " | previous rule, z = 3 |", "|---|---|" + "---|" * (len(ZS) + 1)]
-    for fam in TUNE + HELD_OUT + HELD_OUT_NEW + HELD_OUT_V3 + HELD_OUT_V4:
+    for fam, split in SPLIT.items():
         row = result.get("nulls", {}).get(fam)
         if row is None:
             continue
-        split = ("tuning" if fam in TUNE else "held out (seen four times)" if fam in HELD_OUT
-                 else "held out (seen three times)" if fam in HELD_OUT_NEW
-                 else "held out (seen twice)" if fam in HELD_OUT_V3 else "**held out, new**")
         cells = [f"{row[f'z={z:g}']['stops']}/{row[f'z={z:g}']['runs']} ({100 * row[f'z={z:g}']['wilson95_upper']:.1f} %)"
                  for z in ZS]
         lines.append(f"| {fam} | {split} | " + " | ".join(cells) + f" | {row['z=3']['previous_rule']}/{row['z=3']['runs']} |")
@@ -400,7 +399,7 @@ def main(argv=None):
         print("wrote", args.out)
         return
     t0 = time.time()
-    fams = list(TUNE + HELD_OUT + HELD_OUT_NEW + HELD_OUT_V3 + HELD_OUT_V4) if args.families is None else args.families
+    fams = list(SPLIT) if args.families is None else args.families
     result = {"command": "OMP_NUM_THREADS=1 python " + " ".join(["experiments/icr_early_stopping.py"] + sys.argv[1:]),
               "tuning_families": list(TUNE), "held_out_families": list(HELD_OUT),
               "second_held_out_families": list(HELD_OUT_NEW), "third_held_out_families": list(HELD_OUT_V3),

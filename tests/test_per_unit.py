@@ -112,13 +112,6 @@ def test_variogram_bounds_the_true_variogram(phi):
         assert 0.85 * true <= V[h] <= 2.8 * true, (h, V[h], true)
 
 
-def _binomial_ratio(rng, T, U=128, p=0.05):
-    """A memorization ratio with no training noise: T evaluations of U independent 0/1
-    indicators with a constant probability ``p`` (the units of a per-unit ``indicator`` record)."""
-    u = (rng.random((T, U)) < p).astype(np.float64)
-    return u
-
-
 def test_a_discrete_ratio_has_a_binomial_floor_never_zero():
     """Pure binomial indicators (no training noise): the training part of Var(D_1) is estimated
     as total − seed, often <= 0. For a ratio of indicators it is floored at seed·sqrt(2/count),
@@ -133,7 +126,7 @@ def test_a_discrete_ratio_has_a_binomial_floor_never_zero():
     T, h = 100, 1
     ests, floors, zero_left, lifted = [], [], 0, 0
     for _ in range(200):
-        u = _binomial_ratio(rng, T)
+        u = (rng.random((T, 128)) < 0.05).astype(np.float64)  # 128 indicators at rate 0.05
         ratio = Curve(np.arange(T, dtype=float), u.mean(1), u, "linear", True)
         d = _diff(ratio.y, h, 3)
         seed = float(np.mean(ratio.unit_var(_diff(ratio.units, h, 3))))
