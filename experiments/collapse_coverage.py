@@ -21,16 +21,28 @@ Coverage settings (γ, shape), each sweep with freshly drawn parameters: TUNE = 
 non-collapses at γ = 0.5 it must reject: ``crossing`` (per-width steepness w_w = w (1 + 0.3 u_w),
 u_w = −1, −⅓, ⅓, 1 from the narrowest width: the curves cross), ``exponents`` (width-dependent
 exponents γ_w = 0.5 + 0.3 u_w: the transition moves with width but no single γ aligns it),
-``shapes`` (every width draws its own shape and parameters).
+``shapes`` (every width draws its own shape and parameters). These four chose the GOF statistic
+(the deformation test of :func:`lightning_pfd.analysis.scaling.deformation_test`); six held-out
+settings, defined before that test was run on them, report it:
+
+- true collapses: ``collapse_skew`` (a Richards curve A (1 + ν e^{x'/w})^{−1/ν}, ν ~ U(0.5, 2),
+  skewed noise (Gamma(4) − 4)/2, K = 3 repeats, one missing cell, no single-repeat cell) and
+  ``collapse_heavy`` (t(3) noise, κ ~ U(3, 5): noise up to 6× larger where steep, γ ~ U(−0.2, 0.9));
+- non-collapses at γ = ½: ``amplitudes`` (per-width height A_w = A (1 + 0.25 u_w)),
+  ``knee_tails`` (knee curves with per-width tail exponent β_w = β (1 + 0.4 u_w)), ``one_width``
+  (the second width's transition 0.6 octave away from where γ puts it), ``shape_by_width`` (the
+  two narrow widths logistic, the two wide ones a knee with β = 1).
 
 For every sweep the report's fit runs (:func:`lightning_pfd.analysis.scaling.bootstrap_collapse`
 on E_gen − floor_w, floors fitted with γ, ``model`` bootstrap with B resamples, jackknife over
 widths); each sweep's γ̂, bootstrap sd, jackknife se, percentile interval and GOF p-value are
-stored, so the interval for any weight c is recomputed from them.
+stored, so the interval for any weight c is recomputed from them (and the p-value of the earlier
+statistic S(γ̂), computed on the same bootstrap sweeps, beside the deformation test's).
 
     python experiments/collapse_coverage.py --sweeps 200 --bootstrap 50 --out experiments/results/collapse_coverage.json
 
-Single-threaded (OMP_NUM_THREADS=1); per sweep 1 + B + 4 fits of ≈ 7 ms. Results and wall time:
+Single-threaded (OMP_NUM_THREADS=1); per sweep 1 + B + 4 fits of ≈ 7 ms and 1 + B deformation
+tests of ≈ 2 ms. Results and wall time:
 docs/sweeps_analysis.md ("Calibration").
 """
 from __future__ import annotations
@@ -52,7 +64,26 @@ U_W = np.array([-1.0, -1 / 3, 1 / 3, 1.0])     # width index mapped to [−1, 1]
 
 TUNE = [("logistic", 0.3), ("logistic", 0.7), ("knee", 0.0), ("knee", 0.5)]
 HELD_OUT = [("logistic", 0.0), ("logistic", 0.5), ("knee", 0.3), ("knee", 0.7)]
-GOF = ["collapse", "crossing", "exponents", "shapes"]
+#: GOF settings: name -> (role, true collapse?, sweep maker). The tuning half chose the test's
+#: statistic (the deformation test's three components and their combination); the held-out half
+#: was defined before any test was run on it.
+GOF_SETTINGS = {
+    "collapse": ("tune", True, lambda r: synthetic_sweep(r, None, r.uniform(0, 0.7), drift=0.0)),
+    "crossing": ("tune", False, lambda r: synthetic_sweep(r, None, 0.5, drift=0.0, alternative="crossing")),
+    "exponents": ("tune", False, lambda r: synthetic_sweep(r, None, 0.5, drift=0.0, alternative="exponents")),
+    "shapes": ("tune", False, lambda r: synthetic_sweep(r, None, 0.5, drift=0.0, alternative="shapes")),
+    "collapse_skew": ("held_out", True, lambda r: synthetic_sweep(
+        r, "richards", r.uniform(0, 0.7), drift=0.0, K=3, missing=1, single=0, noise="gamma")),
+    "collapse_heavy": ("held_out", True, lambda r: synthetic_sweep(
+        r, None, r.uniform(-0.2, 0.9), drift=0.0, noise="t3", kappa=(3.0, 5.0))),
+    "amplitudes": ("held_out", False, lambda r: synthetic_sweep(r, None, 0.5, drift=0.0, alternative="amplitudes")),
+    "knee_tails": ("held_out", False, lambda r: synthetic_sweep(r, None, 0.5, drift=0.0, alternative="knee_tails")),
+    "one_width": ("held_out", False, lambda r: synthetic_sweep(r, None, 0.5, drift=0.0, alternative="one_width")),
+    "shape_by_width": ("held_out", False, lambda r: synthetic_sweep(r, None, 0.5, drift=0.0,
+                                                                     alternative="shape_by_width")),
+}
+GOF = list(GOF_SETTINGS)
+ALTERNATIVES = ("crossing", "exponents", "shapes", "amplitudes", "knee_tails", "one_width", "shape_by_width")
 
 
 def _shape(rng, kind=None):
@@ -63,6 +94,10 @@ def _shape(rng, kind=None):
         w = rng.uniform(0.6, 1.0)
         f = lambda x: A / (1 + np.exp(x / w))
         df = lambda x: -A * np.exp(x / w) / (w * (1 + np.exp(x / w)) ** 2)
+    elif kind == "richards":
+        w, nu = rng.uniform(0.6, 1.0), rng.uniform(0.5, 2.0)
+        f = lambda x: A * (1 + nu * np.exp(x / w)) ** (-1 / nu)
+        df = lambda x: -A * np.exp(x / w) / w * (1 + nu * np.exp(x / w)) ** (-1 / nu - 1)
     else:
         h, beta = rng.uniform(0.6, 1.0), rng.uniform(0.6, 1.2)
         f = lambda x: A * (1 + np.exp(x / h)) ** (-beta)
@@ -70,30 +105,66 @@ def _shape(rng, kind=None):
     return kind, f, df
 
 
+def _noise(rng, kind):
+    """One draw of noise and the sd that scales it to unit variance: Student t(5) or t(3), or a
+    centred Gamma(4) (skewness 1)."""
+    if kind == "gamma":
+        return rng.gamma(4.0) - 4.0, 2.0
+    dof = 3 if kind == "t3" else 5
+    return rng.standard_t(dof), math.sqrt(dof / (dof - 2))
+
+
+def _width_curve(rng, j, s, sbar, gamma, c, f, df, alternative):
+    """E_gen − floor of width j (a function of log₂N) and |dF/dx|: the collapse, or the width's
+    departure from it under ``alternative`` (module docstring)."""
+    g, fj, dfj, sc, off = gamma, f, df, 1.0, 0.0
+    if alternative == "crossing":
+        sc = 1 + 0.3 * U_W[j]
+    elif alternative == "exponents":
+        g = gamma + 0.3 * U_W[j]
+    elif alternative == "shapes":
+        _, fj, dfj = _shape(rng)
+    elif alternative == "one_width" and j == 1:
+        off = 0.6
+    x = (LOG2_N - g * (s - sbar) - c - off) / sc
+    return fj(x), np.abs(dfj(x) / sc)
+
+
 def synthetic_sweep(rng, shape="logistic", gamma=0.5, *, drift=0.02, alternative=None, K=2,
-                    missing=2, single=1):
+                    missing=2, single=1, noise="t5", kappa=(1.0, 3.0), truth=None):
     """(n_train, n_params, E_gen) rows of one sweep of the randomized family (module docstring);
-    ``alternative``: None (a collapse) or "crossing" | "exponents" | "shapes" (no single γ)."""
+    ``alternative``: None (a collapse) or one of :data:`ALTERNATIVES` (no single γ); ``noise``:
+    ``t5``, ``t3`` or ``gamma``; ``kappa``: the range of the growth of the noise where steep;
+    ``truth``: a dict that receives {(N, |θ|): (noise sd per repeat, noise-free mean, repeats)}."""
     sbar = LOG2_PARAMS.mean()
     c = 7.5 + rng.uniform(-0.5, 0.5)
     floors = np.array(FLOORS) + rng.uniform(-0.1, 0.1, 4)
     D = rng.uniform(0, drift) if drift else 0.0
     slopes = D * rng.uniform(-1, 1, 4)
-    base, kappa = rng.uniform(0.03, 0.05), rng.uniform(1, 3)
-    kind, f, df = _shape(rng, shape)
-    wscale = 1.0
+    base, kap = rng.uniform(0.03, 0.05), rng.uniform(*kappa)
+    if alternative == "amplitudes":
+        kind, f0, df0 = _shape(rng, shape)
+        parts = [(lambda x, a=1 + 0.25 * u: a * f0(x), lambda x, a=1 + 0.25 * u: a * df0(x)) for u in U_W]
+    elif alternative == "knee_tails":
+        A, h, beta = rng.uniform(1.6, 2.4), rng.uniform(0.6, 1.0), rng.uniform(0.6, 1.2)
+        parts = [(lambda x, b=beta * (1 + 0.4 * u): A * (1 + np.exp(x / h)) ** (-b),
+                  lambda x, b=beta * (1 + 0.4 * u): -A * b / h * np.exp(x / h) * (1 + np.exp(x / h)) ** (-b - 1))
+                 for u in U_W]
+    elif alternative == "shape_by_width":
+        A, w = rng.uniform(1.6, 2.4), rng.uniform(0.6, 1.0)
+        logistic = (lambda x: A / (1 + np.exp(x / w)), lambda x: -A * np.exp(x / w) / (w * (1 + np.exp(x / w)) ** 2))
+        knee = (lambda x: A * (1 + np.exp(x / w)) ** (-1.0),
+                lambda x: -A / w * np.exp(x / w) * (1 + np.exp(x / w)) ** (-2.0))
+        parts = [logistic, logistic, (lambda x: knee[0](x + 0.5), lambda x: knee[1](x + 0.5)),
+                 (lambda x: knee[0](x + 0.5), lambda x: knee[1](x + 0.5))]
+    else:
+        kind, f, df = _shape(rng, shape)
+        parts = [(f, df)] * 4
     curves = []
     for j, s in enumerate(LOG2_PARAMS):
-        g, fj, dfj, sc = gamma, f, df, 1.0
-        if alternative == "crossing":
-            sc = 1 + 0.3 * U_W[j]
-        elif alternative == "exponents":
-            g = gamma + 0.3 * U_W[j]
-        elif alternative == "shapes":
-            _, fj, dfj = _shape(rng)
-        x = (LOG2_N - g * (s - sbar) - c) / sc
-        curves.append((floors[j] + slopes[j] * (LOG2_N - 12) + fj(x), np.abs(dfj(x) / sc)))
-    steep = max(float(d.max()) for _, d in curves) * wscale
+        fj, dfj = _width_curve(rng, j, s, sbar, gamma, c, *parts[j], alternative)
+        curves.append((floors[j] + slopes[j] * (LOG2_N - 12) + fj, dfj))
+    steep = max(float(d.max()) for _, d in curves)
     cells = [(j, i) for j in range(4) for i in range(LOG2_N.size)]
     drop = set(rng.choice(len(cells), missing + single, replace=False).tolist())
     drop_list = sorted(drop)
@@ -103,11 +174,14 @@ def synthetic_sweep(rng, shape="logistic", gamma=0.5, *, drift=0.02, alternative
         if k in drop and k not in ones:
             continue
         mu, d = curves[j][0][i], curves[j][1][i]
-        sd = base * (1 + kappa * d / steep) * math.exp(0.3 * rng.standard_normal())
+        sd = base * (1 + kap * d / steep) * math.exp(0.3 * rng.standard_normal())
+        if truth is not None:
+            truth[(int(2 ** LOG2_N[i]), int(round(2 ** LOG2_PARAMS[j])))] = (sd, mu, 1 if k in ones else K)
         for _ in range(1 if k in ones else K):
             n.append(int(2 ** LOG2_N[i]))
             p.append(int(round(2 ** LOG2_PARAMS[j])))
-            v.append(mu + sd * rng.standard_t(5) / math.sqrt(5 / 3))
+            e, scale = _noise(rng, noise)
+            v.append(mu + sd * e / scale)
     return n, p, np.array(v)
 
 
@@ -115,8 +189,11 @@ def fit_sweep(rows, B, seed, level):
     f = bootstrap_collapse(group_cells(*rows), B=B, seed=seed, level=level, floor_points=1, shifts=True)
     if f.gamma is None:
         return None
+    spreads = f.bootstrap_spreads
+    p_spread = float((1 + np.sum(spreads >= f.score.spread)) / (1 + spreads.size)) if spreads.size else None
     return {"gamma_hat": f.gamma, "se_repeats": f.se_repeats, "se_widths": f.se_widths,
-            "interval_repeats": f.interval_repeats, "gof_p": f.gof_p, "S": f.score.spread}
+            "interval_repeats": f.interval_repeats, "gof_p": f.gof_p, "S": f.score.spread,
+            "gof_p_spread": p_spread, "largest": None if f.deformation is None else f.deformation.largest}
 
 
 def run_setting(name, make, sweeps, B, level, seed, checkpoint=None):
@@ -164,12 +241,12 @@ def summarize(res, level, target=0.90):
     tune = [s for s in res["coverage"] if s["role"] == "tune"]
     # the smallest weight whose pooled coverage on the tuning half reaches the target
     chosen = None
-    for c in C_GRID:
+    for c in (C_GRID if tune else ()):
         cov = np.mean([coverage(s, s["gamma"], c, level)["coverage"] for s in tune])
         if cov >= target:
             chosen = c
             break
-    chosen = C_GRID[-1] if chosen is None else chosen
+    chosen = None if not tune else C_GRID[-1] if chosen is None else chosen
     table = []
     for s in res["coverage"]:
         row = {"role": s["role"], "shape": s["shape"], "gamma": s["gamma"], "seconds": s["seconds"],
@@ -178,9 +255,17 @@ def summarize(res, level, target=0.90):
         table.append(row)
     gof = []
     for s in res["gof"]:
-        ps = np.array([x["gof_p"] for x in s["fits"] if x is not None and x["gof_p"] is not None])
-        gof.append({"setting": s["name"], "n": int(ps.size), "rejected_at_0.05": int(np.sum(ps < 0.05)),
-                    "rate": float(np.mean(ps < 0.05)), "median_p": float(np.median(ps)), "seconds": s["seconds"]})
+        fits = [x for x in s["fits"] if x is not None and x["gof_p"] is not None]
+        ps = np.array([x["gof_p"] for x in fits])
+        row = {"setting": s["name"], "role": s.get("role"), "collapse": s.get("collapse"), "n": int(ps.size),
+               "rejected_at_0.05": int(np.sum(ps < 0.05)), "rate": float(np.mean(ps < 0.05)),
+               "median_p": float(np.median(ps)), "seconds": s["seconds"], "failed": s["failed"]}
+        sp = np.array([x["gof_p_spread"] for x in fits if x.get("gof_p_spread") is not None])
+        if sp.size:
+            row.update(spread_rejected=int(np.sum(sp < 0.05)), spread_rate=float(np.mean(sp < 0.05)))
+        largest = [x["largest"] for x in fits if x.get("largest") and x["gof_p"] < 0.05]
+        row["largest_of_rejected"] = {k: largest.count(k) for k in sorted(set(largest))}
+        gof.append(row)
     return {"chosen_model_error_weight": chosen, "coverage": table, "gof": gof}
 
 
@@ -240,14 +325,15 @@ def main(argv=None):
         for name in GOF:
             if a.only and name not in a.only:
                 continue
-            alt = None if name == "collapse" else name
-            s = run_setting(name, lambda r, alt=alt: synthetic_sweep(
-                r, None, r.uniform(0, 0.7) if alt is None else 0.5, drift=0.0, alternative=alt),
-                            a.sweeps, a.bootstrap, a.level, a.seed, checkpoint=lambda p: save(p, "gof", {}))
+            role, null, make = GOF_SETTINGS[name]
+            info = dict(role=role, collapse=null)
+            s = run_setting(name, make, a.sweeps, a.bootstrap, a.level, a.seed,
+                            checkpoint=lambda p, info=info: save(p, "gof", info))
+            s.update(info)
             res["gof"].append(s)
             print(name, f"{s['seconds']:.0f} s", flush=True)
     res["wall_seconds"] = time.time() - t0
-    res["summary"] = summarize(res, a.level) if res["coverage"] and res["gof"] else None
+    res["summary"] = summarize(res, a.level) if res["coverage"] or res["gof"] else None
     save()
     print(json.dumps(res.get("summary"), indent=1, default=float))
     return res

@@ -26,6 +26,7 @@ from lightning_pfd.analysis.scaling import (
     collapse_model,
     collapse_spread,
     crossings,
+    deformation_test,
     fit_collapse,
     group_cells,
     jackknife_se,
@@ -249,7 +250,8 @@ def test_goodness_of_fit_says_no_on_crossing_curves_and_yes_on_a_collapse():
     setting): the randomized generator (t(5) noise growing where the curve is steep, K = 2, missing
     cells, one single-repeat cell), 6 sweeps of each: curves that cross (per-width steepness ±30 %)
     are rejected at least 4 times, true collapses at most 2 times (at the measured power ≈ 0.9 and
-    size ≈ 0.05 these fail with probability < 2 % each); the report's verdict follows the p-value."""
+    size ≈ 0.05 these fail with probability < 2 % each); the report's verdict follows the p-value,
+    which is that of the deformation statistic T against its bootstrap values."""
     gen = _generator()
     rng = np.random.default_rng(21)
     null = [bootstrap_collapse(group_cells(*gen.synthetic_sweep(rng, None, 0.5, drift=0.0)), B=30, seed=r,
@@ -259,9 +261,65 @@ def test_goodness_of_fit_says_no_on_crossing_curves_and_yes_on_a_collapse():
     assert sum(f.rejected for f in alt) >= 4
     assert sum(f.rejected for f in null) <= 2
     for f in null + alt:
-        assert f.gof_p == pytest.approx((1 + np.sum(f.bootstrap_spreads >= f.score.spread)) / (1 + f.bootstrap.size))
+        assert f.gof_statistic == "deformation" and f.bootstrap_deformations.size == f.bootstrap.size
+        t = f.deformation.statistic
+        assert f.gof_p == pytest.approx((1 + np.sum(f.bootstrap_deformations >= t)) / (1 + f.bootstrap.size))
         assert _verdict(f).startswith("collapse rejected" if f.rejected else "consistent with a collapse")
         assert ("collapses at γ̂" in _verdict(f)) == (not f.rejected)
+        assert ("largest departure" in _verdict(f)) == f.rejected
+
+
+def _deformation_design():
+    """4 widths × N = 2⁵…2¹², levels per width, a logistic master curve at γ = ½, se = 0.02."""
+    ln = np.tile(np.arange(5.0, 13.0), 4)
+    lp = np.repeat([14.0, 15.5, 17.0, 18.5], 8)
+    level = np.repeat([0.3, 0.1, -0.2, 0.05], 8)
+    return ln, lp, ln - 0.5 * lp, level, lambda x: 2 / (1 + np.exp((x + 0.5) / 0.8)), np.full(32, 0.02)
+
+
+def test_deformation_lr_is_chi_square_under_a_collapse():
+    """Oracle: under an exact collapse with Gaussian noise of known s.e., each deformation's
+    likelihood ratio is χ²(df) (df = 2 for location: the change of γ is part of the null; 3 for
+    stretch and amplitude: one column per width but the first) — mean within 4 s.e. of df and a
+    Kolmogorov–Smirnov test against scipy's χ² over 200 sweeps."""
+    from scipy.stats import chi2, kstest
+
+    ln, lp, x, level, F, se = _deformation_design()
+    rng = np.random.default_rng(0)
+    tests = [deformation_test(ln, lp, F(x) + level + se * rng.standard_normal(32), 0.5, se=se) for _ in range(200)]
+    assert tests[0].df == {"location": 2, "stretch": 3, "amplitude": 3}
+    for c, df in tests[0].df.items():
+        lr = np.array([t.lr[c] for t in tests])
+        assert abs(lr.mean() - df) < 4 * math.sqrt(2 * df / lr.size)
+        assert kstest(lr, chi2(df).cdf).pvalue > 1e-3
+    t = tests[0]
+    assert t.statistic == pytest.approx(-min(chi2.logsf(t.lr[c], t.df[c]) for c in t.lr))
+
+
+def test_deformation_test_names_the_departure_and_ignores_levels():
+    """One width (|θ| = 2¹⁷) moved 0.4 octave, 30 % flatter or 15 % taller: the deformation with
+    the largest evidence is location, stretch or amplitude respectively, each beyond χ² tail
+    e^-20; per-width constants (the floors) change no LR (they are part of the null model)."""
+    ln, lp, x, level, F, se = _deformation_design()
+    noise = se * np.random.default_rng(1).standard_normal(32)
+    w = lp == 17.0
+    for name, y in (("location", F(x - 0.4 * w)), ("stretch", F((x + 0.5) / (1 + 0.3 * w) - 0.5)),
+                    ("amplitude", F(x) * (1 + 0.15 * w))):
+        t = deformation_test(ln, lp, y + level + noise, 0.5, se=se)
+        assert t.largest == name and t.statistic > 20
+    a = deformation_test(ln, lp, F(x) + noise, 0.5, se=se)
+    b = deformation_test(ln, lp, F(x) + noise + 3 * level, 0.5, se=se)
+    assert a.statistic < 5 and all(a.lr[c] == pytest.approx(b.lr[c], abs=1e-8) for c in a.lr)
+
+
+def test_deformation_test_refuses_bad_input():
+    ln, lp, x, level, F, se = _deformation_design()
+    with pytest.raises(ConfigError, match="se"):
+        deformation_test(ln, lp, F(x), 0.5, se=None)
+    assert deformation_test(ln[:3], lp[:3], F(x)[:3], 0.5, se=se[:3]) is None   # 3 distinct x: no spline
+    cells = group_cells([32, 32, 64, 64], [100, 100, 200, 200], [1.0, 1.1, 0.5, 0.6])
+    with pytest.raises(ConfigError, match="gof_statistic"):
+        bootstrap_collapse(cells, B=5, gof_statistic="chi2")
 
 
 def _recorded_cells():

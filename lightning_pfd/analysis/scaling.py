@@ -37,7 +37,7 @@ __all__ = [
     "Cell", "CollapseScore", "CollapseFit", "group_cells", "cell_means", "collapse_coordinate",
     "overlap_weight", "collapse_spread", "fit_collapse", "within_noise_threshold",
     "cell_standard_errors", "subtract_floors", "bootstrap_collapse", "BOOTSTRAP_METHODS",
-    "master_curve", "collapse_model", "jackknife_se", "MODEL_ERROR_WEIGHT", "GOF_ALPHA",
+    "master_curve", "collapse_model", "deformation_test", "DeformationTest", "DEFORMATIONS", "jackknife_se", "MODEL_ERROR_WEIGHT", "GOF_ALPHA",
     "crossings", "transition_point",
     "bias_variance_cell", "psi_fid", "psi_kid", "REFERENCE_GAMMAS",
 ]
@@ -327,7 +327,9 @@ class CollapseFit:
     ``interval_repeats`` and ``se_repeats`` (percentile interval and sd of the refits: the noise
     of the repeats only), ``se_widths`` and ``jackknife`` (the jackknife over widths: {log₂|θ|:
     γ̂ without it}), ``gof_p`` (goodness-of-fit p-value of the ``model`` bootstrap; ``rejected``
-    when below ``gof_alpha``), ``spread_null`` (the ``level`` range of S(γ̂) over sweeps that collapse
+    when below ``gof_alpha``; ``gof_statistic`` names the statistic it tests, ``deformation`` is
+    the :class:`DeformationTest` of the data and ``bootstrap_deformations`` its statistic T* on
+    every bootstrap sweep), ``spread_null`` (the ``level`` range of S(γ̂) over sweeps that collapse
     exactly: the ``model`` bootstrap gives no interval of S itself, ``spread_intervals`` stays empty),
     ``spread_intervals`` ({"gamma_hat" | "0.0" | "0.5": (lo, hi)} of S), ``critical`` (the
     S below which the residuals are within noise, see :func:`within_noise_threshold`),
@@ -359,6 +361,9 @@ class CollapseFit:
     gof_alpha: Optional[float] = None
     bootstrap_spreads: np.ndarray = field(default_factory=lambda: np.zeros(0))
     spread_null: Optional[Tuple[float, float]] = None
+    gof_statistic: Optional[str] = None
+    deformation: Optional[DeformationTest] = None
+    bootstrap_deformations: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def rejected(self) -> Optional[bool]:
@@ -394,7 +399,8 @@ class CollapseFit:
                 "se_repeats": self.se_repeats, "se_widths": self.se_widths,
                 "jackknife": {str(k): v for k, v in self.jackknife.items()},
                 "model_error_weight": self.model_error_weight, "gof_p": self.gof_p,
-                "gof_alpha": self.gof_alpha, "rejected": self.rejected,
+                "gof_alpha": self.gof_alpha, "rejected": self.rejected, "gof_statistic": self.gof_statistic,
+                "deformation": None if self.deformation is None else self.deformation.to_dict(),
                 "spread_null": None if self.spread_null is None else list(self.spread_null)}
 
 
@@ -530,6 +536,23 @@ def _fitted_floors(floors: dict, score: Optional[CollapseScore]) -> Dict[float, 
 MASTER_KNOTS = 6
 
 
+def _spline_basis(x, knots: Optional[int] = None):
+    """Cubic B-spline design matrix (P, n_coef) on x with ``knots`` interior knots at quantiles of
+    the distinct x (default min(:data:`MASTER_KNOTS`, ⌊#distinct x / 4⌋)), and its knot vector;
+    None when x has fewer than four distinct values (no cubic to fit)."""
+    from scipy.interpolate import BSpline
+
+    ux = np.unique(x)
+    lo, hi = float(ux[0]), float(ux[-1])
+    if ux.size < 4 or hi - lo < 1e-9:
+        return None
+    m = min(MASTER_KNOTS, ux.size // 4) if knots is None else int(knots)
+    inner = np.unique(np.quantile(ux, np.arange(1, m + 1) / (m + 1))) if m > 0 else np.zeros(0)
+    inner = inner[(inner > lo + 1e-9) & (inner < hi - 1e-9)]
+    t = np.r_[[lo] * 4, inner, [hi] * 4]
+    return BSpline.design_matrix(np.clip(x, lo, hi), t, 3).toarray(), t
+
+
 def master_curve(x, y, var, knots: Optional[int] = None) -> Callable[[np.ndarray], np.ndarray]:
     """The master curve F of collapsed points (x_i, y_i) (y (P, Q)): a weighted least-squares cubic
     B-spline (weights 1/var; None: unit) with ``knots`` interior knots at quantiles of the distinct
@@ -543,16 +566,12 @@ def master_curve(x, y, var, knots: Optional[int] = None) -> Callable[[np.ndarray
     w = np.ones_like(y) if var is None else 1.0 / np.maximum(np.asarray(var, dtype=np.float64), 1e-300)
     w = np.broadcast_to(w[:, None] if w.ndim == 1 else w, y.shape)
     w = w / w.mean(0)
-    ux = np.unique(x)
-    lo, hi = float(ux[0]), float(ux[-1])
-    m = min(MASTER_KNOTS, ux.size // 4) if knots is None else int(knots)
-    if ux.size < 4 or hi - lo < 1e-9:
+    basis = _spline_basis(x, knots)
+    if basis is None:
         coef = [np.sum(w[:, q] * y[:, q]) / np.sum(w[:, q]) for q in range(y.shape[1])]
         return lambda u: np.broadcast_to(np.array(coef), (*np.shape(u), y.shape[1]))
-    inner = np.unique(np.quantile(ux, np.arange(1, m + 1) / (m + 1))) if m > 0 else np.zeros(0)
-    inner = inner[(inner > lo + 1e-9) & (inner < hi - 1e-9)]
-    t = np.r_[[lo] * 4, inner, [hi] * 4]
-    D = BSpline.design_matrix(np.clip(x, lo, hi), t, 3).toarray()
+    D, t = basis
+    lo, hi = t[0], t[-1]
     splines = []
     for q in range(y.shape[1]):
         sw = np.sqrt(w[:, q])
@@ -572,6 +591,98 @@ def collapse_model(log2_n, log2_params, values, gamma: float, *, se=None, shifts
     shifted = y - a[idx]
     x = collapse_coordinate(x0, lp, gamma)
     return master_curve(x, shifted, var)(x) + a[idx]
+
+
+#: the per-width first-order deformations of the master curve tested by :func:`deformation_test`
+DEFORMATIONS = ("location", "stretch", "amplitude")
+
+
+@dataclass(frozen=True)
+class DeformationTest:
+    """Result of :func:`deformation_test` at one γ.
+
+    ``lr``: {deformation: likelihood-ratio statistic RSS₀ − RSS_c (in standard-error units)};
+    ``df``: {deformation: its degrees of freedom (the rank the columns add)}; ``log_p``:
+    {deformation: log of the χ²(df) tail of lr}; ``statistic``: T = −min_c log_p[c], the
+    statistic whose null distribution :func:`bootstrap_collapse` draws; ``largest``: the
+    deformation that attains it."""
+
+    lr: Dict[str, float]
+    df: Dict[str, int]
+    log_p: Dict[str, float]
+    statistic: float
+    largest: str
+
+    def to_dict(self) -> dict:
+        return {"lr": dict(self.lr), "df": dict(self.df), "log_p": dict(self.log_p),
+                "statistic": self.statistic, "largest": self.largest}
+
+
+def _weighted_rss(X, y, w) -> Tuple[float, np.ndarray, int]:
+    """Σ w_i² (y_i − (Xβ̂)_i)² of the weighted least-squares fit, β̂ and the rank of diag(w) X."""
+    beta, _, rank, _ = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)
+    r = (y - X @ beta) * w
+    return float(r @ r), beta, int(rank)
+
+
+def deformation_test(log2_n, log2_params, values, gamma: float, *, se) -> Optional[DeformationTest]:
+    """Does each width follow the collapse, or a deformed copy of the master curve? A
+    likelihood-ratio test of the collapse model against its per-width first-order deformations
+    (docs/sweeps_analysis.md, "Goodness of fit").
+
+    At x = log₂N − γ·log₂|θ| the collapse model is y_i = F(x_i) + a_w(i) (F a cubic B-spline with
+    the knots of :func:`master_curve`, a_w a level per width), fitted by weighted least squares
+    (weights 1/se²); F̂ its spline. The null design adds the two directions a refit would move in,
+    the common shift F̂'(x) and the change of γ, (log₂|θ| − mean)·F̂'(x) (linearised: γ need not
+    be refitted). Each deformation c adds one column per width w but the first:
+
+    - ``location``: 1_w F̂'(x) — the width's transition sits elsewhere than γ puts it;
+    - ``stretch``: 1_w (x − x̄) F̂'(x) — the width's curve is steeper or flatter (curves cross);
+    - ``amplitude``: 1_w F̂(x) — the width's curve is taller or lower.
+
+    LR_c = RSS₀ − RSS_c in units of se² (summed over the quantities of ``values`` (P, Q)); under
+    the collapse LR_c is approximately χ²(df_c), df_c the rank the columns add. The statistic is
+    T = max_c −log P(χ²(df_c) ≥ LR_c) (the smallest of the three tail probabilities: the χ² tail
+    only puts the three on one scale; the p-value of T comes from the parametric bootstrap of
+    :func:`bootstrap_collapse`). None when no deformation adds a column (fewer than two widths or
+    four distinct x)."""
+    from scipy.interpolate import BSpline
+    from scipy.stats import chi2
+
+    x0, lp, y, var = _as_points(log2_n, log2_params, values, se)
+    if var is None:
+        raise ConfigError("se", "the deformation test needs standard errors", value=None)
+    x = collapse_coordinate(x0, lp, gamma)
+    basis = _spline_basis(x)
+    sizes = np.unique(lp)
+    if basis is None or sizes.size < 2:
+        return None
+    D, t = basis
+    W = (lp[:, None] == sizes[None, 1:]).astype(np.float64)
+    xc = np.clip(x, t[0], t[-1])
+    lr = dict.fromkeys(DEFORMATIONS, 0.0)
+    df = dict.fromkeys(DEFORMATIONS, 0)
+    for q in range(y.shape[1]):
+        w = 1.0 / np.sqrt(np.maximum(var[:, q], 1e-300))
+        beta = _weighted_rss(np.hstack([D, W]), y[:, q], w)[1]
+        spline = BSpline(t, beta[:D.shape[1]], 3)
+        F, dF = spline(xc), spline.derivative()(xc)
+        X0 = np.hstack([D, W, ((lp - lp.mean()) * dF)[:, None], dF[:, None]])
+        rss0, _, rank0 = _weighted_rss(X0, y[:, q], w)
+        xbar = np.average(x, weights=w ** 2)
+        columns = {"location": W * dF[:, None], "stretch": W * ((x - xbar) * dF)[:, None],
+                   "amplitude": W * F[:, None]}
+        for c in DEFORMATIONS:
+            rss, _, rank = _weighted_rss(np.hstack([X0, columns[c]]), y[:, q], w)
+            lr[c] += max(rss0 - rss, 0.0)
+            df[c] += rank - rank0
+    tested = [c for c in DEFORMATIONS if df[c] > 0]
+    if not tested:
+        return None
+    log_p = {c: float(chi2.logsf(lr[c], df[c])) for c in tested}
+    largest = min(tested, key=lambda c: log_p[c])
+    return DeformationTest({c: lr[c] for c in tested}, {c: df[c] for c in tested}, log_p,
+                           -log_p[largest], largest)
 
 
 def _jackknife_widths(ln, lp, y, sd, fit_kwargs) -> Dict[float, Optional[float]]:
@@ -599,6 +710,9 @@ def jackknife_se(values: Sequence[float]) -> Optional[float]:
 MODEL_ERROR_WEIGHT = 0.5
 #: p-value below which the goodness-of-fit test rejects the collapse (docs/sweeps_analysis.md).
 GOF_ALPHA = 0.05
+#: the statistic of the goodness-of-fit test: ``deformation`` (T of :func:`deformation_test`) or
+#: ``spread`` (S(γ̂) of :func:`collapse_spread`, the earlier test; docs/sweeps_analysis.md).
+GofStatistic = Literal["deformation", "spread"]
 
 
 def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] = None, *,
@@ -606,7 +720,8 @@ def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] =
                        method: BootstrapMethod = "auto", floor_points: Optional[PositiveInt] = None,
                        prior_dof: NonNegativeFloat = 4.0, model_error: bool = True,
                        model_error_weight: NonNegativeFloat = MODEL_ERROR_WEIGHT,
-                       gof_alpha: OpenUnitInterval = GOF_ALPHA, **fit_kwargs) -> CollapseFit:
+                       gof_alpha: OpenUnitInterval = GOF_ALPHA, gof_statistic: GofStatistic = "deformation",
+                       **fit_kwargs) -> CollapseFit:
     """:func:`fit_collapse` on the cell means, in standard-error units, with a bootstrap, a
     goodness-of-fit test and an interval that includes the between-width (model) error.
 
@@ -621,7 +736,8 @@ def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] =
 
     - ``"model"`` (parametric bootstrap of the fitted collapse model): K repeats of every cell from
       N(ŷ_i, K se_i²), ŷ = :func:`collapse_model` at γ̂ (a sweep that collapses exactly at γ̂);
-      gives the goodness-of-fit p-value p = (1 + #{S* ≥ S(γ̂)}) / (1 + B) of the refitted S*;
+      gives the goodness-of-fit p-value of ``gof_statistic`` against its values on the refitted
+      bootstrap sweeps;
     - ``"normal"``: K repeats of every cell from N(ȳ_i, K se_i²) around the observed means;
     - ``"seeds"``: the K repeats drawn with replacement, deviations scaled by √(K/(K−1));
     - ``"curves"``: whole model sizes drawn with replacement and the distinct ones refitted;
@@ -682,7 +798,11 @@ def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] =
         fitted = collapse_model(lnk, lpk, yk, fit.gamma, se=sdk, shifts=a)
         centre = means.copy()
         centre[keep] = fitted + (means[keep] - yk)          # back to the units of the cell means
-    gammas, s_hat, s_ref, failed = [], [], [], 0
+    deform = method == "model" and gof_statistic == "deformation"
+    if deform:
+        fit.deformation = deformation_test(lnk, lpk, yk, fit.gamma, se=sdk)
+        deform = fit.deformation is not None
+    gammas, s_hat, s_ref, t_hat, failed = [], [], [], [], 0
     for _ in range(int(B)):
         if method in ("seeds", "normal", "model"):
             drawn_cells = []
@@ -708,10 +828,14 @@ def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] =
             continue
         gammas.append(refit.gamma)
         s_hat.append(refit.score.spread)
+        if deform:
+            t_b = deformation_test(ln[sel], lp[sel], yb[sel], refit.gamma, se=sdb)
+            t_hat.append(math.inf if t_b is None else t_b.statistic)
         if method != "curves":
             s_ref.append([refit.references[g].spread for g in REFERENCE_GAMMAS])
     fit.bootstrap = np.array(gammas)
     fit.bootstrap_spreads = np.array(s_hat)
+    fit.bootstrap_deformations = np.array(t_hat)
     fit.bootstrap_failed = failed
     qs = [(1 - level) / 2, (1 + level) / 2]
     if gammas:
@@ -730,10 +854,12 @@ def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] =
                 col = arr[:, j][np.isfinite(arr[:, j])]
                 if col.size:
                     fit.spread_intervals[str(g)] = tuple(float(v) for v in np.quantile(col, qs))
-        if method == "model" and math.isfinite(fit.score.spread):
-            s_arr = np.asarray(s_hat)
-            fit.gof_p = float((1 + np.sum(s_arr >= fit.score.spread)) / (1 + s_arr.size))
+        observed, null = ((fit.deformation.statistic, fit.bootstrap_deformations) if deform
+                          else (fit.score.spread, fit.bootstrap_spreads))
+        if method == "model" and (deform or gof_statistic == "spread") and math.isfinite(observed):
+            fit.gof_p = float((1 + np.sum(null >= observed)) / (1 + null.size))
             fit.gof_alpha = float(gof_alpha)
+            fit.gof_statistic = gof_statistic
     if model_error and sizes.size >= 3:
         jk = _jackknife_widths(lnk, lpk, yk, sdk, fit_kwargs)
         fit.jackknife = jk

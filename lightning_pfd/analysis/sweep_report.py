@@ -583,14 +583,25 @@ def _md_spread(f, key: str, sc) -> str:
     return f"{sc.spread:.3g}" + ("" if iv is None else f" [{iv[0]:.3g}, {iv[1]:.3g}]")
 
 
+#: how the report names each deformation of :func:`lightning_pfd.analysis.scaling.deformation_test`
+_DEFORMATION_WORDS = {"location": "per-width location", "stretch": "per-width steepness",
+                      "amplitude": "per-width height"}
+
+
 def _gof_md(f) -> str:
-    """The goodness-of-fit line of a collapse quantity: 'collapse rejected (p = …)' or
-    'consistent with a collapse (p = …)' (parametric bootstrap of the fitted collapse model)."""
+    """The goodness-of-fit line of a collapse quantity: 'collapse rejected (p = …; largest
+    departure: …)' or 'consistent with a collapse (p = …)' (parametric bootstrap of the fitted
+    collapse model)."""
     if f is None or f.score is None:
         return "—"
     if f.rejected is None:
-        return "no goodness-of-fit test (no standard errors: K = 1)"
-    return ("collapse rejected" if f.rejected else "consistent with a collapse") + f" (p = {f.gof_p:.3g})"
+        why = "no standard errors: K = 1" if f.method != "model" else "too few distinct points for the test"
+        return f"no goodness-of-fit test ({why})"
+    if not f.rejected:
+        return f"consistent with a collapse (p = {f.gof_p:.3g})"
+    d = f.deformation
+    largest = "" if d is None else f"; largest departure: {_DEFORMATION_WORDS[d.largest]}"
+    return f"collapse rejected (p = {f.gof_p:.3g}{largest})"
 
 
 def _verdict(f) -> str:
@@ -702,9 +713,11 @@ def _collapse_md(collapse: dict, opts: dict) -> list:
     lo, hi = opts["bounds"]
     level = next((f.level for f in fits.values() if f is not None and f.level), None)
     lv = '' if level is None else f'{100 * level:g} % '
-    return out + ["Goodness of fit: p-value of S(γ̂) against a parametric bootstrap of the fitted collapse model "
+    return out + ["Goodness of fit: p-value of the deformation test (do some widths follow a shifted, steeper or "
+                  "taller copy of the master curve?) against a parametric bootstrap of the fitted collapse model "
                   "(a sweep that collapses exactly at γ̂ with the measured noise), rejected below "
-                  f"{_alpha(fits)}; only a quantity that is not rejected collapses at γ̂. S = RMS residual of each "
+                  f"{_alpha(fits)}; only a quantity that is not rejected collapses at γ̂; the largest departure "
+                  "is the deformation with the smallest χ² tail. S = RMS residual of each "
                   "cell mean against the other widths' interpolated curves, in standard errors (from the K "
                   "repeats, moderated, plus the master curve's and an interpolation term). Interval (with model "
                   f"error) = {lv}interval γ̂ ± z·sd, sd² = sd²(repeats) + c·sd²(widths): the bootstrap sd of γ̂ "
