@@ -50,7 +50,7 @@ from typing import Callable, List, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "lightning_pfd"
-REPRESENTATION = PKG / "callbacks_configs" / "representation.yaml"
+REPRESENTATION = PKG / "configs" / "callbacks" / "representation.yaml"
 RESULTS_JSON = REPO / "experiments" / "results" / "bad_input_battery.json"
 DOCS = REPO / "docs" / "reliability.md"
 PY = sys.executable
@@ -814,7 +814,7 @@ def cases(fx: Path) -> List[Case]:
     f(20, "an option given twice, the last value refused by the Trainer (max_epochs 3, then -2)",
       fit + ["--trainer.max_epochs", "3", "--trainer.max_epochs", "-2"], ["max_epochs", "-2"],
       must_not=["max_epochs, trainer.max_epochs", "max_epochs 3"], setup=[write_config()])
-    f(21, "an appended checkpoint stack without dirpath (as callbacks/representation.yaml)",
+    f(21, "an appended checkpoint stack without dirpath (as configs/callbacks/representation.yaml)",
       fit + ["--trainer.callbacks+=stack.yaml"], ["writes to"], expect="ok", forbid=["run/csv/*/checkpoints/*"],
       setup=[write_config(), write_text("stack.yaml", "- class_path: lightning_pfd.callbacks.EpochCheckpoint\n"
                                         "  init_args: {monitor: val/loss, filename: best-val}\n")],

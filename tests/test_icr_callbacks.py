@@ -382,7 +382,7 @@ def test_memorization_monitor_bad_config():
 def test_representation_stack_yaml_instantiates():
     from jsonargparse import ArgumentParser
     from lightning.pytorch.callbacks import Callback as LCallback
-    path = ROOT / "lightning_pfd" / "callbacks_configs" / "representation.yaml"
+    path = ROOT / "lightning_pfd" / "configs" / "callbacks" / "representation.yaml"
     spec = yaml.safe_load(path.read_text())
     parser = ArgumentParser()
     parser.add_argument("--callbacks", type=list[LCallback])

@@ -307,7 +307,7 @@ def test_failed_runs_leave_the_earlier_run_byte_identical(tmp_path, monkeypatch,
     assert _cli(d, env).returncode == 0
     before = _snapshot(d)
     env["LIGHTNING_PFD_CACHE"] = str(tmp_path / "cache_of_failed_runs")  # must stay empty
-    stack = str(REPO / "lightning_pfd/callbacks_configs/representation.yaml")
+    stack = str(REPO / "lightning_pfd/configs/callbacks/representation.yaml")
     bad_inputs = [
         [],  # a fresh fit over an earlier run's checkpoints
         ["--model.init_args.net.init_args.dim", "32", "--overwrite"],  # net/data shape mismatch

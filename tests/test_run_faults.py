@@ -232,7 +232,7 @@ def test_an_appended_checkpoint_without_dirpath_writes_into_the_runs_folder(tmp_
 
 
 def test_teacher_config_with_the_representation_stack_has_one_checkpoint_folder(tmp_path, monkeypatch):
-    """The combination of issue 22 (teacher_edm_digits + callbacks/representation.yaml), built
+    """The combination of issue 22 (teacher_edm_digits + configs/callbacks/representation.yaml), built
     (not trained): every checkpoint callback writes into runs/teacher_edm_digits/checkpoints."""
     from lightning_pfd.launch.cli import PFDLightningCLI
     from lightning_pfd.launch.run_checks import share_checkpoint_dir, writes_last
@@ -240,7 +240,7 @@ def test_teacher_config_with_the_representation_stack_has_one_checkpoint_folder(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = REPO / "lightning_pfd/configs/teacher_edm_digits.yaml"
-    stack = REPO / "lightning_pfd/callbacks_configs/representation.yaml"
+    stack = REPO / "lightning_pfd/configs/callbacks/representation.yaml"
     monkeypatch.setattr(sys, "argv", ["x"])
     cli = PFDLightningCLI(args=["--config", str(cfg), f"--trainer.callbacks+={stack}",
                                 "--trainer.accelerator", "cpu", "--trainer.devices", "1"], run=False)

@@ -56,7 +56,7 @@ Also:
   ``ICRMonitor`` of the Trainer logs, listing the keys they do log.
 
 Pair it with ``ModelCheckpoint(monitor="icr/icr", mode="min")`` so the checkpoint at the minimum
-is kept (``lightning_pfd/callbacks_configs/representation.yaml`` does both).
+is kept (``lightning_pfd/configs/callbacks/representation.yaml`` does both).
 """
 from __future__ import annotations
 
