@@ -9,6 +9,8 @@ over [−0.5, 1.5]): the Mahalanobis distance from the sweep to the closest exac
 class. With Gaussian noise of known variance, no level-α test of "the sweep collapses" can reject
 this sweep with probability above that of the Neyman–Pearson test of the closest collapse against
 it, Φ(d − z_{1−α}); a richer class of master curves only lowers d, so the bound holds for it too.
+It is an upper limit, not a target: the sweeps' noise is t(5), not Gaussian, and a test that does
+not know the direction of the departure has less power at the same d.
 
     python experiments/collapse_power_bound.py --sweeps 200
 

@@ -25,6 +25,7 @@ from lightning_pfd.analysis.scaling import (
     cell_standard_errors,
     collapse_model,
     collapse_spread,
+    chi2_log_tail,
     crossings,
     deformation_test,
     fit_collapse,
@@ -312,11 +313,57 @@ def test_deformation_test_names_the_departure_and_ignores_levels():
     assert a.statistic < 5 and all(a.lr[c] == pytest.approx(b.lr[c], abs=1e-8) for c in a.lr)
 
 
+def test_deformation_test_scales_sums_and_never_overflows():
+    """LR is in se² units (all se × 2 → every LR / 4); two quantities fitted together give the sum
+    of their LRs and dfs; reversing the order of the widths leaves location and amplitude unchanged
+    (their common column is in the null model); a departure whose LR is beyond scipy's χ² tail
+    (logsf = −inf above ≈ 1450) still gives a finite T (asymptotic tail, equal to scipy's where both
+    are finite) and the bootstrap rejects it."""
+    from scipy.stats import chi2
+
+    ln, lp, x, level, F, se = _deformation_design()
+    rng = np.random.default_rng(2)
+    y1 = F(x) + level + se * rng.standard_normal(32)
+    y2 = 0.5 * F(x) * (1 + 0.05 * (lp == 15.5)) + se * rng.standard_normal(32)
+    a, b = deformation_test(ln, lp, y1, 0.5, se=se), deformation_test(ln, lp, y1, 0.5, se=2 * se)
+    assert all(b.lr[c] == pytest.approx(a.lr[c] / 4) for c in a.lr)
+    c2 = deformation_test(ln, lp, y2, 0.5, se=se)
+    joint = deformation_test(ln, lp, np.stack([y1, y2], 1), 0.5, se=np.stack([se, se], 1))
+    assert all(joint.lr[c] == pytest.approx(a.lr[c] + c2.lr[c]) and joint.df[c] == a.df[c] + c2.df[c] for c in a.lr)
+    flip = -lp + 40.0                       # the widest width comes first; x = ln − ½ lp shifts by a constant
+    r = deformation_test(ln, flip, y1, -0.5, se=se)
+    assert r.lr["location"] == pytest.approx(a.lr["location"], rel=1e-6)
+    assert r.lr["amplitude"] == pytest.approx(a.lr["amplitude"], rel=1e-6)
+    assert chi2_log_tail(50.0, 3) == chi2.logsf(50.0, 3)
+    assert chi2.logsf(2000.0, 2) == -np.inf and chi2_log_tail(2000.0, 2) == pytest.approx(-1000.0)  # P = e^(−x/2)
+    # df = 3 beyond the underflow: the tail falls by e^(−Δx/2) (x/x₀)^(1/2) from the last finite one
+    assert chi2.logsf(1500.0, 3) == -np.inf and chi2_log_tail(1500.0, 3) == pytest.approx(
+        chi2.logsf(1400.0, 3) - 50.0 + 0.5 * math.log(1500 / 1400), abs=0.01)
+    huge = deformation_test(ln, lp, F(x) * (1 + 1.0 * (lp == 17.0)) + level, 0.5, se=se / 10)
+    assert math.isfinite(huge.statistic) and huge.lr["amplitude"] > 2000
+
+
+def test_collapse_without_levels_tests_the_levels():
+    """Fitted without per-width shifts a collapse has no levels: a constant offset of one width is
+    then a departure (the ``level`` deformation finds it); with shifts it is part of the model."""
+    ln, lp, x, level, F, se = _deformation_design()
+    y = F(x) + 0.3 * (lp == 15.5) + se * np.random.default_rng(3).standard_normal(32)
+    without = deformation_test(ln, lp, y, 0.5, se=se, levels=False)
+    assert without.largest == "level" and without.df["level"] == 3 and without.statistic > 50
+    assert "level" not in deformation_test(ln, lp, y, 0.5, se=se).lr
+
+
 def test_deformation_test_refuses_bad_input():
     ln, lp, x, level, F, se = _deformation_design()
     with pytest.raises(ConfigError, match="se"):
         deformation_test(ln, lp, F(x), 0.5, se=None)
     assert deformation_test(ln[:3], lp[:3], F(x)[:3], 0.5, se=se[:3]) is None   # 3 distinct x: no spline
+    keep = np.isin(ln, [5.0, 6.0])                                                # two widths, 2 x each
+    assert deformation_test(ln[keep & (lp < 16)], lp[keep & (lp < 16)], F(x)[keep & (lp < 16)], 0.0,
+                            se=se[keep & (lp < 16)]) is None                     # 4 points, x on a grid: 2 distinct
+    zero = se.copy()
+    zero[4] = 0.0
+    assert deformation_test(ln, lp, F(x), 0.5, se=zero) is None                # a weight of 1/0: no test
     cells = group_cells([32, 32, 64, 64], [100, 100, 200, 200], [1.0, 1.1, 0.5, 0.6])
     with pytest.raises(ConfigError, match="gof_statistic"):
         bootstrap_collapse(cells, B=5, gof_statistic="chi2")
@@ -746,10 +793,13 @@ def test_sweep_report_on_the_recorded_results(tmp_path):
     md = Path(res["markdown"]).read_text()
     assert "width \\|θ\\| = 29600 excluded" in md
     # the first line of the primary quantity is the goodness-of-fit verdict; a rejected quantity is
-    # not said to collapse at γ̂ (the recorded E_gen − floor_w: S(γ̂) far above the null range)
+    # not said to collapse at γ̂ (the recorded E_gen − floor_w: its deformation statistic above all
+    # 20 bootstrap values), and the verdict names the largest departure (the curves cross)
     prim = col["e_gen_floor"]
     assert prim["rejected"] and prim["gof_p"] == pytest.approx(1 / 21)
-    assert f"**E_gen − floor_w: collapse rejected (p = {prim['gof_p']:.3g}).**" in md
+    assert prim["gof_statistic"] == "deformation" and prim["deformation"]["largest"] == "stretch"
+    assert (f"**E_gen − floor_w: collapse rejected (p = {prim['gof_p']:.3g}; largest departure: "
+            "per-width steepness).**") in md
     assert "collapses at γ̂" not in prim["verdict"] and "not a collapse exponent" in md
     assert prim["se_widths"] > prim["se_repeats"] > 0  # the model error dominates on this sweep
     sens = res["analysis"]["collapse_sensitivity"]

@@ -37,7 +37,7 @@ __all__ = [
     "Cell", "CollapseScore", "CollapseFit", "group_cells", "cell_means", "collapse_coordinate",
     "overlap_weight", "collapse_spread", "fit_collapse", "within_noise_threshold",
     "cell_standard_errors", "subtract_floors", "bootstrap_collapse", "BOOTSTRAP_METHODS",
-    "master_curve", "collapse_model", "deformation_test", "DeformationTest", "DEFORMATIONS", "jackknife_se", "MODEL_ERROR_WEIGHT", "GOF_ALPHA",
+    "master_curve", "collapse_model", "deformation_test", "DeformationTest", "DEFORMATIONS", "chi2_log_tail", "jackknife_se", "MODEL_ERROR_WEIGHT", "GOF_ALPHA",
     "crossings", "transition_point",
     "bias_variance_cell", "psi_fid", "psi_kid", "REFERENCE_GAMMAS",
 ]
@@ -329,7 +329,8 @@ class CollapseFit:
     γ̂ without it}), ``gof_p`` (goodness-of-fit p-value of the ``model`` bootstrap; ``rejected``
     when below ``gof_alpha``; ``gof_statistic`` names the statistic it tests, ``deformation`` is
     the :class:`DeformationTest` of the data and ``bootstrap_deformations`` its statistic T* on
-    every bootstrap sweep), ``spread_null`` (the ``level`` range of S(γ̂) over sweeps that collapse
+    every bootstrap sweep; ``gof_reason`` says why there is no test when there is none),
+    ``spread_null`` (the ``level`` range of S(γ̂) over sweeps that collapse
     exactly: the ``model`` bootstrap gives no interval of S itself, ``spread_intervals`` stays empty),
     ``spread_intervals`` ({"gamma_hat" | "0.0" | "0.5": (lo, hi)} of S), ``critical`` (the
     S below which the residuals are within noise, see :func:`within_noise_threshold`),
@@ -362,6 +363,7 @@ class CollapseFit:
     bootstrap_spreads: np.ndarray = field(default_factory=lambda: np.zeros(0))
     spread_null: Optional[Tuple[float, float]] = None
     gof_statistic: Optional[str] = None
+    gof_reason: str = ""
     deformation: Optional[DeformationTest] = None
     bootstrap_deformations: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
@@ -400,6 +402,7 @@ class CollapseFit:
                 "jackknife": {str(k): v for k, v in self.jackknife.items()},
                 "model_error_weight": self.model_error_weight, "gof_p": self.gof_p,
                 "gof_alpha": self.gof_alpha, "rejected": self.rejected, "gof_statistic": self.gof_statistic,
+                "gof_reason": self.gof_reason,
                 "deformation": None if self.deformation is None else self.deformation.to_dict(),
                 "spread_null": None if self.spread_null is None else list(self.spread_null)}
 
@@ -625,7 +628,22 @@ def _weighted_rss(X, y, w) -> Tuple[float, np.ndarray, int]:
     return float(r @ r), beta, int(rank)
 
 
-def deformation_test(log2_n, log2_params, values, gamma: float, *, se) -> Optional[DeformationTest]:
+def chi2_log_tail(x: float, df: int) -> float:
+    """log P(χ²(df) ≥ x), finite for every finite x: scipy's ``chi2.logsf`` underflows to −inf
+    beyond x ≈ 1450; there the leading term of the asymptotic expansion of the upper incomplete
+    gamma function, log Γ(k, y) ≈ (k − 1) log y − y (k = df/2, y = x/2; Abramowitz & Stegun
+    6.5.32), divided by Γ(k), is used (relative error ~ k/y < 1 % there)."""
+    from scipy.special import gammaln
+    from scipy.stats import chi2
+
+    v = float(chi2.logsf(x, df))
+    if math.isfinite(v):
+        return v
+    k, y = df / 2.0, x / 2.0
+    return float((k - 1) * math.log(y) - y - gammaln(k))
+
+
+def deformation_test(log2_n, log2_params, values, gamma: float, *, se, levels: bool = True) -> Optional[DeformationTest]:
     """Does each width follow the collapse, or a deformed copy of the master curve? A
     likelihood-ratio test of the collapse model against its per-width first-order deformations
     (docs/sweeps_analysis.md, "Goodness of fit").
@@ -640,14 +658,16 @@ def deformation_test(log2_n, log2_params, values, gamma: float, *, se) -> Option
     - ``stretch``: 1_w (x − x̄) F̂'(x) — the width's curve is steeper or flatter (curves cross);
     - ``amplitude``: 1_w F̂(x) — the width's curve is taller or lower.
 
+    ``levels=False`` (a collapse without per-width levels, the quantities fitted without
+    ``shifts``): the null model has no levels and a fourth deformation, ``level`` (1_w), tests them.
+
     LR_c = RSS₀ − RSS_c in units of se² (summed over the quantities of ``values`` (P, Q)); under
     the collapse LR_c is approximately χ²(df_c), df_c the rank the columns add. The statistic is
-    T = max_c −log P(χ²(df_c) ≥ LR_c) (the smallest of the three tail probabilities: the χ² tail
-    only puts the three on one scale; the p-value of T comes from the parametric bootstrap of
-    :func:`bootstrap_collapse`). None when no deformation adds a column (fewer than two widths or
-    four distinct x)."""
+    T = max_c −log P(χ²(df_c) ≥ LR_c) (the smallest of the tail probabilities, :func:`chi2_log_tail`:
+    the χ² tail only puts the deformations on one scale; the p-value of T comes from the parametric
+    bootstrap of :func:`bootstrap_collapse`). None when no deformation adds a column (fewer than two
+    widths or four distinct x) or a standard error is 0 (no weight)."""
     from scipy.interpolate import BSpline
-    from scipy.stats import chi2
 
     x0, lp, y, var = _as_points(log2_n, log2_params, values, se)
     if var is None:
@@ -655,31 +675,33 @@ def deformation_test(log2_n, log2_params, values, gamma: float, *, se) -> Option
     x = collapse_coordinate(x0, lp, gamma)
     basis = _spline_basis(x)
     sizes = np.unique(lp)
-    if basis is None or sizes.size < 2:
+    if basis is None or sizes.size < 2 or not (var > 0).all():
         return None
     D, t = basis
     W = (lp[:, None] == sizes[None, 1:]).astype(np.float64)
+    null_levels = W if levels else np.zeros((x.size, 0))
+    kinds = DEFORMATIONS if levels else DEFORMATIONS + ("level",)
     xc = np.clip(x, t[0], t[-1])
-    lr = dict.fromkeys(DEFORMATIONS, 0.0)
-    df = dict.fromkeys(DEFORMATIONS, 0)
+    lr = dict.fromkeys(kinds, 0.0)
+    df = dict.fromkeys(kinds, 0)
     for q in range(y.shape[1]):
-        w = 1.0 / np.sqrt(np.maximum(var[:, q], 1e-300))
-        beta = _weighted_rss(np.hstack([D, W]), y[:, q], w)[1]
+        w = 1.0 / np.sqrt(var[:, q])
+        beta = _weighted_rss(np.hstack([D, null_levels]), y[:, q], w)[1]
         spline = BSpline(t, beta[:D.shape[1]], 3)
         F, dF = spline(xc), spline.derivative()(xc)
-        X0 = np.hstack([D, W, ((lp - lp.mean()) * dF)[:, None], dF[:, None]])
+        X0 = np.hstack([D, null_levels, ((lp - lp.mean()) * dF)[:, None], dF[:, None]])
         rss0, _, rank0 = _weighted_rss(X0, y[:, q], w)
         xbar = np.average(x, weights=w ** 2)
         columns = {"location": W * dF[:, None], "stretch": W * ((x - xbar) * dF)[:, None],
-                   "amplitude": W * F[:, None]}
-        for c in DEFORMATIONS:
+                   "amplitude": W * F[:, None], "level": W}
+        for c in kinds:
             rss, _, rank = _weighted_rss(np.hstack([X0, columns[c]]), y[:, q], w)
             lr[c] += max(rss0 - rss, 0.0)
             df[c] += rank - rank0
-    tested = [c for c in DEFORMATIONS if df[c] > 0]
+    tested = [c for c in kinds if df[c] > 0]
     if not tested:
         return None
-    log_p = {c: float(chi2.logsf(lr[c], df[c])) for c in tested}
+    log_p = {c: chi2_log_tail(lr[c], df[c]) for c in tested}
     largest = min(tested, key=lambda c: log_p[c])
     return DeformationTest({c: lr[c] for c in tested}, {c: df[c] for c in tested}, log_p,
                            -log_p[largest], largest)
@@ -800,8 +822,11 @@ def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] =
         centre[keep] = fitted + (means[keep] - yk)          # back to the units of the cell means
     deform = method == "model" and gof_statistic == "deformation"
     if deform:
-        fit.deformation = deformation_test(lnk, lpk, yk, fit.gamma, se=sdk)
+        fit.deformation = deformation_test(lnk, lpk, yk, fit.gamma, se=sdk, levels=shifts)
         deform = fit.deformation is not None
+        if not deform:
+            fit.gof_reason = ("the deformation test needs two widths, four distinct collapsed N and "
+                              "standard errors > 0")
     gammas, s_hat, s_ref, t_hat, failed = [], [], [], [], 0
     for _ in range(int(B)):
         if method in ("seeds", "normal", "model"):
@@ -829,7 +854,7 @@ def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] =
         gammas.append(refit.gamma)
         s_hat.append(refit.score.spread)
         if deform:
-            t_b = deformation_test(ln[sel], lp[sel], yb[sel], refit.gamma, se=sdb)
+            t_b = deformation_test(ln[sel], lp[sel], yb[sel], refit.gamma, se=sdb, levels=shifts)
             t_hat.append(math.inf if t_b is None else t_b.statistic)
         if method != "curves":
             s_ref.append([refit.references[g].spread for g in REFERENCE_GAMMAS])
@@ -860,6 +885,10 @@ def bootstrap_collapse(cells: Sequence[Cell], columns: Optional[Sequence[int]] =
             fit.gof_p = float((1 + np.sum(null >= observed)) / (1 + null.size))
             fit.gof_alpha = float(gof_alpha)
             fit.gof_statistic = gof_statistic
+        elif method == "model" and not fit.gof_reason:
+            fit.gof_reason = "the statistic is not finite (too little overlap at γ̂)"
+    elif method == "model":
+        fit.gof_reason = "every bootstrap refit failed"
     if model_error and sizes.size >= 3:
         jk = _jackknife_widths(lnk, lpk, yk, sdk, fit_kwargs)
         fit.jackknife = jk

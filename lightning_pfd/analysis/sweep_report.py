@@ -585,7 +585,7 @@ def _md_spread(f, key: str, sc) -> str:
 
 #: how the report names each deformation of :func:`lightning_pfd.analysis.scaling.deformation_test`
 _DEFORMATION_WORDS = {"location": "per-width location", "stretch": "per-width steepness",
-                      "amplitude": "per-width height"}
+                      "amplitude": "per-width height", "level": "per-width level"}
 
 
 def _gof_md(f) -> str:
@@ -595,8 +595,7 @@ def _gof_md(f) -> str:
     if f is None or f.score is None:
         return "—"
     if f.rejected is None:
-        why = "no standard errors: K = 1" if f.method != "model" else "too few distinct points for the test"
-        return f"no goodness-of-fit test ({why})"
+        return f"no goodness-of-fit test ({f.gof_reason or 'no standard errors: K = 1'})"
     if not f.rejected:
         return f"consistent with a collapse (p = {f.gof_p:.3g})"
     d = f.deformation
