@@ -22,23 +22,18 @@ import argparse
 import math
 
 import numpy as np
-from scipy.interpolate import BSpline
 from scipy.stats import norm
 
 from collapse_coverage import ALTERNATIVES, synthetic_sweep
-from lightning_pfd.analysis.scaling import MASTER_KNOTS
+from lightning_pfd.analysis.scaling import spline_basis
 
 
 def distance2(ln, lp, mu, se, gamma):
     """min over F and a_w of the weighted RSS of the collapse model at γ (least squares)."""
     x = ln - gamma * lp
-    ux = np.unique(x)
-    m = min(MASTER_KNOTS, ux.size // 4)
-    inner = np.unique(np.quantile(ux, np.arange(1, m + 1) / (m + 1)))
-    inner = inner[(inner > ux[0] + 1e-9) & (inner < ux[-1] - 1e-9)]
-    t = np.r_[[ux[0]] * 4, inner, [ux[-1]] * 4]
+    D, _ = spline_basis(x)
     sizes = np.unique(lp)
-    X = np.hstack([BSpline.design_matrix(x, t, 3).toarray(), (lp[:, None] == sizes[None, 1:]).astype(float)])
+    X = np.hstack([D, (lp[:, None] == sizes[None, 1:]).astype(float)])
     beta = np.linalg.lstsq(X / se[:, None], mu / se, rcond=None)[0]
     r = (mu - X @ beta) / se
     return float(r @ r)

@@ -37,7 +37,8 @@ __all__ = [
     "Cell", "CollapseScore", "CollapseFit", "group_cells", "cell_means", "collapse_coordinate",
     "overlap_weight", "collapse_spread", "fit_collapse", "within_noise_threshold",
     "cell_standard_errors", "subtract_floors", "bootstrap_collapse", "BOOTSTRAP_METHODS",
-    "master_curve", "collapse_model", "deformation_test", "DeformationTest", "DEFORMATIONS", "chi2_log_tail", "jackknife_se", "MODEL_ERROR_WEIGHT", "GOF_ALPHA",
+    "master_curve", "spline_basis", "collapse_model", "deformation_test", "DeformationTest", "DEFORMATIONS",
+    "chi2_log_tail", "GofStatistic", "jackknife_se", "MODEL_ERROR_WEIGHT", "GOF_ALPHA",
     "crossings", "transition_point",
     "bias_variance_cell", "psi_fid", "psi_kid", "REFERENCE_GAMMAS",
 ]
@@ -539,7 +540,7 @@ def _fitted_floors(floors: dict, score: Optional[CollapseScore]) -> Dict[float, 
 MASTER_KNOTS = 6
 
 
-def _spline_basis(x, knots: Optional[int] = None):
+def spline_basis(x, knots: Optional[int] = None):
     """Cubic B-spline design matrix (P, n_coef) on x with ``knots`` interior knots at quantiles of
     the distinct x (default min(:data:`MASTER_KNOTS`, ⌊#distinct x / 4⌋)), and its knot vector;
     None when x has fewer than four distinct values (no cubic to fit)."""
@@ -569,7 +570,7 @@ def master_curve(x, y, var, knots: Optional[int] = None) -> Callable[[np.ndarray
     w = np.ones_like(y) if var is None else 1.0 / np.maximum(np.asarray(var, dtype=np.float64), 1e-300)
     w = np.broadcast_to(w[:, None] if w.ndim == 1 else w, y.shape)
     w = w / w.mean(0)
-    basis = _spline_basis(x, knots)
+    basis = spline_basis(x, knots)
     if basis is None:
         coef = [np.sum(w[:, q] * y[:, q]) / np.sum(w[:, q]) for q in range(y.shape[1])]
         return lambda u: np.broadcast_to(np.array(coef), (*np.shape(u), y.shape[1]))
@@ -673,7 +674,7 @@ def deformation_test(log2_n, log2_params, values, gamma: float, *, se, levels: b
     if var is None:
         raise ConfigError("se", "the deformation test needs standard errors", value=None)
     x = collapse_coordinate(x0, lp, gamma)
-    basis = _spline_basis(x)
+    basis = spline_basis(x)
     sizes = np.unique(lp)
     if basis is None or sizes.size < 2 or not (var > 0).all():
         return None
