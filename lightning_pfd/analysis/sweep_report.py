@@ -713,7 +713,8 @@ def _collapse_md(collapse: dict, opts: dict) -> list:
     level = next((f.level for f in fits.values() if f is not None and f.level), None)
     lv = '' if level is None else f'{100 * level:g} % '
     return out + ["Goodness of fit: p-value of the deformation test (do some widths follow a shifted, steeper or "
-                  "taller copy of the master curve?) against a parametric bootstrap of the fitted collapse model "
+                  "taller copy of the master curve, or sit at their own level where no levels are fitted?) against a "
+                  "parametric bootstrap of the fitted collapse model "
                   "(a sweep that collapses exactly at γ̂ with the measured noise), rejected below "
                   f"{_alpha(fits)}; only a quantity that is not rejected collapses at γ̂; the largest departure "
                   "is the deformation with the smallest χ² tail. S = RMS residual of each "
