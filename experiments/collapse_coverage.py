@@ -86,22 +86,36 @@ GOF = list(GOF_SETTINGS)
 ALTERNATIVES = ("crossing", "exponents", "shapes", "amplitudes", "knee_tails", "one_width", "shape_by_width")
 
 
+def _logistic(A, w):
+    """A σ(−x/w) and its derivative."""
+    return (lambda x: A / (1 + np.exp(x / w)),
+            lambda x: -A * np.exp(x / w) / (w * (1 + np.exp(x / w)) ** 2))
+
+
+def _knee(A, h, beta):
+    """A (1 + e^{x/h})^{−β} (a power law with a knee) and its derivative."""
+    return (lambda x: A * (1 + np.exp(x / h)) ** (-beta),
+            lambda x: -A * beta / h * np.exp(x / h) * (1 + np.exp(x / h)) ** (-beta - 1))
+
+
+def _richards(A, w, nu):
+    """A (1 + ν e^{x/w})^{−1/ν} and its derivative."""
+    return (lambda x: A * (1 + nu * np.exp(x / w)) ** (-1 / nu),
+            lambda x: -A * np.exp(x / w) / w * (1 + nu * np.exp(x / w)) ** (-1 / nu - 1))
+
+
 def _shape(rng, kind=None):
     """A master curve F(x') and its derivative, shape and parameters drawn."""
     kind = kind or ("logistic" if rng.random() < 0.5 else "knee")
     A = rng.uniform(1.6, 2.4)
     if kind == "logistic":
-        w = rng.uniform(0.6, 1.0)
-        f = lambda x: A / (1 + np.exp(x / w))
-        df = lambda x: -A * np.exp(x / w) / (w * (1 + np.exp(x / w)) ** 2)
+        f, df = _logistic(A, rng.uniform(0.6, 1.0))
     elif kind == "richards":
         w, nu = rng.uniform(0.6, 1.0), rng.uniform(0.5, 2.0)
-        f = lambda x: A * (1 + nu * np.exp(x / w)) ** (-1 / nu)
-        df = lambda x: -A * np.exp(x / w) / w * (1 + nu * np.exp(x / w)) ** (-1 / nu - 1)
+        f, df = _richards(A, w, nu)
     else:
         h, beta = rng.uniform(0.6, 1.0), rng.uniform(0.6, 1.2)
-        f = lambda x: A * (1 + np.exp(x / h)) ** (-beta)
-        df = lambda x: -A * beta / h * np.exp(x / h) * (1 + np.exp(x / h)) ** (-beta - 1)
+        f, df = _knee(A, h, beta)
     return kind, f, df
 
 
@@ -147,16 +161,12 @@ def synthetic_sweep(rng, shape="logistic", gamma=0.5, *, drift=0.02, alternative
         parts = [(lambda x, a=1 + 0.25 * u: a * f0(x), lambda x, a=1 + 0.25 * u: a * df0(x)) for u in U_W]
     elif alternative == "knee_tails":
         A, h, beta = rng.uniform(1.6, 2.4), rng.uniform(0.6, 1.0), rng.uniform(0.6, 1.2)
-        parts = [(lambda x, b=beta * (1 + 0.4 * u): A * (1 + np.exp(x / h)) ** (-b),
-                  lambda x, b=beta * (1 + 0.4 * u): -A * b / h * np.exp(x / h) * (1 + np.exp(x / h)) ** (-b - 1))
-                 for u in U_W]
+        parts = [_knee(A, h, beta * (1 + 0.4 * u)) for u in U_W]
     elif alternative == "shape_by_width":
         A, w = rng.uniform(1.6, 2.4), rng.uniform(0.6, 1.0)
-        logistic = (lambda x: A / (1 + np.exp(x / w)), lambda x: -A * np.exp(x / w) / (w * (1 + np.exp(x / w)) ** 2))
-        knee = (lambda x: A * (1 + np.exp(x / w)) ** (-1.0),
-                lambda x: -A / w * np.exp(x / w) * (1 + np.exp(x / w)) ** (-2.0))
-        parts = [logistic, logistic, (lambda x: knee[0](x + 0.5), lambda x: knee[1](x + 0.5)),
-                 (lambda x: knee[0](x + 0.5), lambda x: knee[1](x + 0.5))]
+        f, df = _knee(A, w, 1.0)
+        knee = (lambda x: f(x + 0.5), lambda x: df(x + 0.5))
+        parts = [_logistic(A, w)] * 2 + [knee] * 2
     else:
         kind, f, df = _shape(rng, shape)
         parts = [(f, df)] * 4
