@@ -291,6 +291,10 @@ def main(argv=None):
     ap.add_argument("--merge", nargs="+", default=None, help="merge the JSON files of split runs into --out")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    names = [f"{sh}@{g}" for sh, g in TUNE + HELD_OUT] + GOF
+    unknown = sorted(set(a.only or ()) - set(names))
+    if unknown:
+        ap.error(f"--only: unknown setting(s) {', '.join(unknown)}; the settings are {', '.join(names)}")
     if a.merge:
         parts = [json.load(open(f)) for f in a.merge]
         res = {"config": dict(parts[0]["config"], only=None, merge=a.merge, out=a.out),
