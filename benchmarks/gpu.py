@@ -14,7 +14,7 @@ Sections (each independent; a failing section is recorded with its error, the ot
   them where its error bound assumes IEEE float32). Speed: the 35 calls timed (CUDA events after
   synchronisation, interleaved, best of repeats) for ``mixed``, ``float64`` and the bare matmul
   floors of the same shapes in float64, IEEE float32 and TF32.
-* ``flow``: ``FlowEvaluation.measure`` (E_mem against the empirical reference, M seeds, Heun-18)
+* ``flow``: ``FlowEvaluation.evaluate`` (E_mem against the empirical reference, M seeds, Heun-18)
   for the quickstart MLP and the ``unet1`` preset on CIFAR-shaped data: eager fp32, eager bf16
   autocast, ``compile: default`` and ``compile: reduce-overhead`` (CUDA graphs): compile time,
   per-measure time after warm-up, recompilations on a second measure after a weight update, and
@@ -276,10 +276,10 @@ def section_flow(args) -> dict:
             try:
                 ev = FlowEvaluation(train.to(dev), num_eval=m, settings=SamplerSettings(**kw), batch_size=args.flow_batch,
                                     use_cache=False, num_loss_samples=None)
-                ev.prepare(dev)  # the reference (empirical) flow: not the student's cost
+                ev.compute_references(dev)  # the reference (empirical) flow: not the student's cost
                 _sync()
                 t0 = time.perf_counter()
-                r1 = ev.measure(mod.denoiser)
+                r1 = ev.evaluate(mod.denoiser)
                 _sync()
                 first = time.perf_counter() - t0
                 with torch.no_grad():  # an epoch's weight update, in place
@@ -288,7 +288,7 @@ def section_flow(args) -> dict:
                 frames0 = _dynamo_frames()
                 _sync()
                 t0 = time.perf_counter()
-                ev.measure(mod.denoiser)
+                ev.evaluate(mod.denoiser)
                 _sync()
                 second = time.perf_counter() - t0
                 frames = _dynamo_frames() - frames0
@@ -296,7 +296,7 @@ def section_flow(args) -> dict:
                     for p in mod.parameters():
                         p.div_(1.0 + 1e-4)
                 t0 = time.perf_counter()
-                r3 = ev.measure(mod.denoiser)
+                r3 = ev.evaluate(mod.denoiser)
                 _sync()
                 third = time.perf_counter() - t0
                 end = r3.student.double().cpu()
@@ -451,7 +451,7 @@ def _markdown(res: dict) -> str:
     for kind, r in flow.items():
         if not isinstance(r, dict) or "m" not in r:
             continue
-        lines += [f"## FlowEvaluation.measure, {kind} ({r['params']:,} params, M = {r['m']})", "",
+        lines += [f"## FlowEvaluation.evaluate, {kind} ({r['params']:,} params, M = {r['m']})", "",
                   "| variant | first measure (s) | measure (s) | dynamo frames on 2nd | max rel endpoint diff vs eager fp32 |",
                   "|---|---|---|---|---|"]
         for name, v in r.items():

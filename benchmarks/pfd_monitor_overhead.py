@@ -28,23 +28,25 @@ from lightning_pfd.modules import DiffusionModule
 from lightning_pfd.nets import MLPNet
 
 
-class TimedMonitor(GeneralizationMonitor):
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        self.epoch_seconds, self.prepare_seconds = [], []
+class Timing(pl.Callback):
+    """Times a GeneralizationMonitor (an EvaluationMonitor): its references, prepared at the start
+    of each validation (computed cold, then read from the disk cache), and its
+    ``on_validation_epoch_end`` (the per-epoch measurement). Listed before the monitor."""
 
-    def _prepare(self, trainer, pl_module):
-        if self.evaluation is not None:  # built this run: references in memory
-            return super()._prepare(trainer, pl_module)
+    def __init__(self, monitor):
+        self.monitor, self.epoch_seconds, self.prepare_seconds = monitor, [], []
+        measure = monitor.on_validation_epoch_end
+
+        def timed(trainer, pl_module):
+            t = time.perf_counter()
+            measure(trainer, pl_module)
+            self.epoch_seconds.append(time.perf_counter() - t)
+        monitor.on_validation_epoch_end = timed
+
+    def on_validation_start(self, trainer, pl_module):
         t = time.perf_counter()
-        ev = super()._prepare(trainer, pl_module)  # builds the FlowEvaluation, computes / loads references
+        self.monitor.prepare(trainer, pl_module)  # binds the data, computes / loads the references
         self.prepare_seconds.append(time.perf_counter() - t)
-        return ev
-
-    def on_validation_epoch_end(self, trainer, pl_module):
-        t = time.perf_counter()
-        super().on_validation_epoch_end(trainer, pl_module)
-        self.epoch_seconds.append(time.perf_counter() - t)
 
 
 class TeacherDM(TensorDataModule):
@@ -91,20 +93,22 @@ def main(argv=None) -> int:
     dm = TeacherDM(teacher, args.n_train, args.n_val)
     torch.manual_seed(0)
     model = DiffusionModule(MLPNet(args.dim, hidden=args.hidden, depth=args.depth), family="vp")
-    cb = TimedMonitor(num_eval=args.m, batch_size=args.batch_size, num_loss_samples=args.num_loss_samples,
-                      image_every_n_epochs=0)
+    cb = GeneralizationMonitor(num_eval=args.m, batch_size=args.batch_size, num_loss_samples=args.num_loss_samples,
+                               image_every_n_epochs=0)
+    timing = Timing(cb)
     kw = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
               enable_model_summary=False, limit_val_batches=1)
     for _ in range(1 + args.rounds):  # first: cold (builds the caches); then warm
-        pl.Trainer(callbacks=[cb], **kw).validate(model, datamodule=dm, verbose=False)
-        cb.evaluation = None  # a new run: re-read the references (from the disk cache the second time)
+        pl.Trainer(callbacks=[timing, cb], **kw).validate(model, datamodule=dm, verbose=False)
+        # a new run (its setup forgets the evaluation's data): the references are read again,
+        # from the disk cache the second time
     bare = min(bare_forward_seconds(model.denoiser, args.m, args.dim, args.batch_size) for _ in range(args.rounds))
-    cold, warm = cb.epoch_seconds[0] + cb.prepare_seconds[0], min(cb.epoch_seconds[1:])
+    cold, warm = timing.epoch_seconds[0] + timing.prepare_seconds[0], min(timing.epoch_seconds[1:])
     print(f"M={args.m}, MLPNet(dim={args.dim}, hidden={args.hidden}, depth={args.depth}), VP student, "
           f"{args.threads} thread(s); loss samples {args.num_loss_samples} train + {args.num_loss_samples} val")
     print(f"bare M x 35 forward passes: {bare:.3f} s")
     print(f"monitor epoch (warm cache, best of {args.rounds}):  {warm:.3f} s  -> ratio {warm / bare:.2f}x")
-    print(f"loading cached references:   {cb.prepare_seconds[1]:.3f} s (once per run)")
+    print(f"loading cached references:   {timing.prepare_seconds[1]:.3f} s (once per run)")
     print(f"first epoch (cold, teacher + empirical flows computed and cached): {cold:.3f} s "
           f"-> ratio {cold / bare:.2f}x")
     return 0

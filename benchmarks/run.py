@@ -298,10 +298,10 @@ def _icr_unet_rounds(rec: "Record", rounds: int) -> None:
                                  num_blocks=1, attn_resolutions=[]), family="edm")
     data = torch.rand(1024, 1, 16, 16) * 2 - 1
     ev = RepresentationEvaluation(data, num_images=None, sigma=0.29, level=1, views_per_image=1, d_proj=16, seed=1)
-    ev.measure(model, 0, 1)  # warm-up
+    ev.evaluate(model, 0, 1)  # warm-up
     with torch.no_grad():
         for r in range(rounds):
-            pair = [("icr_unet", lambda: ev.measure(model, 0, 1)),
+            pair = [("icr_unet", lambda: ev.evaluate(model, 0, 1)),
                     ("floor_icr_unet", lambda: _truncated_forwards(model.denoiser, 2 * 1024, (1, 16, 16), 256,
                                                                    None, 0.29))]
             for name, fn in (pair if r % 2 == 0 else pair[::-1]):
@@ -338,14 +338,14 @@ def section_monitors(args) -> dict:
     for name, mon in mons.items():
         timed_measure(name, mon)
     gen = mons["generalization"]
-    orig_prepare = gen._prepare
 
-    def prepare(trainer, pl_module):
-        if gen.evaluation is not None:
-            return orig_prepare(trainer, pl_module)
-        return rec.measure("references_computed" if state["cold"] else "references_loaded", orig_prepare,
-                           trainer, pl_module)
-    gen._prepare = prepare
+    class References(Callback):
+        """The monitor's references (teacher + empirical flows), timed apart from its per-epoch
+        measurement: prepared at the start of each validation round."""
+
+        def on_validation_start(self, trainer, pl_module):
+            rec.measure("references_computed" if state["cold"] else "references_loaded", gen.prepare,
+                        trainer, pl_module)
 
     class Floors(Callback):
         """The floors, measured in the same validation epoch as the monitors."""
@@ -353,12 +353,12 @@ def section_monitors(args) -> dict:
         def on_validation_epoch_start(self, trainer, pl_module):
             for name in ("tail", "tail_plot"):  # once per run in a fit: not part of an epoch's cost
                 ev = mons[name].evaluation
-                if ev is not None and ev._floors is None:
+                if ev.data is not None and ev._floors is None:
                     rec.measure("tail_setup_once", ev.floors)
 
         def on_validation_epoch_end(self, trainer, pl_module):
             den, shape = pl_module.denoiser, tuple(dm.train_data.shape[1:])
-            M, B = QS_GEN["num_eval"], gen.batch_size
+            M, B = QS_GEN["num_eval"], gen.evaluation.batch_size
             rec.measure("floor_student_flow", _bare_forwards, den, M, shape, B, NFE)
             rec.measure("floor_student_flow_and_losses", lambda: (
                 _bare_forwards(den, M, shape, B, NFE),
@@ -369,14 +369,14 @@ def section_monitors(args) -> dict:
                                                     _bare_forwards(dm.teacher, M, shape, B, NFE),
                                                     _bare_forwards(emp, M, shape, B, NFE),
                                                     _bare_forwards(den, 2 * QS_GEN["num_loss_samples"], shape, B, 1)))
-            icr = mons["icr"]
+            icr = mons["icr"].evaluation
             # the measurement without the monitor's logging (the monitor's own evaluation object)
-            rec.measure("icr_measure", icr.evaluation(dm.train_data).measure, pl_module, 0, 1, lambda t: t)
+            rec.measure("icr_measure", icr.evaluate, pl_module, 0, 1, lambda t: t)
             rec.measure("floor_icr", _truncated_forwards, den, 2 * icr.num_images * icr.views_per_image, shape,
                         icr.batch_size, icr.tap, icr.sigma)
             n_mem = QS_MEM["num_samples"]
             rec.measure("floor_memorization", lambda: _nearest_neighbours(
-                pl_module.generate(torch.arange(n_mem), batch_size=mons["memorization"].batch_size), dm.train_data))
+                pl_module.generate(torch.arange(n_mem), batch_size=mons["memorization"].evaluation.batch_size), dm.train_data))
             ref_obs = mons["tail"].evaluation.reference_observable
 
             def tail_floor():
@@ -392,7 +392,7 @@ def section_monitors(args) -> dict:
         if cold:
             shutil.rmtree(cache_dir() / "pfd", ignore_errors=True)
         cbs = list(mons.values())
-        cbs = [floors, *cbs] if r % 2 else [*cbs, floors]  # alternate: floors before / after the monitors
+        cbs = [References(), *([floors, *cbs] if r % 2 else [*cbs, floors])]  # alternate: floors before / after the monitors
         trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1,
                              default_root_dir=root, callbacks=cbs)
@@ -423,7 +423,7 @@ def section_monitors(args) -> dict:
         rec.ratio("references_loaded", "floor_student_flow", None, "GeneralizationMonitor, references loaded "
                   "(warm cache, once per run)", "M x 35 student forwards"),
         rec.ratio("icr", "floor_icr", goal, "ICRMonitor", f"2n truncated forwards (n = {64 * 4} view pairs)"),
-        rec.ratio("icr_measure", "floor_icr", None, "of which: RepresentationEvaluation.measure (no logging)",
+        rec.ratio("icr_measure", "floor_icr", None, "of which: RepresentationEvaluation.evaluate (no logging)",
                   "the same"),
         rec.ratio("memorization", "floor_memorization", goal, "MemorizationMonitor",
                   f"generate({QS_MEM['num_samples']}) + exact 2-NN"),
@@ -446,7 +446,7 @@ def section_per_unit(args) -> dict:
     """What keeping the per-seed values costs the GeneralizationMonitor's measurement: the per-seed
     squared distances of E_gen and E_mem, their standard errors and the two record files
     (``FlowEvaluation._per_seed`` + ``pfd_standard_error`` + ``PerUnitStore.write``), against the
-    whole ``FlowEvaluation.measure`` (student flow, metrics, losses, per-seed part included), on
+    whole ``FlowEvaluation.evaluate`` (student flow, metrics, losses, per-seed part included), on
     the quickstart (M = 256). Goal: <= 0.05."""
     from lightning_pfd.analysis.per_unit import PerUnitStore, UnitRecord
     from lightning_pfd.evaluation.flow import FlowEvaluation, pfd_standard_error
@@ -456,7 +456,7 @@ def section_per_unit(args) -> dict:
     dm.setup("fit")
     ev = FlowEvaluation.from_datamodule(dm, model, num_eval=QS_GEN["num_eval"],
                                         num_loss_samples=QS_GEN["num_loss_samples"])
-    ev.prepare("cpu")
+    ev.compute_references("cpu")
     den = model.denoiser
     store = PerUnitStore(Path(root) / "per_unit")
     feats = ev.features(ev.sample_student(den))
@@ -470,11 +470,11 @@ def section_per_unit(args) -> dict:
 
     rec = Record()
     for r in range(4 if args.quick else 8):
-        rec.measure("measure", ev.measure, den, loss_fn=model.loss_fn)
+        rec.measure("measure", ev.evaluate, den, loss_fn=model.loss_fn)
         rec.measure("per_unit", per_unit_part, r)
     rows = [rec.ratio("per_unit", "measure", GOALS.get("per_unit", 0.05),
                       "per-seed d² of E_gen and E_mem, their s.e. and two record files",
-                      f"FlowEvaluation.measure (quickstart, M = {QS_GEN['num_eval']})")]
+                      f"FlowEvaluation.evaluate (quickstart, M = {QS_GEN['num_eval']})")]
     shutil.rmtree(root, ignore_errors=True)
     return {"config": {"generalization": QS_GEN}, "rows": rows}
 
@@ -739,7 +739,7 @@ def section_memory(args) -> dict:
     ev = FlowEvaluation(train, num_eval=m, settings=SamplerSettings(), batch_size=batch, chunk_size=chunk,
                         use_cache=False, default_metrics=False)
     with Peak() as peak:
-        refs = ev.prepare()
+        refs = ev.compute_references()
     ends = refs["empirical"].endpoints
     nearest = torch.cdist(ends.reshape(m, -1)[:64], train.reshape(n, -1).double()).min(1).values
     pred = predicted_empirical_reference_mb(m, n, d, batch, chunk)

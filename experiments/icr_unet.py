@@ -118,7 +118,7 @@ def icr_of_map(feature_fn, data: torch.Tensor, views_per_image: int, seed: int =
 
     ev = RepresentationEvaluation(data.float(), level=LEVEL, sigma=SIGMA,
                                   views_per_image=views_per_image, seed=seed, batch_size=batch)
-    out = ev.measure(lambda v, s: feature_fn(v))[SIGMA]
+    out = ev.evaluate(lambda v, s: feature_fn(v))[SIGMA]
     return {"icr": float(out["icr"]), "icr_tau_relative": float(out["icr_tau_relative"]),
             "trace_s": float(out["trace_s"]), "trace_xi": float(out["trace_xi"]),
             "cond_xi": float(out["cond_xi"]), "n_pairs": int(out["n"]), "d": int(out["d"])}
@@ -138,7 +138,7 @@ def empirical_denoiser(train: torch.Tensor, sigma: float):
 
 @torch.no_grad()
 def diagnostics(name: str, run: Path, views: int) -> dict:
-    from lightning_pfd.callbacks import ICRMonitor
+    from lightning_pfd.evaluation.representation import RepresentationEvaluation
     from lightning_pfd.diffusion.features import extract_features, random_projection
     from lightning_pfd.modules import DiffusionModule
 
@@ -176,16 +176,16 @@ def diagnostics(name: str, run: Path, views: int) -> dict:
     # measurement noise: the last checkpoint re-measured with other view seeds (same images)
     vals = []
     for s in (1, 2, 3, 4):
-        mon = ICRMonitor(level=LEVEL, views_per_image=views, d_proj=D_PROJ, seed=s)
-        vals.append(float(mon.measure(module, data)[SIGMA]["icr"]))
+        ev = RepresentationEvaluation(data, level=LEVEL, views_per_image=views, d_proj=D_PROJ, seed=s)
+        vals.append(float(ev.evaluate(module)[SIGMA]["icr"]))
     out["view_seed_spread_last"] = {"values": vals, "std": float(torch.tensor(vals).std()),
                                     "mean": sum(vals) / len(vals), "range": max(vals) - min(vals)}
     if best:
         _, bm = load(run, Path(best[-1]))
         ck = torch.load(best[-1], map_location="cpu", weights_only=False)
-        mon = ICRMonitor(level=LEVEL, views_per_image=views, d_proj=D_PROJ, seed=SEED)
+        ev = RepresentationEvaluation(data, level=LEVEL, views_per_image=views, d_proj=D_PROJ, seed=SEED)
         out["best_checkpoint"] = {"path": os.path.relpath(best[-1], ROOT), "epoch": int(ck["epoch"]),
-                                  "icr_remeasured": float(mon.measure(bm, data)[SIGMA]["icr"])}
+                                  "icr_remeasured": float(ev.evaluate(bm)[SIGMA]["icr"])}
         out["net_output_best"] = icr_of_map(flat(output_fn(bm)), data, views)
         # many views per image: the view-sampling noise averages out, so ICR of the whole
         # training set is compared between the ICR-minimum and the last checkpoint
@@ -196,10 +196,10 @@ def diagnostics(name: str, run: Path, views: int) -> dict:
             for dp in (D_PROJ, None):
                 for tag, mod in (("best", bm), ("last", module)):
                     out["many_views"][f"d_proj={dp}/{tag}"] = [
-                        float(ICRMonitor(level=LEVEL, views_per_image=MANY_VIEWS, d_proj=dp, seed=s)
-                              .measure(mod, data)[SIGMA]["icr"]) for s in (1, 2)]
-        vals = [float(ICRMonitor(level=LEVEL, views_per_image=views, d_proj=D_PROJ, seed=s)
-                      .measure(bm, data)[SIGMA]["icr"]) for s in (1, 2, 3, 4)]
+                        float(RepresentationEvaluation(data, level=LEVEL, views_per_image=MANY_VIEWS, d_proj=dp, seed=s)
+                              .evaluate(mod)[SIGMA]["icr"]) for s in (1, 2)]
+        vals = [float(RepresentationEvaluation(data, level=LEVEL, views_per_image=views, d_proj=D_PROJ, seed=s)
+                      .evaluate(bm)[SIGMA]["icr"]) for s in (1, 2, 3, 4)]
         out["view_seed_spread_best"] = {"values": vals, "std": float(torch.tensor(vals).std()),
                                         "mean": sum(vals) / len(vals), "range": max(vals) - min(vals)}
     return out

@@ -22,6 +22,8 @@ import.
 """
 from __future__ import annotations
 
+import math
+import warnings
 from typing import Any, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
@@ -31,7 +33,7 @@ from .errors import ConfigError
 __all__ = ["SigmaSpaceDenoiser", "FeatureDenoiser", "GenerativeModel", "SigmaSpaceModel",
            "SampleDataModule", "TeacherDataModule", "protocol_members", "missing_members",
            "check_contract", "check_data_shape", "check_on_samples", "SAMPLE_OUTPUTS",
-           "SIGMA_SPACE_MODELS", "GENERATING_MODELS"]
+           "SIGMA_SPACE_MODELS", "GENERATING_MODELS", "denoiser_sigma_range"]
 
 #: what the sigma-space measurements (PFD, ICR, frozen-noise losses) accept as a model, for the
 #: ``accepted`` of their error messages (:class:`SigmaSpaceModel`)
@@ -49,9 +51,11 @@ GENERATING_MODELS = ("a model with generate(seeds, batch_size=...) "
 @runtime_checkable
 class SigmaSpaceDenoiser(Protocol):
     """D(x, sigma) -> x0_hat with x = y + sigma n (PFD paper eq. 1): any denoiser a PF-ODE
-    sampler, PFD or a frozen-noise loss accepts. Optional attributes ``sigma_min`` /
-    ``sigma_max`` (the supported range: grids are clamped to it) and ``fingerprint()`` (a cache
-    key) are read with ``getattr`` where they exist."""
+    sampler, PFD or a frozen-noise loss accepts. Optional: ``sigma_range`` -> ``(lo, hi)``, the
+    noise levels the denoiser supports (every sampling grid is clamped to it; absent: (0, inf)),
+    read through :func:`denoiser_sigma_range`; and ``fingerprint()`` (a cache key), read with
+    ``getattr`` where it exists. (``sigma_min`` / ``sigma_max`` name the sampling grid's ends,
+    :class:`~lightning_pfd.diffusion.sampling.SamplerSettings`, not this range.)"""
 
     def __call__(self, x: torch.Tensor, sigma: Any) -> torch.Tensor: ...
 
@@ -64,6 +68,35 @@ class FeatureDenoiser(SigmaSpaceDenoiser, Protocol):
     net: torch.nn.Module
 
     def network_input(self, x: torch.Tensor, sigma: Any) -> Tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def legacy_sigma_range(obj: Any) -> Optional[Tuple[float, float]]:
+    """``(lo, hi)`` from ``obj.sigma_min`` / ``obj.sigma_max``, the names releases before
+    ``sigma_range`` gave the supported noise range (a denoiser, or a diffusion family), with a
+    FutureWarning naming ``sigma_range``; None when ``obj`` has neither."""
+    lo, hi = getattr(obj, "sigma_min", None), getattr(obj, "sigma_max", None)
+    if lo is None and hi is None:
+        return None
+    warnings.warn(f"{type(obj).__name__}: the supported noise range is now the attribute "
+                  "`sigma_range` -> (lo, hi); read from its `sigma_min` / `sigma_max` for now, "
+                  "which a later release will ignore", FutureWarning, stacklevel=3)
+    return float(lo or 0.0), (math.inf if hi is None else float(hi))
+
+
+def denoiser_sigma_range(denoiser: Any) -> Tuple[float, float]:
+    """``(lo, hi)``: the noise levels ``denoiser`` supports (its ``sigma_range``, see
+    :class:`SigmaSpaceDenoiser`), as floats; (0, inf) when it declares none. A denoiser written
+    for an earlier release, with ``sigma_min`` / ``sigma_max`` and no ``sigma_range``, is read by
+    those names with a FutureWarning (:func:`legacy_sigma_range`)."""
+    rng = getattr(denoiser, "sigma_range", None)
+    if rng is None:
+        return legacy_sigma_range(denoiser) or (0.0, math.inf)
+    try:
+        lo, hi = rng
+    except (TypeError, ValueError):
+        raise TypeError(f"{type(denoiser).__name__}.sigma_range: must be a pair (lo, hi) of noise "
+                        f"levels, got {rng!r}") from None
+    return float(lo or 0.0), (math.inf if hi is None else float(hi))
 
 
 # ------------------------------------------------------------------------------ models

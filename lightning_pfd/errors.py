@@ -4,8 +4,14 @@
 option, a file): it names the field, the bad value, what is accepted and, where a name is
 close to an accepted one, a "did you mean" suggestion. Every command of the command line
 (:func:`lightning_pfd.launch.run_guarded`) prints it as one block and exits with status 2; the
-traceback is shown only with ``--debug`` or ``LIGHTNING_PFD_DEBUG=1``. :func:`renamed_fields`
-re-raises it under the name the user typed (a callback's config path, a command's flag).
+traceback is shown only with ``--debug`` or ``LIGHTNING_PFD_DEBUG=1``.
+
+A class names its own argument only (``lr``, ``tap``; ``model.<arg>`` / ``data.<arg>`` for an
+argument it read from the model or the datamodule). Where that argument sits in a config is added
+in one place, the LightningCLI (:func:`lightning_pfd.launch.cli.config_path`:
+``model.init_args.lr``, ``trainer.callbacks[ICRMonitor].tap``); a command with its own flags maps
+an argument to its flag at its boundary with :func:`renamed_fields` (``num_samples`` ->
+``--num-samples``).
 
 It subclasses ``ValueError`` so Python callers that catch ``ValueError`` keep working.
 """
@@ -16,7 +22,7 @@ import contextlib
 import difflib
 import re
 import sys
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional
 
 __all__ = ["ConfigError", "MissingFileError", "did_you_mean", "check_choice", "renamed_fields",
            "ShortErrorParser", "UsageExit"]
@@ -42,7 +48,10 @@ class ConfigError(ValueError):
     """A user error with its field, bad value, accepted values and a suggestion.
 
     Args:
-        field: the dotted name the user wrote (``model.init_args.lr``, ``--ckpt``,
+        field: what is refused: a class's own argument (``lr``, ``tap``), ``model.<arg>`` /
+            ``data.<arg>`` for an argument of the model / datamodule that a class read, or
+            where the user set it (``--ckpt``, ``trainer.max_epochs``); the LightningCLI turns
+            the first two into the config path (``model.init_args.lr``,
             ``trainer.callbacks[ICRMonitor].tap``).
         problem: what is wrong, in a short sentence.
         value: the bad value (omitted when there is none, e.g. a missing file).
@@ -114,30 +123,20 @@ def check_choice(field: str, value: Any, accepted: Iterable[Any]) -> None:
 
 
 @contextlib.contextmanager
-def renamed_fields(rename: Union[str, Mapping[str, str], Callable[[str], str]],
-                   names: Optional[Iterable[str]] = None) -> Iterator[None]:
-    """Re-raise a :class:`ConfigError` from the block under the name its user typed.
-
-    ``rename`` is a prefix (``"trainer.callbacks[TailMonitor]."``), a mapping (``{"num_samples":
-    "--num-samples"}``, unmapped fields kept) or a function (``lambda f: callback_field(cb, f)``).
-    With ``names``, only an error about one of them (the first name of a field such as
-    ``"sigma, sigmas"``) is renamed; any other error passes unchanged. So a callback reports
-    ``trainer.callbacks[ICRMonitor].tap`` and a command ``--tap`` for the same check."""
-    if isinstance(rename, str):
-        prefix = rename
-        fn: Callable[[str], str] = lambda f: prefix + f  # noqa: E731
-    elif isinstance(rename, Mapping):
-        table = dict(rename)
-        fn = lambda f: table.get(f, f)  # noqa: E731
-    else:
-        fn = rename
-    only = None if names is None else frozenset(names)
+def renamed_fields(names: Mapping[str, str]) -> Iterator[None]:
+    """Re-raise a :class:`ConfigError` from the block under the name its user typed:
+    ``names`` maps an argument to it (``{"num_samples": "--num-samples"}``); an error about any
+    other field passes unchanged. For a command that knows its flags (``--tap`` for the ``tap``
+    its evaluation refuses); a config path is added by the LightningCLI, not here."""
+    if not isinstance(names, Mapping):
+        raise TypeError(f"renamed_fields takes a mapping {{argument: name typed}}, got {names!r}")
+    table = dict(names)
     try:
         yield
     except ConfigError as e:
-        if only is not None and e.field.split(",")[0].strip() not in only:
+        if e.field not in table:
             raise
-        raise e.renamed(fn(e.field)) from e.__cause__
+        raise e.renamed(table[e.field]) from e.__cause__
 
 
 #: the options every command takes (removed from the command line before a command parses it)

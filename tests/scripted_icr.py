@@ -1,7 +1,7 @@
 """A one-parameter LightningModule and a callback that logs a scripted ICR curve as ICRMonitor
-does (the value as ``icr/icr``, optionally its delete-a-group jackknife replicates in the run's
-per-unit store): the Trainer side of the ICR early-stopping tests and of
-``experiments/icr_early_stopping.py``, without a diffusion model."""
+does (the value as ``icr/icr``, optionally its delete-a-group jackknife replicates in its
+``latest`` measurement and in the run's per-unit store): the Trainer side of the ICR
+early-stopping tests and of ``experiments/icr_early_stopping.py``, without a diffusion model."""
 from __future__ import annotations
 
 import lightning.pytorch as pl
@@ -12,6 +12,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_pfd.analysis.per_unit import UnitRecord
 from lightning_pfd.callbacks.base import per_unit_store
+from lightning_pfd.callbacks.monitor import Latest
+from lightning_pfd.evaluation.base import Measurement, Units
 
 
 class TinyModule(pl.LightningModule):
@@ -40,18 +42,24 @@ class TinyModule(pl.LightningModule):
 
 class ScriptedICR(Callback):
     """Logs ``y[epoch]`` as ``icr/icr`` in ``on_validation_epoch_end`` (not in the sanity check),
-    and with ``reps`` (epochs, G) writes the epoch's jackknife replicates as ICRMonitor does."""
+    and with ``reps`` (epochs, G) keeps the epoch's jackknife replicates in ``latest`` and writes
+    them to the store, as ICRMonitor does."""
 
     def __init__(self, y, reps=None):
         self.y, self.reps = np.asarray(y, dtype=np.float64), reps
+        self.latest = None
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking:
             return
         e = trainer.current_epoch
         pl_module.log("icr/icr", torch.tensor(self.y[e], dtype=torch.float32))
-        if self.reps is not None and trainer.is_global_zero:
+        if self.reps is not None:
             groups = np.arange(self.reps.shape[1])
+            units = Units("jackknife", torch.from_numpy(self.reps[e]), torch.from_numpy(groups), float(self.y[e]))
+            self.latest = Latest(e, trainer.global_step, Measurement({"icr": float(self.y[e])}, {"icr": units}),
+                                 {"icr/icr": float(self.y[e])}, {"icr/icr": units})
+        if self.reps is not None and trainer.is_global_zero:
             per_unit_store(trainer).write(UnitRecord("icr/icr", e, trainer.global_step, "jackknife",
                                                      self.reps[e], groups, float(self.y[e])))
 

@@ -246,10 +246,10 @@ def _code_strings(path: Path) -> list:
 
 
 def test_the_library_names_arguments_not_config_paths():
-    """diffusion/, evaluation/ and metrics/ name their own arguments in errors; only the command
-    line knows where a value sits in a config (``model.init_args.lr``)."""
+    """diffusion/, evaluation/, metrics/ and callbacks/ name their own arguments in errors; only
+    the command line knows where a value sits in a config (``model.init_args.lr``)."""
     found = []
-    for sub in ("diffusion", "evaluation", "metrics"):
+    for sub in ("diffusion", "evaluation", "metrics", "callbacks"):
         for path in sorted((ROOT / sub).rglob("*.py")):
             found += [f"{path.relative_to(ROOT.parent)}:{line}: {text[:60]!r}"
                       for line, text in _code_strings(path) if CLI_PATH.search(text)]
@@ -260,3 +260,56 @@ def test_the_config_path_check_sees_a_path(tmp_path):
     bad = tmp_path / "m.py"
     bad.write_text('"""Doc: model.init_args.lr is fine here."""\nraise ValueError("model.init_args.lr: bad")\n')
     assert [t for _, t in _code_strings(bad) if CLI_PATH.search(t)] == ["model.init_args.lr: bad"]
+
+
+# ----------------------------------------------------------------------------- one measurement contract
+def _classes(sub: str):
+    """(path, ast.ClassDef) of every class in the package folder ``sub``."""
+    for path in sorted((ROOT / sub).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                yield path, node
+
+
+def _measure_signatures(sub: str) -> list:
+    """``(where, positional parameter names)`` of every method named ``measure`` under ``sub``."""
+    out = []
+    for path, cls in _classes(sub):
+        for fn in cls.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name == "measure":
+                args = [a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs]
+                if fn.args.vararg or fn.args.kwarg:
+                    args.append("*")
+                out.append((f"{path.relative_to(ROOT.parent)}:{cls.name}", args))
+    return out
+
+
+def test_every_measure_of_an_evaluation_is_the_contract():
+    """Every ``measure`` in evaluation/ is the measurement contract's ``(model, comm)``: the
+    built-in evaluations implement it themselves (no adapter classes)."""
+    sigs = _measure_signatures("evaluation")
+    assert len(sigs) >= 5, sigs  # the protocol and the four built-in evaluations
+    assert [w for w, args in sigs if args != ["self", "model", "comm"]] == []
+
+
+def test_no_subclass_of_the_evaluation_monitor_in_callbacks():
+    """The shipped monitors are configurations of EvaluationMonitor (callbacks/presets.py), not
+    subclasses, and no class adapts an evaluation to the contract (``...Measure``)."""
+    subclasses = [f"{p.name}:{c.name}" for p, c in _classes("callbacks")
+                  if any(getattr(b, "id", getattr(b, "attr", None)) == "EvaluationMonitor" for b in c.bases)]
+    adapters = [f"{p.name}:{c.name}" for sub in ("callbacks", "evaluation") for p, c in _classes(sub)
+                if c.name.endswith("Measure")]
+    assert subclasses == [] and adapters == []
+
+
+def test_the_contract_checks_can_fail(tmp_path, monkeypatch):
+    """The two checks above see a wrong signature and a subclass."""
+    (tmp_path / "evaluation").mkdir()
+    (tmp_path / "evaluation" / "e.py").write_text("class E:\n    def measure(self, model, rank, world):\n        pass\n")
+    (tmp_path / "callbacks").mkdir()
+    (tmp_path / "callbacks" / "c.py").write_text("class G(monitor.EvaluationMonitor):\n    pass\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert _measure_signatures("evaluation") == [(f"{tmp_path.name}/evaluation/e.py:E",
+                                                   ["self", "model", "rank", "world"])]
+    with pytest.raises(AssertionError, match="c.py:G"):
+        test_no_subclass_of_the_evaluation_monitor_in_callbacks()

@@ -96,18 +96,18 @@ def test_a_second_measure_with_a_ragged_batch_compiles_nothing():
     ev = FlowEvaluation(train, teacher=GaussianDenoiser(MEAN, COV), num_eval=10, batch_size=4,  # 4 + 4 + 2
                         settings=SamplerSettings(num_steps=4, compile=True, compile_backend=counter),
                         use_cache=False)
-    first = ev.measure(model.denoiser)
+    first = ev.evaluate(model.denoiser)
     frames = counter.frame_count
     assert frames >= 1  # the student was compiled (the references run eagerly: not counted)
     with torch.no_grad():  # an epoch later: new EMA weights, in place
         for p in model.denoiser.parameters():
             p.mul_(0.9)
     with torch._dynamo.config.patch(error_on_recompile=True):
-        second = ev.measure(model.denoiser)
+        second = ev.evaluate(model.denoiser)
     assert counter.frame_count == frames
     assert float(second.metrics["e_gen"]) != float(first.metrics["e_gen"])  # the new weights were used
     eager = FlowEvaluation(train, teacher=GaussianDenoiser(MEAN, COV), num_eval=10, batch_size=4,
-                           settings=SamplerSettings(num_steps=4), use_cache=False).measure(model.denoiser)
+                           settings=SamplerSettings(num_steps=4), use_cache=False).evaluate(model.denoiser)
     assert float(second.metrics["e_gen"]) == pytest.approx(float(eager.metrics["e_gen"]), rel=1e-5)
     # control: the ragged batch without padding is a new shape, which the counter does see
     run = compile_denoiser(model.denoiser, "default", counter)
@@ -127,7 +127,7 @@ def test_references_run_eagerly_and_share_the_cache_key(monkeypatch):
     train = GaussianDenoiser(MEAN, COV).sample(range(12)).float()
     kw = dict(teacher=GaussianDenoiser(MEAN, COV), num_eval=6, batch_size=4, use_cache=False)
     ev = FlowEvaluation(train, settings=SamplerSettings(num_steps=3, compile=True, compile_backend="eager"), **kw)
-    ev.measure(GaussianDenoiser(MEAN * 0, COV))
+    ev.evaluate(GaussianDenoiser(MEAN * 0, COV))
     assert ("GaussianDenoiser", "default") in seen  # the student
     assert {m for name, m in seen if name == "EmpiricalDenoiser"} == {False}
     assert sum(m == "default" for _, m in seen) == 1
@@ -150,7 +150,7 @@ def test_monitor_plumbs_compile_to_its_evaluation(tmp_path, monkeypatch):
     trainer.fit(model, datamodule=dm)
     assert cb.evaluation.settings.compile == "reduce-overhead" and "reduce-overhead" in modes
     got = FlowEvaluation.from_datamodule(dm, model, num_eval=10, batch_size=4, num_loss_samples=None,
-                                         use_cache=False).measure(model.denoiser).metrics
+                                         use_cache=False).evaluate(model.denoiser).metrics
     assert float(trainer.callback_metrics["pfd/e_gen"]) == pytest.approx(float(got["e_gen"]), rel=1e-12)
 
 
@@ -164,7 +164,7 @@ def test_bad_compile_values_are_refused():
     assert e.value.field == "compile_backend"
     with pytest.raises(ConfigError) as e:
         GeneralizationMonitor(compile="yes")
-    assert e.value.field == "trainer.callbacks[GeneralizationMonitor].compile"
+    assert e.value.field == "compile"
     dm = GaussianTeacherDM(MEAN, COV)
     dm.setup("fit")
     with pytest.raises(ConfigError) as e:
@@ -251,8 +251,13 @@ def test_generalization_monitor_follows_the_module_unless_told(monkeypatch):
     model = _student(sample_compile="max-autotune")
     trainer = type("T", (), {"strategy": None, "global_rank": 0, "world_size": 1})()
     kw = dict(num_eval=4, batch_size=4, num_loss_samples=None, use_cache=False)
-    assert GeneralizationMonitor(**kw)._build(trainer, model, dm).settings.compile == "max-autotune"
-    assert GeneralizationMonitor(compile=False, **kw)._build(trainer, model, dm).settings.compile is False
-    assert GeneralizationMonitor(compile=True, **kw)._build(trainer, model, dm).settings.compile == "default"
+
+    def built(mon):
+        mon.check_setup(trainer, model, dm)  # binds the datamodule and the model
+        return mon.evaluation
+
+    assert built(GeneralizationMonitor(**kw)).settings.compile == "max-autotune"
+    assert built(GeneralizationMonitor(compile=False, **kw)).settings.compile is False
+    assert built(GeneralizationMonitor(compile=True, **kw)).settings.compile == "default"
     model.generate(range(3), batch_size=2)  # and the module's generate samples compiled
     assert modes == ["max-autotune"]

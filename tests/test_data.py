@@ -364,7 +364,7 @@ class CountingTeacher:
 
     def __init__(self, inner):
         self.inner, self.calls, self.shape = inner, 0, inner.shape
-        self.sigma_min, self.sigma_max = inner.sigma_min, inner.sigma_max
+        self.sigma_range = inner.sigma_range
 
     def __call__(self, x, sigma):
         self.calls += 1

@@ -1,6 +1,8 @@
 """The ranges the evaluations, metrics, datamodules and monitors declare in their signatures:
 a Python caller gets a ConfigError naming the argument (a monitor: its config field), before any
 work, and jsonargparse -- the command line -- refuses the same value for the same field."""
+import types
+
 import pytest
 import torch
 from jsonargparse import ArgumentParser
@@ -55,16 +57,17 @@ def test_command_line_refuses_the_same_value(cls, arg, bad, good):
 
 
 @pytest.mark.parametrize("cls,arg,bad", MONITOR_CASES, ids=[f"{c[0].__name__}.{c[1]}" for c in MONITOR_CASES])
-def test_a_monitor_names_its_config_field(cls, arg, bad):
+def test_a_monitor_names_its_argument(cls, arg, bad):
+    """A monitor (a class or a preset function) names its own argument; the command line adds
+    where it sits in the config (tests/test_cli.py)."""
     with pytest.raises(ConfigError) as e:
         cls(**{arg: bad})
-    assert e.value.field == f"trainer.callbacks[{cls.__name__}].{arg}" and e.value.value == bad
+    assert e.value.field == arg and e.value.value == bad
 
 
-def test_flow_evaluation_names_its_arguments_and_the_monitor_maps_the_others():
-    """FlowEvaluation names ``seed_offset`` (its own argument); GeneralizationMonitor reports the
-    datamodule's field the value came from."""
-    from lightning_pfd.callbacks.generalization import OTHER_FIELDS
+def test_flow_evaluation_names_its_arguments_and_the_models():
+    """FlowEvaluation names its own arguments (``seed_offset``, ``num_eval``) and the model's
+    arguments it refuses as ``model.<arg>`` (the command line adds ``init_args``)."""
     from lightning_pfd.evaluation.flow import FlowEvaluation
 
     data = torch.zeros(4, 2)
@@ -72,9 +75,11 @@ def test_flow_evaluation_names_its_arguments_and_the_monitor_maps_the_others():
         FlowEvaluation(data, num_eval=2, seed_offset=-1, use_cache=False)
     assert e.value.field == "seed_offset"
     with pytest.raises(ConfigError) as e:
-        FlowEvaluation(data, num_eval=0, use_cache=False, field=lambda a: f"monitor.{a}")
-    assert e.value.field == "monitor.num_eval"
-    assert OTHER_FIELDS["seed_offset"] == "data.init_args.gen_seed_offset"
+        FlowEvaluation(data, num_eval=0, use_cache=False)
+    assert e.value.field == "num_eval"
+    with pytest.raises(ConfigError) as e:
+        FlowEvaluation(num_eval=2, use_cache=False).compile_mode(types.SimpleNamespace(sample_compile="yes"))
+    assert e.value.field == "model.sample_compile"
 
 
 def test_the_parsed_config_holds_plain_numbers(tmp_path):
@@ -108,12 +113,15 @@ def test_the_parsed_config_holds_plain_numbers(tmp_path):
 def test_a_missing_file_a_datamodule_refuses_is_named_by_its_config_path(tmp_path):
     """A MissingFileError (also an OSError) raised in a datamodule's __init__ gets the config
     path of its field like any ConfigError."""
-    from lightning_pfd.launch.cli import at_config_path
-    from lightning_pfd.data import TensorFileDataModule
+    from lightning_pfd.launch.cli import PFDLightningCLI
     from lightning_pfd.errors import MissingFileError
 
+    cfg = {"model": {"class_path": "helpers.refusing.TinyModel"},
+           "data": {"class_path": "lightning_pfd.data.TensorFileDataModule",
+                    "init_args": {"path": str(tmp_path / "none.npz")}},
+           "trainer": {"logger": False, "default_root_dir": str(tmp_path / "run")}}
     with pytest.raises(MissingFileError) as e:
-        TensorFileDataModule(path=str(tmp_path / "none.npz"))
-    renamed = at_config_path(e.value)
+        PFDLightningCLI(args=cfg, run=False)
+    renamed = e.value
     assert isinstance(renamed, ConfigError) and renamed.field == "data.init_args.path"
     assert renamed.value == str(tmp_path / "none.npz")

@@ -109,7 +109,7 @@ def test_vp_precond_matches_table1_and_inverts_schedule():
     t = torch.tensor([1e-5, 0.01, 0.3, 1.0], dtype=torch.float64)
     sigma = fam.sigma(t)
     torch.testing.assert_close(fam.sigma_inv(sigma), t, rtol=1e-6, atol=1e-9)
-    assert D.sigma_min == pytest.approx(0.001, rel=1e-3) and D.sigma_max == pytest.approx(152.0, rel=0.01)
+    assert D.sigma_range == pytest.approx((0.001, 152.0), rel=0.01) and D.sigma_range == fam.sigma_range
     x = torch.randn(4, 3)
     out = D(x, sigma.float())
     s = sigma.float()[:, None]

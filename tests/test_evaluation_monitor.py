@@ -101,7 +101,7 @@ def test_figures_follow_their_own_schedule(tmp_path):
     (dict(evaluation=ParamNorm(), name="a/b"), "name"),
 ])
 def test_bad_arguments_name_the_field(kwargs, field):
-    with pytest.raises(ConfigError, match=rf"trainer\.callbacks\[EvaluationMonitor\]\.{field}"):
+    with pytest.raises(ConfigError, match=rf"^{field}: "):  # the command line adds the config path
         EvaluationMonitor(**kwargs)
 
 

@@ -251,7 +251,7 @@ def test_user_metric_every_epoch_next_to_e_gen(ext, tmp_path, monkeypatch):
                               progress_bar=True, description="Sliced Wasserstein-2, student vs teacher endpoints.")
     assert keys.collect(trainer.callbacks).get("sw/e_gen") == declared
     assert keys.find("sw/e_gen") is None  # nothing process-wide
-    monitor = next(c for c in trainer.callbacks if isinstance(c, GeneralizationMonitor))
+    monitor = next(c for c in trainer.callbacks if getattr(c, "preset", None) == "GeneralizationMonitor")
     ev = monitor.evaluation
     assert ev.flow_metric_keys() == ["e_gen", "e_mem", "sw/e_gen"] and ev.metric_reference("sw/e_gen") == "teacher"
 
@@ -264,8 +264,8 @@ def test_user_metric_every_epoch_next_to_e_gen(ext, tmp_path, monkeypatch):
 
     # the oracle: the monitor's evaluation re-measured on the trained model (the state of the last
     # measurement: no step after it), numpy SW_2 on its Psi features with the same directions
-    gen = lambda seeds: model.generate(seeds, sampler=ev.settings.sampler, batch_size=monitor.batch_size)  # noqa: E731
-    res = ev.measure(model.denoiser, generate=gen, device=model.device)
+    gen = lambda seeds: model.generate(seeds, sampler=ev.settings.sampler, batch_size=ev.batch_size)  # noqa: E731
+    res = ev.evaluate(model.denoiser, generate=gen, device=model.device)
     feats = res.features()
     s, t = feats["student"].cpu().numpy(), feats["teacher"].numpy()
     assert s.shape == t.shape == (32, 64)
@@ -543,7 +543,7 @@ def test_new_kind_of_metric_from_one_file_and_one_config_block(ext, tmp_path, mo
     (monitor,) = [c for c in cli.trainer.callbacks if isinstance(c, EvaluationMonitor)]
     import my_evaluations
 
-    assert isinstance(monitor.protocol, my_evaluations.NearestNeighbourDistance)
+    assert isinstance(monitor.evaluation, my_evaluations.NearestNeighbourDistance)
     assert monitor.metric_names() == ["nn/nn_dist"]
     assert keys.collect(cli.trainer.callbacks).find("nn/nn_dist") is not None  # declared at setup
 

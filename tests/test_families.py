@@ -47,7 +47,7 @@ def test_edm_family_preconditioning_is_bitwise_the_closed_form():
     c_in, c_noise = 1 / (sd**2 + s**2).sqrt(), s.log() / 4
     assert torch.equal(D.net.x_in, c_in * x) and torch.equal(D.net.c_noise, c_noise.flatten())
     assert torch.equal(out, c_skip * x + c_out * (torch.tanh(c_in * x) + c_noise))
-    assert D.sigma_min == 0.0 and D.sigma_max == math.inf  # EDM: no clamping of any grid
+    assert D.sigma_range == (0.0, math.inf)  # EDM: no clamping of any grid
 
 
 def test_vp_family_preconditioning_is_bitwise_the_closed_form():
@@ -357,3 +357,61 @@ def test_a_checkpoint_naming_the_family_precond_is_refused_with_the_fix(tmp_path
     loaded = DiffusionModule.load_from_checkpoint(path, net=MLPNet(3, hidden=8, depth=1))
     assert loaded.hparams.family == "vp"
     torch.testing.assert_close(loaded.generate([1, 2]), model.generate([1, 2]), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ the supported range: one name
+def test_sigma_range_is_the_one_name_of_the_range_grids_are_clamped_to():
+    """Denoisers and families name the noise levels they support ``sigma_range``; ``sigma_min`` /
+    ``sigma_max`` are left to the sampling grid's ends (and to the parameters of a family)."""
+    from lightning_pfd.diffusion import GaussianMixtureDenoiser, clamp_sigmas
+    from lightning_pfd.diffusion.empirical import EmpiricalDenoiser
+
+    for fam, rng in [(EDMFamily(), (0.0, math.inf)), (EDMFamily(sigma_min=0.01, sigma_max=50.0), (0.01, 50.0)),
+                     (VEFamily(), (0.02, 100.0)), (VPFamily(), VPFamily().sigma_range)]:
+        D = fam.precondition(_Probe())
+        assert fam.sigma_range == rng and D.sigma_range == rng
+        assert not hasattr(D, "sigma_min") and not hasattr(D, "sigma_max")
+    assert not hasattr(VPFamily(), "sigma_min") and not hasattr(VPFamily(), "sigma_max")
+    exact = [GaussianDenoiser(torch.zeros(2), torch.eye(2)),
+             GaussianMixtureDenoiser(torch.ones(1), torch.zeros(1, 2), torch.eye(2)[None]),
+             EmpiricalDenoiser(torch.zeros(3, 2))]
+    assert all(d.sigma_range == (0.0, math.inf) and not hasattr(d, "sigma_max") for d in exact)
+    g = karras_sigmas(6)  # 80 ... 0.002, 0
+    clamped = clamp_sigmas(g, VEFamily().precondition(_Probe()))
+    assert float(clamped[0]) == 80.0 and float(clamped[-2]) == 0.02 and float(clamped[-1]) == 0.0
+
+
+def test_a_denoiser_or_family_with_the_former_names_still_clamps_with_a_future_warning():
+    """A wrapped denoiser (or a family) written for a release before ``sigma_range``, giving
+    its range as ``sigma_min`` / ``sigma_max``, is clamped as before, with a FutureWarning that
+    names ``sigma_range``; one that declares no range is not clamped, without a warning."""
+    import warnings
+
+    from lightning_pfd.contracts import denoiser_sigma_range
+    from lightning_pfd.diffusion import clamp_sigmas
+
+    class FormerDenoiser:
+        sigma_min, sigma_max = 0.5, 10.0
+
+        def __call__(self, x, sigma):
+            return x
+
+    class Denoiser(FormerDenoiser):
+        sigma_range = (0.5, 10.0)
+
+    g = karras_sigmas(6)
+    with pytest.warns(FutureWarning, match=r"FormerDenoiser.*`sigma_range`"):
+        former = clamp_sigmas(g, FormerDenoiser())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(former, clamp_sigmas(g, Denoiser()))  # sigma_range wins over the former names
+        assert torch.equal(clamp_sigmas(g, lambda x, s: x), g)
+    assert float(former[0]) == 10.0 and float(former[-2]) == 0.5 and float(former[-1]) == 0.0
+    with pytest.raises(TypeError, match="sigma_range: must be a pair"):
+        denoiser_sigma_range(type("Bad", (), {"sigma_range": 3.0})())
+
+    class FormerFamily(EDMFamily):  # an earlier release's family: sigma_min / sigma_max, no sigma_range
+        sigma_range = DiffusionFamily.sigma_range
+
+    with pytest.warns(FutureWarning, match=r"FormerFamily.*`sigma_range`"):
+        assert FormerFamily(sigma_min=0.01, sigma_max=50.0).precondition(_Probe()).sigma_range == (0.01, 50.0)

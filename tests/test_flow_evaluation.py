@@ -107,7 +107,7 @@ def test_e_gen_of_two_gaussians_equals_their_exact_flow_maps():
     ev = FlowEvaluation(_train(2), teacher=GaussianDenoiser(T_MEAN, T_COV), num_eval=2048, seed_offset=0,
                         settings=SamplerSettings(num_steps=60), batch_size=2048, use_cache=False)
     student = GaussianDenoiser(S_MEAN, S_COV)
-    got = float(ev.measure(student).metrics["e_gen"])
+    got = float(ev.evaluate(student).metrics["e_gen"])
     x_T = 80.0 * seeded_noise(torch.arange(2048), (3,), stream=stream("pf_ode.x_T"))
     exact_t = GaussianDenoiser(T_MEAN, T_COV).flow_map(x_T, 80.0, 0.0)
     exact_s = student.flow_map(x_T, 80.0, 0.0)
@@ -120,7 +120,7 @@ def test_measure_matches_functional_oracles_and_brute_force():
     ev = _evaluation(use_cache=False)
     ev.add_metric("sw/e_gen", functools.partial(SlicedW2, num_projections=8), reference="teacher")
     student, loss = GaussianDenoiser(S_MEAN, S_COV), EDMFamily().loss()
-    res = ev.measure(student, loss_fn=loss)
+    res = ev.evaluate(student, loss_fn=loss)
     seeds = range(5_000, 5_024)
     kw = dict(seeds=seeds, shape=(3,), settings=ev.settings)
     assert float(res.metrics["e_gen"]) == pytest.approx(
@@ -153,7 +153,7 @@ def test_empirical_reference_is_the_same_flow_with_either_algorithm(n):
     den = ev._sources["empirical"].build("cpu")
     den(train[:4].double(), 0.01)
     assert den.last_stats["mode"].startswith("float64") == (n <= EmpiricalDenoiser.float64_max_n_cpu)
-    got = ev.prepare()["empirical"].endpoints
+    got = ev.compute_references()["empirical"].endpoints
     for precision in ("mixed", "float64"):
         want = ev.settings.sample(EmpiricalDenoiser(train, precision=precision), range(5_000, 5_016), (3,),
                                   batch_size=16)
@@ -218,7 +218,7 @@ def test_two_simulated_processes_give_the_numbers_of_one(nan_odd):
         return x
 
     def measure(ev):
-        return ev.measure(GaussianDenoiser(S_MEAN, S_COV), loss_fn=EDMFamily().loss(), generate=generate, gather=True)
+        return ev.evaluate(GaussianDenoiser(S_MEAN, S_COV), loss_fn=EDMFamily().loss(), generate=generate, gather=True)
 
     (single,) = _run_world(1, make, measure)
     pair = _run_world(2, make, measure)
@@ -258,20 +258,20 @@ def test_references_are_sampled_once_in_memory_and_on_disk():
     teacher = Counting(GaussianDenoiser(T_MEAN, T_COV))
     ev = _evaluation(teacher=teacher)
     student = Counting(GaussianDenoiser(S_MEAN, S_COV))
-    first = ev.measure(student).metrics
+    first = ev.evaluate(student).metrics
     per_flow = 11 * 5  # Heun-6: 11 calls per batch, 24 seeds in batches of 5
     assert teacher.calls == per_flow and student.calls == per_flow
-    second = ev.measure(student).metrics  # the references are kept: only the student is sampled
+    second = ev.evaluate(student).metrics  # the references are kept: only the student is sampled
     assert teacher.calls == per_flow and student.calls == 2 * per_flow
     assert {k: float(v) for k, v in first.items()} == {k: float(v) for k, v in second.items()}
     again = Counting(GaussianDenoiser(T_MEAN, T_COV))
-    third = _evaluation(teacher=again).measure(student).metrics  # a new evaluation: from the disk cache
+    third = _evaluation(teacher=again).evaluate(student).metrics  # a new evaluation: from the disk cache
     assert again.calls == 0 and float(third["e_gen"]) == float(first["e_gen"])
     other = Counting(GaussianDenoiser(T_MEAN, T_COV))
     ev_bf16 = _evaluation(teacher=other, settings=SamplerSettings(num_steps=6, precision="bf16"))
     assert ev_bf16.cache_key("teacher") != ev.cache_key("teacher")
     assert ev_bf16.cache_key("empirical") != ev.cache_key("empirical")
-    ev_bf16.prepare()
+    ev_bf16.compute_references()
     assert other.calls == per_flow  # another precision: recomputed, not read
 
 
@@ -292,7 +292,7 @@ def test_memory_identity_features_are_views_and_metrics_are_fed_in_batches():
     _RowsSeen.rows = []
     ev = _evaluation(use_cache=False)  # 24 seeds, batch_size 5
     ev.add_metric("sw/e_gen", functools.partial(_RowsSeen, num_projections=8), reference="teacher")
-    res = ev.measure(GaussianDenoiser(S_MEAN, S_COV))
+    res = ev.evaluate(GaussianDenoiser(S_MEAN, S_COV))
     for ref in ev.references.values():
         assert ref.features.data_ptr() == ref.endpoints.data_ptr()
         torch.testing.assert_close(ref.features, ref.endpoints.reshape(24, -1), rtol=0, atol=0)
@@ -320,7 +320,7 @@ def test_one_precision_for_every_flow(precision, monkeypatch):
     monkeypatch.setattr(flow_mod, "EmpiricalDenoiser", RecordingEmpirical)
     teacher, student = Counting(GaussianDenoiser(T_MEAN, T_COV)), Counting(GaussianDenoiser(S_MEAN, S_COV))
     ev = _evaluation(teacher=teacher, settings=SamplerSettings(num_steps=6, precision=precision), use_cache=False)
-    res = ev.measure(student)
+    res = ev.evaluate(student)
     want = {torch.float64} if precision == "fp32" else {torch.bfloat16}  # fp32: the float64 state, no autocast
     assert teacher.autocast == want and student.autocast == want and seen["empirical"] == want
     if precision == "fp32":  # as before: the plain sampler (batches of 5 vs 24 rows: to rounding)
@@ -373,7 +373,7 @@ def test_monitor_logs_what_measure_returns_including_a_yaml_user_metric(tmp_path
     ev = FlowEvaluation.from_datamodule(dm, model, num_eval=10, batch_size=4, num_loss_samples=None)
     ev.add_metric("pfd_rms/e_gen", functools.partial(flow_mod.ProbabilityFlowDistance, per_dimension=True))
     ev.add_metric("sw/e_mem", SlicedW2, reference="empirical")
-    got = ev.measure(model.denoiser, loss_fn=model.loss_fn).metrics  # its own sampler, not model.generate
+    got = ev.evaluate(model.denoiser, loss_fn=model.loss_fn).metrics  # its own sampler, not model.generate
     want = {cb.key(k): float(v) for k, v in got.items()}  # pfd/e_gen, loss/gap, ...; user keys as they are
     assert set(logged) == set(want) and "pfd/e_gen" in want and "loss/gap" in want and len(want) == 10  # + pfd/e_gen_se, pfd/e_mem_se
     for k, v in want.items():
@@ -429,10 +429,12 @@ def test_a_teacher_grid_other_than_the_evaluation_grid_is_refused():
     check_one_solver(SamplerSettings(num_steps=6), dm, dm.teacher)  # the same solver passes
     with pytest.raises(ConfigError) as err:
         check_one_solver(SamplerSettings(num_steps=6, rho=3.0), dm, dm.teacher)
-    assert err.value.field == "rho" and "rho=3" in err.value.problem
+    assert err.value.field == "model.rho" and "rho=3" in err.value.problem  # the model's argument
     with pytest.raises(ConfigError) as err:
-        check_one_solver(SamplerSettings(num_steps=6, sampler="euler"), dm, dm.teacher,
-                         field=lambda a: f"monitor.{a}", overridden={"sampler"})
-    assert err.value.field == "monitor.sampler" and err.value.accepted == ["heun"]
+        check_one_solver(SamplerSettings(num_steps=6, sampler="euler"), dm, dm.teacher)
+    assert err.value.field == "model.sampler" and err.value.accepted == ["heun"]
+    with pytest.raises(ConfigError) as err:  # the caller's own argument
+        check_one_solver(SamplerSettings(num_steps=6, sampler="euler"), dm, dm.teacher, overridden={"sampler"})
+    assert err.value.field == "sampler" and err.value.accepted == ["heun"]
     # precision is not part of the teacher data's solver: bf16 evaluation of a fp32 data set is fine
     check_one_solver(SamplerSettings(num_steps=6, precision="bf16"), dm, dm.teacher)

@@ -12,7 +12,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_pfd.callbacks import ICREarlyStopping, ICRMonitor, MemorizationMonitor
-from lightning_pfd.callbacks.icr import fixed_subset, sigma_key
+from lightning_pfd.evaluation.representation import RepresentationEvaluation, fixed_subset, sigma_leaf
 from lightning_pfd.diffusion.augment import noisy_view
 from lightning_pfd.diffusion.features import extract_features
 from lightning_pfd.metrics import invariant_contamination_ratio
@@ -225,7 +225,7 @@ def test_icr_monitor_logs_the_protocol_value(tmp_path, kind):
     expect_hi = _manual_icr(module, data, 96, 1.0, 3, views_per_image=2)
     assert float(logged["icr/icr"]) == pytest.approx(float(expect["icr"]), rel=1e-5)
     assert float(logged["icr/trace_xi"]) == pytest.approx(float(expect["trace_xi"]), rel=1e-5)
-    assert float(logged[sigma_key(1.0)]) == pytest.approx(float(expect_hi["icr"]), rel=1e-5)
+    assert float(logged["icr/" + sigma_leaf(1.0)]) == pytest.approx(float(expect_hi["icr"]), rel=1e-5)
     assert float(logged["icr/n"]) == 96 and float(logged["icr/d"]) == float(expect["d"])
     assert [h["epoch"] for h in mon.history] == [0, 1]
     assert 0 < float(logged["icr/icr"]) <= 1
@@ -247,12 +247,18 @@ def test_icr_monitor_warns_when_n_is_small_and_projection_fixes_d(tmp_path):
     assert float(trainer.callback_metrics["icr/d"]) == 8
 
 
+def _measure(mon, module, data):
+    """The per-level results of ``mon``'s evaluation of ``module`` on ``data``."""
+    mon.evaluation.bind(data)
+    return mon.evaluation.evaluate(module)
+
+
 def test_icr_monitor_vp_uses_same_sigma_space():
     g = torch.Generator().manual_seed(3)
     data = torch.randn(64, 6, generator=g)
     module = _mlp_module(family="vp")
     mon = ICRMonitor(num_images=64, sigma=0.29)
-    got = mon.measure(module, data)[0.29]
+    got = _measure(mon, module, data)[0.29]
     expect = _manual_icr(module, data, 64, 0.29, 3)
     assert float(got["icr"]) == pytest.approx(float(expect["icr"]), rel=1e-6)
 
@@ -271,24 +277,24 @@ def test_icr_monitor_bad_config():
 def test_icr_monitor_default_subset_is_4096_capped_at_n():
     """num_images=None (default): min(4096, N) -- the paper's 4096, or all N when N is smaller;
     an explicit value larger than N is still refused."""
-    from lightning_pfd.callbacks.icr import DEFAULT_NUM_IMAGES, resolve_num_images
+    from lightning_pfd.evaluation.representation import DEFAULT_NUM_IMAGES, resolve_num_images
     from lightning_pfd.errors import ConfigError
-    assert DEFAULT_NUM_IMAGES == 4096 and ICRMonitor().num_images is None
+    assert DEFAULT_NUM_IMAGES == 4096 and ICRMonitor().evaluation.num_images is None
     assert resolve_num_images(None, 50_000) == 4096 and resolve_num_images(None, 300) == 300
     assert resolve_num_images(128, 50_000) == 128
     g = torch.Generator().manual_seed(5)
     module = _mlp_module(dim=4, hidden=8)
     small = torch.randn(300, 4, generator=g)
     mon = ICRMonitor(batch_size=4096)
-    mon.check_data(small)  # no refusal: the default adapts to N
-    assert float(mon.measure(module, small)[0.29]["n"]) == 300
+    mon.evaluation.bind(small)  # no refusal: the default adapts to N
+    assert float(_measure(mon, module, small)[0.29]["n"]) == 300
     big = torch.randn(5000, 4, generator=g)
-    out = mon.measure(module, big)[0.29]
+    out = _measure(mon, module, big)[0.29]
     assert float(out["n"]) == 4096
-    ref = ICRMonitor(num_images=4096, batch_size=4096).measure(module, big)[0.29]
+    ref = RepresentationEvaluation(big, num_images=4096, batch_size=4096).evaluate(module)[0.29]
     assert float(out["icr"]) == float(ref["icr"])  # the same fixed subset as an explicit 4096
     with pytest.raises(ConfigError, match="num_images"):
-        ICRMonitor(num_images=301).check_data(small)
+        ICRMonitor(num_images=301).evaluation.bind(small)
 
 
 def test_icr_monitor_tau_rules_on_the_same_features():
@@ -296,8 +302,8 @@ def test_icr_monitor_tau_rules_on_the_same_features():
     features, and tau="relative" reproduces the former default."""
     g = torch.Generator().manual_seed(6)
     module, data = _mlp_module(dim=6, hidden=16), torch.randn(200, 6, generator=g)
-    auto = ICRMonitor(num_images=200).measure(module, data)[0.29]
-    rel = ICRMonitor(num_images=200, tau="relative").measure(module, data)[0.29]
+    auto = RepresentationEvaluation(data, num_images=200).evaluate(module)[0.29]
+    rel = RepresentationEvaluation(data, num_images=200, tau="relative").evaluate(module)[0.29]
     assert float(auto["tau"]) == 0.0 and float(auto["cond_xi"]) < 1e8
     assert float(auto["icr"]) == float(auto["icr_tau_auto"]) == float(rel["icr_tau_auto"])
     assert float(rel["icr"]) == float(rel["icr_tau_relative"]) == float(auto["icr_tau_relative"])
@@ -319,7 +325,7 @@ def test_icr_monitor_ddp_spawn_matches_single_process(tmp_path):
         warnings.simplefilter("ignore")
         trainer.fit(module, datamodule=_DataModule(data))
     # ddp_spawn returns the trained weights to the main process: recompute single-process
-    expect = ICRMonitor(num_images=101).measure(module, data)[0.29]
+    expect = RepresentationEvaluation(data, num_images=101).evaluate(module)[0.29]
     assert float(trainer.callback_metrics["icr/icr"]) == pytest.approx(float(expect["icr"]), rel=1e-5)
     assert float(trainer.callback_metrics["icr/n"]) == 101
 
@@ -388,7 +394,7 @@ def test_representation_stack_yaml_instantiates():
     parser.add_argument("--callbacks", type=list[LCallback])
     cfg = parser.parse_args(["--callbacks", path.read_text()])
     cbs = parser.instantiate_classes(cfg).callbacks
-    kinds = [type(c).__name__ for c in cbs]
+    kinds = [getattr(c, "display_name", type(c).__name__) for c in cbs]
     assert kinds[:3] == ["ICRMonitor", "MemorizationMonitor", "ICREarlyStopping"]
     assert isinstance(cbs[3], ModelCheckpoint)  # ModelCheckpoint or the project's EpochCheckpoint
     assert cbs[3].monitor == "icr/icr" and cbs[3].mode == "min" and cbs[2].monitor == "icr/icr"
@@ -425,7 +431,7 @@ def test_icr_sweep_command(tmp_path, capsys):
     assert (tmp_path / "out" / "icr_sweep.png").stat().st_size > 1000
     # ICR column = the monitor's measurement on the same data and weights
     dm.setup("fit")
-    expect = ICRMonitor(num_images=256, sigma=0.05, sigmas=[5.0]).measure(module.eval(), dm.train_data)
+    expect = RepresentationEvaluation(dm.train_data, num_images=256, sigma=0.05, sigmas=[5.0]).evaluate(module.eval())
     assert rows[0]["icr"] == pytest.approx(float(expect[0.05]["icr"]), rel=1e-5)
     assert rows[1]["icr"] == pytest.approx(float(expect[5.0]["icr"]), rel=1e-5)
     # the probe reads digits (chance = 0.1) at low noise and degrades at high noise
@@ -447,7 +453,7 @@ def test_icr_monitor_image_shape_augments_flattened_images():
     g = torch.Generator().manual_seed(6)
     images = torch.rand(64, 1, 8, 8, generator=g) * 2 - 1
     module = _mlp_module(dim=64)
-    got = ICRMonitor(num_images=64, image_shape=(1, 8, 8), level=2).measure(module, images.reshape(64, 64))
+    got = RepresentationEvaluation(images.reshape(64, 64), num_images=64, image_shape=(1, 8, 8), level=2).evaluate(module)
     idx = fixed_subset(64, 64, 0)
     x0, seeds = images[idx], idx
     views = [noisy_view(x0, seeds, 0.29, level=2, view=v).reshape(64, 64) for v in (0, 1)]
@@ -458,7 +464,7 @@ def test_icr_monitor_image_shape_augments_flattened_images():
     with pytest.raises(ValueError, match="image_shape"):
         ICRMonitor(image_shape=(8, 8))
     with pytest.raises(ValueError, match="image_shape"):
-        ICRMonitor(num_images=8, image_shape=(1, 4, 4)).measure(module, images.reshape(64, 64))
+        RepresentationEvaluation(images.reshape(64, 64), num_images=8, image_shape=(1, 4, 4)).evaluate(module)
 
 
 class _EveryOther(Callback):
@@ -479,7 +485,7 @@ def test_early_stopping_ignores_epochs_without_a_fresh_value(tmp_path):
     es2 = ICREarlyStopping(min_rise_z=None, patience=2)
     mon = ICRMonitor(every_n_epochs=3)
     mon.on_validation_epoch_end = lambda trainer, pl_module: None  # only its schedule matters
-    mon.check_setup = lambda *args: None  # TinyModule has no denoiser and no data
+    mon.check_setup = mon.prepare = lambda *args: None  # TinyModule has no denoiser and no data
     _trainer(tmp_path, [_EveryOther(), mon, es2], max_epochs=1).fit(TinyModule(batch=4))
     assert es2._every == 3
     with pytest.raises(ValueError, match="every_n_epochs"):

@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lightning_pfd.callbacks import ICRMonitor
+from lightning_pfd.evaluation.representation import RepresentationEvaluation
 from lightning_pfd.commands.icr_sweep import main
 from lightning_pfd.commands.icr_sweep import reliability_warnings
 from lightning_pfd.data import DigitsDataModule
@@ -47,7 +47,7 @@ def test_image_data_is_flattened_for_a_vector_model_and_augmented_as_images(flat
     dm = DigitsDataModule()
     dm.setup("fit")
     flat = dm.train_data.reshape(len(dm.train_data), 64)
-    expect = ICRMonitor(num_images=100, sigma=0.29, image_shape=(1, 8, 8)).measure(module, flat)[0.29]
+    expect = RepresentationEvaluation(flat, num_images=100, sigma=0.29, image_shape=(1, 8, 8)).evaluate(module)[0.29]
     assert row["icr"] == pytest.approx(float(expect["icr"]), rel=1e-5)
     assert row["probe_acc"] > 0.3  # digits labels: the probe ran (chance 0.1)
     # n = 100 view pairs < 4 d = 128: the estimate is flagged
@@ -88,7 +88,7 @@ def test_every_level_has_its_jackknife_se_and_a_minimum_at_the_edge_is_flagged(f
     dm.setup("fit")
     flat = dm.train_data.reshape(len(dm.train_data), 64)
     for r in rows:
-        expect = ICRMonitor(num_images=100, sigma=r["sigma"], image_shape=(1, 8, 8)).measure(module, flat)[r["sigma"]]
+        expect = RepresentationEvaluation(flat, num_images=100, sigma=r["sigma"], image_shape=(1, 8, 8)).evaluate(module)[r["sigma"]]
         assert r["icr"] == pytest.approx(float(expect["icr"]), rel=1e-5)
         assert r["icr_se"] == pytest.approx(float(expect["icr_se"]), rel=1e-5) and r["icr_se"] > 0
         assert f"{r['icr']:.4f} ± {r['icr_se']:.4f}" in out

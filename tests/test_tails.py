@@ -468,7 +468,7 @@ def test_tail_monitor_logs_metrics_equal_to_recomputation(tmp_path):
     mon2 = TailMonitor()
     mon2.load_state_dict(state)
     assert mon2.history == mon.history and mon2.schedule.passes == mon.schedule.passes == 1
-    assert mon.history[-1]["tail/loader_floor"] == mon.floors["loader_floor"]
+    assert mon.history[-1]["tail/loader_floor"] == mon.evaluation.floors()["loader_floor"]
 
 
 def test_tail_monitor_bad_config():

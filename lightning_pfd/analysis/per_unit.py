@@ -25,6 +25,12 @@ only, and a resumed run that measures an epoch again replaces that epoch's file:
 appears once. :func:`read_records` checks every file (readable archive, 1-D ``values`` and
 ``units`` of one length, known kind, metadata matching the file name) and reports the bad ones
 instead of using them.
+
+The files are for resume and ``report``: during a fit the consumers get the records in memory
+(the monitors' ``latest``, :mod:`lightning_pfd.callbacks.monitor`). :class:`UnitMemory` keeps a
+run's records as the store would hold them (seeded from the files once after a resume) and gives
+the same series and problem lines as :func:`load_units` on the files (:func:`unit_series`,
+:func:`pairing_problems` are shared by both).
 """
 from __future__ import annotations
 
@@ -41,8 +47,8 @@ import numpy as np
 
 from ..validation import check_args
 
-__all__ = ["KINDS", "UnitRecord", "PerUnitStore", "UnitSeries", "value_and_se", "read_records",
-           "find_store", "load_units", "STORE_DIR"]
+__all__ = ["KINDS", "UnitRecord", "PerUnitStore", "UnitSeries", "UnitMemory", "value_and_se", "read_records",
+           "pairing_problems", "unit_series", "find_store", "load_units", "STORE_DIR"]
 
 #: what the per-unit values are and how the logged value is made from them
 Kind = Literal["sq_dist", "indicator", "jackknife", "mean"]
@@ -142,16 +148,25 @@ class PerUnitStore:
             return None
 
 
+def _check_arrays(values: np.ndarray, units: np.ndarray) -> None:
+    """The checks a record's arrays must pass to be used (on disk and in memory)."""
+    if values.ndim != 1 or units.ndim != 1 or values.shape != units.shape:
+        raise ValueError(f"values {values.shape} and units {units.shape} must be 1-D of one length")
+    if values.size == 0:
+        raise ValueError("no units")
+
+
+def _unusable(path, error: Exception) -> str:
+    return f"{path}: unreadable per-unit record ({type(error).__name__}: {error})"
+
+
 def _read_one(path: Path) -> UnitRecord:
     with np.load(path, allow_pickle=False) as z:
         missing = {"values", "units", "meta"} - set(z.files)
         if missing:
             raise ValueError(f"missing arrays {sorted(missing)}")
         values, units, meta = z["values"], z["units"], json.loads(str(z["meta"]))
-    if values.ndim != 1 or units.ndim != 1 or values.shape != units.shape:
-        raise ValueError(f"values {values.shape} and units {units.shape} must be 1-D of one length")
-    if values.size == 0:
-        raise ValueError("no units")
+    _check_arrays(values, units)
     m = _NAME_RE.match(path.name)
     if m is None or int(m.group(1)) != int(meta["epoch"]):
         raise ValueError(f"epoch {meta.get('epoch')} in the file does not match its name")
@@ -181,17 +196,25 @@ def read_records(root, cache: Optional[dict] = None) -> Tuple[Dict[str, List[Uni
             if cache is not None:
                 cache[str(path)] = (stamp, rec)
         except Exception as e:  # noqa: BLE001 - any damage is reported, never used
-            problems.append(f"{path}: unreadable per-unit record ({type(e).__name__}: {e})")
+            problems.append(_unusable(path, e))
             continue
         out.setdefault(rec.key, []).append(rec)
-    for key, recs in out.items():
+    for recs in out.values():
         recs.sort(key=lambda r: r.epoch)
+    return out, problems + pairing_problems(root, out)
+
+
+def pairing_problems(root, records: Dict[str, List[UnitRecord]]) -> List[str]:
+    """One line per record (of ``{key: records sorted by epoch}``) whose units or kind differ from
+    its metric's first epoch, named by its file under the store ``root``."""
+    problems = []
+    for key, recs in records.items():
         ref = recs[0]
         for r in recs[1:]:
             if r.kind != ref.kind or not np.array_equal(r.units, ref.units):
-                problems.append(f"{root / _slug(key) / f'epoch_{r.epoch:06d}.npz'}: units or kind differ "
+                problems.append(f"{Path(root) / _slug(key) / f'epoch_{r.epoch:06d}.npz'}: units or kind differ "
                                 f"from epoch {ref.epoch} (records of one metric must be paired)")
-    return out, problems
+    return problems
 
 
 def find_store(path) -> Optional[Path]:
@@ -241,6 +264,15 @@ def load_units(root, keys: Optional[Sequence[str]] = None,
     if root is None:
         return {}, []
     records, problems = read_records(root, cache)
+    return unit_series(records, problems, keys), problems
+
+
+def unit_series(records: Dict[str, List[UnitRecord]], problems: Sequence[str],
+                keys: Optional[Sequence[str]] = None) -> Dict[str, UnitSeries]:
+    """``{key: UnitSeries}`` of ``records`` (``{key: records sorted by epoch}``, as
+    :func:`read_records` returns them), leaving out every metric named in ``problems``: what
+    :func:`load_units` returns for the same records, whether they were read from disk or kept in
+    memory (:class:`UnitMemory`)."""
     bad_keys = {k for k in records if any(f"/{_slug(k)}/" in p for p in problems)}
     bad_dirs = {Path(p.split(":", 1)[0]).parent.name for p in problems}
     out = {}
@@ -250,4 +282,60 @@ def load_units(root, keys: Optional[Sequence[str]] = None,
         if key in bad_keys or _slug(key) in bad_dirs:
             continue
         out[key] = UnitSeries.from_records(recs)
-    return out, problems
+    return out
+
+
+class UnitMemory:
+    """The per-unit records of one run kept in memory, equal to what :func:`load_units` reads from
+    the run's store at ``root`` after the same records were written: one record per (metric,
+    epoch), a later one replacing an earlier one (as a rewritten file does), the metrics in the
+    store's file order, the same problem lines (paths under ``root``).
+
+    :meth:`load` seeds it from the files once (a resumed run: the records written before the
+    resume); :meth:`add` keeps a record measured now; :meth:`series` is :func:`load_units`."""
+
+    def __init__(self, root) -> None:
+        self.root = Path(root)
+        self._records: Dict[str, Dict[int, UnitRecord]] = {}
+        self._problems: Dict[str, str] = {}  # path -> line (records not used)
+
+    def load(self) -> List[str]:
+        """Add every record of the files under ``root`` (:func:`read_records`, without the pairing
+        check, which :meth:`series` makes); returns the problem lines of unusable files."""
+        problems: List[str] = []
+        for path in sorted(self.root.glob("*/epoch_*.npz")) if self.root.is_dir() else []:
+            try:
+                rec = _read_one(path)
+            except Exception as e:  # noqa: BLE001 - any damage is reported, never used
+                problems.append(_unusable(path, e))
+                self._problems[str(path)] = problems[-1]
+                continue
+            self._records.setdefault(rec.key, {})[rec.epoch] = rec
+        return problems
+
+    def add(self, record: UnitRecord) -> None:
+        """Keep ``record`` (replacing the metric's record of that epoch, and forgetting a problem
+        of its file, as a rewritten file replaces a damaged one)."""
+        path = str(PerUnitStore(self.root).path(record.key, record.epoch))
+        self._problems.pop(path, None)
+        try:
+            _check_arrays(record.values, record.units)
+        except ValueError as e:  # the file it is written to would not be used either
+            self._problems[path] = _unusable(path, e)
+            self._records.get(record.key, {}).pop(record.epoch, None)
+            return
+        self._records.setdefault(record.key, {})[record.epoch] = record
+
+    def records(self) -> Dict[str, List[UnitRecord]]:
+        """``{key: records sorted by epoch}`` in the order :func:`read_records` returns them."""
+        def file_order(key: str) -> Tuple[str, str]:
+            return (_slug(key), key)
+
+        return {k: [r for _, r in sorted(self._records[k].items())]
+                for k in sorted(self._records, key=file_order) if self._records[k]}
+
+    def series(self, keys: Optional[Sequence[str]] = None) -> Tuple[Dict[str, UnitSeries], List[str]]:
+        """``({key: UnitSeries}, problems)``: :func:`load_units` of the same records."""
+        records = self.records()
+        problems = sorted(self._problems.values()) + pairing_problems(self.root, records)
+        return unit_series(records, problems, keys), problems

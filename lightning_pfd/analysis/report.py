@@ -30,7 +30,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -63,26 +63,26 @@ _EXPLAIN = {
 
 
 # ----------------------------------------------------------------------------- settings
-def check_settings(settings: dict, field: Callable[[str], str] = str) -> dict:
-    """Validated copy of (a subset of) the detector settings; ``field(name)`` names a setting
-    in the :class:`~lightning_pfd.errors.ConfigError` raised for a bad value (``--window``, a
-    file's ``window``...). Unknown names are an error too. The ranges are those
+def check_settings(settings: dict) -> dict:
+    """Validated copy of (a subset of) the detector settings; the
+    :class:`~lightning_pfd.errors.ConfigError` raised for a bad value names the setting
+    (``window``; a caller maps it to where it was given: ``--window``, a file's ``window``).
+    Unknown names are an error too. The ranges are those
     :func:`~lightning_pfd.analysis.events.analyze_history` declares for its arguments."""
     for name, v in settings.items():
         if name not in DEFAULT_SETTINGS:
-            raise ConfigError(field(name), "unknown detector setting", value=name,
+            raise ConfigError(name, "unknown detector setting", value=name,
                               accepted=list(DEFAULT_SETTINGS))
         if name == "keys":
             if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
-                raise ConfigError(field(name), "must map roles to metric names", value=v)
+                raise ConfigError(name, "must map roles to metric names", value=v)
             unknown = sorted(set(v) - set(DEFAULT_KEYS))
             if unknown:
-                raise ConfigError(field(name), "unknown role", value=unknown[0],
+                raise ConfigError(name, "unknown role", value=unknown[0],
                                   accepted=list(DEFAULT_KEYS))
         elif name == "require_descent" and not isinstance(v, bool):
-            raise ConfigError(field(name), "must be true or false", value=v)
-    with renamed_fields(field):
-        check_args(analyze_history, settings)
+            raise ConfigError(name, "must be true or false", value=v)
+    check_args(analyze_history, settings)
     return {name: dict(v) if name == "keys" else float(v) if name in ("min_sigma", "min_rel") else v
             for name, v in settings.items()}
 
@@ -132,7 +132,8 @@ def load_detector_settings(path) -> dict:
         raise ConfigError(str(path), f"not a valid settings file ({err})") from None
     if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
         raise ConfigError(str(path), "not a detector settings file (no 'settings' object)")
-    return check_settings(record["settings"], field=lambda n: f"{path}: {n}")
+    with renamed_fields({name: f"{path}: {name}" for name in record["settings"]}):
+        return check_settings(record["settings"])
 
 
 def find_saved_settings(history: History) -> tuple:

@@ -2,13 +2,10 @@
 from .base import MeasurementCallback
 from .checkpoint import EpochCheckpoint
 from .early_stopping import ICREarlyStopping
-from .generalization import GeneralizationMonitor
-from .icr import ICRMonitor
-from .memorization import MemorizationMonitor
 from .monitor import EvaluationMonitor
+from .presets import GeneralizationMonitor, ICRMonitor, MemorizationMonitor, TailMonitor
 from .progress import PFDProgressBar
 from .regime import RegimeMonitor
-from .tail import TailMonitor
 from .wandb_setup import (AutoWandbLogger, LogConfigCallback, WandbMetricsSetup, default_wandb_logger,
                           logger_offline_if_no_credentials, setup_wandb_metrics)
 

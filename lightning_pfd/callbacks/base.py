@@ -32,6 +32,12 @@ the trainer's ``default_root_dir``; rank 0 only; the figure is closed). Callback
 monitors (``RegimeMonitor``) use :mod:`lightning_pfd.callbacks.figures`: ``log_figure`` and
 ``log_to_loggers`` (for hooks where ``pl_module.log`` is not allowed).
 
+**Per-unit records.** :meth:`MeasurementCallback.write_units` writes a measurement's per-unit
+values to the run's ``per_unit/`` (:func:`per_unit_store`, rank 0) for resume and ``report``;
+the consumers of the same fit read them in memory (``EvaluationMonitor.latest``,
+:func:`latest_unit_records`, the same conversion :func:`unit_record`). ``on_train_start`` moves an
+earlier run's records aside when the fit is fresh (:func:`prepare_per_unit_store`).
+
 **Checks.** ``check_setup(trainer, pl_module, datamodule)``: every incompatibility a monitor can
 detect cheaply, raised as :class:`~lightning_pfd.errors.ConfigError`. The command line calls it for
 every callback before any directory, config, checkpoint or cache is written; ``setup`` calls it
@@ -56,10 +62,11 @@ from ..errors import ConfigError
 from ..evaluation.base import Comm, strategy_comm
 from .figures import log_figure
 from .schedule import MeasurementSchedule, ScheduleSpec, check_schedule
-from .state import callback_field, callback_state_key
+from .state import callback_state_key
 
 __all__ = ["MeasurementCallback", "validation_disabled", "check_unique_metric_names",
-           "check_metric_prefix", "require_train_data", "per_unit_store"]
+           "check_metric_prefix", "require_train_data", "per_unit_store", "prepare_per_unit_store",
+           "unit_record", "latest_unit_records"]
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -81,7 +88,7 @@ def require_train_data(callback: Any, datamodule: Any) -> torch.Tensor:
 def check_metric_prefix(callback: Any, arg: str, prefix: Any) -> str:
     """A metric namespace: a non-empty string without '/' (the keys are ``<prefix>/<name>``)."""
     if not isinstance(prefix, str) or not prefix or "/" in prefix or prefix != prefix.strip():
-        raise ConfigError(callback_field(callback, arg), "must be a non-empty metric namespace "
+        raise ConfigError(arg, "must be a non-empty metric namespace "
                           "without '/' or surrounding spaces", value=prefix,
                           accepted="e.g. 'icr' or 'icr_sigma1'")
     return prefix
@@ -96,8 +103,8 @@ def check_unique_metric_names(callback: Any, trainer: "pl.Trainer", arg: str = "
         shared = sorted(mine & set(other.metric_names()))
         if shared:
             raise ConfigError(
-                callback_field(callback, arg),
-                f"another callback of the Trainer ({type(other).__name__}) also logs {shared[:3]} "
+                arg,
+                f"another callback of the Trainer ({getattr(other, 'display_name', type(other).__name__)}) also logs {shared[:3]} "
                 "(two monitors writing one key overwrite each other's curve)",
                 value=getattr(callback, arg, None),
                 suggestion=f"give one of them a different `{arg}` (its metric namespace)")
@@ -112,25 +119,51 @@ def validation_disabled(trainer: "pl.Trainer") -> bool:
 
 
 # ----------------------------------------------------------------------------- per-unit records
-_PREPARED_STORES: Dict[int, str] = {}
-
-
 def per_unit_store(trainer: "pl.Trainer") -> PerUnitStore:
     """The run's per-unit records: ``<trainer.default_root_dir>/per_unit``
-    (:mod:`lightning_pfd.analysis.per_unit`). The first call of a fresh fit (no ``ckpt_path``)
-    moves the records of an earlier run in that directory aside (``per_unit.prev-<time>``, on
-    rank 0) so the two runs are never mixed; a resumed fit keeps and extends them."""
-    root = Path(trainer.default_root_dir) / STORE_DIR
-    if _PREPARED_STORES.get(id(trainer)) != str(root):
-        _PREPARED_STORES[id(trainer)] = str(root)
-        fresh = getattr(trainer, "ckpt_path", None) is None and getattr(trainer.state, "fn", None) == TrainerFn.FITTING
-        if fresh and trainer.is_global_zero and root.is_dir() and any(root.glob("*/epoch_*.npz")):
-            stem = f"{STORE_DIR}.prev-{time.strftime('%Y%m%d-%H%M%S')}"
-            k = 0
-            while root.with_name(f"{stem}-{k}").exists():
-                k += 1
-            root.rename(root.with_name(f"{stem}-{k}"))
-    return PerUnitStore(root)
+    (:mod:`lightning_pfd.analysis.per_unit`); no side effect (:func:`prepare_per_unit_store`
+    starts a fresh fit's store)."""
+    return PerUnitStore(Path(trainer.default_root_dir) / STORE_DIR)
+
+
+def prepare_per_unit_store(trainer: "pl.Trainer") -> PerUnitStore:
+    """:func:`per_unit_store`, after moving the records of an earlier run aside when this is a
+    fresh fit (fitting without ``ckpt_path``): ``per_unit`` -> ``per_unit.prev-<time>-<k>``, on
+    rank 0, so two runs are never mixed; a resumed fit keeps and extends them.
+
+    Called in ``on_train_start`` by every callback that writes or reads the store (the monitors,
+    ``RegimeMonitor``): the checkpoint is restored by then (``trainer.ckpt_path`` is known, for
+    every strategy) and nothing of this fit has been written yet (measurements start after it),
+    so the first call moves an earlier run's records and the others find none: once per fit,
+    without state shared between callbacks or fits."""
+    store = per_unit_store(trainer)
+    root = store.root
+    fresh = getattr(trainer, "ckpt_path", None) is None and getattr(trainer.state, "fn", None) == TrainerFn.FITTING
+    if fresh and trainer.is_global_zero and root.is_dir() and any(root.glob("*/epoch_*.npz")):
+        stem = f"{STORE_DIR}.prev-{time.strftime('%Y%m%d-%H%M%S')}"
+        k = 0
+        while root.with_name(f"{stem}-{k}").exists():
+            k += 1
+        root.rename(root.with_name(f"{stem}-{k}"))
+    return store
+
+
+def unit_record(key: str, epoch: int, step: int, kind: str, values: Any, units: Any,
+                value: Any) -> UnitRecord:
+    """The :class:`~lightning_pfd.analysis.per_unit.UnitRecord` of per-unit ``values`` (tensors
+    or arrays) with their ``units`` ids: what :meth:`MeasurementCallback.write_units` writes and
+    what the in-memory consumers keep (the same conversion, so memory equals the files)."""
+    as_np = (lambda t: t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t)
+    return UnitRecord(key, int(epoch), int(step), kind, as_np(values), as_np(units), float(value))
+
+
+def latest_unit_records(latest: Any) -> Dict[str, UnitRecord]:
+    """``{key: UnitRecord}`` of a monitor's last measurement (``EvaluationMonitor.latest``, a
+    :class:`~lightning_pfd.callbacks.monitor.Latest`): the records its ``write_units`` wrote for
+    it (the logged value when the units carry none)."""
+    return {key: unit_record(key, latest.epoch, latest.step, u.kind, u.values, u.ids,
+                             latest.values[key] if u.value is None else u.value)
+            for key, u in latest.units.items()}
 
 
 # ----------------------------------------------------------------------------- the base
@@ -192,6 +225,9 @@ class MeasurementCallback(Callback):
         if stage in ("fit", "validate"):  # datamodule.setup() has run: train_data exists
             self.check_setup(trainer, pl_module, getattr(trainer, "datamodule", None))
 
+    def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        prepare_per_unit_store(trainer)  # a fresh fit: an earlier run's records moved aside
+
     def on_validation_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         if self.schedule.due(trainer, self.every_n_epochs):
             self._measure_and_log(trainer, pl_module)
@@ -224,14 +260,12 @@ class MeasurementCallback(Callback):
 
     def write_units(self, trainer: "pl.Trainer", key: str, kind: str, values: Any, units: Any,
                     value: float) -> None:
-        """Keep this epoch's per-unit values of ``key`` (rank 0; the values are already global):
-        :class:`~lightning_pfd.analysis.per_unit.UnitRecord` in :func:`per_unit_store`."""
-        store = per_unit_store(trainer)
-        if not trainer.is_global_zero:
-            return
-        as_np = (lambda t: t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t)
-        store.write(UnitRecord(key, int(trainer.current_epoch), int(trainer.global_step), kind,
-                               as_np(values), as_np(units), float(value)))
+        """Write this epoch's per-unit values of ``key`` to the run's store (rank 0; the values
+        are already global): :func:`unit_record` in :func:`per_unit_store`, for resume and
+        ``report``. The consumers of the same fit read them in memory (``latest``)."""
+        if trainer.is_global_zero:
+            per_unit_store(trainer).write(unit_record(key, trainer.current_epoch, trainer.global_step,
+                                                      kind, values, units, value))
 
     def log_figure(self, trainer: "pl.Trainer", key: str, figure: Any,
                    caption: Optional[str] = None) -> Optional[str]:

@@ -14,8 +14,8 @@ both
    whole-run, selection-corrected rise test of :func:`~lightning_pfd.analysis.early_stop.rise_test`
    on the checks so far gives z >= ``min_rise_z``. The test compares the newest block of
    ``rise_window`` checks with every earlier block (every candidate minimum) using the paired
-   delete-a-group jackknife replicates that ``ICRMonitor`` keeps in
-   ``<default_root_dir>/per_unit`` plus a fitted training-noise term; the Monte Carlo null of the
+   delete-a-group jackknife replicates of ``ICRMonitor``'s measurement (its ``latest.units``, in
+   memory) plus a fitted training-noise term; the Monte Carlo null of the
    largest standardized rise corrects for choosing the minimum, and a Bonferroni split over the
    run's block ends (``horizon``) for testing many times. z is on the one-sided normal scale; its
    nominal whole-run false-stop rate 1 − Φ(``min_rise_z``) assumes the fitted noise model; the
@@ -39,19 +39,26 @@ Also:
   ``trainer.callback_metrics``;
 - the check runs in ``on_validation_end`` (``check_on_train_epoch_end=False``), after
   ``ICRMonitor`` logged the value of the same epoch, and only after passes with a *fresh* value:
-  ``every_n_epochs=None`` with an ``ICRMonitor`` logging ``monitor`` follows that monitor's
-  schedule (its public ``schedule.fresh``); otherwise every n-th validation pass
+  ``every_n_epochs=None`` with an ``ICRMonitor`` logging ``monitor`` checks when that monitor
+  measured at this pass (its ``latest.epoch`` / ``latest.step`` are the trainer's
+  ``current_epoch`` / ``global_step``); otherwise every n-th validation pass
   (:mod:`lightning_pfd.callbacks.schedule`). ``patience`` and ``rise_window`` count checks;
 - ``dry_run=True`` **[observe mode]**: every check runs and is logged, the run is not stopped; the
   first epoch at which it would have stopped is ``would_stop_epoch`` / ``icr/stop_epoch``;
 - a NaN ICR is one check without improvement (``check_finite=False``, the default) and is left
   out of the rise test's series;
+- the rise test's inputs travel in memory: at a check, the value and jackknife replicates of
+  ``monitor`` come from the measurement of this pass of the callback that logs it (a ``latest``
+  at this epoch and step whose ``units`` hold ``monitor``: an ``ICRMonitor``, or any
+  ``EvaluationMonitor``); without one, the logged value and its logged ``<monitor>_se``. The
+  per-unit files are not read: they are for ``report``;
 - state (patience rule, best epoch, EMA, pass count, the series of values and replicates the rise
   test reads) in ``state_dict`` under ``state_key`` = (monitor, mode), Lightning's key for its
-  EarlyStopping, so a resumed run takes the same decisions as an uninterrupted one;
+  EarlyStopping, so a resumed run takes the same decisions as an uninterrupted one (the series
+  a resume needs is in the checkpoint, nothing is read back from disk);
 - several processes: every rank decides, ``trainer.strategy.reduce_boolean_decision(..., all=False)``
-  stops all when one does (Lightning's rule); only rank 0 reads the per-unit records (it writes
-  them), so the rise test is decided there;
+  stops all when one does (Lightning's rule); the measurement is the same on every rank (its
+  values are global), so every rank runs the same rise test;
 - :meth:`ICREarlyStopping.check_setup` refuses a ``monitor`` in an ICR namespace that no
   ``ICRMonitor`` of the Trainer logs, listing the keys they do log.
 
@@ -72,10 +79,10 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_prefixed_message, rank_zero_warn
 
 from ..analysis.early_stop import DEFAULT_NOISE_WINDOW, DEFAULT_WINDOW, PatienceRule, RiseTest, rise_test
-from ..errors import ConfigError, renamed_fields
+from ..errors import ConfigError
 from ..validation import HalfOpenUnitInterval, NonNegativeFloat, NonNegativeInt, PositiveInt, check_args
 from .schedule import MeasurementSchedule
-from .state import callback_field, callback_state_key
+from .state import callback_state_key
 
 try:  # newer Lightning names why a run stopped; the same names and values otherwise
     from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
@@ -131,13 +138,11 @@ class ICREarlyStopping(Callback):
                  dry_run: bool = False, min_rise_z: Optional[NonNegativeFloat] = DEFAULT_MIN_RISE_Z,
                  rise_window: PositiveInt = DEFAULT_WINDOW, horizon: Optional[PositiveInt] = None,
                  seed: NonNegativeInt = 0):
-        field = lambda arg: callback_field(self, arg)  # noqa: E731
-        with renamed_fields(field):
-            check_args(ICREarlyStopping.__init__, locals())
+        check_args(ICREarlyStopping.__init__, locals())
         if not isinstance(dry_run, bool):
-            raise ConfigError(field("dry_run"), "must be a bool", value=dry_run)
+            raise ConfigError("dry_run", "must be a bool", value=dry_run)
         if not isinstance(monitor, str) or not monitor:
-            raise ConfigError(field("monitor"), "must be a logged metric name", value=monitor)
+            raise ConfigError("monitor", "must be a logged metric name", value=monitor)
         super().__init__()
         self.monitor, self.mode, self.patience = monitor, mode, int(patience)
         self.min_delta, self.verbose, self.strict = float(min_delta), verbose, strict
@@ -211,9 +216,9 @@ class ICREarlyStopping(Callback):
     # ------------------------------------------------------------------ setup
     @staticmethod
     def _icr_monitors(trainer: "pl.Trainer") -> List[Any]:
-        from .icr import ICRMonitor  # the producer of icr/* metrics
+        from .presets import preset_of  # the producers of icr/* metrics
 
-        return [c for c in getattr(trainer, "callbacks", None) or [] if isinstance(c, ICRMonitor)]
+        return [c for c in getattr(trainer, "callbacks", None) or [] if preset_of(c, "ICRMonitor")]
 
     def check_setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", datamodule: Any) -> None:
         """Refuse a ``monitor`` in an ICR namespace (``icr/...`` or an ICRMonitor's ``name``)
@@ -225,7 +230,7 @@ class ICREarlyStopping(Callback):
         namespace = self.monitor.split("/", 1)[0]
         logged = sorted({k for m in monitors for k in m.metric_names()})
         if namespace in {"icr"} | {m.name for m in monitors} and self.monitor not in logged:
-            raise ConfigError(callback_field(self, "monitor"), "no ICRMonitor of the Trainer logs this key",
+            raise ConfigError("monitor", "no ICRMonitor of the Trainer logs this key",
                               value=self.monitor, accepted=logged)
 
     def _resolve_horizon(self, trainer: "pl.Trainer") -> int:
@@ -260,8 +265,27 @@ class ICREarlyStopping(Callback):
     def _fresh(self, trainer: "pl.Trainer") -> bool:
         """Whether this validation pass produced a fresh value (counts the pass; call once)."""
         if self._source is not None:  # its on_validation_epoch_end ran before on_validation_end
-            return self._source.schedule.fresh
+            return self._measured_now(trainer, self._source) is not None
         return self._schedule.due(trainer, self._every)
+
+    @staticmethod
+    def _measured_now(trainer: "pl.Trainer", callback: Any) -> Any:
+        """``callback.latest`` when it was measured at this pass (the trainer's epoch and step)."""
+        latest = getattr(callback, "latest", None)
+        if latest is None or (latest.epoch, latest.step) != (int(trainer.current_epoch), int(trainer.global_step)):
+            return None
+        return latest
+
+    def _units_now(self, trainer: "pl.Trainer") -> Any:
+        """The :class:`~lightning_pfd.analysis.per_unit.UnitRecord` of ``monitor`` measured at this
+        pass, from the measurement in memory of the callback that logs it; None without one."""
+        from .base import latest_unit_records
+
+        for cb in getattr(trainer, "callbacks", None) or []:
+            latest = self._measured_now(trainer, cb)
+            if latest is not None and self.monitor in latest.units:
+                return latest_unit_records(latest)[self.monitor]
+        return None
 
     # ------------------------------------------------------------------ hooks
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -300,17 +324,14 @@ class ICREarlyStopping(Callback):
         return self.smoothed
 
     def _record(self, trainer: "pl.Trainer", raw: float) -> None:
-        """Append this check to the rise test's series: the per-unit record's value and jackknife
-        replicates (rank 0), else the logged value and its logged ``<monitor>_se`` if any."""
+        """Append this check to the rise test's series: the value and jackknife replicates of this
+        pass's measurement (in memory), else the logged value and its logged ``<monitor>_se`` if any."""
         value, reps = raw, None
         se = trainer.callback_metrics.get(self.monitor + "_se")
         se = None if se is None else float(se)
-        if trainer.is_global_zero:
-            from .base import per_unit_store
-
-            rec = per_unit_store(trainer).get(self.monitor, int(trainer.current_epoch))
-            if rec is not None and rec.kind == "jackknife" and math.isfinite(rec.value):
-                value, reps = float(rec.value), [float(v) for v in rec.values]
+        rec = self._units_now(trainer)
+        if rec is not None and rec.kind == "jackknife" and math.isfinite(rec.value):
+            value, reps = float(rec.value), [float(v) for v in rec.values]
         if not math.isfinite(value) or (reps is not None and not all(map(math.isfinite, reps))):
             return  # a non-finite check is left out of the series
         self.series_epochs.append(int(trainer.current_epoch))
@@ -329,7 +350,7 @@ class ICREarlyStopping(Callback):
             se = self.series_se  # unpaired: independent errors (conservative for a fixed image subset)
         elif reps is None and n and n % self.rise_window == 0:
             return RiseTest(True, reason=f"no jackknife replicates of {self.monitor} for every check (ICRMonitor "
-                                         "writes them to <default_root_dir>/per_unit): undecided")
+                                         "measures them): undecided")
         return rise_test(self.series_values, reps, se, horizon=self._horizon, window=self.rise_window, mode=self.mode,
                          noise_window=DEFAULT_NOISE_WINDOW, seed=self.seed, min_z=self.min_rise_z)
 

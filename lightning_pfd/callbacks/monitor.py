@@ -28,24 +28,52 @@ EMA model with the trainer's processes (:func:`~lightning_pfd.evaluation.base.st
 - draws its figures on rank 0 every ``figure_every_n`` passes (0: never) and logs them
   (:func:`~lightning_pfd.callbacks.figures.log_figure`).
 
-``GeneralizationMonitor``, ``ICRMonitor``, ``MemorizationMonitor`` and ``TailMonitor`` are
-configurations of this class on the package's four evaluations.
+``GeneralizationMonitor``, ``ICRMonitor``, ``MemorizationMonitor`` and ``TailMonitor``
+(:mod:`lightning_pfd.callbacks.presets`) are configurations of this class on the package's four
+evaluations: functions that build an ``EvaluationMonitor``, usable as a config's ``class_path``.
+
+What an evaluation may add to the contract (all optional): ``check(datamodule, model, comm)``
+(refuse a setup before any work), ``reset()`` (forget the data: a new fit binds them again),
+``leaves()`` (the value names, for the duplicate-key check), ``state_key_args()`` (what
+distinguishes two instances in a checkpoint), ``default_name`` (the namespace when ``name`` is
+None), ``key(leaf, name)`` (its own key naming), ``metric_keys(key)`` (the
+:class:`~lightning_pfd.keys.MetricKey` it declares, given the monitor's naming ``key(leaf)``),
+``lower_is_better`` (leaf -> bool, for undeclared keys), ``history_under_leaf`` (history rows
+also keep the values under their leaves) and ``state_dict()`` / ``load_state_dict(state)`` (its
+own entries of the monitor's checkpoint state).
+
+The last measurement stays in memory: :attr:`EvaluationMonitor.latest` is a :class:`Latest`
+(epoch, global step, the measurement and its logged keys), what the event callbacks read in
+the same epoch; the run's ``per_unit/`` files are for resume and ``report``.
 """
 from __future__ import annotations
 
-import functools
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Union
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from .. import keys
-from ..errors import ConfigError, renamed_fields
+from ..errors import ConfigError
 from ..evaluation.base import Comm, Evaluation, Measurement, strategy_comm
 from ..validation import NonNegativeInt, check_args
 from .base import MeasurementCallback, check_metric_prefix, check_unique_metric_names
-from .state import callback_field
 
-__all__ = ["EvaluationMonitor"]
+__all__ = ["EvaluationMonitor", "Latest"]
+
+
+@dataclass(frozen=True)
+class Latest:
+    """The last measurement of a monitor: at ``epoch`` / ``step`` (the trainer's
+    ``current_epoch`` / ``global_step``), with ``values`` and per-unit ``units`` under their
+    logged keys."""
+
+    epoch: int
+    step: int
+    measurement: Measurement
+    values: Dict[str, float]
+    units: Dict[str, Any]
 
 
 class EvaluationMonitor(MeasurementCallback):
@@ -53,7 +81,8 @@ class EvaluationMonitor(MeasurementCallback):
 
     Args:
         evaluation: an object of the measurement contract (``prepare`` / ``measure``).
-        name: the metric namespace (keys ``<name>/<leaf>``; None: the leaves as they are).
+        name: the metric namespace (keys ``<name>/<leaf>``; None: the evaluation's
+            ``default_name``, else the leaves as they are).
         every_n_epochs, schedule: when to measure (:mod:`lightning_pfd.callbacks.schedule`).
         figure_every_n: draw the measurement's figures on passes whose index is a multiple of
             it (0: never).
@@ -61,88 +90,120 @@ class EvaluationMonitor(MeasurementCallback):
 
     def __init__(self, evaluation: Evaluation, name: Optional[str] = None, every_n_epochs: int = 1,
                  schedule: Union[str, List[int]] = "every_n_epochs", figure_every_n: NonNegativeInt = 1):
-        with renamed_fields(functools.partial(callback_field, self)):
-            check_args(EvaluationMonitor.__init__, locals())
+        check_args(EvaluationMonitor.__init__, locals())
         super().__init__(every_n_epochs=every_n_epochs, schedule=schedule)
         self.figure_every_n = figure_every_n
-        self.protocol: Optional[Evaluation] = None
-        if evaluation is not None or type(self) is EvaluationMonitor:
-            self.protocol = self._check_evaluation(evaluation)
+        self.evaluation = self._check_evaluation(evaluation)
+        name = getattr(evaluation, "default_name", None) if name is None else name
         self.name = None if name is None else check_metric_prefix(self, "name", name)
+        #: the configuration this monitor was built as (``GeneralizationMonitor``, ...; None: a
+        #: plain EvaluationMonitor) and its namespace in the checkpoint state key
+        self.preset: Optional[str] = None
+        self.preset_namespace: Optional[str] = None
+        self.latest: Optional[Latest] = None
 
     # ------------------------------------------------------------------ configuration
-    def _check_evaluation(self, evaluation: Any) -> Evaluation:
+    @staticmethod
+    def _check_evaluation(evaluation: Any) -> Evaluation:
         if not (callable(getattr(evaluation, "prepare", None)) and callable(getattr(evaluation, "measure", None))):
-            raise ConfigError(callback_field(self, "evaluation"), "must be an evaluation object with "
+            raise ConfigError("evaluation", "must be an evaluation object with "
                               "prepare(datamodule, model, comm) and measure(model, comm)",
                               value=type(evaluation).__name__,
                               accepted="e.g. {class_path: my_pkg.MyEvaluation, init_args: {...}}")
         return evaluation
 
-    def metric_keys(self) -> List[keys.MetricKey]:
-        """The logged keys the built-in set does not know (:func:`lightning_pfd.keys.collect`):
-        display name = key; direction from the evaluation's ``lower_is_better`` mapping
-        leaf -> bool, if it has one."""
-        lower = getattr(self.protocol, "lower_is_better", None) or {}
-        return [keys.MetricKey(self.key(leaf), self.key(leaf), lower.get(leaf))
-                for leaf in self._leaves() if keys.find(self.key(leaf)) is None]
+    @property
+    def display_name(self) -> str:
+        """The configuration's name (messages): its preset, else the class name."""
+        return self.preset or type(self).__name__
 
     def key(self, leaf: str) -> str:
-        """The logged name of ``leaf``: ``<name>/<leaf>`` (``leaf`` without a name)."""
+        """The logged name of ``leaf``: the evaluation's ``key(leaf, name)``, else
+        ``<name>/<leaf>`` (``leaf`` without a name)."""
+        own = getattr(self.evaluation, "key", None)
+        if callable(own):
+            return own(leaf, self.name)
         return leaf if self.name is None else f"{self.name}/{leaf}"
 
-    def history_key(self, leaf: str) -> str:
-        """The history name of a history-only value ``leaf`` (default: :meth:`key`)."""
-        return self.key(leaf)
-
     def _leaves(self) -> List[str]:
-        leaves = getattr(self.protocol, "leaves", None)
+        leaves = getattr(self.evaluation, "leaves", None)
         return list(leaves()) if callable(leaves) else []
 
     def metric_names(self) -> List[str]:
         return [self.key(leaf) for leaf in self._leaves()]
 
+    def metric_keys(self) -> List[keys.MetricKey]:
+        """The keys the built-in set does not know (:func:`lightning_pfd.keys.collect`): the
+        evaluation's ``metric_keys(key)``, else each leaf's built-in key under this namespace
+        (``<default_name>/<leaf>`` renamed), or a new key (display name = key; direction from
+        the evaluation's ``lower_is_better`` mapping leaf -> bool, if it has one)."""
+        declared = getattr(self.evaluation, "metric_keys", None)
+        if callable(declared):
+            return list(declared(self.key))
+        default = getattr(self.evaluation, "default_name", None)
+        lower = getattr(self.evaluation, "lower_is_better", None) or {}
+        out = []
+        for leaf in self._leaves():
+            key = self.key(leaf)
+            builtin = keys.find(f"{default}/{leaf}" if default else key)
+            if builtin is None:
+                out.append(keys.MetricKey(key, key, lower.get(leaf)))
+            elif builtin.key != key:
+                out.append(builtin.renamed(key))
+        return out
+
     def _state_key_args(self) -> Dict[str, Any]:
-        extra = getattr(self.protocol, "state_key_args", None)
-        return {"name": self.name, "evaluation": type(self.protocol).__name__,
-                **(extra() if callable(extra) else {})}
+        extra = getattr(self.evaluation, "state_key_args", None)
+        extra = extra() if callable(extra) else {}
+        if self.preset is not None:
+            return {"name": self.name or self.preset_namespace, **extra}
+        return {"name": self.name, "evaluation": type(self.evaluation).__name__, **extra}
+
+    @property
+    def state_key(self) -> str:
+        """``<preset or class name>{args}`` (:meth:`_state_key_args`): the key of the checkpoints
+        written when the presets were classes of their own."""
+        return f"{self.display_name}{self._state_key_args()!r}"
 
     # ------------------------------------------------------------------ the measurement
     def check_setup(self, trainer, pl_module, datamodule: Any) -> None:
-        if self.protocol is None:
-            raise ConfigError(callback_field(self, "evaluation"), "is required", value=None)
-        check = getattr(self.protocol, "check", None)
+        check = getattr(self.evaluation, "check", None)
         if callable(check):
             check(datamodule, pl_module, strategy_comm(trainer))
         check_unique_metric_names(self, trainer)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        reset = getattr(self.protocol, "reset", None)
+        reset = getattr(self.evaluation, "reset", None)
         if callable(reset):  # a new run may bring new data
             reset()
+        if stage == "fit":
+            self.latest = None
         super().setup(trainer, pl_module, stage)
 
-    def prepare(self, trainer, pl_module, comm: Comm) -> None:
+    def prepare(self, trainer, pl_module, comm: Optional[Comm] = None) -> None:
         """``evaluation.prepare`` on the trainer's datamodule (every rank)."""
-        self.protocol.prepare(getattr(trainer, "datamodule", None), pl_module, comm)
+        comm = strategy_comm(trainer) if comm is None else comm
+        self.evaluation.prepare(getattr(trainer, "datamodule", None), pl_module, comm)
 
     @torch.no_grad()
     def _measure_and_log(self, trainer, pl_module) -> None:
         comm = strategy_comm(trainer)
         self.prepare(trainer, pl_module, comm)
-        self.record(trainer, pl_module, self.protocol.measure(pl_module, comm))
-
-    def _inspect(self, trainer, measurement: Measurement) -> None:
-        """Look at a measurement before it is logged (subclasses: warnings, state)."""
+        self.record(trainer, pl_module, self.evaluation.measure(pl_module, comm))
 
     def record(self, trainer, pl_module, m: Measurement) -> None:
-        """Warn, log, keep the per-unit values and draw the figures of one measurement."""
-        self._inspect(trainer, m)
+        """Warn, log, keep (in memory and in ``per_unit/``) and draw one measurement."""
+        for note in m.warnings:  # the evaluation says each once per fit
+            rank_zero_warn(f"{self.display_name}: {note}")
         if m.nonfinite is not None:
             self._warn_nonfinite(trainer, m.nonfinite.fraction, m.nonfinite.what,
                                  [self.key(leaf) for leaf in m.nonfinite.leaves], self.key("nonfinite"))
-        self.log_metrics(trainer, pl_module, {self.key(k): v for k, v in m.values.items()},
-                         extra={self.history_key(k): v for k, v in m.history.items()} or None)
+        bare = getattr(self.evaluation, "history_under_leaf", False)
+        row = self.log_metrics(trainer, pl_module, {self.key(k): v for k, v in m.values.items()},
+                               extra={(k if bare else self.key(k)): v for k, v in m.history.items()} or None)
+        units = {self.key(leaf): u for leaf, u in m.units.items()}
+        self.latest = Latest(int(trainer.current_epoch), int(trainer.global_step), m,
+                             {k: row[k] for k in (self.key(leaf) for leaf in m.values)}, units)
         for leaf, u in m.units.items():
             value = m.values[leaf] if u.value is None else u.value
             self.write_units(trainer, self.key(leaf), u.kind, u.values, u.ids, value)
@@ -151,3 +212,12 @@ class EvaluationMonitor(MeasurementCallback):
             for leaf, draw in m.figures.items():
                 figure, caption = draw(int(trainer.current_epoch))
                 self.log_figure(trainer, self.key(leaf), figure, caption)
+
+    def _extra_state(self) -> Dict[str, Any]:
+        own = getattr(self.evaluation, "state_dict", None)
+        return dict(own()) if callable(own) else {}
+
+    def _load_extra_state(self, state: Dict[str, Any]) -> None:
+        own = getattr(self.evaluation, "load_state_dict", None)
+        if callable(own):
+            own(state)

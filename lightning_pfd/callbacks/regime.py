@@ -6,9 +6,30 @@ reading there would miss what later callbacks or the module log. The monitor the
 ``trainer.callback_metrics`` in ``on_validation_end`` — after every ``on_validation_epoch_end``
 — and can be placed anywhere in the callback list. ``self.log`` is not allowed there, so events
 go to the loggers directly (``logger.log_metrics``, with ``epoch``) and into
-``trainer.callback_metrics``. A metric counts as measured in this validation only if its value
-object changed since the validation started, so a metric measured every k epochs is not
-recorded again with a stale value.
+``trainer.callback_metrics``.
+
+Freshness [choice]: a watched key counts as measured in this validation when the measurement
+callback that logs it measured at this pass — ``latest.epoch`` / ``latest.step`` of an
+:class:`~lightning_pfd.callbacks.EvaluationMonitor`, the last ``history`` row of another
+:class:`~lightning_pfd.callbacks.base.MeasurementCallback`, equal to the trainer's
+``current_epoch`` / ``global_step`` — so a metric measured every k epochs is not recorded again
+with a stale value. The value recorded is the *logged* one (``trainer.callback_metrics``: what
+metrics.csv / W&B hold and ``report`` reads, a float32 for a Python number). A key that no
+measurement callback logs (``self.log`` of the LightningModule, or a callback of another kind)
+is recorded at every validation in which it is in ``trainer.callback_metrics``: Lightning keeps
+no public record of *when* a value was logged (``callback_metrics`` / ``logged_metrics`` hold
+the last value of the whole fit), so such a key must be logged at every validation
+(``validation_step`` / ``on_validation_epoch_end``); a curve measured less often comes from a
+``MeasurementCallback`` (``log_metrics`` keeps the row that says when).
+
+Per-unit records travel in memory: at a fresh measurement the monitor keeps the records of the
+producer's ``latest.units`` (:func:`~lightning_pfd.callbacks.base.latest_unit_records`, the
+records ``write_units`` writes) in a :class:`~lightning_pfd.analysis.per_unit.UnitMemory`, whose
+series and problem lines equal :func:`~lightning_pfd.analysis.per_unit.load_units` on the run's
+files. The files (``<default_root_dir>/per_unit``) are read once after a resume (the records
+written before it; any run that is not a fresh fit) and by the end-of-fit analysis, which is
+``report``'s: it reads the files as ``report`` does, so the final events, the report and
+``report`` on the run's files agree by construction, damaged files included.
 
 Per validation (skipped during the sanity check) it appends one row {epoch, step, metrics} to its
 history (kept in ``state_dict`` for resume), runs
@@ -29,7 +50,7 @@ event detectors (a user metric) among the keys the trainer's callbacks declare
 Online events are **provisional**: they use the history so far (an E_gen rise that a later second
 descent turns into double descent is first announced as early learning) and say so on the console
 and in the W&B table (``status`` column). At the end of fit every event is re-tested by the same
-analysis ``report`` runs, on the same inputs (the logged curves and the per-unit records in
+analysis ``report`` runs, on the same inputs (the logged curves and the per-unit files in
 ``<default_root_dir>/per_unit``): each provisional event is **confirmed**
 (``events/<name>_confirmed`` = 1, with its significance) when the final event is at the same
 epoch, **moved** (``events/<name>_moved`` = 1 and the final epoch) when the final test puts it at
@@ -37,7 +58,8 @@ another epoch, **undecided** (``events/<name>_undecided`` = 1) when the final no
 its check, or **retracted** (``events/<name>_retracted`` = 1); each with a console line. Events
 found only at the end are logged then.
 The report and ``events.json`` hold the final answer, which ``python -m lightning_pfd report`` on
-the run's files reproduces.
+the run's files reproduces. :attr:`RegimeMonitor.report_dirs` lists the folders a report was
+written to (the command line prints them at the end of ``fit``).
 
 Settings saved with the run: at the start of fit the monitor writes its detector settings (keys,
 window, min_sigma, min_rel, confirm, require_descent) atomically to ``detector_settings.json`` in
@@ -60,16 +82,17 @@ from typing import Optional
 import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
 from .. import keys as keys_registry
 from ..analysis.events import DEFAULT_KEYS, MIN_SIGMA, Event, RunAnalysis, format_epoch, analyze_history
 from ..analysis.history import History
-from ..analysis.per_unit import load_units
+from ..analysis.per_unit import UnitMemory, load_units
 from ..analysis.report import check_settings, save_detector_settings
 from ..errors import ConfigError
 from ..validation import NonNegativeInt, check_args
-from .base import per_unit_store
+from .base import MeasurementCallback, latest_unit_records, per_unit_store, prepare_per_unit_store
 from .figures import log_figure, log_to_loggers
 from .state import callback_state_key
 
@@ -136,9 +159,10 @@ class RegimeMonitor(Callback):
         self.regime: Optional[dict] = None
         self.final: dict = {}
         self.report_paths: Optional[dict] = None
-        self._snapshot: dict = {}
+        #: the folders this monitor wrote its report to in this fit (listed by the command line)
+        self.report_dirs: list = []
         self._unit_problems: list = []
-        self._unit_cache: dict = {}
+        self._memory: Optional[UnitMemory] = None  # this run's per-unit records, in memory
         self._store_root = None
 
     # ------------------------------------------------------------------ state
@@ -168,13 +192,17 @@ class RegimeMonitor(Callback):
         RegimeMonitors with one report directory (they would overwrite each other's report and
         settings)."""
         self.metric_keys_seen = keys_registry.collect(trainer.callbacks)
+        if stage == "fit":  # a new fit: its records are read (resume) or kept anew
+            self._memory = None
+            self.report_dirs = []
+
         def where(cb):
             return str(Path(cb.report_dir).resolve()) if cb.report_dir else None
 
         same = [cb for cb in trainer.callbacks if isinstance(cb, RegimeMonitor)
                 and where(cb) == where(self)]
         if len(same) > 1:
-            raise ConfigError("trainer.callbacks[RegimeMonitor].report_dir",
+            raise ConfigError("report_dir",
                               "several RegimeMonitors share one report directory; their reports "
                               "and saved settings would overwrite each other",
                               value=self.report_dir,
@@ -184,6 +212,11 @@ class RegimeMonitor(Callback):
         """Save the detector settings with the run before training (a crashed run keeps them)."""
         if trainer.is_global_zero:
             self._save_settings(trainer)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        """A fresh fit moves an earlier run's per-unit records aside before this monitor can read
+        them (:func:`~lightning_pfd.callbacks.base.prepare_per_unit_store`)."""
+        self._store_root = prepare_per_unit_store(trainer).root
 
     def _save_settings(self, trainer) -> list:
         """``detector_settings.json`` in the report dir (when a report will be written) and,
@@ -229,12 +262,16 @@ class RegimeMonitor(Callback):
         """{metric name: (epochs, values)} of the recorded history."""
         return History(rows=self.history).series_dict(self.watched())
 
-    def units(self) -> dict:
-        """{metric: UnitSeries} of the watched metrics from the run's per-unit records (what
-        ``report`` reads too); a damaged record leaves its metric out, with a warning."""
-        if self._store_root is None:
-            return {}
-        units, problems = load_units(self._store_root, self.watched(), cache=self._unit_cache)
+    def units(self, final: bool = False) -> dict:
+        """{metric: UnitSeries} of the watched metrics: the records kept in memory during the
+        fit; ``final``: read from the run's per-unit files, as ``report`` reads them (module
+        docstring). A damaged or unpaired record leaves its metric out, with a warning."""
+        if final:
+            units, problems = load_units(self._store_root, self.watched())
+        elif self._memory is not None:
+            units, problems = self._memory.series(self.watched())
+        else:
+            units, problems = {}, []
         for p in problems:
             if p not in self._unit_problems:
                 self._unit_problems.append(p)
@@ -242,23 +279,70 @@ class RegimeMonitor(Callback):
         return units
 
     def analyze(self, final: bool = False) -> RunAnalysis:
-        return analyze_history(self.series(), keys=self.keys, final=final, units=self.units(),
+        return self._analyze(self.units(final=final), final)
+
+    def _analyze(self, units: dict, final: bool) -> RunAnalysis:
+        return analyze_history(self.series(), keys=self.keys, final=final, units=units,
                                require_descent=self.require_descent,
                                metric_keys=self.metric_keys_seen, **self.params)
 
-    def on_validation_start(self, trainer, pl_module) -> None:
-        self._snapshot = {k: trainer.callback_metrics.get(k) for k in self.watched()}
+    @staticmethod
+    def _measured(trainer) -> tuple:
+        """``(fresh, produced, latest)``: the keys the trainer's measurement callbacks measured at
+        this pass (their ``latest`` / last history row at this epoch and step), every key they
+        log, and the fresh ``EvaluationMonitor.latest`` measurements (module docstring)."""
+        from .monitor import EvaluationMonitor
+
+        now = (int(trainer.current_epoch), int(trainer.global_step))
+        fresh, produced, latest = set(), set(), []
+        for cb in trainer.callbacks:
+            if not isinstance(cb, MeasurementCallback):
+                continue
+            keys = set(cb.metric_names())
+            for row in cb.history:
+                keys.update(row)
+            if isinstance(cb, EvaluationMonitor):
+                last = cb.latest
+                keys.update(last.values if last is not None else ())
+                at = (last.epoch, last.step) if last is not None else None
+                if at == now:
+                    latest.append(last)
+            else:
+                row = cb.history[-1] if cb.history else None
+                at = (int(row["epoch"]), int(row["step"])) if row is not None else None
+            keys.discard("epoch"), keys.discard("step")
+            produced |= keys
+            if at == now:
+                fresh |= keys
+        return fresh, produced, latest
+
+    def _unit_memory(self, trainer) -> UnitMemory:
+        """This run's records in memory; created at the first validation of a run: empty for a
+        fresh fit (its store was just started), else seeded once from the files (a resume: the
+        records written before it)."""
+        root = per_unit_store(trainer).root
+        if self._memory is None or self._memory.root != root:
+            self._memory = UnitMemory(root)
+            fresh = trainer.state.fn == TrainerFn.FITTING and trainer.ckpt_path is None
+            if not fresh:
+                self._memory.load()  # its problem lines come with the series (units())
+        self._store_root = root
+        return self._memory
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
             return
-        self._store_root = per_unit_store(trainer).root
+        fresh, produced, latest = self._measured(trainer)
+        memory = self._unit_memory(trainer)
+        for last in latest:
+            for rec in latest_unit_records(last).values():
+                memory.add(rec)
         cm = trainer.callback_metrics
         row = {"epoch": float(trainer.current_epoch), "step": float(trainer.global_step)}
         for name in self.watched():
             v = cm.get(name)
-            if v is None or v is self._snapshot.get(name):
-                continue  # not measured in this validation (absent or stale)
+            if v is None or (name in produced and name not in fresh):
+                continue  # not measured in this validation (absent, or its monitor's value is stale)
             row[name] = float(v.detach().double().cpu()) if torch.is_tensor(v) else float(v)
         if self.history and self.history[-1].get("step") == row["step"]:
             self.history[-1].update(row)
@@ -432,7 +516,8 @@ class RegimeMonitor(Callback):
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self._store_root = per_unit_store(trainer).root
-        analysis = self.analyze(final=True)
+        units = self.units(final=True)  # the run's files, as `report` reads them
+        analysis = self._analyze(units, final=True)
         self._settle(trainer, analysis)
         if analysis.regime is not None:
             self.regime = analysis.regime.to_dict()
@@ -456,14 +541,11 @@ class RegimeMonitor(Callback):
             out = self._default_dir(trainer)
             self.report_paths = write_report(
                 self.series(), out, analysis=analysis, **self.detector_settings,
-                unit_problems=self._unit_problems, unit_keys=sorted(self.units()),
+                unit_problems=self._unit_problems, unit_keys=sorted(units),
                 metric_keys=self.metric_keys_seen,
                 settings_sources=dict.fromkeys(self.detector_settings, "RegimeMonitor arguments"))
             figs = {f"plots/{Path(p).stem}": p for p in self.report_paths["figures"]}
-            dirs = getattr(trainer, "lightning_pfd_plot_dirs", None)  # listed by the CLI at the end
-            if dirs is None:
-                trainer.lightning_pfd_plot_dirs = dirs = []
-            (dirs.add if isinstance(dirs, set) else dirs.append)(str(out))
+            self.report_dirs.append(str(out))
             self._log_images(trainer, figs)
             if self.verbose:
                 self._print(trainer, f"[bold magenta]report[/]: {self.report_paths['markdown']}")

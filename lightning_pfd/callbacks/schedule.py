@@ -31,7 +31,6 @@ import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
 
 from ..errors import ConfigError
-from .state import callback_field
 
 __all__ = ["SCHEDULES", "ScheduleSpec", "MeasurementSchedule", "log_schedule", "is_log_pass",
            "check_schedule"]
@@ -78,29 +77,29 @@ def check_schedule(owner: Any, schedule: Any, every_n_epochs: Any) -> Tuple[Unio
     """Validate ``schedule`` / ``every_n_epochs`` of ``owner`` (a callback, for the field names):
     ``(schedule, every_n_epochs)`` with an explicit list as a sorted tuple; else ConfigError."""
     if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
-        raise ConfigError(callback_field(owner, "every_n_epochs"), "must be an integer >= 1",
+        raise ConfigError("every_n_epochs", "must be an integer >= 1",
                           value=every_n_epochs, accepted="an integer >= 1")
     accepted = "'every_n_epochs', 'log', or a list of pass indices (integers >= 0)"
     if isinstance(schedule, str):
         if schedule not in SCHEDULES:
-            raise ConfigError(callback_field(owner, "schedule"), "unknown schedule", value=schedule,
+            raise ConfigError("schedule", "unknown schedule", value=schedule,
                               accepted=list(SCHEDULES),
                               suggestion=None if schedule.strip() else accepted)
         return schedule, every_n_epochs
     if isinstance(schedule, (list, tuple)):
         if not schedule:
-            raise ConfigError(callback_field(owner, "schedule"), "an explicit schedule needs at "
+            raise ConfigError("schedule", "an explicit schedule needs at "
                               "least one pass index", value=list(schedule), accepted=accepted)
         bad = [i for i in schedule if isinstance(i, bool) or not isinstance(i, int) or i < 0]
         if bad:
-            raise ConfigError(callback_field(owner, "schedule"), f"pass indices must be integers "
+            raise ConfigError("schedule", f"pass indices must be integers "
                               f">= 0, got {bad[:3]}", value=list(schedule), accepted=accepted)
         dup = sorted({i for i in schedule if list(schedule).count(i) > 1})
         if dup:
-            raise ConfigError(callback_field(owner, "schedule"), f"pass indices listed twice: "
+            raise ConfigError("schedule", f"pass indices listed twice: "
                               f"{dup[:3]}", value=list(schedule), accepted=accepted)
         return tuple(sorted(schedule)), every_n_epochs
-    raise ConfigError(callback_field(owner, "schedule"), "must be a schedule name or a list",
+    raise ConfigError("schedule", "must be a schedule name or a list",
                       value=schedule, accepted=accepted)
 
 

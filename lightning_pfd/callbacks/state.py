@@ -1,9 +1,9 @@
-"""A callback's names: its checkpoint key and the config path of its arguments."""
+"""A callback's checkpoint key."""
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["callback_state_key", "callback_field"]
+__all__ = ["callback_state_key"]
 
 
 def callback_state_key(callback: Any, **kwargs: Any) -> str:
@@ -13,8 +13,3 @@ def callback_state_key(callback: Any, **kwargs: Any) -> str:
     several instances of one class with different settings keep separate states and checkpoints
     written earlier keep loading."""
     return f"{type(callback).__qualname__}{kwargs!r}"
-
-
-def callback_field(callback: Any, arg: str) -> str:
-    """The config path of a callback argument, e.g. ``trainer.callbacks[ICRMonitor].tap``."""
-    return f"trainer.callbacks[{type(callback).__name__}].{arg}"

@@ -349,7 +349,7 @@ def _flag(arg: str) -> str:
 
 def _flags():
     """Errors about an evaluation argument name its flag (``tap`` -> ``--tap``)."""
-    return renamed_fields(_flag, _FLAG_ARGS)
+    return renamed_fields({arg: _flag(arg) for arg in _FLAG_ARGS})
 
 
 def check_loaded(module, dm, sigmas: Sequence[float], num_images: Optional[int],

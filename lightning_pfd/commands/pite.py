@@ -167,7 +167,7 @@ def parse_observable(spec: str):
             kw[k] = float(v)
         except ValueError:
             kw[k] = v
-    with renamed_fields(lambda f: "--observable"):
+    with renamed_fields({"observable": "--observable", "observable_kwargs": "--observable"}):
         get_observable(name, **kw)  # keyword arguments the observable does not take
     return str(spec), name, kw
 

@@ -51,7 +51,8 @@ def _cli_settings(args) -> dict:
     """The detector settings given explicitly on the command line (validated)."""
     given = {k: getattr(args, k) for k in ("window", "min_sigma", "min_rel", "confirm",
                                            "require_descent") if getattr(args, k) is not None}
-    out = check_settings(given, field=lambda n: "--" + n.replace("_", "-"))
+    with renamed_fields({name: "--" + name.replace("_", "-") for name in given}):
+        out = check_settings(given)
     keys = {}
     for item in args.key or []:
         role, sep, name = item.partition("=")
@@ -60,7 +61,8 @@ def _cli_settings(args) -> dict:
                               accepted=list(DEFAULT_KEYS))
         keys[role.strip()] = name.strip()
     if keys:
-        check_settings({"keys": keys}, field=lambda n: "--key")
+        with renamed_fields({"keys": "--key"}):
+            check_settings({"keys": keys})
         out["keys"] = keys
     return out
 

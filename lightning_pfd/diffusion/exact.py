@@ -49,8 +49,7 @@ class GaussianDenoiser(nn.Module):
     eq. 32, ``flow_map``. ``shape`` lets data be images (flattened internally).
     """
 
-    sigma_min = 0.0
-    sigma_max = math.inf
+    sigma_range = (0.0, math.inf)  # exact at every noise level: no grid is clamped
 
     def __init__(self, mean: torch.Tensor, cov: torch.Tensor, shape: Sequence[int] | None = None):
         super().__init__()
@@ -113,8 +112,7 @@ class GaussianMixtureDenoiser(nn.Module):
     domain from the eigendecomposition of each Sigma_k (done once).
     """
 
-    sigma_min = 0.0
-    sigma_max = math.inf
+    sigma_range = (0.0, math.inf)  # exact at every noise level: no grid is clamped
 
     def __init__(self, weights: torch.Tensor, means: torch.Tensor, covs: torch.Tensor,
                  shape: Sequence[int] | None = None):

@@ -8,8 +8,9 @@ eq. 1). What distinguishes EDM, VP and VE is only the columns of Table 1 of Karr
   (EDM eq. 7), built by :meth:`DiffusionFamily.precondition`;
 * the training loss E_{sigma, y, n} lambda(sigma) ||D(y + sigma n; sigma) - y||^2 (EDM eq. 2 and 8)
   with its sigma distribution and weight lambda, built by :meth:`DiffusionFamily.loss`;
-* the sigma range the denoiser supports (sampling grids are clamped to it) and the family's own
-  sampling grid (Table 1, "time steps"), :meth:`DiffusionFamily.default_grid`.
+* the sigma range the denoiser supports, :attr:`DiffusionFamily.sigma_range` (sampling grids
+  are clamped to it), and the family's own sampling grid (Table 1, "time steps"),
+  :meth:`DiffusionFamily.default_grid`.
 
 A :class:`DiffusionFamily` holds exactly these; :class:`PreconditionedDenoiser` and
 :class:`DenoisingLoss` are the one generic denoiser and loss every family shares. Adding a
@@ -32,6 +33,7 @@ from typing import ClassVar, Dict, Mapping, Optional, Tuple, Type
 import torch
 from torch import nn
 
+from ..contracts import legacy_sigma_range
 from ..errors import ConfigError
 from ..validation import NonNegativeFloat, OpenUnitInterval, PositiveFloat, PositiveInt, check_args
 from .noise import seeded_noise, seeded_uniform
@@ -88,13 +90,13 @@ class DiffusionFamily(ABC):
         decreasing, the last entry 0."""
 
     # -- what every family derives from them -------------------------------------------------
-    sigma_min: float = 0.0
-    sigma_max: float = math.inf
-
     @property
     def sigma_range(self) -> Tuple[float, float]:
-        """[sigma_min, sigma_max] the denoiser supports; every sampling grid is clamped to it."""
-        return float(self.sigma_min), float(self.sigma_max)
+        """(lo, hi): the noise levels the family's denoiser supports; every sampling grid is
+        clamped to it. Unbounded, (0, inf), unless a family overrides this property. (A family
+        written for an earlier release that gives the range as ``sigma_min`` / ``sigma_max`` is
+        still read by those names, with a FutureWarning.)"""
+        return legacy_sigma_range(self) or (0.0, math.inf)
 
     def precondition(self, net: nn.Module) -> "PreconditionedDenoiser":
         """D(x; sigma) = c_skip x + c_out net(c_in x, c_noise) around a raw network."""
@@ -143,12 +145,10 @@ class PreconditionedDenoiser(nn.Module):
         self.family = family
 
     @property
-    def sigma_min(self) -> float:
-        return float(self.family.sigma_min)
-
-    @property
-    def sigma_max(self) -> float:
-        return float(self.family.sigma_max)
+    def sigma_range(self) -> Tuple[float, float]:
+        """(lo, hi): the noise levels the family supports (every sampling grid is clamped to it)."""
+        lo, hi = self.family.sigma_range
+        return float(lo), float(hi)
 
     def coefficients(self, sigma: torch.Tensor):
         return self.family.coefficients(sigma)
@@ -268,8 +268,10 @@ class EDMFamily(DiffusionFamily):
 
     c_skip = s_d^2/(s^2+s_d^2), c_out = s s_d/sqrt(s^2+s_d^2), c_in = 1/sqrt(s^2+s_d^2),
     c_noise = ln(s)/4; training ln s ~ N(P_mean, P_std^2), lambda = (s^2+s_d^2)/(s s_d)^2;
-    sampling grid: EDM eq. 5 with rho = 7 on [0.002, 80]. ``sigma_min`` / ``sigma_max`` (the
-    supported range, default unbounded) clamp sampling grids.
+    sampling grid: EDM eq. 5 with rho = 7 on [0.002, 80]. The fields ``sigma_min`` /
+    ``sigma_max`` bound :attr:`sigma_range` (the supported range, default unbounded), which
+    clamps sampling grids; they are not the grid's ends (Table 1's EDM sigma_min = 0.002,
+    sigma_max = 80: ``DiffusionModule``'s ``sigma_min`` / ``sigma_max``).
     """
 
     name: ClassVar[str] = "edm"
@@ -295,6 +297,10 @@ class EDMFamily(DiffusionFamily):
                               value=self.sigma_min)
         object.__setattr__(self, "sigma_min", float(self.sigma_min))
         object.__setattr__(self, "sigma_max", float(self.sigma_max))
+
+    @property
+    def sigma_range(self) -> Tuple[float, float]:
+        return self.sigma_min, self.sigma_max
 
     def coefficients(self, sigma: torch.Tensor):
         sd = self.sigma_data
@@ -322,7 +328,8 @@ class VPFamily(DiffusionFamily):
 
     sigma(t) = sqrt(exp(beta_d t^2/2 + beta_min t) - 1); c_skip = 1, c_out = -sigma,
     c_in = 1/sqrt(sigma^2+1), c_noise = (M-1) sigma^{-1}(sigma); training t ~ U(eps_t, 1),
-    lambda = 1/sigma^2; supported range [sigma(eps_t), sigma(1)] (about [0.001, 152]);
+    lambda = 1/sigma^2; supported range ``sigma_range`` = (sigma(eps_t), sigma(1)) (about
+    (0.001, 152));
     sampling grid t_i = 1 + i/(N-1) (eps_s - 1), sigma_i = sigma(t_i).
     """
 
@@ -347,12 +354,10 @@ class VPFamily(DiffusionFamily):
         object.__setattr__(self, "M", int(self.M))
 
     @property
-    def sigma_min(self) -> float:
-        return float(self.sigma(torch.tensor(self.epsilon_t, dtype=torch.float64)))
-
-    @property
-    def sigma_max(self) -> float:
-        return float(self.sigma(torch.tensor(1.0, dtype=torch.float64)))
+    def sigma_range(self) -> Tuple[float, float]:
+        """(sigma(epsilon_t), sigma(1)): the training range of t, in sigma."""
+        return (float(self.sigma(torch.tensor(self.epsilon_t, dtype=torch.float64))),
+                float(self.sigma(torch.tensor(1.0, dtype=torch.float64))))
 
     def sigma(self, t):
         """sigma(t) = sqrt(exp(beta_d t^2/2 + beta_min t) - 1)."""
@@ -396,7 +401,8 @@ class VEFamily(DiffusionFamily):
 
     c_skip = 1, c_out = sigma, c_in = 1, c_noise = ln(sigma/2); training
     ln sigma ~ U(ln sigma_min, ln sigma_max), i.e. sigma = sigma_min (sigma_max/sigma_min)^u with
-    u ~ U(0, 1), and lambda = 1/sigma^2; supported range [sigma_min, sigma_max] = [0.02, 100];
+    u ~ U(0, 1), and lambda = 1/sigma^2; supported range ``sigma_range`` = (sigma_min, sigma_max)
+    = (0.02, 100) (the fields keep Table 1's names: they are its VE parameters);
     sampling grid: sigma_i = sigma_max (sigma_min/sigma_max)^{i/(N-1)} (Table 1's
     t_i = sigma_max^2 (sigma_min^2/sigma_max^2)^{i/(N-1)} with sigma(t) = sqrt(t)).
     """
@@ -413,6 +419,10 @@ class VEFamily(DiffusionFamily):
             raise ConfigError("sigma_min", f"need 0 < sigma_min < sigma_max = {hi:g} < inf", value=lo)
         object.__setattr__(self, "sigma_min", lo)
         object.__setattr__(self, "sigma_max", hi)
+
+    @property
+    def sigma_range(self) -> Tuple[float, float]:
+        return self.sigma_min, self.sigma_max
 
     def coefficients(self, sigma: torch.Tensor):
         c_skip = torch.ones_like(sigma)

@@ -25,12 +25,12 @@ part of any cache key.
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Literal, Optional, Sequence, Tuple, Union, get_args
 
 import torch
 
+from ..contracts import denoiser_sigma_range
 from ..errors import ConfigError
 from ..validation import FinitePositiveFloat, PositiveInt, check_args
 from .noise import seeded_noise
@@ -63,9 +63,9 @@ def karras_sigmas(num_steps: int = 18, sigma_min: float = 0.002, sigma_max: floa
 
 
 def clamp_sigmas(sigmas: torch.Tensor, denoiser) -> torch.Tensor:
-    """Clamp the positive part of a grid to the denoiser's supported [sigma_min, sigma_max]."""
-    lo = float(getattr(denoiser, "sigma_min", 0.0) or 0.0)
-    hi = float(getattr(denoiser, "sigma_max", math.inf))
+    """Clamp the positive part of a grid to the noise levels the denoiser supports, its
+    ``sigma_range`` (:func:`~lightning_pfd.contracts.denoiser_sigma_range`)."""
+    lo, hi = denoiser_sigma_range(denoiser)
     pos = sigmas > 0
     return torch.where(pos, sigmas.clamp(min=lo if lo > 0 else None, max=hi), sigmas)
 
@@ -170,16 +170,17 @@ _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 _GRID_ARGS = ("num_steps", "sigma_min", "sigma_max", "rho")
 
 
-def check_compile(value: Any, field: str = "compile") -> Union[bool, str]:
+def check_compile(value: Any, arg: str = "compile") -> Union[bool, str]:
     """The compile option normalised: False (eager) or one of :data:`COMPILE_MODES` (True ->
-    ``"default"``); ConfigError naming ``field`` otherwise."""
+    ``"default"``); otherwise a ConfigError naming ``arg``, the caller's own argument that holds
+    the value (``sample_compile`` of a module), never a config path."""
     if value is None or value is False:
         return False
     if value is True:
         return "default"
     if isinstance(value, str) and value in COMPILE_MODES:
         return value
-    raise ConfigError(field, "unknown torch.compile mode", value=value, accepted=[False, True, *COMPILE_MODES],
+    raise ConfigError(arg, "unknown torch.compile mode", value=value, accepted=[False, True, *COMPILE_MODES],
                       suggestion="compile: default (or reduce-overhead for CUDA graphs on a GPU)")
 
 
@@ -207,9 +208,7 @@ def compile_denoiser(denoiser: Callable, mode: Union[bool, str] = "default",
         torch.compiler.cudagraph_mark_step_begin()
         return compiled(x, sigma).clone()
 
-    for attr in ("sigma_min", "sigma_max"):  # clamp_sigmas reads them
-        if hasattr(denoiser, attr):
-            setattr(step, attr, getattr(denoiser, attr))
+    step.sigma_range = denoiser_sigma_range(denoiser)  # clamp_sigmas reads it
     return step
 
 

@@ -6,8 +6,14 @@ and their caches, sharding of work over processes and the metrics they feed. The
 ``pite``, the sweeps and the benchmarks use these objects directly, and so can a notebook::
 
     from lightning_pfd.evaluation import FlowEvaluation
-    result = FlowEvaluation.from_datamodule(dm, model).measure(model.denoiser)
-    result.metrics["e_gen"], result.metrics["e_mem"]
+    ev = FlowEvaluation.from_datamodule(dm, model)
+    ev.measure(model).values["e_gen"]               # the measurement contract (below)
+    ev.evaluate(model.denoiser).metrics["e_mem"]     # the full result (endpoints, features)
+
+Each of the four implements the measurement contract of :mod:`lightning_pfd.evaluation.base`
+(``prepare(datamodule, model, comm)``, ``measure(model, comm) -> Measurement``), so
+:class:`~lightning_pfd.callbacks.EvaluationMonitor` runs any of them; its own ``evaluate``
+returns the evaluation's full result.
 
 * :class:`FlowEvaluation` -- E_gen, E_mem (PFD paper eq. 4 and 8), frozen-noise losses and user
   metrics registered against a reference flow;
@@ -17,13 +23,13 @@ and their caches, sharding of work over processes and the metrics they feed. The
 * :class:`TailEvaluation` -- RMSQE and LOADER of a physical observable with their same-law floors.
 """
 from .base import SINGLE, Comm, Evaluation, Measurement, NonFinite, Units, strategy_comm
-from .flow import FlowEvaluation, FlowMeasure, FlowResult
-from .memorization import MemorizationEvaluation, MemorizationMeasure
-from .representation import ICRMeasure, RepresentationEvaluation
+from .flow import FlowEvaluation, FlowResult
+from .memorization import MemorizationEvaluation
+from .representation import RepresentationEvaluation
 from .sharding import shard_indices
-from .tail import TailEvaluation, TailMeasure, TailSettings
+from .tail import TailEvaluation, TailSettings
 
 __all__ = ["Evaluation", "Measurement", "Units", "NonFinite", "Comm", "SINGLE", "strategy_comm",
-           "FlowEvaluation", "FlowResult", "FlowMeasure", "RepresentationEvaluation", "ICRMeasure",
-           "MemorizationEvaluation", "MemorizationMeasure", "TailEvaluation", "TailMeasure", "TailSettings",
+           "FlowEvaluation", "FlowResult", "RepresentationEvaluation", "MemorizationEvaluation",
+           "TailEvaluation", "TailSettings",
            "shard_indices"]

@@ -42,7 +42,7 @@ from . import sharding
 
 __all__ = ["Evaluation", "Measurement", "Units", "NonFinite", "Comm", "SingleProcess",
            "SINGLE", "TorchDistributed", "StrategyCollective", "strategy_comm", "distributed_world",
-           "process_of"]
+           "process_of", "train_data_of"]
 
 
 # ----------------------------------------------------------------------------- processes
@@ -172,6 +172,19 @@ def process_of(rank: Optional[int], world: Optional[int],
     return rank, world
 
 
+def train_data_of(datamodule: Any, who: str) -> torch.Tensor:
+    """``datamodule.train_data`` (the datamodule contract, after ``setup``), non-empty; ``who``
+    names the evaluation that needs it."""
+    data = getattr(datamodule, "train_data", None) if datamodule is not None else None
+    if data is None:
+        raise ConfigError("data", f"{who} needs a datamodule exposing `train_data` after setup()",
+                          suggestion="pass datamodule=... to trainer.fit (every lightning_pfd datamodule "
+                                     "exposes train_data)")
+    if len(data) == 0:
+        raise ConfigError("data", "the training set is empty", value=tuple(data.shape))
+    return data
+
+
 class StrategyCollective(Comm):
     """A Lightning / Fabric strategy through its public API: ``all_gather(tensor) -> (world, ...)``
     and ``reduce(tensor, reduce_op="sum")``. ``strategy_fn`` returns the strategy when needed."""
@@ -233,6 +246,8 @@ class Measurement:
             when the monitor's figure schedule is due.
         nonfinite: the non-finite units (None: the evaluation does not count them).
         raw: the evaluation's own result object (e.g. a FlowResult), for callers who need more.
+        warnings: sentences about the measurement's validity (e.g. too few images for the
+            feature dimension); a monitor prints each once per fit (rank 0).
     """
 
     values: Dict[str, Union[torch.Tensor, float]]
@@ -241,6 +256,7 @@ class Measurement:
     figures: Dict[str, Callable[[int], Tuple[Any, Optional[str]]]] = field(default_factory=dict)
     nonfinite: Optional[NonFinite] = None
     raw: Any = None
+    warnings: List[str] = field(default_factory=list)
 
 
 @runtime_checkable

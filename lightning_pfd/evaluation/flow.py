@@ -20,13 +20,13 @@ One evaluation fixes
   ``e_gen`` = PFD(student, teacher) and ``e_mem`` = PFD(student, empirical) by default (eq. 8), and
   any user metric (``add_metric("sw/teacher", SlicedWasserstein, reference="teacher")``).
 
-:meth:`FlowEvaluation.measure` then samples only the student (on this process's shard of the
+:meth:`FlowEvaluation.evaluate` then samples only the student (on this process's shard of the
 seeds), and returns a :class:`FlowResult` with the metrics (already reduced over processes), the
 fraction of non-finite student endpoints, and the endpoints / features of student and references
 (gathered on every process with ``gather=True``)::
 
     ev = FlowEvaluation.from_datamodule(dm, model, num_eval=1024)
-    result = ev.measure(model.denoiser, loss_fn=model.loss_fn)
+    result = ev.evaluate(model.denoiser, loss_fn=model.loss_fn)
     result.metrics["e_gen"], result.features()["student"], result.features()["teacher"]
 
 Metric contract: a metric is made by a factory (a class such as a torchmetrics ``Metric``
@@ -57,12 +57,12 @@ from ..classpath import import_class
 from ..diffusion import EmpiricalDenoiser
 from ..diffusion.sampling import (PRECISIONS, SAMPLERS, SamplerSettings, _hparams, check_compile, describe_grid,
                                   module_device, same_grid)
-from ..errors import ConfigError, renamed_fields
+from ..errors import ConfigError
 from ..metrics.descriptors import IdentityDescriptor, build_descriptor, descriptor_fingerprint
 from ..metrics.pfd import ProbabilityFlowDistance, paired_sq_distances
 from ..validation import NonNegativeInt, PositiveInt, check_args
 from . import sharding
-from .base import SINGLE, Comm, Measurement, NonFinite, StrategyCollective, TorchDistributed, Units
+from .base import SINGLE, Comm, Measurement, NonFinite, StrategyCollective, TorchDistributed, Units, train_data_of
 
 __all__ = ["FlowEvaluation", "FlowResult", "Reference", "Comm", "TorchDistributed",
            "StrategyCollective", "image_grid", "metric_factory", "pfd_standard_error", "check_sigma_space_model",
@@ -72,8 +72,6 @@ DEFAULT_GEN_SEED_OFFSET = 2_000_000
 #: the PF-ODE samplers and precisions an evaluation accepts (:data:`SAMPLERS`, :data:`PRECISIONS`)
 SamplerName = Literal[tuple(sorted(SAMPLERS))]
 PrecisionName = Literal[tuple(PRECISIONS)]
-#: the arguments of FlowEvaluation a caller's ``field`` renames (``seed_offset`` is the datamodule's)
-_OWN_ARGS = ("num_eval", "batch_size", "chunk_size", "num_loss_samples")
 LOSS_TRAIN_SEED_OFFSET = 20_000_000  # frozen (noise, sigma) of the i-th training sample
 LOSS_TEST_SEED_OFFSET = 30_000_000  # ... of the i-th held-out sample
 _CACHE_VERSION = 2  # 2: the precision is part of the key
@@ -95,7 +93,7 @@ class Reference:
 
 @dataclass
 class FlowResult:
-    """What one :meth:`FlowEvaluation.measure` gives.
+    """What one :meth:`FlowEvaluation.evaluate` gives (:meth:`FlowEvaluation.measure` keeps it as ``raw``).
 
     Attributes:
         metrics: key -> float64 scalar, the same on every process: the registered metrics
@@ -177,15 +175,20 @@ class FlowEvaluation:
 
     Args:
         train_data: the N training samples (N, *shape); the empirical reference and ``train_fixed``.
+            None: bound later, from a datamodule (:meth:`prepare` / :meth:`bind_datamodule`).
         test_data: held-out samples for ``test_fixed`` (None: no test loss).
         teacher: the teacher denoiser D(x, sigma) (the ``"teacher"`` reference); None: no E_gen.
         teacher_fingerprint: a string identifying the teacher (its cache key); default
             ``teacher.fingerprint()``.
         train_fingerprint: identifies the training set; default a hash of ``train_data``.
-        num_eval: M, the number of evaluation seeds; ``seed_offset``: the first one. ``seeds``:
-            explicit seeds instead (overrides both).
-        settings: the one PF-ODE solver of every flow (default Heun-18 in fp32, eager); its
-            ``compile`` mode compiles the student's denoiser (module docstring).
+        num_eval: M, the number of evaluation seeds; ``seed_offset``: the first one (None: the
+            datamodule's ``gen_seed_offset``, else 2_000_000). ``seeds``: explicit seeds instead
+            (overrides both).
+        settings: the one PF-ODE solver of every flow (default: Heun-18 in fp32, eager, or with a
+            datamodule the model's solver with the ``sampler`` / ``sigmas`` / ``precision``
+            overrides); its ``compile`` mode compiles the student's denoiser (module docstring).
+        compile: the student's torch.compile mode (None: the settings', under the measurement
+            contract the model's ``sample_compile``).
         descriptor: Psi (None / "identity", "efficientnet_lite0", a TorchScript path, a module).
         batch_size: samples per sampler batch; ``chunk_size``: training-set chunk of the empirical
             denoiser (memory knobs).
@@ -193,109 +196,232 @@ class FlowEvaluation:
         use_cache: read / write the reference cache (``$LIGHTNING_PFD_CACHE/pfd``).
         comm: the :class:`~lightning_pfd.evaluation.base.Comm` to shard over (default :class:`TorchDistributed`).
         default_metrics: register ``e_gen`` (teacher) and ``e_mem`` (empirical) PFDs.
-        field: maps an argument name to the name reported in errors (default: the name itself;
-            a monitor passes its own config field).
+        metrics: extra metrics, key -> ``{class_path, init_args, reference}`` or a factory
+            (:func:`metric_factory`), registered with :meth:`add_metric` at every binding.
+        num_images: columns of the sample grid figure of :meth:`measure` (None: no grid).
 
     Ranges are declared in the signature (:mod:`lightning_pfd.validation`). Bad values raise
     :class:`~lightning_pfd.errors.ConfigError` here, before any sampling; the descriptor is tried
     on two training samples.
+
+    Under the measurement contract (:mod:`lightning_pfd.evaluation.base`), :meth:`prepare` binds
+    the datamodule and the model once (:meth:`reset` forgets them) and computes or loads the
+    references; :meth:`measure` returns every metric of :meth:`evaluate` (leaves ``e_gen``,
+    ``e_mem``, ``e_gen_se``, ..., the losses and user metrics under their own keys), the per-seed
+    d² of each PFD metric (PFD paper eq. 4) and, for image data, the sample grid ``samples``
+    (rows student and each reference). The student is sampled through the model's ``generate``
+    when the evaluation uses the model's own solver.
     """
 
-    def __init__(self, train_data: torch.Tensor, *, test_data: Optional[torch.Tensor] = None,
+    #: leaf -> logged key of a monitor without a namespace (``name=None``); with one: ``<name>/<leaf>``
+    DEFAULT_KEYS = {"e_gen": "pfd/e_gen", "e_mem": "pfd/e_mem", "e_gen_se": "pfd/e_gen_se",
+                    "e_mem_se": "pfd/e_mem_se", "nonfinite": "pfd/nonfinite",
+                    "samples": "pfd/samples", "train_fixed": "loss/train_fixed",
+                    "test_fixed": "loss/test_fixed", "gap": "loss/gap"}
+
+    def __init__(self, train_data: Optional[torch.Tensor] = None, *, test_data: Optional[torch.Tensor] = None,
                  teacher: Any = None, teacher_fingerprint: Optional[str] = None,
                  train_fingerprint: Optional[str] = None, num_eval: PositiveInt = 1024,
-                 seed_offset: NonNegativeInt = DEFAULT_GEN_SEED_OFFSET, seeds: Optional[Sequence[int]] = None,
-                 settings: Optional[SamplerSettings] = None, descriptor: Any = None,
+                 seed_offset: Optional[NonNegativeInt] = None, seeds: Optional[Sequence[int]] = None,
+                 settings: Optional[SamplerSettings] = None, sampler: Optional[SamplerName] = None,
+                 sigmas: Optional[Sequence[float]] = None, precision: Optional[PrecisionName] = None,
+                 compile: Union[bool, str, None] = None, descriptor: Any = None,
                  batch_size: PositiveInt = 256, chunk_size: PositiveInt = 4096,
                  num_loss_samples: Optional[PositiveInt] = 1024,
                  use_cache: bool = True, comm: Optional[Comm] = None, default_metrics: bool = True,
-                 field: Optional[Callable[[str], str]] = None):
-        self._field = field or (lambda arg: arg)
-        with renamed_fields(self._field, _OWN_ARGS):  # seed_offset: the caller's (a datamodule's) own
-            check_args(FlowEvaluation.__init__, locals())
-        self.comm = comm if comm is not None else TorchDistributed()
-        self.seeds = self._check_seeds(num_eval, seed_offset, seeds)
-        self.num_eval = len(self.seeds)
+                 metrics: Optional[Dict[str, Any]] = None, num_images: Optional[PositiveInt] = None):
+        check_args(FlowEvaluation.__init__, locals())
+        if compile is not None:
+            check_compile(compile, "compile")
         if settings is not None and not isinstance(settings, SamplerSettings):
-            raise ConfigError(self._field("settings"), "must be a SamplerSettings", value=type(settings).__name__)
-        if train_data is None or len(train_data) == 0:
-            raise ConfigError("data", "FlowEvaluation needs a non-empty training set (train_data)",
-                              value=None if train_data is None else tuple(train_data.shape))
+            raise ConfigError("settings", "must be a SamplerSettings", value=type(settings).__name__)
+        if seeds is not None:
+            seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
+            if len(seeds) == 0:
+                raise ConfigError("seeds", "needs at least one seed", value=[])
+        self.comm = comm if comm is not None else TorchDistributed()
+        self._seed_args = (num_eval, seed_offset, seeds)
+        self.num_eval = len(seeds) if seeds is not None else num_eval
+        self.seeds = seeds if seeds is not None else torch.arange(
+            _first_seed(seed_offset), _first_seed(seed_offset) + num_eval)
+        self._check_world()
         self.settings = settings or SamplerSettings()
-        self.train_data, self.test_data = train_data, test_data
-        self.shape = tuple(int(d) for d in train_data.shape[1:])
+        self._explicit_settings = settings
+        self.sampler, self.sigmas, self.precision, self.compile = sampler, sigmas, precision, compile
         self.batch_size, self.chunk_size, self.num_loss_samples = batch_size, chunk_size, num_loss_samples
-        self.use_cache = bool(use_cache)
+        self.use_cache, self.default_metrics, self.num_images = bool(use_cache), default_metrics, num_images
         self.descriptor_spec = descriptor
         self.descriptor = build_descriptor(descriptor)  # fails now if unavailable
-        self._check_descriptor(train_data)
+        self.user_metrics = {k: metric_factory(v, f"metrics.{k}") for k, v in (metrics or {}).items()}
+        self.train_data: Optional[torch.Tensor] = None
+        self.shape: tuple = ()
         self._sources: Dict[str, _Source] = {}
         self._metrics: Dict[str, tuple] = {}  # key -> (factory, reference)
         self._references: Dict[str, Reference] = {}
+        if train_data is not None:
+            self.bind(train_data, test_data=test_data, teacher=teacher, teacher_fingerprint=teacher_fingerprint,
+                      train_fingerprint=train_fingerprint)
+
+    # ------------------------------------------------------------------ binding the data
+    def bind(self, train_data: torch.Tensor, *, test_data: Optional[torch.Tensor] = None, teacher: Any = None,
+             teacher_fingerprint: Optional[str] = None, train_fingerprint: Optional[str] = None) -> None:
+        """Measure against ``train_data`` (and ``teacher``): the references, the default metrics
+        and the configured ``metrics`` are set up again; the references are computed on first use."""
+        if train_data is None or len(train_data) == 0:
+            raise ConfigError("data", "FlowEvaluation needs a non-empty training set (train_data)",
+                              value=None if train_data is None else tuple(train_data.shape))
+        self.train_data, self.test_data = train_data, test_data
+        self.shape = tuple(int(d) for d in train_data.shape[1:])
+        self._check_descriptor(train_data)
+        self._sources, self._metrics, self._references = {}, {}, {}
         if teacher is not None:
             self.add_reference("teacher", teacher, self._teacher_fingerprint(teacher, teacher_fingerprint))
         self._sources["empirical"] = _Source(
             lambda device: EmpiricalDenoiser(self.train_data, chunk_size=self.chunk_size).to(device),
             str(train_fingerprint or hash_key(train_data)))
-        if default_metrics:
+        if self.default_metrics:
             for key, ref in DEFAULT_METRICS.items():
                 if ref in self._sources:
                     self.add_metric(key, ProbabilityFlowDistance, reference=ref)
+        for key, (factory, reference) in self.user_metrics.items():
+            self.add_metric(key, factory, reference)
 
-    # ------------------------------------------------------------------ construction helpers
-    @classmethod
-    def from_datamodule(cls, datamodule: Any, model: Any = None, *, sampler: Optional[str] = None,
-                        sigmas: Optional[Sequence[float]] = None, precision: Optional[str] = None,
-                        settings: Optional[SamplerSettings] = None, compile: Union[bool, str, None] = None,
-                        **kwargs) -> "FlowEvaluation":
-        """An evaluation of ``model`` (a sigma-space model: ``denoiser``, ``loss_fn``) on the data
-        of ``datamodule`` (after ``setup``): its ``train_data``, ``val_data``, ``teacher``,
+    def bind_datamodule(self, datamodule: Any, model: Any = None, compile: Union[bool, str, None] = None) -> None:
+        """:meth:`bind` the data of ``datamodule`` (after ``setup``) for ``model`` (a sigma-space
+        model: ``denoiser``, ``loss_fn``): its ``train_data``, ``val_data``, ``teacher``,
         ``teacher_fingerprint``, ``fingerprint()`` and evaluation range (``gen_seed_offset``,
-        ``n_gen``). The solver is ``settings``, else the model's
+        ``n_gen``). The solver is the ``settings`` given, else the model's
         (:meth:`SamplerSettings.from_module` with the ``sampler`` / ``sigmas`` / ``precision``
-        overrides); ``compile`` (None: the settings') sets its torch.compile mode for the
-        student. A teacher datamodule whose own solver (``teacher_sigmas``, ``sampler``)
-        differs is refused (E_gen would compare two solvers)."""
-        f = kwargs.get("field") or (lambda arg: arg)
-        mode = None if compile is None else check_compile(compile, f("compile"))
-        comm = kwargs.setdefault("comm", TorchDistributed())
-        if kwargs.get("seeds") is None:
-            _check_world(kwargs.get("num_eval", 1024), comm.world, f)
-        data = getattr(datamodule, "train_data", None) if datamodule is not None else None
-        if data is None or len(data) == 0:
-            raise ConfigError("data", "FlowEvaluation needs a datamodule exposing a non-empty `train_data` "
-                              "after setup()", suggestion="pass datamodule=... to trainer.fit (every "
-                              "lightning_pfd datamodule exposes train_data)")
+        overrides); ``compile`` (None: this evaluation's, else the settings') sets its
+        torch.compile mode for the student. A teacher datamodule whose own solver
+        (``teacher_sigmas``, ``sampler``) differs is refused (E_gen would compare two solvers)."""
+        num_eval, seed_offset, seeds = self._seed_args
+        data = train_data_of(datamodule, "FlowEvaluation")
         if model is not None:
             check_sigma_space_model(model)
-        if settings is None:
-            settings = SamplerSettings.from_module(model, sampler=sampler, sigmas=sigmas, precision=precision)
+        settings = self._explicit_settings or SamplerSettings.from_module(
+            model, sampler=self.sampler, sigmas=self.sigmas, precision=self.precision)
+        mode = self.compile if compile is None else compile
         if mode is not None:
-            settings = replace(settings, compile=mode)
-        kwargs.setdefault("seed_offset", int(getattr(datamodule, "gen_seed_offset", DEFAULT_GEN_SEED_OFFSET)))
-        _check_n_gen(datamodule, kwargs.get("num_eval", 1024), f)
-        teacher = getattr(datamodule, "teacher", None)
+            settings = replace(settings, compile=check_compile(mode, "compile"))
+        if seeds is None:
+            _check_n_gen(datamodule, num_eval)
+            offset = seed_offset if seed_offset is not None else int(
+                getattr(datamodule, "gen_seed_offset", DEFAULT_GEN_SEED_OFFSET))
+            self.seeds = torch.arange(offset, offset + num_eval)
+        teacher, teacher_fp = getattr(datamodule, "teacher", None), None
         if teacher is not None:
             fp = getattr(datamodule, "teacher_fingerprint", None) or getattr(teacher, "fingerprint", None)
             if not callable(fp):
                 raise ConfigError("data.teacher", "needs a fingerprint() method (it keys the endpoint cache)",
                                   value=type(teacher).__name__)
-            kwargs.setdefault("teacher_fingerprint", str(fp()))
-            check_one_solver(settings, datamodule, teacher, field=f,
-                             overridden={a for a, v in (("sampler", sampler), ("sigmas", sigmas)) if v is not None})
+            teacher_fp = str(fp())
+            check_one_solver(settings, datamodule, teacher,
+                             overridden={a for a, v in (("sampler", self.sampler), ("sigmas", self.sigmas))
+                                         if v is not None})
+        self.settings = settings
         train_fp = datamodule.fingerprint() if callable(getattr(datamodule, "fingerprint", None)) else None
-        return cls(data, test_data=getattr(datamodule, "val_data", None), teacher=teacher,
-                   train_fingerprint=train_fp, settings=settings, **kwargs)
+        self.bind(data, test_data=getattr(datamodule, "val_data", None), teacher=teacher,
+                  teacher_fingerprint=teacher_fp, train_fingerprint=train_fp)
 
-    def _check_seeds(self, num_eval, seed_offset, seeds) -> torch.Tensor:
-        if seeds is not None:
-            seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
-            if len(seeds) == 0:
-                raise ConfigError(self._field("seeds"), "needs at least one seed", value=[])
-        else:
-            seeds = torch.arange(seed_offset, seed_offset + num_eval)
-        _check_world(len(seeds), self.comm.world, self._field)
-        return seeds
+    @classmethod
+    def from_datamodule(cls, datamodule: Any, model: Any = None, **kwargs) -> "FlowEvaluation":
+        """An evaluation of ``model`` on the data of ``datamodule`` (:meth:`bind_datamodule`);
+        ``kwargs``: the arguments of the constructor but the data."""
+        ev = cls(None, **kwargs)
+        ev.bind_datamodule(datamodule, model)
+        return ev
+
+    def _check_world(self) -> None:
+        if self.num_eval < self.comm.world:  # an empty shard would hang the gathers
+            raise ConfigError("num_eval", f"{self.num_eval} evaluation seeds for world size {self.comm.world}: "
+                              "every rank needs at least one", value=self.num_eval,
+                              accepted=f"an integer >= the world size ({self.comm.world})")
+
+    # ------------------------------------------------------------------ the measurement contract
+    def key(self, leaf: str, name: Optional[str]) -> str:
+        """The logged name of ``leaf`` under the namespace ``name`` (:attr:`DEFAULT_KEYS` without
+        one); a user metric's key as it is."""
+        if leaf not in self.DEFAULT_KEYS:
+            return leaf
+        return self.DEFAULT_KEYS[leaf] if name is None else f"{name}/{leaf}"
+
+    def leaves(self) -> List[str]:
+        return [*self.DEFAULT_KEYS, *self.user_metrics]
+
+    def metric_keys(self, key: Callable[[str], str]) -> List[Any]:
+        """The keys of the configured ``metrics`` (:func:`lightning_pfd.keys.collect`), each read
+        from its metric's class (:meth:`lightning_pfd.keys.MetricKey.from_metric`)."""
+        from .. import keys
+
+        return [keys.MetricKey.from_metric(k, factory) for k, (factory, _) in self.user_metrics.items()]
+
+    def state_key_args(self) -> Dict[str, Any]:
+        spec = self.descriptor_spec
+        desc = "identity" if spec is None else spec if isinstance(spec, str) else type(spec).__name__
+        return {"descriptor": desc, "num_eval": self.num_eval}
+
+    def compile_mode(self, model: Any) -> Union[bool, str]:
+        """The student's torch.compile mode: ``compile``, else the model's ``sample_compile``."""
+        if self.compile is not None:
+            return self.compile
+        return check_compile(getattr(model, "sample_compile", False), "model.sample_compile")
+
+    def reset(self) -> None:
+        """Forget the data (the next :meth:`prepare` binds the datamodule again)."""
+        self.train_data = None
+
+    def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
+        """Bind the datamodule and the model (every ConfigError of :meth:`bind_datamodule`), and
+        refuse a sample grid wider than the seeds rank 0 evaluates."""
+        self.comm = comm
+        self._check_world()
+        self.bind_datamodule(datamodule, model, self.compile_mode(model))
+        on_rank0 = len(range(0, self.num_eval, comm.world))
+        if self.draws_grid() and self.num_images > on_rank0:
+            raise ConfigError("num_images", f"the sample grid has more columns than the {on_rank0} seeds "
+                              f"rank 0 evaluates (num_eval = {self.num_eval}, world size {comm.world})",
+                              value=self.num_images, accepted=f"an integer in [1, {on_rank0}]")
+
+    def prepare(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
+        """Bind the datamodule and the model once, then compute (or load) the references."""
+        if self.train_data is None:
+            self.comm = comm
+            self._check_world()
+            self.bind_datamodule(datamodule, model, self.compile_mode(model))
+        self.compute_references(model.device)  # teacher / empirical endpoints: cached, once
+
+    def draws_grid(self) -> bool:
+        """A sample grid is configured and the data are images (C, H, W) with C in (1, 3)."""
+        return bool(self.num_images) and len(self.shape) == 3 and self.shape[0] in (1, 3)
+
+    def _generate(self, model: Any) -> Optional[Callable]:
+        """The model's own ``generate`` when the evaluation's solver is the model's."""
+        own = (self.sigmas is None and self.precision is None and self._explicit_settings is None
+               and hasattr(model, "generate")
+               and self.settings.compile == check_compile(getattr(model, "sample_compile", False)))
+        if not own:
+            return None
+        return functools.partial(model.generate, sampler=self.settings.sampler, batch_size=self.batch_size)
+
+    @torch.no_grad()
+    def measure(self, model: Any, comm: Optional[Comm] = None) -> Measurement:
+        """Every metric of :meth:`evaluate` on the sigma-space ``model`` (its ``denoiser``,
+        ``loss_fn``, ``generate``), sharded over this evaluation's processes (``comm``, when
+        given, must be the one it was prepared with)."""
+        if comm is not None and (comm.rank, comm.world) != (self.comm.rank, self.comm.world):
+            raise ConfigError("comm", "differs from the processes this evaluation was prepared with",
+                              value=(comm.rank, comm.world), accepted=[(self.comm.rank, self.comm.world)])
+        res = self.evaluate(model.denoiser, loss_fn=model.loss_fn, generate=self._generate(model), device=model.device)
+        units = {k: Units("sq_dist", sq, res.seeds, res.metrics[k]) for k, sq in res.per_seed.items()}
+        figures = {}
+        if self.draws_grid():
+            def grid(epoch: int):
+                img, names = res.sample_grid(self.num_images)
+                return img, " / ".join(names) + f" rows, epoch {epoch}"
+            figures["samples"] = grid
+        bad = NonFinite(res.nonfinite, "student endpoints", [k for k in res.metrics if k in self.flow_metric_keys()])
+        return Measurement(dict(res.metrics), units=units, figures=figures, nonfinite=bad, raw=res)
 
     def _teacher_fingerprint(self, teacher, fingerprint) -> str:
         if fingerprint is None:
@@ -312,10 +438,10 @@ class FlowEvaluation:
         try:
             feats = self.features(data[:2].to(torch.float64))
         except Exception as e:  # a descriptor built for other data (e.g. an image net on vectors)
-            raise ConfigError(self._field("descriptor"), f"fails on samples of shape {self.shape}: "
+            raise ConfigError("descriptor", f"fails on samples of shape {self.shape}: "
                               f"{type(e).__name__}: {e}", value=self.descriptor_spec) from e
         if feats.ndim != 2 or feats.shape[0] != min(2, len(data)):
-            raise ConfigError(self._field("descriptor"), "must map a batch (B, ...) to features (B, F); "
+            raise ConfigError("descriptor", "must map a batch (B, ...) to features (B, F); "
                               f"got shape {tuple(feats.shape)}", value=self.descriptor_spec)
 
     # ------------------------------------------------------------------ registration
@@ -374,7 +500,7 @@ class FlowEvaluation:
                         descriptor_fingerprint(self.descriptor))
 
     @torch.no_grad()
-    def prepare(self, device: Any = None) -> Dict[str, Reference]:
+    def compute_references(self, device: Any = None) -> Dict[str, Reference]:
         """Compute (or load) every reference not computed yet; every process must call it."""
         device = torch.device("cpu") if device is None else torch.device(device)
         for name in self._sources:
@@ -425,7 +551,7 @@ class FlowEvaluation:
                                     batch_size=self.batch_size, device=device, out_device=device)
 
     @torch.no_grad()
-    def measure(self, denoiser: Any, *, loss_fn: Optional[Callable] = None,
+    def evaluate(self, denoiser: Any, *, loss_fn: Optional[Callable] = None,
                 generate: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
                 device: Any = None, gather: bool = False) -> FlowResult:
         """Sample the student on this process's seeds and compute every metric (module docstring).
@@ -440,7 +566,9 @@ class FlowEvaluation:
             gather: gather the student's endpoints and features on every process (sweeps).
         """
         device = module_device(denoiser, torch.device("cpu")) if device is None else torch.device(device)
-        refs = self.prepare(device)
+        if self.train_data is None:
+            raise ConfigError("train_data", "no training set: pass train_data or call prepare(datamodule, model)")
+        refs = self.compute_references(device)
         shard = self._shard()
         student = (generate(self.seeds[shard]) if generate is not None else self.sample_student(denoiser, device))
         student = student.to(device=device, dtype=torch.float64)
@@ -588,17 +716,14 @@ def check_sigma_space_model(model: Any) -> None:
                           suggestion="for LevyItoModule use TailMonitor and MemorizationMonitor")
 
 
-def _check_world(num_eval: Any, world: int, f: Callable[[str], str]) -> None:
-    if _is_int(num_eval) and num_eval < world:  # an empty shard would hang the gathers
-        raise ConfigError(f("num_eval"), f"{num_eval} evaluation seeds for world size {world}: every "
-                          "rank needs at least one", value=num_eval,
-                          accepted=f"an integer >= the world size ({world})")
+def _first_seed(seed_offset: Optional[int]) -> int:
+    return DEFAULT_GEN_SEED_OFFSET if seed_offset is None else int(seed_offset)
 
 
-def _check_n_gen(datamodule: Any, num_eval: Any, f: Callable[[str], str]) -> None:
+def _check_n_gen(datamodule: Any, num_eval: Any) -> None:
     n_gen = getattr(datamodule, "n_gen", None)
     if n_gen is not None and _is_int(num_eval) and num_eval > int(n_gen):
-        raise ConfigError(f("num_eval"), f"exceeds the datamodule's reserved evaluation range n_gen = {n_gen} "
+        raise ConfigError("num_eval", f"exceeds the datamodule's reserved evaluation range n_gen = {n_gen} "
                           "(the evaluation seeds must stay disjoint from the training / test seeds)",
                           value=num_eval, accepted=f"an integer in [1, {n_gen}]",
                           suggestion="lower num_eval or raise the datamodule's n_gen")
@@ -607,13 +732,12 @@ def _check_n_gen(datamodule: Any, num_eval: Any, f: Callable[[str], str]) -> Non
 _GRID_ARGS = ("num_steps", "sigma_min", "sigma_max", "rho")
 
 
-def check_one_solver(settings: SamplerSettings, datamodule: Any, teacher: Any,
-                     field: Callable[[str], str] = lambda a: a, overridden=frozenset()) -> None:
+def check_one_solver(settings: SamplerSettings, datamodule: Any, teacher: Any, overridden=frozenset()) -> None:
     """Refuse a teacher datamodule whose solver (``teacher_sigmas``, ``sampler``: the one that
     generated the training set) differs from ``settings``: E_gen would compare endpoints of two
     solvers. ``overridden``: the arguments (``sampler``, ``sigmas``) the caller set itself, named
-    through ``field`` in the error; the others are the model's, named by their bare argument name
-    (``sampler``, ``num_steps``, ``sigma_min``, ``sigma_max``, ``rho``)."""
+    by their bare names in the error; the others are the model's (``model.sampler``,
+    ``model.num_steps``, ``model.sigma_min``, ``model.sigma_max``, ``model.rho``)."""
     t_grid = getattr(datamodule, "teacher_sigmas", None)
     if t_grid is None:  # e.g. an exact GMM law: its flow is computed on the student's grid
         return
@@ -632,16 +756,16 @@ def check_one_solver(settings: SamplerSettings, datamodule: Any, teacher: Any,
     problem = (f"student and teacher flows need one PF-ODE grid and sampler, but the student's is {ours} "
                f"and the teacher data's is {theirs} (E_gen would compare endpoints of two different solvers)")
     if same:  # only the sampler differs
-        name = field("sampler") if "sampler" in overridden else "sampler"
+        name = "sampler" if "sampler" in overridden else "model.sampler"
         raise ConfigError(name, problem, value=settings.sampler, accepted=[t_sampler],
                           suggestion="use the same sampler in the model (or the monitor) and in the teacher datamodule")
     if "sigmas" in overridden:
-        raise ConfigError(field("sigmas"), problem, suggestion="drop the monitor's sigmas or give the teacher's grid")
+        raise ConfigError("sigmas", problem, suggestion="drop the monitor's sigmas or give the teacher's grid")
     hp = _hparams(datamodule)
     arg = next((a for a in _GRID_ARGS if settings.grid is None and a in hp
                 and float(getattr(settings, a)) != float(hp[a])), None)
     name = arg or "num_steps"
-    raise ConfigError(name, problem,
+    raise ConfigError(f"model.{name}", problem,
                       value=getattr(settings, name) if settings.grid is None else None,
                       suggestion=f"set the model's {name} and the teacher datamodule's {name} to the same value")
 
@@ -649,93 +773,3 @@ def check_one_solver(settings: SamplerSettings, datamodule: Any, teacher: Any,
 def _describe(settings: SamplerSettings) -> str:
     """The solver without its precision (the teacher data are data, whatever the precision)."""
     return replace(settings, precision="fp32").describe()
-
-
-# ----------------------------------------------------------------------------- the measurement contract
-class FlowMeasure:
-    """:class:`FlowEvaluation` under the measurement contract (:mod:`lightning_pfd.evaluation.base`).
-
-    ``prepare(datamodule, model, comm)`` builds the evaluation of ``model`` (a sigma-space model:
-    ``denoiser``, ``loss_fn``) on the datamodule once (:meth:`reset` forgets it) and computes or
-    loads its references; ``measure(model, comm)`` returns every metric of
-    :meth:`FlowEvaluation.measure` (leaves ``e_gen``, ``e_mem``, ``e_gen_se``, ..., the losses and
-    user metrics under their own keys), the per-seed d² of each PFD metric (PFD paper eq. 4) and,
-    for image data, the sample grid ``samples`` (rows student and each reference).
-
-    Args: those of :meth:`FlowEvaluation.from_datamodule` (``num_eval``, ``descriptor``,
-    ``sampler``, ``sigmas``, ``precision``, ``batch_size``, ``chunk_size``, ``num_loss_samples``,
-    ``use_cache``); ``compile``: the student's torch.compile mode (None: the model's
-    ``sample_compile``); ``metrics``: key -> ``(factory, reference)`` (:func:`metric_factory`);
-    ``num_images``: columns of the sample grid; ``field``: names arguments in errors. The student
-    is sampled through the model's ``generate`` when the evaluation uses the model's own solver.
-    """
-
-    def __init__(self, *, num_eval: PositiveInt = 1024, descriptor: Any = None, sampler: Optional[SamplerName] = None,
-                 sigmas: Optional[Sequence[float]] = None, precision: Optional[PrecisionName] = None,
-                 compile: Union[bool, str, None] = None, batch_size: PositiveInt = 256, chunk_size: PositiveInt = 4096,
-                 num_loss_samples: Optional[PositiveInt] = 1024, use_cache: bool = True, num_images: PositiveInt = 8,
-                 metrics: Optional[Dict[str, tuple]] = None, field: Optional[Callable[[str], str]] = None):
-        with renamed_fields(field or (lambda arg: arg)):
-            check_args(FlowMeasure.__init__, locals())
-            if compile is not None:
-                check_compile(compile, "compile")
-        self.kwargs = dict(num_eval=num_eval, descriptor=descriptor, batch_size=batch_size, chunk_size=chunk_size,
-                           num_loss_samples=num_loss_samples, use_cache=use_cache)
-        self.sampler, self.sigmas, self.precision, self.compile = sampler, sigmas, precision, compile
-        self.num_images, self.metrics, self.field = num_images, dict(metrics or {}), field
-        self.evaluation: Optional[FlowEvaluation] = None
-
-    def compile_mode(self, model: Any) -> Union[bool, str]:
-        """The student's torch.compile mode: ``compile``, else the model's ``sample_compile``."""
-        if self.compile is not None:
-            return self.compile
-        return check_compile(getattr(model, "sample_compile", False), "sample_compile")
-
-    def build(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> FlowEvaluation:
-        """A new evaluation of ``model`` on ``datamodule`` (a bad setup raises a ConfigError)."""
-        kw = {} if self.field is None else {"field": self.field}
-        ev = FlowEvaluation.from_datamodule(
-            datamodule, model, sampler=self.sampler, sigmas=self.sigmas, precision=self.precision,
-            compile=self.compile_mode(model), comm=comm, **self.kwargs, **kw)
-        for key, (factory, reference) in self.metrics.items():
-            ev.add_metric(key, factory, reference)
-        return ev
-
-    def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> FlowEvaluation:
-        return self.build(datamodule, model, comm)
-
-    def reset(self) -> None:
-        self.evaluation = None
-
-    def prepare(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
-        if self.evaluation is None:
-            self.evaluation = self.build(datamodule, model, comm)
-        self.evaluation.prepare(model.device)  # teacher / empirical endpoints: cached, once
-
-    def draws_grid(self) -> bool:
-        """Image data (C, H, W) with C in (1, 3): a sample grid can be drawn."""
-        shape = self.evaluation.shape if self.evaluation is not None else ()
-        return len(shape) == 3 and shape[0] in (1, 3)
-
-    def _generate(self, model: Any) -> Optional[Callable]:
-        """The model's own ``generate`` when the evaluation's solver is the model's."""
-        ev = self.evaluation
-        own = (self.sigmas is None and self.precision is None and hasattr(model, "generate")
-               and ev.settings.compile == check_compile(getattr(model, "sample_compile", False)))
-        if not own:
-            return None
-        return functools.partial(model.generate, sampler=ev.settings.sampler, batch_size=self.kwargs["batch_size"])
-
-    @torch.no_grad()
-    def measure(self, model: Any, comm: Comm = SINGLE) -> Measurement:
-        ev = self.evaluation
-        res = ev.measure(model.denoiser, loss_fn=model.loss_fn, generate=self._generate(model), device=model.device)
-        units = {k: Units("sq_dist", sq, res.seeds, res.metrics[k]) for k, sq in res.per_seed.items()}
-        figures = {}
-        if self.draws_grid():
-            def grid(epoch: int):
-                img, names = res.sample_grid(self.num_images)
-                return img, " / ".join(names) + f" rows, epoch {epoch}"
-            figures["samples"] = grid
-        bad = NonFinite(res.nonfinite, "student endpoints", [k for k in res.metrics if k in ev.flow_metric_keys()])
-        return Measurement(dict(res.metrics), units=units, figures=figures, nonfinite=bad, raw=res)

@@ -107,7 +107,7 @@ def sweep(module: Any, dm: Any, sigmas: Sequence[float], num_images: Optional[in
         # (the same forwards: one per level)
         level_ev = RepresentationEvaluation(dm.train_data, num_images=num_images, sigma=s,
                                             sigmas=[], tap=tap, **settings)
-        r = level_ev.measure(module)[s]
+        r = level_ev.evaluate(module)[s]
         acc = float("nan")
         if _has_labels(dm):
             ftr = probe_features(ev, module, dm.train_data[:n_probe], s, seed, batch_size)

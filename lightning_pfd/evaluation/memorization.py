@@ -7,7 +7,8 @@ d_1/d_2 < 1/3 with exact nearest-neighbour distances, pixel space when ``descrip
 Diffusion Models via Self-Supervised Principles*, calibrated for SSCD features)::
 
     ev = MemorizationEvaluation(train_data, num_samples=256)
-    ev.measure(model)                  # {"ratio": ..., "nonfinite": ...}
+    ev.measure(model).values           # {"ratio": ..., "ratio_se": ..., "nonfinite": ...}
+    ev.evaluate(model)                 # {"ratio": ..., "nonfinite": ...} (explicit rank / world)
 
 - samples: ``model.generate(seeds, batch_size=...)`` for the fixed seeds ``seed .. seed +
   num_samples - 1`` (any module with ``generate``: DiffusionModule, LevyItoModule), or a plain
@@ -23,7 +24,6 @@ Diffusion Models via Self-Supervised Principles*, calibrated for SSCD features):
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
@@ -35,10 +35,10 @@ from ..errors import ConfigError
 from ..metrics.memorization import (Criterion, _is_memorized, _memorization_compute, embed, memorization_scores,
                                     reference_features, resolve_threshold)
 from ..validation import NonNegativeInt, PositiveInt, check_args
-from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, process_of
+from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, process_of, train_data_of
 from .sharding import shard_indices
 
-__all__ = ["MemorizationEvaluation", "MemorizationMeasure", "resolve_descriptor"]
+__all__ = ["MemorizationEvaluation", "resolve_descriptor", "indicator_se"]
 
 
 def resolve_descriptor(descriptor: Union[str, Callable, None]) -> Optional[Callable]:
@@ -60,7 +60,8 @@ class MemorizationEvaluation:
     """Memorization ratio of seeded samples against a training set (module docstring).
 
     Args:
-        train_data: the training set (N, ...).
+        train_data: the training set (N, ...); None: the datamodule's ``train_data``, bound by
+            :meth:`prepare`.
         num_samples: generated samples per measurement (seeds ``seed .. seed + num_samples - 1``).
         criterion, threshold: ``"nn_ratio"`` (threshold None: 1/3) or ``"cosine"`` (None: 0.6).
         descriptor: Psi: None (pixel space), a name / path for ``build_descriptor``, or a callable.
@@ -71,29 +72,87 @@ class MemorizationEvaluation:
             descriptor).
         fingerprint: identifies the training set: a string, or a callable returning one (e.g.
             ``datamodule.fingerprint``, called only when the cache is used).
+
+    Under the measurement contract (:mod:`lightning_pfd.evaluation.base`), :meth:`prepare` binds
+    the datamodule's training set (again only when it changes: the training set is embedded once
+    per binding) and :meth:`measure` returns ``ratio`` (NaN with a non-finite sample),
+    ``ratio_se`` (sd of the per-sample indicators / sqrt(n)) and ``nonfinite``, with the
+    indicators as the units of ``ratio``.
     """
 
-    def __init__(self, train_data: torch.Tensor, num_samples: PositiveInt = 256, criterion: Criterion = "nn_ratio",
-                 threshold: Optional[float] = None, descriptor: Union[str, Callable, None] = None,
+    #: the values :meth:`measure` returns
+    LEAVES = ("ratio", "ratio_se", "nonfinite")
+    #: the metric namespace of a monitor of this evaluation (``mem/ratio``, ...)
+    default_name = "mem"
+
+    def __init__(self, train_data: Optional[torch.Tensor] = None, num_samples: PositiveInt = 256,
+                 criterion: Criterion = "nn_ratio", threshold: Optional[float] = None,
+                 descriptor: Union[str, Callable, None] = None,
                  chunk_size: PositiveInt = 4096, seed: NonNegativeInt = 20_000_000, batch_size: PositiveInt = 256,
                  cache: bool = True, fingerprint: Union[str, Callable[[], str], None] = None):
         check_args(MemorizationEvaluation.__init__, locals())
-        self.threshold = resolve_threshold(criterion, threshold)
+        self.threshold, self._threshold_arg = resolve_threshold(criterion, threshold), threshold
         self.num_samples, self.criterion, self.chunk_size = num_samples, criterion, chunk_size
         self.seed, self.batch_size = seed, batch_size
+        self.descriptor_spec = descriptor if isinstance(descriptor, str) or descriptor is None \
+            else type(descriptor).__name__
         self.descriptor = resolve_descriptor(descriptor)
         self.cache, self.fingerprint = bool(cache), fingerprint
+        self.train_data: Optional[torch.Tensor] = None
+        self._reference: Optional[torch.Tensor] = None
+        if train_data is not None:
+            self.bind(train_data, fingerprint)
+
+    def bind(self, train_data: torch.Tensor, fingerprint: Union[str, Callable[[], str], None] = None) -> None:
+        """Measure against ``train_data`` (its embedding is computed again on first use)."""
         if not torch.is_tensor(train_data) or train_data.ndim < 2 or train_data.shape[0] == 0:
             raise ConfigError("train_data", "expected a non-empty tensor (N, ...)",
                               value=tuple(train_data.shape) if torch.is_tensor(train_data)
                               else type(train_data).__name__)
-        need = 2 if criterion == "nn_ratio" else 1
+        need = 2 if self.criterion == "nn_ratio" else 1
         if len(train_data) < need:
-            raise ConfigError("criterion", f"{criterion} needs at least {need} training samples; the "
-                              f"training set has {len(train_data)}", value=criterion,
+            raise ConfigError("criterion", f"{self.criterion} needs at least {need} training samples; the "
+                              f"training set has {len(train_data)}", value=self.criterion,
                               accepted=["cosine"] if need == 2 else None)
-        self.train_data = train_data
-        self._reference: Optional[torch.Tensor] = None
+        self.train_data, self.fingerprint, self._reference = train_data, fingerprint, None
+
+    # ------------------------------------------------------------------ the measurement contract
+    def leaves(self) -> List[str]:
+        return list(self.LEAVES)
+
+    def state_key_args(self) -> Dict[str, Any]:
+        return dict(criterion=self.criterion, threshold=self._threshold_arg, descriptor=self.descriptor_spec
+                    or "identity", num_samples=self.num_samples, seed=self.seed)
+
+    def reset(self) -> None:
+        """Forget the training set (a new fit binds and embeds it again)."""
+        self.train_data, self._reference = None, None
+
+    def prepare(self, datamodule: Any, model: Any = None, comm: Comm = SINGLE) -> None:
+        """Bind the datamodule's training set (kept while it is the same tensor)."""
+        if datamodule is None and self.train_data is not None:
+            return
+        data = train_data_of(datamodule, type(self).__name__)
+        if data is not self.train_data:
+            self.bind(data, getattr(datamodule, "fingerprint", None))
+
+    def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
+        """A model without ``generate``, a training set too small for the criterion, fewer samples
+        than processes, a descriptor that fails on the data."""
+        self.check_model(model)
+        self.prepare(datamodule, model, comm)
+        self.check_world(comm.world)
+        self.check_descriptor()
+
+    def measure(self, model: Any, comm: Optional[Comm] = None) -> Measurement:
+        """Sample this process's seeds, gather the per-sample indicators (module docstring)."""
+        comm = TorchDistributed() if comm is None else comm
+        flags = self.shard_flags(model, comm.rank, comm.world)
+        flags = comm.gather_rows(flags.reshape(-1, 1), self.num_samples).reshape(-1)
+        out: Dict[str, Any] = self.results(self.flag_statistics(flags))
+        out["ratio_se"] = indicator_se(flags)
+        return Measurement(out, units={"ratio": Units("indicator", flags, self.seeds, out["ratio"])},
+                           nonfinite=NonFinite(out["nonfinite"], "samples", ["ratio"]))
 
     @property
     def seeds(self) -> torch.Tensor:
@@ -184,6 +243,9 @@ class MemorizationEvaluation:
     @torch.no_grad()
     def shard_flags(self, model: Any, rank: int = 0, world: int = 1) -> torch.Tensor:
         """This process's per-sample indicators for seeds ``seeds[rank::world]``."""
+        if self.train_data is None:
+            raise ConfigError("train_data", "no training set to compare with: pass train_data or call "
+                              "prepare(datamodule) first")
         self.check_model(model)
         self.check_world(world)
         seeds = self.seeds[shard_indices(self.num_samples, rank, world)]
@@ -202,8 +264,8 @@ class MemorizationEvaluation:
         ratio = math.nan if float(bad) > 0 else float(_memorization_compute(memorized, total))
         return {"ratio": ratio, "nonfinite": float(bad) / self.num_samples}
 
-    def measure(self, model: Any, rank: Optional[int] = None, world: Optional[int] = None,
-                reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> Dict[str, float]:
+    def evaluate(self, model: Any, rank: Optional[int] = None, world: Optional[int] = None,
+                 reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> Dict[str, float]:
         """``{"ratio", "nonfinite"}`` of ``model``'s samples. Under torch.distributed every process
         must call this; ``reduce`` sums a float64 vector over processes (default: all_reduce)."""
         rank, world = process_of(rank, world, reduce)
@@ -214,60 +276,6 @@ class MemorizationEvaluation:
     def merge(parts: Sequence[torch.Tensor]) -> torch.Tensor:
         """The counts of the union of the shards (what an all-reduce computes)."""
         return torch.stack([p.to(torch.float64).cpu() for p in parts]).sum(0)
-
-
-# ----------------------------------------------------------------------------- the measurement contract
-class MemorizationMeasure:
-    """:class:`MemorizationEvaluation` under the measurement contract
-    (:mod:`lightning_pfd.evaluation.base`).
-
-    ``settings``: the arguments of :class:`MemorizationEvaluation` but ``train_data`` and
-    ``fingerprint`` (taken from the datamodule); ``fields``: a context manager factory renaming the
-    arguments in errors. ``prepare`` builds the evaluation on the datamodule's training set (again
-    when it changes, or after :meth:`reset`: the training set is embedded once per evaluation);
-    ``measure`` samples this process's seeds, gathers the per-sample indicators through ``comm``
-    and returns ``ratio`` (NaN with a non-finite sample), ``nonfinite``, ``ratio_se`` (sd of the
-    indicators / sqrt(n)) with the indicators as the units of ``ratio``.
-    """
-
-    LEAVES = ("ratio", "ratio_se", "nonfinite")
-
-    def __init__(self, settings: Dict[str, Any], fields: Callable[[], Any] = contextlib.nullcontext):
-        self.settings, self.fields = dict(settings), fields
-        self.evaluation: Optional[MemorizationEvaluation] = None
-
-    def leaves(self) -> List[str]:
-        return list(self.LEAVES)
-
-    def reset(self) -> None:
-        self.evaluation = None
-
-    def use(self, datamodule: Any) -> MemorizationEvaluation:
-        """The evaluation on the datamodule's training set (kept while it is the same tensor)."""
-        data = getattr(datamodule, "train_data", None) if datamodule is not None else None
-        if self.evaluation is None or self.evaluation.train_data is not data:
-            with self.fields():
-                self.evaluation = MemorizationEvaluation(
-                    data, **self.settings, fingerprint=getattr(datamodule, "fingerprint", None))
-        return self.evaluation
-
-    def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
-        with self.fields():
-            MemorizationEvaluation.check_model(model)
-            self.use(datamodule).check_world(comm.world)
-            self.evaluation.check_descriptor()
-
-    def prepare(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
-        self.use(datamodule)
-
-    def measure(self, model: Any, comm: Comm = SINGLE) -> Measurement:
-        ev = self.evaluation
-        flags = ev.shard_flags(model, comm.rank, comm.world)
-        flags = comm.gather_rows(flags.reshape(-1, 1), ev.num_samples).reshape(-1)
-        out: Dict[str, Any] = ev.results(ev.flag_statistics(flags))
-        out["ratio_se"] = indicator_se(flags)
-        return Measurement(out, units={"ratio": Units("indicator", flags, ev.seeds, out["ratio"])},
-                           nonfinite=NonFinite(out["nonfinite"], "samples", ["ratio"]))
 
 
 def indicator_se(flags: torch.Tensor) -> float:

@@ -4,7 +4,8 @@ The protocol of *Evaluating the Representation Space of Diffusion Models via Sel
 Principles* (the ICR paper; Sec. 5, App. B.6 and C), as a plain object (pure torch, no Lightning)::
 
     ev = RepresentationEvaluation(train_data, sigma=0.29, d_proj=64)
-    out = ev.measure(model)          # {sigma: {"icr", "trace_s", "trace_xi", "eigenvalues", ...}}
+    ev.measure(model).values         # {"icr", "icr_se", "trace_s", "trace_xi", "n", "d", ...}
+    out = ev.evaluate(model)         # {sigma: {"icr", "trace_s", "trace_xi", "eigenvalues", ...}}
 
 1. **Fixed subset.** ``num_images`` distinct training images drawn by a seeded permutation (stream
    ``icr.subset``), the same at every call; None (default) = min(4096, N), the paper's 4096 (App. C)
@@ -19,7 +20,7 @@ Principles* (the ICR paper; Sec. 5, App. B.6 and C), as a plain object (pure tor
    augmented views and their unit noise do not depend on sigma or on the model, so they are drawn
    once per chunk for every noise level and, when they fit in :data:`VIEW_CACHE_BYTES`, kept
    between measurements (the subset and its seeds are fixed).
-3. **Features.** ``measure(model)`` with a sigma-space denoiser (``.net`` + ``.network_input(x,
+3. **Features.** ``evaluate(model)`` / ``measure(model)`` with a sigma-space denoiser (``.net`` + ``.network_input(x,
    sigma)``, e.g. ``DiffusionModule.denoiser``; an ``nn.Module`` exposing ``.denoiser`` is unwrapped):
    the net's activation at ``tap`` (default ``net.default_tap``) fed ``network_input(view, sigma)``,
    mean-pooled over space (App. C), in eval mode. Any other callable is a *feature function*
@@ -54,7 +55,7 @@ from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Seque
 import torch
 from torch import nn
 
-from ..contracts import SIGMA_SPACE_MODELS
+from ..contracts import SIGMA_SPACE_MODELS, denoiser_sigma_range
 from ..diffusion.augment import AUG_LEVELS, augment, noisy_view
 from ..diffusion.features import extract_features, random_projection, resolve_tap
 from ..diffusion.noise import seeded_noise, seeded_uniform
@@ -63,10 +64,10 @@ from ..errors import ConfigError
 from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, TauSpec, _icr_at, _icr_compute,
                            _icr_update, _icr_zero_states, check_tau, pool_features)
 from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeFloat, NonNegativeInt, PositiveInt, check_args
-from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, process_of
+from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, process_of, train_data_of
 from .sharding import check_world, shard_indices
 
-__all__ = ["RepresentationEvaluation", "ICRMeasure", "check_representation_settings", "fixed_subset",
+__all__ = ["RepresentationEvaluation", "ICR_LEAVES", "ICR_HISTORY", "check_representation_settings", "fixed_subset",
            "resolve_num_images", "denoiser_of", "merge_statistics", "well_posed", "sigma_leaf",
            "DEFAULT_NUM_IMAGES", "VIEW_CACHE_BYTES", "MAX_VIEWS_PER_IMAGE"]
 
@@ -86,6 +87,10 @@ MAX_VIEWS_PER_IMAGE = min(STREAMS["augment.params"].width, STREAMS["augment.nois
 JACKKNIFE_GROUPS = 16
 _RESULT_KEYS = ("icr", "trace_s", "trace_xi", "trace_s_raw", "trace_xi_raw", "tau", "cond_xi",
                 "icr_tau_auto", "icr_tau_relative")
+
+#: the scalars logged at sigma* (+ ``sigma_<value>`` per extra level), and those kept in the history
+ICR_LEAVES = ("icr", "icr_se", "trace_s", "trace_xi", "n", "d", "nonfinite")
+ICR_HISTORY = ("tau", "cond_xi", "icr_tau_auto", "icr_tau_relative")
 
 Statistics = Dict[float, Dict[str, torch.Tensor]]
 
@@ -235,7 +240,10 @@ class RepresentationEvaluation:
             ``batch_size`` rows only when 2 views_per_image > batch_size).
     """
 
-    def __init__(self, train_data: torch.Tensor, num_images: Optional[IntAtLeastTwo] = None,
+    #: the metric namespace of a monitor of this evaluation (``icr/icr``, ...)
+    default_name = "icr"
+
+    def __init__(self, train_data: Optional[torch.Tensor] = None, num_images: Optional[IntAtLeastTwo] = None,
                  sigma: FinitePositiveFloat = 0.29, sigmas: Optional[Sequence[float]] = None,
                  level: Optional[AugLevel] = 3, vector_jitter: NonNegativeFloat = 0.0,
                  image_shape: Optional[Sequence[int]] = None, tap: Optional[str] = None,
@@ -247,8 +255,17 @@ class RepresentationEvaluation:
             image_shape=image_shape, tap=tap, d_proj=d_proj, views_per_image=views_per_image, tau=tau,
             normalize=normalize, cond_max=cond_max, seed=seed, batch_size=batch_size)
         self.__dict__.update(settings)  # num_images, sigma, sigmas (the extra levels), level, tap, ...
+        self.train_data: Optional[torch.Tensor] = None
+        self.subset: Optional[torch.Tensor] = None
+        self.eigenvalues: Dict[float, torch.Tensor] = {}  # the last measurement's spectrum per sigma
+        self._warned = False  # the n < 4 d warning is given once
+        if train_data is not None:
+            self.bind(train_data)
+
+    def bind(self, train_data: torch.Tensor) -> None:
+        """Measure on ``train_data`` (a new fixed subset; the view cache and projection are dropped)."""
         self.train_data = self._check_data(train_data)
-        self.subset = fixed_subset(len(train_data), resolve_num_images(num_images, len(train_data)), seed)
+        self.subset = fixed_subset(len(train_data), resolve_num_images(self.num_images, len(train_data)), self.seed)
         self._projection: Optional[torch.Tensor] = None
         self._view_cache: Optional[Tuple[Any, List[Tuple[torch.Tensor, torch.Tensor]]]] = None
 
@@ -304,7 +321,7 @@ class RepresentationEvaluation:
         if isinstance(model, nn.Module):
             den = denoiser_of(model)
             self._check_tap(den.net)
-            lo, hi = float(getattr(den, "sigma_min", 0.0) or 0.0), float(getattr(den, "sigma_max", math.inf))
+            lo, hi = denoiser_sigma_range(den)
             for s in self.noise_levels:
                 if not lo <= s <= hi:
                     raise ConfigError("sigma" if s == self.sigma else "sigmas", f"outside the denoiser's "
@@ -541,15 +558,84 @@ class RepresentationEvaluation:
         out.update({k: float(main[k]) for k in ("tau", "cond_xi", "icr_tau_auto", "icr_tau_relative")})
         return out
 
-    def measure(self, model: Any, rank: Optional[int] = None, world: Optional[int] = None,
-                reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
-                ) -> Dict[float, Dict[str, torch.Tensor]]:
+    def evaluate(self, model: Any, rank: Optional[int] = None, world: Optional[int] = None,
+                 reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+                 ) -> Dict[float, Dict[str, torch.Tensor]]:
         """ICR dicts per noise level of ``model`` (a sigma-space model / denoiser, or a feature
         function). Under torch.distributed (rank / world from it by default) every process must
         call this; ``reduce`` sums a float64 vector over the processes (default: all_reduce)."""
         rank, world = process_of(rank, world, reduce)
+        if self.train_data is None:
+            raise ConfigError("train_data", "no training set to measure on: pass train_data or call "
+                              "prepare(datamodule) first")
         stats = self.shard_statistics(model, rank, world)
         return self.results(_reduce(stats, reduce or TorchDistributed().reduce_sum) if world > 1 else stats)
+
+    # ------------------------------------------------------------------ the measurement contract
+    def leaves(self) -> List[str]:
+        """``icr``, ``icr_se``, ``trace_s``, ``trace_xi``, ``n``, ``d``, ``nonfinite`` and
+        ``sigma_<value>`` per extra level."""
+        return [*ICR_LEAVES, *(sigma_leaf(s) for s in self.sigmas)]
+
+    def metric_keys(self, key: Callable[[str], str]) -> List[Any]:
+        """The keys a monitor logging ``leaf`` as ``key(leaf)`` declares
+        (:func:`lightning_pfd.keys.collect`): the built-in ``icr/*`` under another namespace, and
+        one per extra sigma."""
+        from .. import keys
+
+        name = key("icr").rsplit("/", 1)[0]
+        renamed = [keys.get(f"icr/{leaf}").renamed(key(leaf)) for leaf in ICR_LEAVES if name != "icr"]
+        extra = [keys.MetricKey(key(sigma_leaf(s)), f"{name} σ={s:g}", True, description=f"ICR at sigma = {s:g}")
+                 for s in self.sigmas]
+        return list(keys.KeySet(renamed + extra).all_keys(kind=None))
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Whether the n < 4 d warning was given (a monitor's checkpoint state)."""
+        return {"warned": self._warned}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self._warned = bool(state.get("warned", False))
+
+    def state_key_args(self) -> Dict[str, Any]:
+        return dict(sigma=self.sigma, tap=self.tap, num_images=self.num_images, level=self.level,
+                    views_per_image=self.views_per_image, d_proj=self.d_proj, image_shape=self.image_shape,
+                    seed=self.seed)
+
+    def prepare(self, datamodule: Any, model: Any = None, comm: Comm = SINGLE) -> None:
+        """Bind the datamodule's ``train_data`` (kept while it is the same tensor)."""
+        if datamodule is None and self.train_data is not None:
+            return
+        data = train_data_of(datamodule, type(self).__name__)
+        if data is not self.train_data:
+            self.bind(data)
+
+    def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
+        """``num_images`` vs the training set and the world size, the view shape, the model's tap
+        and noise range (ConfigError before any work)."""
+        self.prepare(datamodule, model, comm)
+        self.check_world(comm.world)
+        self.check_model(model)
+
+    def measure(self, model: Any, comm: Optional[Comm] = None) -> Measurement:
+        """Split the subset over ``comm``, sum the statistics with ``comm.reduce_sum``: ``icr``,
+        ``icr_se``, ``trace_s``, ``trace_xi``, ``n``, ``d``, ``nonfinite`` and ``sigma_<value>``
+        (ICR paper eq. 3-5); ``tau``, ``cond_xi``, ``icr_tau_auto``, ``icr_tau_relative`` in the
+        history; the jackknife replicates of ICR at sigma* as its units; ``raw``: the per-level
+        results; a warning the first time n < 4 d (:func:`well_posed`)."""
+        comm = TorchDistributed() if comm is None else comm
+        results = self.evaluate(model, comm.rank, comm.world, comm.reduce_sum)
+        self.eigenvalues = {s: r["eigenvalues"].cpu() for s, r in results.items()}
+        values = self.summary(results)
+        logged = {leaf: values[leaf] for leaf in self.leaves()}
+        reps = results[self.sigma]["icr_jackknife"]  # delete-a-group replicates: se and paired tests
+        bad = NonFinite(values["nonfinite"], "features (view pairs)", [k for k, v in logged.items() if v != v])
+        notes = [] if self._warned or well_posed(int(values["n"]), int(values["d"])) else [
+            f"n = {values['n']:.0f} images for d = {values['d']:.0f} feature dimensions (n < 4d): the ICR "
+            "estimate is biased towards 0 (d x d covariances from n images). Use more images, d_proj, a "
+            "narrower tap, or views_per_image > 1."]
+        self._warned = self._warned or bool(notes)
+        return Measurement(logged, units={"icr": Units("jackknife", reps, torch.arange(reps.numel()), values["icr"])},
+                           history={k: values[k] for k in ICR_HISTORY}, nonfinite=bad, raw=results, warnings=notes)
 
     def _icr_or_nan(self, states: Dict[str, torch.Tensor], tau: Any) -> torch.Tensor:
         try:
@@ -567,64 +653,3 @@ class RepresentationEvaluation:
         out["eigenvalues"] = torch.empty(0, dtype=torch.float64, device=dev)
         return out
 
-
-# ----------------------------------------------------------------------------- the measurement contract
-#: the scalars logged at sigma* (+ ``sigma_<value>`` per extra level), and those kept in the history
-ICR_LEAVES = ("icr", "icr_se", "trace_s", "trace_xi", "n", "d", "nonfinite")
-ICR_HISTORY = ("tau", "cond_xi", "icr_tau_auto", "icr_tau_relative")
-
-
-class ICRMeasure:
-    """:class:`RepresentationEvaluation` under the measurement contract
-    (:mod:`lightning_pfd.evaluation.base`).
-
-    ``settings``: the arguments of :class:`RepresentationEvaluation` (checked by
-    :func:`check_representation_settings`); ``fields``: a context manager factory renaming the
-    arguments in errors (a monitor's config paths). ``prepare`` builds the evaluation on the
-    datamodule's ``train_data`` (again only when the training set changes); ``measure`` splits the
-    subset over ``comm``, sums the statistics with ``comm.reduce_sum`` and returns ``icr``,
-    ``icr_se``, ``trace_s``, ``trace_xi``, ``n``, ``d``, ``nonfinite`` and ``sigma_<value>`` (ICR
-    paper eq. 3-5), ``tau``, ``cond_xi``, ``icr_tau_auto``, ``icr_tau_relative`` in the history,
-    and the jackknife replicates of ICR at sigma* as its units; ``raw``: the per-level results.
-    """
-
-    def __init__(self, settings: Dict[str, Any], fields: Callable[[], Any] = contextlib.nullcontext):
-        self.settings, self.fields = dict(settings), fields
-        self.evaluation: Optional[RepresentationEvaluation] = None
-
-    def leaves(self) -> List[str]:
-        return [*ICR_LEAVES, *(sigma_leaf(s) for s in self.settings.get("sigmas") or ())]
-
-    def use(self, train_data: torch.Tensor) -> RepresentationEvaluation:
-        """The evaluation on ``train_data`` (kept while it is the same tensor)."""
-        if self.evaluation is None or self.evaluation.train_data is not train_data:
-            with self.fields():
-                self.evaluation = RepresentationEvaluation(train_data, **self.settings)
-        return self.evaluation
-
-    def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
-        ev = self.use(_train_data(datamodule))
-        with self.fields():
-            ev.check_world(comm.world)
-            ev.check_model(model)
-
-    def prepare(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
-        self.use(_train_data(datamodule))
-
-    def measure(self, model: Any, comm: Comm = SINGLE) -> Measurement:
-        ev = self.evaluation
-        results = ev.measure(model, comm.rank, comm.world, comm.reduce_sum)
-        values = ev.summary(results)
-        logged = {leaf: values[leaf] for leaf in self.leaves()}
-        reps = results[ev.sigma]["icr_jackknife"]  # delete-a-group replicates: se and paired tests
-        bad = NonFinite(values["nonfinite"], "features (view pairs)", [k for k, v in logged.items() if v != v])
-        return Measurement(logged, units={"icr": Units("jackknife", reps, torch.arange(reps.numel()), values["icr"])},
-                           history={k: values[k] for k in ICR_HISTORY}, nonfinite=bad, raw=results)
-
-
-def _train_data(datamodule: Any) -> torch.Tensor:
-    data = getattr(datamodule, "train_data", None) if datamodule is not None else None
-    if data is None or len(data) == 0:
-        raise ConfigError("data", "the evaluation needs a datamodule exposing a non-empty `train_data` "
-                          "after setup()", value=None if data is None else tuple(data.shape))
-    return data

@@ -39,14 +39,13 @@ per-sample contribution, :func:`~lightning_pfd.metrics.tails.matched_rmsqe_contr
 From a notebook::
 
     ev = TailEvaluation.from_datamodule(dm, observable="max", num_samples=512)
-    ev.measure(model)        # {'rmsqe', 'loader', 'nonfinite', 'rmsqe_floor', 'loader_floor',
+    ev.evaluate(model)       # {'rmsqe', 'loader', 'nonfinite', 'rmsqe_floor', 'loader_floor',
                              #  'rmsqe_clipped', 'loader_clipped', 'above_range', 'below_range',
                              #  'rmsqe_top_share'}
     ev.density_figure(ev.observe(ev.sample(model)))   # the blog's Fig. 9 (log-density KDEs)
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import math
@@ -62,12 +61,12 @@ from ..metrics.kde import Bandwidth
 from ..metrics.observables import get_observable
 from ..validation import (FinitePositiveFloat, IntAtLeastTwo, NonNegativeInt, OpenUnitInterval, PositiveInt,
                           check_args)
-from .base import SINGLE, Comm, Measurement, NonFinite
+from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed
 from ..metrics.tails import (Definition, kde_density, loader_options, loader_settings,
                              matched_rmsqe_contributions, matched_score, rmsqe_options,
                              same_law_floor, top_share)
 
-__all__ = ["TailSettings", "TailEvaluation", "TailMeasure", "NONFINITE_POLICIES", "REFERENCE_SPLITS", "DIAGNOSTICS",
+__all__ = ["TailSettings", "TailEvaluation", "TAIL_LEAVES", "NONFINITE_POLICIES", "REFERENCE_SPLITS", "DIAGNOSTICS",
            "NonfinitePolicy", "ReferenceSplit", "check_generate", "kde_curves", "density_figure"]
 
 #: what becomes of non-finite sample observables (module docstring)
@@ -79,6 +78,11 @@ REFERENCE_SPLITS = typing.get_args(ReferenceSplit)
 METRICS = ("rmsqe", "loader")
 #: the diagnostics of :meth:`TailEvaluation.diagnostics` (keys of ``measure``)
 DIAGNOSTICS = ("rmsqe_clipped", "loader_clipped", "above_range", "below_range", "rmsqe_top_share")
+
+
+#: the values of one tail measurement (``density``: the figure)
+TAIL_LEAVES = ("rmsqe", "loader", "rmsqe_floor", "loader_floor", "nonfinite", "rmsqe_clipped",
+               "loader_clipped", "above_range", "below_range", "rmsqe_top_share")
 
 
 @dataclasses.dataclass
@@ -169,25 +173,40 @@ class TailEvaluation:
     on first use, and cached (``num_samples`` < len(data) is checked then, or by :meth:`check`).
     """
 
-    def __init__(self, data: torch.Tensor, settings: Optional[TailSettings] = None, *,
+    #: the metric namespace of a monitor of this evaluation (``tail/rmsqe``, ...)
+    default_name = "tail"
+    #: a monitor's history rows keep the values under their leaves as well (``rmsqe``, ...)
+    history_under_leaf = True
+
+    def __init__(self, data: Optional[torch.Tensor] = None, settings: Optional[TailSettings] = None, *,
+                 reference: ReferenceSplit = "train",
                  inverse_transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
                  value_range: Optional[Sequence[float]] = None, **kwargs: Any):
+        check_args(TailEvaluation.__init__, {"reference": reference})
         if settings is None:
             settings = TailSettings(**kwargs)
         elif kwargs:
             settings = dataclasses.replace(settings, **kwargs)
+        self.settings, self.reference = settings, reference
+        self.observable = get_observable(settings.observable, **settings.observable_kwargs)
+        self.data: Optional[torch.Tensor] = None
+        if data is not None:
+            self.bind(data, inverse_transform, value_range)
+
+    def bind(self, data: torch.Tensor, inverse_transform: Optional[Callable] = None,
+             value_range: Optional[Sequence[float]] = None) -> None:
+        """Compare with the reference fields ``data`` (their observable, metric settings and
+        floors are computed again on first use)."""
         if data is None or not hasattr(data, "shape") or len(data.shape) < 1 or len(data) == 0:
             raise ConfigError("data", "need a non-empty batch of reference fields (N, ...)",
                               value=type(data).__name__)
-        self.settings, self.data, self.inverse_transform = settings, data, inverse_transform
         if value_range is not None:
             lo, hi = (float(v) for v in value_range)
             if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
                 raise ConfigError("value_range", "needs finite bounds with low < high",
                                   value=value_range)
             value_range = (lo, hi)
-        self._value_range = value_range
-        self.observable = get_observable(settings.observable, **settings.observable_kwargs)
+        self.data, self.inverse_transform, self._value_range = data, inverse_transform, value_range
         self._ref: Optional[torch.Tensor] = None
         self._metric_settings: Optional[Dict[str, dict]] = None
         self._floors: Optional[Dict[str, float]] = None
@@ -197,22 +216,67 @@ class TailEvaluation:
                         settings: Optional[TailSettings] = None, **kwargs: Any) -> "TailEvaluation":
         """Reference = the datamodule's ``<reference>_data`` (after ``setup``), physical units
         by its ``inverse_transform`` when it has one."""
-        check_args(TailEvaluation.from_datamodule, {"reference": reference})
-        data = getattr(datamodule, f"{reference}_data", None) if datamodule is not None else None
+        value_range = kwargs.pop("value_range", None)
+        ev = cls(None, settings, reference=reference, **kwargs)
+        ev.bind_datamodule(datamodule, value_range)
+        return ev
+
+    def bind_datamodule(self, datamodule: Any, value_range: Optional[Sequence[float]] = None) -> None:
+        """:meth:`bind` the datamodule's ``<reference>_data``, ``inverse_transform`` and
+        ``value_range`` (``value_range`` given here wins)."""
+        data = getattr(datamodule, f"{self.reference}_data", None) if datamodule is not None else None
         if data is None or len(data) == 0:
             have = [r for r in REFERENCE_SPLITS if getattr(datamodule, f"{r}_data", None) is not None]
-            raise ConfigError("reference", f"the datamodule has no {reference}_data after setup()",
-                              value=reference, accepted=have)
-        kwargs.setdefault("value_range", getattr(datamodule, "value_range", None))
-        return cls(data, settings, inverse_transform=getattr(datamodule, "inverse_transform", None),
-                   **kwargs)
+            raise ConfigError("reference", f"the datamodule has no {self.reference}_data after setup()",
+                              value=self.reference, accepted=have)
+        if value_range is None:
+            value_range = getattr(datamodule, "value_range", None)
+        self.bind(data, getattr(datamodule, "inverse_transform", None), value_range)
+
+    # ------------------------------------------------------------------ the measurement contract
+    def leaves(self) -> list:
+        return [*TAIL_LEAVES, "density"]
+
+    def state_key_args(self) -> Dict[str, Any]:
+        s = self.settings
+        return dict(observable=s.observable, observable_kwargs=s.observable_kwargs, reference=self.reference,
+                    num_samples=s.num_samples, eta=s.eta, seed_offset=s.seed_offset)
+
+    def reset(self) -> None:
+        """Forget the reference (the next :meth:`prepare` binds the datamodule's again)."""
+        self.data = None
+
+    def prepare(self, datamodule: Any, model: Any = None, comm: Comm = SINGLE) -> None:
+        """Bind the datamodule's reference split (once; :meth:`reset` forgets it)."""
+        if self.data is None:
+            self.bind_datamodule(datamodule)
+
+    def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
+        """ConfigError before training: no ``generate`` (or none taking ``num_steps``), a missing
+        reference split, ``num_samples`` >= its size (same-law floors) or < the world size, an
+        observable without one scalar per sample."""
+        check_generate(model, self.settings.num_steps)
+        self.bind_datamodule(datamodule)
+        self.check_world(comm.world)
+
+    def measure(self, model: Any, comm: Optional[Comm] = None) -> Measurement:
+        """Sample this process's seeds, gather the observables through ``comm``: the values of
+        :meth:`measure_rows` (the same on every process) and the density figure ``density``."""
+        comm = TorchDistributed() if comm is None else comm
+        rows = self.observe_rows(self.sample(model, comm.shard(self.seeds())))
+        rows = comm.gather_rows(rows, self.settings.num_samples).cpu()
+        obs = rows[:, 0]
+        vals = self.measure_rows(rows)
+        return Measurement(dict(vals), history=dict(vals),
+                           figures={"density": lambda epoch: (self.density_figure(obs, f"epoch {epoch}"), None)},
+                           nonfinite=NonFinite(vals["nonfinite"], "sample observables", ["rmsqe", "loader"]))
 
     # ------------------------------------------------------------------ checks
     @property
     def n_ref(self) -> int:
         return int(len(self.data))
 
-    def check(self, world_size: int = 1) -> None:
+    def check_world(self, world_size: int = 1) -> None:
         """ConfigError for what cannot work with this data (evaluates the observable on two
         reference fields only): ``num_samples`` >= n_ref (the floors split the reference into
         ``num_samples`` stand-in samples and a non-empty rest), fewer samples than processes,
@@ -361,9 +425,11 @@ class TailEvaluation:
         rows = torch.as_tensor(rows).detach().to(torch.float64).cpu()
         return {**self.measure_observables(rows[:, 0]), **self.diagnostics(rows)}
 
-    def measure(self, model: Any) -> Dict[str, float]:
+    def evaluate(self, model: Any) -> Dict[str, float]:
         """Sample ``model``, observe, score: rmsqe, loader, nonfinite, rmsqe_floor, loader_floor
         and the diagnostics (module docstring)."""
+        if self.data is None:
+            raise ConfigError("data", "no reference fields: pass data or call prepare(datamodule) first")
         return self.measure_rows(self.observe_rows(self.sample(model)))
 
     # ------------------------------------------------------------------ density plot (blog Fig. 9)
@@ -428,51 +494,3 @@ def density_figure(panels: Mapping[str, dict], title: str = "", colors: Sequence
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
-
-
-# ----------------------------------------------------------------------------- the measurement contract
-#: the values of one tail measurement (``density``: the figure)
-TAIL_LEAVES = ("rmsqe", "loader", "rmsqe_floor", "loader_floor", "nonfinite", "rmsqe_clipped",
-               "loader_clipped", "above_range", "below_range", "rmsqe_top_share")
-
-
-class TailMeasure:
-    """:class:`TailEvaluation` under the measurement contract (:mod:`lightning_pfd.evaluation.base`).
-
-    ``settings``: a :class:`TailSettings`; ``reference``: the datamodule split the samples are
-    compared with (``"train"`` or ``"val"``); ``fields``: a context manager factory renaming the
-    arguments in errors. ``prepare`` builds the evaluation on the datamodule (once; :meth:`check`
-    rebuilds it for a new fit); ``measure`` samples this process's seeds, gathers the observables
-    through ``comm`` and returns the values of :meth:`TailEvaluation.measure_rows` (the same on
-    every process) and the density figure ``density`` (data vs model, on demand).
-    """
-
-    def __init__(self, settings: TailSettings, reference: ReferenceSplit = "train",
-                 fields: Callable[[], Any] = contextlib.nullcontext):
-        with fields():
-            check_args(TailMeasure.__init__, locals())
-        self.settings, self.reference, self.fields = settings, reference, fields
-        self.evaluation: Optional[TailEvaluation] = None
-
-    def leaves(self) -> list:
-        return [*TAIL_LEAVES, "density"]
-
-    def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
-        with self.fields():
-            check_generate(model, self.settings.num_steps)
-            self.evaluation = TailEvaluation.from_datamodule(datamodule, self.reference, self.settings)
-            self.evaluation.check(world_size=comm.world)
-
-    def prepare(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
-        if self.evaluation is None:
-            self.evaluation = TailEvaluation.from_datamodule(datamodule, self.reference, self.settings)
-
-    def measure(self, model: Any, comm: Comm = SINGLE) -> Measurement:
-        ev = self.evaluation
-        rows = ev.observe_rows(ev.sample(model, comm.shard(ev.seeds())))
-        rows = comm.gather_rows(rows, ev.settings.num_samples).cpu()
-        obs = rows[:, 0]
-        vals = ev.measure_rows(rows)
-        return Measurement(dict(vals), history=dict(vals),
-                           figures={"density": lambda epoch: (ev.density_figure(obs, f"epoch {epoch}"), None)},
-                           nonfinite=NonFinite(vals["nonfinite"], "sample observables", ["rmsqe", "loader"]))

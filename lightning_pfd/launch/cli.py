@@ -15,8 +15,9 @@ status 2 (:func:`lightning_pfd.launch.run_guarded`).
 """
 from __future__ import annotations
 
-import errno
+import contextlib
 import contextvars
+import errno
 import os
 import re
 import sys
@@ -46,7 +47,8 @@ from .run_checks import (check_monitored_keys, check_wandb_online, finished_run,
 from .run_safety import (check_run_length, check_unique_keys, epoch_end_last_checkpoints,
                          probe_output_places, remove_unfinished_writes, set_aside_earlier_checkpoints)
 
-__all__ = ["PFDLightningCLI", "PFDArgumentParser", "RunConfigCallback", "condense_error",
+__all__ = ["PFDLightningCLI", "PFDArgumentParser", "RunConfigCallback", "condense_error", "config_path",
+           "at_config_path", "callback_path", "check_callbacks", "refused_at",
            "run_lightning_cli", "resolve_config_path", "join_negative_values", "ensure_wandb_mode",
            "wandb_has_credentials", "SUBCOMMANDS", "RunFinished", "check_components",
            "needs_default_config", "rewrite_configs", "disk_error", "DISK_ERRNOS", "RUNNING"]
@@ -337,26 +339,72 @@ class RunConfigCallback(LogConfigCallback):
 
 #: a field that already names where it is set (a config path or an option)
 _QUALIFIED = re.compile(r"(model|data|trainer|optimizer|lr_scheduler|ckpt_path|seed_everything|config)\b|--")
+#: ``model.<arg>`` / ``data.<arg>``: an argument of the model / the datamodule that another
+#: component read from them and refuses
+_MODEL_OR_DATA_ARG = re.compile(r"(model|data)\.(?!init_args\.|class_path\b)")
+#: the parts of the config built one at a time (each with its config path), in the order
+#: jsonargparse builds them (the callbacks, one level deeper, first)
+BUILT_ALONE = ("trainer.callbacks", "model", "data")
 
 
-def config_path_of(error: BaseException) -> Optional[str]:
-    """The config path of the component whose ``__init__`` raised ``error`` (the outermost one
-    on its traceback): ``model.init_args.``, ``data.init_args.`` or
-    ``trainer.callbacks[Name].``; None when no model, datamodule or callback raised it."""
-    import lightning.pytorch as pl
+def config_path(field: str, where: Optional[str] = None, entry=None) -> str:
+    """The config path of a refused field, as the user writes it: the one place where a
+    component's refusal gets its path. A class names its own argument (``lr``): ``where`` is the
+    place of the component that refused it (``model.init_args``, ``data.init_args``,
+    ``trainer.callbacks[Name]``) and ``entry`` its parsed config, where an argument of a class
+    nested in it is found (``model.init_args.net.init_args.preset``). ``model.<arg>`` /
+    ``data.<arg>`` (an argument of the model / datamodule that another component read) become
+    ``model.init_args.<arg>`` / ``data.init_args.<arg>``; any other field that already names where
+    it is set (a config path, an option) is kept."""
+    m = _MODEL_OR_DATA_ARG.match(field)
+    if m:
+        return f"{m.group(1)}.init_args.{field[m.end():]}"
+    if where is None or _QUALIFIED.match(field):
+        return field
+    head, dot, rest = field.partition(".")
+    node = entry.as_dict() if hasattr(entry, "as_dict") else entry
+    args = node.get("init_args") if isinstance(node, dict) else None
+    if isinstance(args, dict) and head not in args:  # not its own: an argument of a nested class?
+        nested = _nested_paths(where, node, head)
+        if len(nested) == 1:
+            return nested[0] + dot + rest
+    return f"{where}.{field}"
 
-    tb = error.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        owner = frame.f_locals.get("self") if frame.f_code.co_name == "__init__" else None
-        if isinstance(owner, pl.LightningModule):
-            return "model.init_args."
-        if isinstance(owner, pl.LightningDataModule):
-            return "data.init_args."
-        if isinstance(owner, pl.Callback):
-            return f"trainer.callbacks[{type(owner).__name__}]."
-        tb = tb.tb_next
-    return None
+
+def at_config_path(error: ConfigError, where: Optional[str] = None, entry=None) -> ConfigError:
+    """``error`` (in place: a MissingFileError stays one) under :func:`config_path`."""
+    field = config_path(error.field, where, entry)
+    return error if field == error.field else error.renamed(field)
+
+
+def callback_path(callback, entry=None) -> str:
+    """``trainer.callbacks[Name]``: ``Name`` is the short name of the class_path of the callback's
+    config entry (a class, or a function returning a callback), else of the callback's class (a
+    callback the command line adds itself)."""
+    class_path = entry.get("class_path") if hasattr(entry, "get") else None
+    return f"trainer.callbacks[{str(class_path).rsplit('.', 1)[-1] if class_path else type(callback).__name__}]"
+
+
+@contextlib.contextmanager
+def refused_at(where: str, entry=None):
+    """A ConfigError the block raises gets the config path of the component at ``where``."""
+    try:
+        yield
+    except ConfigError as e:
+        raise at_config_path(e, where, entry) from e.__cause__
+
+
+def check_callbacks(trainer, model, datamodule, configured=()) -> None:
+    """Every callback's ``check_setup(trainer, model, datamodule)``; a ConfigError it raises gets
+    the callback's config path (:func:`callback_path`). ``configured``: ``(callback, config
+    entry)`` for each callback built from the config."""
+    entries = {id(cb): entry for cb, entry in configured}
+    for cb in trainer.callbacks:
+        check = getattr(cb, "check_setup", None)
+        if callable(check):
+            entry = entries.get(id(cb))
+            with refused_at(callback_path(cb, entry), entry):
+                check(trainer, model, datamodule)
 
 
 def _config_error_in(error: BaseException) -> Optional[ConfigError]:
@@ -368,15 +416,6 @@ def _config_error_in(error: BaseException) -> Optional[ConfigError]:
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return None
-
-
-def at_config_path(error: ConfigError) -> ConfigError:
-    """``error`` with its field under the config path the user writes: a class names its own
-    argument (``lr``), the command line adds where that class sits (``model.init_args.lr``)."""
-    prefix = None if _QUALIFIED.match(error.field) else config_path_of(error)
-    if prefix is None:
-        return error
-    return error.renamed(prefix + error.field)  # in place: a MissingFileError stays one
 
 
 class PFDLightningCLI(LightningCLI):
@@ -405,6 +444,7 @@ class PFDLightningCLI(LightningCLI):
         self.allow_data_change = bool(allow_data_change)
         self.resume_checkpoint: Optional[dict] = None
         self.resolved_ckpt_path: Optional[str] = None
+        self.configured_callbacks: list = []  # (callback, its config entry): see check_callbacks
         super().__init__(model_class=None, datamodule_class=None, subclass_mode_model=True,
                          subclass_mode_data=True, args=args, run=run, **kwargs)
 
@@ -422,10 +462,22 @@ class PFDLightningCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         """A class that refuses its arguments raises a ConfigError naming them, not a nested
-        jsonargparse union error that echoes the whole config (a bare argument name gets the
-        config path of the model, datamodule or callback that raised it)."""
+        jsonargparse union error that echoes the whole config. Each callback of the config, the
+        model and the datamodule are built one at a time first (:meth:`build_alone`), so the
+        argument a class names gets the config path of the component that refused it
+        (:func:`config_path`); then LightningCLI builds the rest and the Trainer, taking the
+        built ones as they are (jsonargparse keeps an object where a class is expected)."""
+        cfg = self.config.get(self.subcommand) if self.subcommand else self.config
+        given = {key: cfg.get(key) for key in BUILT_ALONE if cfg.get(key) is not None}
         try:
-            super().instantiate_classes()
+            built = self._build_components(given)  # self.config untouched while they are built:
+            try:  # Lightning saves the model's / datamodule's hparams from its dump
+                for key, value in built.items():
+                    cfg[key] = value
+                super().instantiate_classes()
+            finally:  # config.yaml is written from the parsed config
+                for key, value in given.items():
+                    cfg[key] = value
         except ConfigError as e:
             raise at_config_path(e) from e.__cause__
         except (ValueError, TypeError) as e:
@@ -447,6 +499,41 @@ class PFDLightningCLI(LightningCLI):
                                   suggestion="remove the duplicate, or give the second one its own "
                                              "`name` (monitors) / `dirpath` or `monitor` (checkpoints)") from e
             raise
+
+    def _build_components(self, given: dict) -> dict:
+        """The callbacks, model and datamodule of ``given`` (parsed config entries), each built on
+        its own under its config path; ``self.configured_callbacks``: (callback, its entry)."""
+        built = {}
+        callbacks = given.get("trainer.callbacks")
+        if callbacks is not None:
+            entries = callbacks if isinstance(callbacks, list) else [callbacks]
+            objs = [self.build_alone("trainer.callbacks", [e], callback_path(e, e), e)[0] for e in entries]
+            self.configured_callbacks = list(zip(objs, entries))
+            built["trainer.callbacks"] = objs if isinstance(callbacks, list) else objs[0]
+        for key in ("model", "data"):
+            if key in given:
+                built[key] = self.build_alone(key, given[key], f"{key}.init_args", given[key])
+        return built
+
+    def build_alone(self, key: str, value, where: str, entry=None):
+        """The component ``value`` of the config at ``key``, built by this CLI's parser (its
+        instantiators: Lightning's for model and datamodule) with nothing else of the config; a
+        ConfigError it raises (wrapped by jsonargparse or not) gets the config path ``where``."""
+        from jsonargparse import Namespace
+
+        part = Namespace()
+        part[key] = value
+        if self.subcommand:
+            part = Namespace(subcommand=self.subcommand, **{self.subcommand: part})
+        instantiate = getattr(self.parser, "instantiate", None) or self.parser.instantiate_classes  # < 4.49
+        try:
+            out = instantiate(part)
+        except Exception as e:
+            inner = _config_error_in(e)  # jsonargparse wraps what a class raised while it is built
+            if inner is None:
+                raise
+            raise at_config_path(inner, where, entry) from inner.__cause__
+        return (out[self.subcommand] if self.subcommand else out)[key]
 
     def add_arguments_to_parser(self, parser) -> None:
         """``--run_dir PATH``: every output of the run in one directory (:mod:`.run_dir`)."""
@@ -611,10 +698,7 @@ class PFDLightningCLI(LightningCLI):
                 suggestion="make them equal (one PF-ODE grid for student and teacher, one seed)")
 
     def _check_callbacks(self) -> None:
-        for cb in self.trainer.callbacks:
-            check = getattr(cb, "check_setup", None)
-            if callable(check):
-                check(self.trainer, self.model, self.datamodule)
+        check_callbacks(self.trainer, self.model, self.datamodule, self.configured_callbacks)
 
     def _check_output_paths(self) -> None:
         """Every place the run writes can be created and written (run_safety.py): no part of a
@@ -626,11 +710,11 @@ class PFDLightningCLI(LightningCLI):
         launching process only (not by DDP ranks > 0, which run this command again)."""
         if self.subcommand != "fit" or not _launching_process():
             return []
-        locks = []
+        locks, entries = [], {id(cb): entry for cb, entry in self.configured_callbacks}
         for cb in self.trainer.checkpoint_callbacks:
             d = getattr(cb, "dirpath", None)
             if d:
-                lock = acquire_lock(d, "run", f"trainer.callbacks[{type(cb).__name__}].dirpath")
+                lock = acquire_lock(d, "run", callback_path(cb, entries.get(id(cb))) + ".dirpath")
                 if lock is not None:
                     locks.append(lock)
         return locks
@@ -730,7 +814,9 @@ class PFDLightningCLI(LightningCLI):
                      (("last", getattr(ckpt, "last_model_path", "")),
                       ("best", getattr(ckpt, "best_model_path", "") if ckpt.monitor else "")) if v]
             lines.append(f"  checkpoints: {ckpt.dirpath}" + (f" ({', '.join(parts)})" if parts else ""))
-        plots = getattr(trainer, "lightning_pfd_plot_dirs", None)
+        from ..callbacks.regime import RegimeMonitor  # the report folders its monitors wrote
+
+        plots = [d for cb in trainer.callbacks if isinstance(cb, RegimeMonitor) for d in cb.report_dirs]
         if plots:
             lines.append("  plots: " + ", ".join(sorted(set(map(str, plots)))))
         if any("Wandb" in type(lg).__name__ for lg in trainer.loggers):
@@ -856,13 +942,16 @@ def _launching_process() -> bool:
                                                        "SLURM_PROCID"))
 
 
-def check_components(trainer, model, datamodule) -> None:
+def check_components(trainer, model, datamodule, configured=()) -> None:
     """The checks of :meth:`PFDLightningCLI.validate_run` that need no checkpoint and write
     nothing (model <-> data shape, the data, shared hyper-parameters, every callback's
     ``check_setup``), on objects built elsewhere: the sweep pre-flight runs them for every trial
-    (:mod:`lightning_pfd.sweeps.validate`). Cache writes are deferred by the caller."""
-    probe = PFDLightningCLI.__new__(PFDLightningCLI)  # the checks only read these four attributes
+    (:mod:`lightning_pfd.sweeps.validate`). ``configured``: ``(callback, config entry)`` for each
+    callback built from a config (a refusal gets its path, see :func:`check_callbacks`). Cache
+    writes are deferred by the caller."""
+    probe = PFDLightningCLI.__new__(PFDLightningCLI)  # the checks only read these attributes
     probe.trainer, probe.model, probe.datamodule, probe.subcommand = trainer, model, datamodule, "fit"
+    probe.configured_callbacks = list(configured)
     check_run_length(trainer)
     probe._check_shapes()
     probe._check_data()

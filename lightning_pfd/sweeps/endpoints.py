@@ -29,25 +29,11 @@ __all__ = ["find_generalization_monitor", "final_endpoints", "save_endpoints"]
 
 def find_generalization_monitor(trainer):
     """The trainer's GeneralizationMonitor with the standard keys (else the first one), or None."""
-    from ..callbacks import GeneralizationMonitor
+    from ..callbacks.presets import preset_of
 
-    found = [cb for cb in trainer.callbacks if isinstance(cb, GeneralizationMonitor)]
+    found = [cb for cb in trainer.callbacks if preset_of(cb, "GeneralizationMonitor")]
     plain = [cb for cb in found if getattr(cb, "name", None) is None]
     return (plain or found or [None])[0]
-
-
-def _evaluation(monitor, pl_module, datamodule):
-    """The monitor's FlowEvaluation of this run (built at fit start), else one with its settings."""
-    ev = getattr(monitor, "evaluation", None)
-    if ev is not None:
-        return ev
-    from ..evaluation.flow import FlowEvaluation
-
-    return FlowEvaluation.from_datamodule(
-        datamodule, pl_module, sampler=monitor.sampler, sigmas=monitor.sigmas,
-        precision=getattr(monitor, "precision", None), num_eval=monitor.num_eval,
-        descriptor=monitor.descriptor, batch_size=monitor.batch_size, chunk_size=monitor.chunk_size,
-        use_cache=monitor.use_cache)
 
 
 @torch.no_grad()
@@ -57,16 +43,16 @@ def final_endpoints(trainer, pl_module, datamodule, max_seeds: Optional[int] = N
     monitor = find_generalization_monitor(trainer)
     if monitor is None or datamodule is None or getattr(datamodule, "train_data", None) is None:
         return None
-    ev = _evaluation(monitor, pl_module, datamodule)
-    settings = getattr(ev, "settings", None)
-    own = (monitor.sigmas is None and getattr(monitor, "precision", None) is None
-           and not getattr(settings, "compile", None) and hasattr(pl_module, "generate"))
-    gen = (functools.partial(pl_module.generate, sampler=settings.sampler, batch_size=monitor.batch_size)
-           if own and settings is not None else None)  # the student's own solver, as the monitor samples it
+    ev = monitor.evaluation
+    ev.prepare(datamodule, pl_module, ev.comm)  # bound at fit start: the references are kept
+    settings = ev.settings
+    own = (ev.sigmas is None and ev.precision is None and not settings.compile and hasattr(pl_module, "generate"))
+    gen = (functools.partial(pl_module.generate, sampler=settings.sampler, batch_size=ev.batch_size)
+           if own else None)  # the student's own solver, as the monitor samples it
     was_training = pl_module.training
     pl_module.eval()
     try:
-        res = ev.measure(pl_module.denoiser, generate=gen, device=pl_module.device, gather=True)
+        res = ev.evaluate(pl_module.denoiser, generate=gen, device=pl_module.device, gather=True)
     finally:
         pl_module.train(was_training)
     m = len(res.seeds) if max_seeds is None else min(len(res.seeds), int(max_seeds))

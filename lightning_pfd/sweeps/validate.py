@@ -360,9 +360,11 @@ def preflight(parsed_all: list, spec: Optional[SweepSpec] = None, max_listed: in
                     if sum(_numel(m) for m in models.values()) > 50_000_000:
                         models.clear()  # bounded memory for large nets
                     models[m_sig] = _build(parsed.get("model"))
-                cbs = _build((parsed.get("trainer") or {}).get("callbacks") or [])
-                trainer = _preflight_trainer(parsed, cbs if isinstance(cbs, list) else [cbs])
-                check_components(trainer, models[m_sig], dm)
+                entries = (parsed.get("trainer") or {}).get("callbacks") or []
+                entries = entries if isinstance(entries, list) else [entries]
+                cbs = [_build(e) for e in entries]
+                trainer = _preflight_trainer(parsed, cbs)
+                check_components(trainer, models[m_sig], dm, configured=zip(cbs, entries))
             except ConfigError as e:
                 failures.append((t.trial_id, e.one_line()))
             except Exception as e:  # noqa: BLE001 - a class failing on this trial's combination
