@@ -298,10 +298,10 @@ def _icr_unet_rounds(rec: "Record", rounds: int) -> None:
                                  num_blocks=1, attn_resolutions=[]), family="edm")
     data = torch.rand(1024, 1, 16, 16) * 2 - 1
     ev = RepresentationEvaluation(data, num_images=None, sigma=0.29, level=1, views_per_image=1, d_proj=16, seed=1)
-    ev.evaluate(model, 0, 1)  # warm-up
+    ev.evaluate(model)  # warm-up
     with torch.no_grad():
         for r in range(rounds):
-            pair = [("icr_unet", lambda: ev.evaluate(model, 0, 1)),
+            pair = [("icr_unet", lambda: ev.evaluate(model)),
                     ("floor_icr_unet", lambda: _truncated_forwards(model.denoiser, 2 * 1024, (1, 16, 16), 256,
                                                                    None, 0.29))]
             for name, fn in (pair if r % 2 == 0 else pair[::-1]):
@@ -371,7 +371,7 @@ def section_monitors(args) -> dict:
                                                     _bare_forwards(den, 2 * QS_GEN["num_loss_samples"], shape, B, 1)))
             icr = mons["icr"].evaluation
             # the measurement without the monitor's logging (the monitor's own evaluation object)
-            rec.measure("icr_measure", icr.evaluate, pl_module, 0, 1, lambda t: t)
+            rec.measure("icr_measure", icr.evaluate, pl_module)
             rec.measure("floor_icr", _truncated_forwards, den, 2 * icr.num_images * icr.views_per_image, shape,
                         icr.batch_size, icr.tap, icr.sigma)
             n_mem = QS_MEM["num_samples"]

@@ -18,8 +18,7 @@ from lightning_pfd import keys
 from lightning_pfd.callbacks.base import MeasurementCallback
 from lightning_pfd.callbacks.figures import figure_to_array, log_figure
 from lightning_pfd.evaluation import sharding
-from lightning_pfd.errors import ConfigError
-from lightning_pfd.evaluation.base import TorchDistributed, distributed_world, process_of
+from lightning_pfd.evaluation.base import TorchDistributed, distributed_world
 from wandb_wait import wait_for_exit_record
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -140,19 +139,6 @@ def test_one_process_is_the_identity():
     comm = TorchDistributed()
     assert (comm.rank, comm.world) == (0, 1)
     assert comm.gather_rows(x, 5) is x and comm.reduce_sum(x) is x
-
-
-def test_process_of_resolves_rank_and_world():
-    """(rank, world) of the evaluations that take them: torch.distributed's without arguments,
-    the given ones with a ``reduce``; several processes without torch.distributed or a reduce
-    are refused (the sums would stay partial)."""
-    assert process_of(None, None) == (0, 1)
-    assert process_of(2, 3, reduce=lambda t: t) == (2, 3)
-    with pytest.raises(ConfigError) as err:
-        process_of(0, 2)
-    assert err.value.field == "world"
-    with pytest.raises(ValueError):
-        process_of(3, 3, reduce=lambda t: t)
 
 
 class _Strategy:

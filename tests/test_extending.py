@@ -232,7 +232,7 @@ class _FakeWandbRun:
 
 
 def test_user_metric_every_epoch_next_to_e_gen(ext, tmp_path, monkeypatch):
-    from lightning_pfd.callbacks import GeneralizationMonitor, PFDProgressBar, RegimeMonitor
+    from lightning_pfd.callbacks import PFDProgressBar, RegimeMonitor
     from lightning_pfd.callbacks.progress import format_pfd_metrics
     from lightning_pfd.callbacks.wandb_setup import setup_wandb_metrics
 

@@ -19,6 +19,7 @@ from lightning_pfd.diffusion.augment import noisy_view
 from lightning_pfd.diffusion.noise import seeded_noise, seeded_uniform
 from lightning_pfd.diffusion.streams import stream
 from lightning_pfd.errors import ConfigError
+from lightning_pfd.evaluation.base import Comm
 from lightning_pfd.evaluation.memorization import MemorizationEvaluation
 from lightning_pfd.evaluation.representation import RepresentationEvaluation, merge_statistics
 from lightning_pfd.metrics import invariant_contamination_ratio
@@ -143,21 +144,47 @@ def test_two_and_three_shards_sum_to_the_single_process_statistics(features):
             assert torch.allclose(sharded[s]["eigenvalues"], single[s]["eigenvalues"], rtol=100 * rel)
 
 
-def test_measure_with_a_reduce_equals_world_one():
-    """measure(rank, world, reduce): one reduce call of every sum; simulated with the other rank's
-    vector captured first."""
+class _OneRankOfTwo(Comm):
+    """One rank of two processes, seen from that rank: ``reduce_sum`` is ``reduce`` (the other
+    rank's vector added by hand); no gathers."""
+
+    world = 2
+
+    def __init__(self, rank, reduce):
+        self.rank, self._reduce = rank, reduce
+
+    def all_gather_equal(self, t):
+        raise AssertionError("evaluate sums, it does not gather")
+
+    def reduce_sum(self, t):
+        return self._reduce(t)
+
+
+def test_evaluate_over_two_simulated_processes_equals_one():
+    """evaluate(model, comm): one reduce_sum of every sum over the processes; simulated with the
+    other rank's vector captured first."""
     module, data = _mlp_module(), _data(61)
     ev = RepresentationEvaluation(data, num_images=61, sigmas=[2.0], batch_size=64)
     captured = []
-    ev.evaluate(module, rank=1, world=2, reduce=lambda t: captured.append(t.clone()) or t)
+    ev.evaluate(module, _OneRankOfTwo(1, lambda t: captured.append(t.clone()) or t))
     calls = []
-    got = ev.evaluate(module, rank=0, world=2, reduce=lambda t: calls.append(1) or t + captured[0])
+    got = ev.evaluate(module, _OneRankOfTwo(0, lambda t: calls.append(1) or t + captured[0]))
     single = ev.evaluate(module)
     assert len(captured) == 1 and len(calls) == 1
     for s in (0.29, 2.0):
         assert float(got[s]["icr"]) == pytest.approx(float(single[s]["icr"]), rel=1e-12)
-    with pytest.raises(ConfigError, match="reduce"):  # several processes need a sum
-        ev.evaluate(module, rank=0, world=2)
+    mem = MemorizationEvaluation(data, num_samples=9, seed=3, batch_size=4)  # the same for the counts
+
+    def sampler(seeds):  # copies the training sample of every third seed, is far from the others
+        x = data[seeds % len(data)] + 0.01
+        far = seeds % 3 != 0
+        x[far] = 100.0 + seeds[far, None].to(x.dtype)
+        return x
+
+    mem_parts = []
+    mem.evaluate(sampler, _OneRankOfTwo(1, lambda t: mem_parts.append(t.clone()) or t))
+    two = mem.evaluate(sampler, _OneRankOfTwo(0, lambda t: t + mem_parts[0]))
+    assert two == mem.evaluate(sampler) and two["ratio"] == pytest.approx(3 / 9)
 
 
 def test_non_finite_features_on_one_shard_give_nan_everywhere():

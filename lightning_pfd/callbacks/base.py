@@ -65,27 +65,12 @@ from .schedule import MeasurementSchedule, ScheduleSpec, check_schedule
 from .state import callback_state_key
 
 __all__ = ["MeasurementCallback", "validation_disabled", "check_unique_metric_names",
-           "check_metric_prefix", "require_train_data", "per_unit_store", "prepare_per_unit_store",
+           "check_metric_prefix", "per_unit_store", "prepare_per_unit_store",
            "unit_record", "latest_unit_records"]
 
 
 # ----------------------------------------------------------------------------- small helpers
-def require_train_data(callback: Any, datamodule: Any) -> torch.Tensor:
-    """``datamodule.train_data`` (the shared datamodule contract, after ``setup``), non-empty.
-
-    ``callback`` is the asking callback (or a string naming the asker)."""
-    who = callback if isinstance(callback, str) else type(callback).__name__
-    data = getattr(datamodule, "train_data", None) if datamodule is not None else None
-    if data is None:
-        raise ConfigError("data", f"{who} needs a datamodule exposing `train_data` "
-                          "after setup()", suggestion="pass datamodule=... to trainer.fit (every "
-                          "lightning_pfd datamodule exposes train_data)")
-    if len(data) == 0:
-        raise ConfigError("data", "the training set is empty", value=tuple(data.shape))
-    return data
-
-
-def check_metric_prefix(callback: Any, arg: str, prefix: Any) -> str:
+def check_metric_prefix(arg: str, prefix: Any) -> str:
     """A metric namespace: a non-empty string without '/' (the keys are ``<prefix>/<name>``)."""
     if not isinstance(prefix, str) or not prefix or "/" in prefix or prefix != prefix.strip():
         raise ConfigError(arg, "must be a non-empty metric namespace "
@@ -187,7 +172,7 @@ class MeasurementCallback(Callback):
 
     def __init__(self, every_n_epochs: int = 1, schedule: ScheduleSpec = "every_n_epochs") -> None:
         super().__init__()
-        kind, self.every_n_epochs = check_schedule(self, schedule, every_n_epochs)
+        kind, self.every_n_epochs = check_schedule(schedule, every_n_epochs)
         self.schedule = MeasurementSchedule(kind)
         self.history: List[Dict[str, Any]] = []
         self._warned_nonfinite = False

@@ -95,7 +95,7 @@ class EvaluationMonitor(MeasurementCallback):
         self.figure_every_n = figure_every_n
         self.evaluation = self._check_evaluation(evaluation)
         name = getattr(evaluation, "default_name", None) if name is None else name
-        self.name = None if name is None else check_metric_prefix(self, "name", name)
+        self.name = None if name is None else check_metric_prefix("name", name)
         #: the configuration this monitor was built as (``GeneralizationMonitor``, ...; None: a
         #: plain EvaluationMonitor) and its namespace in the checkpoint state key
         self.preset: Optional[str] = None

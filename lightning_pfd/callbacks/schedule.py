@@ -73,9 +73,9 @@ def is_log_pass(index: int) -> bool:
     return False
 
 
-def check_schedule(owner: Any, schedule: Any, every_n_epochs: Any) -> Tuple[Union[str, Tuple[int, ...]], int]:
-    """Validate ``schedule`` / ``every_n_epochs`` of ``owner`` (a callback, for the field names):
-    ``(schedule, every_n_epochs)`` with an explicit list as a sorted tuple; else ConfigError."""
+def check_schedule(schedule: Any, every_n_epochs: Any) -> Tuple[Union[str, Tuple[int, ...]], int]:
+    """Validate ``schedule`` / ``every_n_epochs``: ``(schedule, every_n_epochs)`` with an explicit
+    list as a sorted tuple; else ConfigError naming the argument."""
     if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
         raise ConfigError("every_n_epochs", "must be an integer >= 1",
                           value=every_n_epochs, accepted="an integer >= 1")

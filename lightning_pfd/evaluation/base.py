@@ -27,8 +27,8 @@ and :meth:`Comm.all_true` are derived; :meth:`Comm.reduce_sum` is the backend's 
 Implementations: :data:`SINGLE` (one process: every collective is the identity),
 :class:`TorchDistributed` (``torch.distributed``) and :class:`StrategyCollective` (a Lightning /
 Fabric strategy's public ``all_gather`` / ``reduce``; :func:`strategy_comm` builds it for a
-Trainer). Every process must call the collectives in the same order. :func:`process_of` resolves
-the (rank, world) of the evaluations that take them as arguments.
+Trainer). Every process must call the collectives in the same order; every evaluation takes its
+processes as one ``Comm``.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from . import sharding
 
 __all__ = ["Evaluation", "Measurement", "Units", "NonFinite", "Comm", "SingleProcess",
            "SINGLE", "TorchDistributed", "StrategyCollective", "strategy_comm", "distributed_world",
-           "process_of", "train_data_of"]
+           "train_data_of"]
 
 
 # ----------------------------------------------------------------------------- processes
@@ -153,23 +153,6 @@ class TorchDistributed(Comm):
         t = t.clone()
         dist.all_reduce(t)
         return t
-
-
-def process_of(rank: Optional[int], world: Optional[int],
-               reduce: Optional[Callable] = None) -> Tuple[int, int]:
-    """(rank, world): as given, else from torch.distributed ((0, 1) without it). Several processes
-    need either torch.distributed or an explicit ``reduce``, else the sums would stay partial."""
-    if world is None:
-        world = distributed_world()
-    if rank is None:
-        import torch.distributed as dist
-
-        rank = dist.get_rank() if world > 1 and distributed_world() > 1 else 0
-    sharding.check_world(rank, world)
-    if world > 1 and reduce is None and distributed_world() != world:
-        raise ConfigError("world", f"{world} processes but torch.distributed has "
-                          f"{distributed_world()}: pass `reduce` (a sum over the processes)", value=world)
-    return rank, world
 
 
 def train_data_of(datamodule: Any, who: str) -> torch.Tensor:

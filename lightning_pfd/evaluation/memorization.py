@@ -8,7 +8,7 @@ Diffusion Models via Self-Supervised Principles*, calibrated for SSCD features):
 
     ev = MemorizationEvaluation(train_data, num_samples=256)
     ev.measure(model).values           # {"ratio": ..., "ratio_se": ..., "nonfinite": ...}
-    ev.evaluate(model)                 # {"ratio": ..., "nonfinite": ...} (explicit rank / world)
+    ev.evaluate(model)                 # {"ratio": ..., "nonfinite": ...}
 
 - samples: ``model.generate(seeds, batch_size=...)`` for the fixed seeds ``seed .. seed +
   num_samples - 1`` (any module with ``generate``: DiffusionModule, LevyItoModule), or a plain
@@ -35,7 +35,7 @@ from ..errors import ConfigError
 from ..metrics.memorization import (Criterion, _is_memorized, _memorization_compute, embed, memorization_scores,
                                     reference_features, resolve_threshold)
 from ..validation import NonNegativeInt, PositiveInt, check_args
-from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, process_of, train_data_of
+from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, train_data_of
 from .sharding import shard_indices
 
 __all__ = ["MemorizationEvaluation", "resolve_descriptor", "indicator_se"]
@@ -264,13 +264,12 @@ class MemorizationEvaluation:
         ratio = math.nan if float(bad) > 0 else float(_memorization_compute(memorized, total))
         return {"ratio": ratio, "nonfinite": float(bad) / self.num_samples}
 
-    def evaluate(self, model: Any, rank: Optional[int] = None, world: Optional[int] = None,
-                 reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> Dict[str, float]:
-        """``{"ratio", "nonfinite"}`` of ``model``'s samples. Under torch.distributed every process
-        must call this; ``reduce`` sums a float64 vector over processes (default: all_reduce)."""
-        rank, world = process_of(rank, world, reduce)
-        stats = self.shard_statistics(model, rank, world)
-        return self.results((reduce or TorchDistributed().reduce_sum)(stats) if world > 1 else stats)
+    def evaluate(self, model: Any, comm: Optional[Comm] = None) -> Dict[str, float]:
+        """``{"ratio", "nonfinite"}`` of ``model``'s samples, this process's seeds counted and the
+        counts summed over ``comm`` (default: torch.distributed; every process must call this)."""
+        comm = TorchDistributed() if comm is None else comm
+        stats = self.shard_statistics(model, comm.rank, comm.world)
+        return self.results(comm.reduce_sum(stats) if comm.world > 1 else stats)
 
     @staticmethod
     def merge(parts: Sequence[torch.Tensor]) -> torch.Tensor:

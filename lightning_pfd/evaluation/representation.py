@@ -64,7 +64,7 @@ from ..errors import ConfigError
 from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, TauSpec, _icr_at, _icr_compute,
                            _icr_update, _icr_zero_states, check_tau, pool_features)
 from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeFloat, NonNegativeInt, PositiveInt, check_args
-from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, process_of, train_data_of
+from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, train_data_of
 from .sharding import check_world, shard_indices
 
 __all__ = ["RepresentationEvaluation", "ICR_LEAVES", "ICR_HISTORY", "check_representation_settings", "fixed_subset",
@@ -558,18 +558,16 @@ class RepresentationEvaluation:
         out.update({k: float(main[k]) for k in ("tau", "cond_xi", "icr_tau_auto", "icr_tau_relative")})
         return out
 
-    def evaluate(self, model: Any, rank: Optional[int] = None, world: Optional[int] = None,
-                 reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
-                 ) -> Dict[float, Dict[str, torch.Tensor]]:
+    def evaluate(self, model: Any, comm: Optional[Comm] = None) -> Dict[float, Dict[str, torch.Tensor]]:
         """ICR dicts per noise level of ``model`` (a sigma-space model / denoiser, or a feature
-        function). Under torch.distributed (rank / world from it by default) every process must
-        call this; ``reduce`` sums a float64 vector over the processes (default: all_reduce)."""
-        rank, world = process_of(rank, world, reduce)
+        function): this process's share of the subset, the sums added over ``comm`` in one
+        ``reduce_sum`` (default: torch.distributed; every process must call this)."""
+        comm = TorchDistributed() if comm is None else comm
         if self.train_data is None:
             raise ConfigError("train_data", "no training set to measure on: pass train_data or call "
                               "prepare(datamodule) first")
-        stats = self.shard_statistics(model, rank, world)
-        return self.results(_reduce(stats, reduce or TorchDistributed().reduce_sum) if world > 1 else stats)
+        stats = self.shard_statistics(model, comm.rank, comm.world)
+        return self.results(_reduce(stats, comm.reduce_sum) if comm.world > 1 else stats)
 
     # ------------------------------------------------------------------ the measurement contract
     def leaves(self) -> List[str]:
@@ -623,7 +621,7 @@ class RepresentationEvaluation:
         history; the jackknife replicates of ICR at sigma* as its units; ``raw``: the per-level
         results; a warning the first time n < 4 d (:func:`well_posed`)."""
         comm = TorchDistributed() if comm is None else comm
-        results = self.evaluate(model, comm.rank, comm.world, comm.reduce_sum)
+        results = self.evaluate(model, comm)
         self.eigenvalues = {s: r["eigenvalues"].cpu() for s, r in results.items()}
         values = self.summary(results)
         logged = {leaf: values[leaf] for leaf in self.leaves()}
