@@ -57,8 +57,9 @@ class ScriptedICR(Callback):
         if self.reps is not None:
             groups = np.arange(self.reps.shape[1])
             units = Units("jackknife", torch.from_numpy(self.reps[e]), torch.from_numpy(groups), float(self.y[e]))
+            record = UnitRecord("icr/icr", e, trainer.global_step, "jackknife", self.reps[e], groups, float(self.y[e]))
             self.latest = Latest(e, trainer.global_step, Measurement({"icr": float(self.y[e])}, {"icr": units}),
-                                 {"icr/icr": float(self.y[e])}, {"icr/icr": units})
+                                 {"icr/icr": float(self.y[e])}, {"icr/icr": record})
         if self.reps is not None and trainer.is_global_zero:
             per_unit_store(trainer).write(UnitRecord("icr/icr", e, trainer.global_step, "jackknife",
                                                      self.reps[e], groups, float(self.y[e])))

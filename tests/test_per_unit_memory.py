@@ -15,7 +15,7 @@ import lightning_pfd.callbacks.regime as regime_module
 from lightning_pfd.analysis.per_unit import PerUnitStore, UnitMemory, UnitRecord, load_units
 from lightning_pfd.callbacks import EvaluationMonitor, ICREarlyStopping, RegimeMonitor
 from lightning_pfd.callbacks import base as callbacks_base
-from lightning_pfd.callbacks.base import MeasurementCallback
+from lightning_pfd.callbacks.base import MeasurementCallback, unit_record
 from lightning_pfd.callbacks.monitor import Latest
 from lightning_pfd.evaluation.base import Measurement, Units
 
@@ -103,7 +103,8 @@ def test_freshness_is_the_producers_epoch_and_step():
     mon, other = EvaluationMonitor(_Constant(), name="c"), _History()
     trainer = SimpleNamespace(callbacks=[mon, other, RegimeMonitor()], current_epoch=3, global_step=40)
     m = mon.evaluation.measure(None)
-    mon.latest = Latest(3, 40, m, {"c/v": 1.0}, {"c/v": m.units["v"]})
+    u = m.units["v"]
+    mon.latest = Latest(3, 40, m, {"c/v": 1.0}, {"c/v": unit_record("c/v", 3, 40, u.kind, u.values, u.ids, 1.0)})
     other.history = [{"epoch": 2, "step": 30, "h/v": 0.5, "h/extra": 1.0}]
     fresh, produced, latest = RegimeMonitor._measured(trainer)
     assert fresh == {"c/v"} and produced == {"c/v", "h/v", "h/extra"} and latest == [mon.latest]

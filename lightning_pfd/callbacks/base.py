@@ -34,8 +34,8 @@ monitors (``RegimeMonitor``) use :mod:`lightning_pfd.callbacks.figures`: ``log_f
 
 **Per-unit records.** :meth:`MeasurementCallback.write_units` writes a measurement's per-unit
 values to the run's ``per_unit/`` (:func:`per_unit_store`, rank 0) for resume and ``report``;
-the consumers of the same fit read them in memory (``EvaluationMonitor.latest``,
-:func:`latest_unit_records`, the same conversion :func:`unit_record`). ``on_train_start`` moves an
+the consumers of the same fit read the same records in memory (``EvaluationMonitor.latest``:
+one conversion, :func:`unit_record`). ``on_train_start`` moves an
 earlier run's records aside when the fit is fresh (:func:`prepare_per_unit_store`).
 
 **Checks.** ``check_setup(trainer, pl_module, datamodule)``: every incompatibility a monitor can
@@ -66,7 +66,7 @@ from .state import callback_state_key
 
 __all__ = ["MeasurementCallback", "validation_disabled", "check_unique_metric_names",
            "check_metric_prefix", "per_unit_store", "prepare_per_unit_store",
-           "unit_record", "latest_unit_records"]
+           "unit_record"]
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -140,15 +140,6 @@ def unit_record(key: str, epoch: int, step: int, kind: str, values: Any, units: 
     what the in-memory consumers keep (the same conversion, so memory equals the files)."""
     as_np = (lambda t: t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t)
     return UnitRecord(key, int(epoch), int(step), kind, as_np(values), as_np(units), float(value))
-
-
-def latest_unit_records(latest: Any) -> Dict[str, UnitRecord]:
-    """``{key: UnitRecord}`` of a monitor's last measurement (``EvaluationMonitor.latest``, a
-    :class:`~lightning_pfd.callbacks.monitor.Latest`): the records its ``write_units`` wrote for
-    it (the logged value when the units carry none)."""
-    return {key: unit_record(key, latest.epoch, latest.step, u.kind, u.values, u.ids,
-                             latest.values[key] if u.value is None else u.value)
-            for key, u in latest.units.items()}
 
 
 # ----------------------------------------------------------------------------- the base

@@ -279,12 +279,10 @@ class ICREarlyStopping(Callback):
     def _units_now(self, trainer: "pl.Trainer") -> Any:
         """The :class:`~lightning_pfd.analysis.per_unit.UnitRecord` of ``monitor`` measured at this
         pass, from the measurement in memory of the callback that logs it; None without one."""
-        from .base import latest_unit_records
-
         for cb in getattr(trainer, "callbacks", None) or []:
             latest = self._measured_now(trainer, cb)
             if latest is not None and self.monitor in latest.units:
-                return latest_unit_records(latest)[self.monitor]
+                return latest.units[self.monitor]
         return None
 
     # ------------------------------------------------------------------ hooks

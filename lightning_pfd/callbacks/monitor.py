@@ -58,7 +58,7 @@ from .. import keys
 from ..errors import ConfigError
 from ..evaluation.base import Comm, Evaluation, Measurement, strategy_comm
 from ..validation import NonNegativeInt, check_args
-from .base import MeasurementCallback, check_metric_prefix, check_unique_metric_names
+from .base import MeasurementCallback, check_metric_prefix, check_unique_metric_names, per_unit_store, unit_record
 
 __all__ = ["EvaluationMonitor", "Latest"]
 
@@ -66,8 +66,8 @@ __all__ = ["EvaluationMonitor", "Latest"]
 @dataclass(frozen=True)
 class Latest:
     """The last measurement of a monitor: at ``epoch`` / ``step`` (the trainer's
-    ``current_epoch`` / ``global_step``), with ``values`` and per-unit ``units`` under their
-    logged keys."""
+    ``current_epoch`` / ``global_step``), with ``values`` and ``units`` under their logged keys
+    (``units``: the :class:`~lightning_pfd.analysis.per_unit.UnitRecord` written to ``per_unit/``)."""
 
     epoch: int
     step: int
@@ -201,12 +201,15 @@ class EvaluationMonitor(MeasurementCallback):
         bare = getattr(self.evaluation, "history_under_leaf", False)
         row = self.log_metrics(trainer, pl_module, {self.key(k): v for k, v in m.values.items()},
                                extra={(k if bare else self.key(k)): v for k, v in m.history.items()} or None)
-        units = {self.key(leaf): u for leaf, u in m.units.items()}
-        self.latest = Latest(int(trainer.current_epoch), int(trainer.global_step), m,
-                             {k: row[k] for k in (self.key(leaf) for leaf in m.values)}, units)
-        for leaf, u in m.units.items():
-            value = m.values[leaf] if u.value is None else u.value
-            self.write_units(trainer, self.key(leaf), u.kind, u.values, u.ids, value)
+        epoch, step = int(trainer.current_epoch), int(trainer.global_step)
+        records = {self.key(leaf): unit_record(self.key(leaf), epoch, step, u.kind, u.values, u.ids,
+                                               m.values[leaf] if u.value is None else u.value)
+                   for leaf, u in m.units.items()}
+        self.latest = Latest(epoch, step, m, {k: row[k] for k in (self.key(leaf) for leaf in m.values)}, records)
+        if trainer.is_global_zero:
+            store = per_unit_store(trainer)
+            for rec in records.values():
+                store.write(rec)
         every = self.figure_every_n
         if m.figures and every and self.schedule.index % every == 0 and trainer.is_global_zero:
             for leaf, draw in m.figures.items():

@@ -23,8 +23,7 @@ the last value of the whole fit), so such a key must be logged at every validati
 ``MeasurementCallback`` (``log_metrics`` keeps the row that says when).
 
 Per-unit records travel in memory: at a fresh measurement the monitor keeps the records of the
-producer's ``latest.units`` (:func:`~lightning_pfd.callbacks.base.latest_unit_records`, the
-records ``write_units`` writes) in a :class:`~lightning_pfd.analysis.per_unit.UnitMemory`, whose
+producer's ``latest.units`` (the very records it writes to ``per_unit/``) in a :class:`~lightning_pfd.analysis.per_unit.UnitMemory`, whose
 series and problem lines equal :func:`~lightning_pfd.analysis.per_unit.load_units` on the run's
 files. The files (``<default_root_dir>/per_unit``) are read once after a resume (the records
 written before it; any run that is not a fresh fit) and by the end-of-fit analysis, which is
@@ -92,7 +91,7 @@ from ..analysis.per_unit import UnitMemory, load_units
 from ..analysis.report import check_settings, save_detector_settings
 from ..errors import ConfigError
 from ..validation import NonNegativeInt, check_args
-from .base import MeasurementCallback, latest_unit_records, per_unit_store, prepare_per_unit_store
+from .base import MeasurementCallback, per_unit_store, prepare_per_unit_store
 from .figures import log_figure, log_to_loggers
 from .state import callback_state_key
 
@@ -335,7 +334,7 @@ class RegimeMonitor(Callback):
         fresh, produced, latest = self._measured(trainer)
         memory = self._unit_memory(trainer)
         for last in latest:
-            for rec in latest_unit_records(last).values():
+            for rec in last.units.values():
                 memory.add(rec)
         cm = trainer.callback_metrics
         row = {"epoch": float(trainer.current_epoch), "step": float(trainer.global_step)}
