@@ -220,7 +220,7 @@ def check_contract(obj: Any, protocol: type, field: str, needed_by: str, why: st
                           value=type(obj).__name__)
 
 
-def check_data_shape(model: Any, datamodule: Any, field: str = "model.init_args.net") -> None:
+def check_data_shape(model: Any, datamodule: Any, field: str = "model.net") -> None:
     """The one model <-> data shape check: ``model.data_shape`` must equal ``datamodule.data_shape``.
 
     Silent when either is unknown (a datamodule before ``setup``, a model without a fixed

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from lightning_pfd.errors import ConfigError, MissingFileError
-from lightning_pfd.launch.cli import PFDLightningCLI, check_callbacks, config_path
+from lightning_pfd.launch.cli import PFDLightningCLI
+from lightning_pfd.launch.paths import callback_path, check_callbacks, config_path
 
 HELPERS = "helpers.refusing"
 
@@ -132,3 +133,24 @@ def test_check_callbacks_names_a_callback_by_its_entry_else_by_its_class():
     with pytest.raises(ConfigError) as e:
         check_callbacks(SimpleNamespace(callbacks=[TapMonitor(stride=9)]), model, data)  # added by the CLI
     assert e.value.field == "trainer.callbacks[TapMonitor].stride"
+
+
+def test_callback_path_names_the_entry_else_the_preset_else_the_class():
+    """Every place that names a callback's argument (the pre-flight, the monitored-key and output
+    checks, --run_dir) goes through callback_path: a preset monitor is named as it is configured."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_pfd.callbacks import EvaluationMonitor, ICRMonitor
+    from lightning_pfd.launch.run_checks import check_monitored_keys
+
+    icr = ICRMonitor(num_images=4)
+    assert callback_path(icr, arg="tap") == "trainer.callbacks[ICRMonitor].tap"
+    assert callback_path(icr, {"class_path": "my.own_icr"}) == "trainer.callbacks[own_icr]"
+    assert callback_path(None, {"init_args": {}}, "x") == "trainer.callbacks[?].x"
+    plain = EvaluationMonitor(icr.evaluation, name="mine")
+    assert callback_path(plain) == "trainer.callbacks[EvaluationMonitor]"
+    ckpt = ModelCheckpoint(monitor="icr/nope", dirpath=None)
+    trainer = type("T", (), {"callbacks": [icr, ckpt], "checkpoint_callbacks": [ckpt]})()
+    with pytest.raises(ConfigError) as e:
+        check_monitored_keys(trainer)
+    assert e.value.field == "trainer.callbacks[ModelCheckpoint].monitor"

@@ -84,7 +84,7 @@ def test_shape_check_names_the_field():
     check_data_shape(_Shaped((3,)), None)
     with pytest.raises(ConfigError) as e:
         check_data_shape(_Shaped((1, 16, 16)), _Shaped((1, 8, 8)))
-    assert e.value.field == "model.init_args.net"
+    assert e.value.field == "model.net"  # the model's argument (the command line: model.init_args.net)
     assert "(1, 16, 16)" in str(e.value) and "(1, 8, 8)" in str(e.value) and "_Shaped" in str(e.value)
     with pytest.raises(ConfigError) as e:
         check_data_shape(_Shaped((4,)), _Shaped((5,)), field="teacher_ckpt")
@@ -100,7 +100,7 @@ def test_modules_refuse_mismatched_data_in_setup(tmp_path, module_cls):
                          default_root_dir=tmp_path)
     with pytest.raises(ConfigError) as e:
         trainer.fit(model, dm)
-    assert e.value.field == "model.init_args.net" and "(5,)" in str(e.value) and "(4,)" in str(e.value)
+    assert e.value.field == "net" and "(5,)" in str(e.value) and "(4,)" in str(e.value)
     assert int(model.ema.num_updates) == 0
 
 

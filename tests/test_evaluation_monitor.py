@@ -41,12 +41,25 @@ class ParamNorm:
                            figures={"bars": lambda epoch: (np.full((4, 4), epoch / 10.0), None)})
 
 
-def _fit(tmp_path, monitor, epochs=3):
-    g = torch.Generator().manual_seed(0)
-    dm = TensorDataModule(train_data=torch.randn(16, 3, generator=g), val_data=torch.randn(8, 3, generator=g),
-                          batch_size=8, value_range=None)
+def _data(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataModule(train_data=torch.randn(16, 3, generator=g), val_data=torch.randn(8, 3, generator=g),
+                            batch_size=8, value_range=None)
+
+
+def _model():
     torch.manual_seed(0)
-    model = DiffusionModule(MLPNet(3, hidden=8, depth=1, emb_dim=8), family="edm", num_steps=3)
+    return DiffusionModule(MLPNet(3, hidden=8, depth=1, emb_dim=8), family="edm", num_steps=3)
+
+
+def _trainer(tmp_path, monitor, epochs):
+    return pl.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, limit_train_batches=1, limit_val_batches=1,
+                      num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=str(tmp_path), callbacks=[monitor])
+
+
+def _fit(tmp_path, monitor, epochs=3):
+    dm, model = _data(), _model()
     calls = []
     log_dict = model.log_dict
 
@@ -54,9 +67,7 @@ def _fit(tmp_path, monitor, epochs=3):
         calls.append((dict(dictionary), kw))
         return log_dict(dictionary, **kw)
     model.log_dict = spy
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, limit_train_batches=1, limit_val_batches=1,
-                         num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=str(tmp_path), callbacks=[monitor])
+    trainer = _trainer(tmp_path, monitor, epochs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(model, datamodule=dm)
@@ -93,6 +104,50 @@ def test_figures_follow_their_own_schedule(tmp_path):
     _fit(tmp_path, mon, epochs=4)
     assert sorted(p.name for p in (tmp_path / "figures").glob("*.png")) == [
         "pn_bars-epoch0000.png", "pn_bars-epoch0003.png"]
+
+
+class Bound(ParamNorm):
+    """ParamNorm that records the data it was checked / prepared on and each reset."""
+
+    def __init__(self):
+        super().__init__()
+        self.bound, self.resets = [], 0
+
+    def check(self, datamodule, model, comm=SINGLE):
+        self.bound.append(datamodule.train_data)
+
+    def prepare(self, datamodule, model, comm=SINGLE):
+        super().prepare(datamodule, model, comm)
+        self.bound.append(datamodule.train_data)
+
+    def reset(self):
+        self.resets += 1
+
+
+def test_an_evaluation_is_reset_only_for_other_data_or_another_model(tmp_path):
+    """The pre-flight check binds the evaluation; the fit, a validate after it and a second fit on
+    the same datamodule and model keep that binding (no reset); another datamodule or another
+    model is a reset."""
+    ev = Bound()
+    mon = EvaluationMonitor(ev, name="pn")
+    dm, model = _data(), _model()
+    dm.setup("fit")
+    mon.check_setup(_trainer(tmp_path, mon, 1), model, dm)  # the command line's pre-flight
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = _trainer(tmp_path, mon, 2)
+        trainer.fit(model, datamodule=dm)
+        assert ev.resets == 0 and ev.prepared == 2
+        trainer.validate(model, datamodule=dm, verbose=False)
+        assert ev.resets == 0
+        other = _data(seed=1)
+        _trainer(tmp_path, mon, 1).fit(model, datamodule=other)
+        assert ev.resets == 1 and ev.bound[-1] is other.train_data
+        _trainer(tmp_path, mon, 1).fit(_model(), datamodule=other)
+        assert ev.resets == 2
+        _trainer(tmp_path, mon, 1).fit(model, datamodule=dm)  # back to the first pair: bound again
+        assert ev.resets == 3
+    assert all(b is dm.train_data for b in ev.bound[:4])
 
 
 @pytest.mark.parametrize("kwargs, field", [

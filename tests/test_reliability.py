@@ -273,7 +273,7 @@ def test_resume_applies_a_new_lr_and_refuses_a_new_architecture(tmp_path):
     assert _snapshot(d) == before
     r = _cli(d, env, "--ckpt_path", "last", "--trainer.max_epochs", "2", "--model.init_args.lr", "0.05")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "resuming with model.init_args.lr = 0.05 (the checkpoint was trained with 0.001)" in \
+    assert "resuming with model.lr = 0.05 (the checkpoint was trained with 0.001)" in \
         r.stdout + r.stderr
     ck = load_checkpoint(d / "run/checkpoints/last.ckpt")
     assert ck["epoch"] == 1

@@ -33,7 +33,8 @@ EMA model with the trainer's processes (:func:`~lightning_pfd.evaluation.base.st
 evaluations: functions that build an ``EvaluationMonitor``, usable as a config's ``class_path``.
 
 What an evaluation may add to the contract (all optional): ``check(datamodule, model, comm)``
-(refuse a setup before any work), ``reset()`` (forget the data: a new fit binds them again),
+(refuse a setup before any work), ``reset()`` (forget the data: called at ``setup`` when the
+trainer's datamodule or model is not the one the evaluation was last prepared or checked for),
 ``leaves()`` (the value names, for the duplicate-key check), ``state_key_args()`` (what
 distinguishes two instances in a checkpoint), ``default_name`` (the namespace when ``name`` is
 None), ``key(leaf, name)`` (its own key naming), ``metric_keys(key)`` (the
@@ -48,6 +49,7 @@ the same epoch; the run's ``per_unit/`` files are for resume and ``report``.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Union
 
@@ -101,6 +103,7 @@ class EvaluationMonitor(MeasurementCallback):
         self.preset: Optional[str] = None
         self.preset_namespace: Optional[str] = None
         self.latest: Optional[Latest] = None
+        self._bound_to: tuple = ()  # weak references to the (datamodule, model) last prepared for
 
     # ------------------------------------------------------------------ configuration
     @staticmethod
@@ -170,12 +173,20 @@ class EvaluationMonitor(MeasurementCallback):
         check = getattr(self.evaluation, "check", None)
         if callable(check):
             check(datamodule, pl_module, strategy_comm(trainer))
+            self._bind(datamodule, pl_module)
         check_unique_metric_names(self, trainer)
+
+    def _bind(self, datamodule: Any, pl_module: Any) -> None:
+        self._bound_to = tuple(None if o is None else weakref.ref(o) for o in (datamodule, pl_module))
+
+    def _bound(self, datamodule: Any, pl_module: Any) -> bool:
+        return len(self._bound_to) == 2 and all((r and r()) is o for r, o in zip(self._bound_to, (datamodule, pl_module)))
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         reset = getattr(self.evaluation, "reset", None)
-        if callable(reset):  # a new run may bring new data
-            reset()
+        if callable(reset) and not self._bound(getattr(trainer, "datamodule", None), pl_module):
+            reset()  # another datamodule or model than the one the evaluation was prepared for
+            self._bound_to = ()
         if stage == "fit":
             self.latest = None
         super().setup(trainer, pl_module, stage)
@@ -183,7 +194,9 @@ class EvaluationMonitor(MeasurementCallback):
     def prepare(self, trainer, pl_module, comm: Optional[Comm] = None) -> None:
         """``evaluation.prepare`` on the trainer's datamodule (every rank)."""
         comm = strategy_comm(trainer) if comm is None else comm
-        self.evaluation.prepare(getattr(trainer, "datamodule", None), pl_module, comm)
+        datamodule = getattr(trainer, "datamodule", None)
+        self.evaluation.prepare(datamodule, pl_module, comm)
+        self._bind(datamodule, pl_module)
 
     @torch.no_grad()
     def _measure_and_log(self, trainer, pl_module) -> None:

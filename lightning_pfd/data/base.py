@@ -539,11 +539,11 @@ def data_changes(saved: dict, now: dict) -> list:
     old_v, new_v = saved.get("values") or {}, now.get("values") or {}
     for k in sorted(set(old_v) | set(new_v)):
         if old_v.get(k, "<unset>") != new_v.get(k, "<unset>"):
-            out.append(f"data.init_args.{k}: {_short(old_v.get(k, '<unset>'))} -> {_short(new_v.get(k, '<unset>'))}")
+            out.append(f"data.{k}: {_short(old_v.get(k, '<unset>'))} -> {_short(new_v.get(k, '<unset>'))}")
     old_f, new_f = saved.get("files") or {}, now.get("files") or {}
     for k in sorted(old_f):
         a, b = old_f[k], new_f.get(k)
-        where = f"data.init_args.{k} ({a.get('path')})"
+        where = f"data.{k} ({a.get('path')})"
         if b is None:
             if old_v.get(k) == new_v.get(k):  # the same argument, the file is gone
                 out.append(f"{where}: the file is gone")

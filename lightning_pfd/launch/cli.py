@@ -15,7 +15,6 @@ status 2 (:func:`lightning_pfd.launch.run_guarded`).
 """
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import errno
 import os
@@ -40,6 +39,7 @@ from ..locks import acquire as acquire_lock
 from ..validation import plain_numbers
 from . import CONFIG_DIR, LIGHTNING_SUBCOMMANDS, PROG, RESUMED_CSV_WARNING, debug_enabled
 from .fit_help import parser_kwargs
+from .paths import at_config_path, callback_path, check_callbacks, nested_paths, refused_at
 from .run_dir import RUN_DIR_HELP
 from .run_dir import relocate as relocate_outputs
 from .run_checks import (check_monitored_keys, check_wandb_online, finished_run,
@@ -47,9 +47,7 @@ from .run_checks import (check_monitored_keys, check_wandb_online, finished_run,
 from .run_safety import (check_run_length, check_unique_keys, epoch_end_last_checkpoints,
                          probe_output_places, remove_unfinished_writes, set_aside_earlier_checkpoints)
 
-__all__ = ["PFDLightningCLI", "PFDArgumentParser", "RunConfigCallback", "condense_error", "config_path",
-           "at_config_path", "callback_path", "check_callbacks", "refused_at",
-           "run_lightning_cli", "resolve_config_path", "join_negative_values", "ensure_wandb_mode",
+__all__ = ["PFDLightningCLI", "PFDArgumentParser", "RunConfigCallback", "condense_error", "run_lightning_cli", "resolve_config_path", "join_negative_values", "ensure_wandb_mode",
            "wandb_has_credentials", "SUBCOMMANDS", "RunFinished", "check_components",
            "needs_default_config", "rewrite_configs", "disk_error", "DISK_ERRNOS", "RUNNING"]
 
@@ -179,28 +177,12 @@ def _config_paths(path: str, key: str) -> list:
         return []
     if not isinstance(cfg, dict):
         return []
-    paths = [p for top in ("model", "data") for p in _nested_paths(top + ".init_args", cfg.get(top), key)]
+    paths = [p for top in ("model", "data") for p in nested_paths(top + ".init_args", cfg.get(top), key)]
     callbacks = (cfg.get("trainer") or {}).get("callbacks") if isinstance(cfg.get("trainer"), dict) else None
     for cb in callbacks if isinstance(callbacks, list) else []:
         if isinstance(cb, dict):
-            name = str(cb.get("class_path", "?")).rsplit(".", 1)[-1]
-            paths += _nested_paths(f"trainer.callbacks[{name}]", cb, key)
+            paths += nested_paths(callback_path(None, cb), cb, key)
     return paths
-
-
-def _nested_paths(prefix: str, node, key: str) -> list:
-    """The paths below ``prefix`` where a ``{class_path, init_args}`` block ``node`` (or one
-    nested in its arguments) sets ``key``."""
-    args = node.get("init_args") if isinstance(node, dict) else None
-    if not isinstance(args, dict):
-        return []
-    found = []
-    for name, value in args.items():
-        here = f"{prefix}.{name}"
-        if name == key:
-            found.append(here)
-        found += _nested_paths(f"{here}.init_args", value, key)
-    return found
 
 
 def _value_hint(key: str, message: str) -> Optional[str]:
@@ -337,74 +319,9 @@ class RunConfigCallback(LogConfigCallback):
         self._write_pending(trainer)
 
 
-#: a field that already names where it is set (a config path or an option)
-_QUALIFIED = re.compile(r"(model|data|trainer|optimizer|lr_scheduler|ckpt_path|seed_everything|config)\b|--")
-#: ``model.<arg>`` / ``data.<arg>``: an argument of the model / the datamodule that another
-#: component read from them and refuses
-_MODEL_OR_DATA_ARG = re.compile(r"(model|data)\.(?!init_args\.|class_path\b)")
 #: the parts of the config built one at a time (each with its config path), in the order
 #: jsonargparse builds them (the callbacks, one level deeper, first)
 BUILT_ALONE = ("trainer.callbacks", "model", "data")
-
-
-def config_path(field: str, where: Optional[str] = None, entry=None) -> str:
-    """The config path of a refused field, as the user writes it: the one place where a
-    component's refusal gets its path. A class names its own argument (``lr``): ``where`` is the
-    place of the component that refused it (``model.init_args``, ``data.init_args``,
-    ``trainer.callbacks[Name]``) and ``entry`` its parsed config, where an argument of a class
-    nested in it is found (``model.init_args.net.init_args.preset``). ``model.<arg>`` /
-    ``data.<arg>`` (an argument of the model / datamodule that another component read) become
-    ``model.init_args.<arg>`` / ``data.init_args.<arg>``; any other field that already names where
-    it is set (a config path, an option) is kept."""
-    m = _MODEL_OR_DATA_ARG.match(field)
-    if m:
-        return f"{m.group(1)}.init_args.{field[m.end():]}"
-    if where is None or _QUALIFIED.match(field):
-        return field
-    head, dot, rest = field.partition(".")
-    node = entry.as_dict() if hasattr(entry, "as_dict") else entry
-    args = node.get("init_args") if isinstance(node, dict) else None
-    if isinstance(args, dict) and head not in args:  # not its own: an argument of a nested class?
-        nested = _nested_paths(where, node, head)
-        if len(nested) == 1:
-            return nested[0] + dot + rest
-    return f"{where}.{field}"
-
-
-def at_config_path(error: ConfigError, where: Optional[str] = None, entry=None) -> ConfigError:
-    """``error`` (in place: a MissingFileError stays one) under :func:`config_path`."""
-    field = config_path(error.field, where, entry)
-    return error if field == error.field else error.renamed(field)
-
-
-def callback_path(callback, entry=None) -> str:
-    """``trainer.callbacks[Name]``: ``Name`` is the short name of the class_path of the callback's
-    config entry (a class, or a function returning a callback), else of the callback's class (a
-    callback the command line adds itself)."""
-    class_path = entry.get("class_path") if hasattr(entry, "get") else None
-    return f"trainer.callbacks[{str(class_path).rsplit('.', 1)[-1] if class_path else type(callback).__name__}]"
-
-
-@contextlib.contextmanager
-def refused_at(where: str, entry=None):
-    """A ConfigError the block raises gets the config path of the component at ``where``."""
-    try:
-        yield
-    except ConfigError as e:
-        raise at_config_path(e, where, entry) from e.__cause__
-
-
-def check_callbacks(trainer, model, datamodule, configured=()) -> None:
-    """Every callback's ``check_setup(trainer, model, datamodule)``; a ConfigError it raises gets
-    the callback's config path (:func:`callback_path`). ``configured``: ``(callback, config
-    entry)`` for each callback built from the config."""
-    entries = {id(cb): entry for cb, entry in configured}
-    for cb in trainer.callbacks:
-        check = getattr(cb, "check_setup", None)
-        if callable(check):
-            entry = entries.get(id(cb))
-            with refused_at(callback_path(cb, entry), entry):
-                check(trainer, model, datamodule)
 
 
 def _config_error_in(error: BaseException) -> Optional[ConfigError]:
@@ -568,7 +485,8 @@ class PFDLightningCLI(LightningCLI):
 
     # -- the validation phase ------------------------------------------------------------------
     def _check_shapes(self) -> None:
-        check_data_shape(self.model, self.datamodule)
+        with refused_at(None):  # model.net -> model.init_args.net
+            check_data_shape(self.model, self.datamodule)
 
     def _ckpt_arg(self) -> Optional[str]:
         cfg = self.config.get(self.subcommand) if self.subcommand else None
@@ -650,7 +568,7 @@ class PFDLightningCLI(LightningCLI):
         found = run_artifacts(self.trainer)
         if found:
             raise ConfigError(
-                "trainer.callbacks[ModelCheckpoint].dirpath",
+                callback_path(self.trainer.checkpoint_callback, arg="dirpath"),
                 f"an earlier run's checkpoints are there ({', '.join(found[:3])}"
                 + (", ..." if len(found) > 3 else "") + "); a fresh fit would overwrite them",
                 suggestion="resume it with --ckpt_path last, write elsewhere (--run_dir PATH moves "
@@ -714,7 +632,7 @@ class PFDLightningCLI(LightningCLI):
         for cb in self.trainer.checkpoint_callbacks:
             d = getattr(cb, "dirpath", None)
             if d:
-                lock = acquire_lock(d, "run", callback_path(cb, entries.get(id(cb))) + ".dirpath")
+                lock = acquire_lock(d, "run", callback_path(cb, entries.get(id(cb)), "dirpath"))
                 if lock is not None:
                     locks.append(lock)
         return locks

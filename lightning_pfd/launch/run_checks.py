@@ -22,13 +22,10 @@ import os
 from typing import Any, Iterable, List, Optional
 
 from ..errors import ConfigError
+from .paths import callback_path
 
 __all__ = ["check_monitored_keys", "check_wandb_online", "share_checkpoint_dir", "finished_run",
            "logged_keys"]
-
-
-def _field(callback: Any, arg: str) -> str:
-    return f"trainer.callbacks[{type(callback).__name__}].{arg}"
 
 
 def logged_keys(callbacks: Iterable[Any]) -> List[str]:
@@ -55,7 +52,7 @@ def check_monitored_keys(trainer: Any) -> None:
         space = monitor.split("/", 1)[0]
         if space in spaces:
             same = [k for k in logged if k.startswith(space + "/")]
-            raise ConfigError(_field(cb, "monitor"), f"no monitor of this run logs this key (the "
+            raise ConfigError(callback_path(cb, arg="monitor"), f"no monitor of this run logs this key (the "
                               f"{space}/* keys come from the configured monitors)", value=monitor,
                               accepted=same)
 

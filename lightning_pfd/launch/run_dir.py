@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError
+from .paths import callback_path
 
 __all__ = ["RUN_DIR_HELP", "OUTPUT_PATH_KEYS", "relocate", "relocated_path"]
 
@@ -98,10 +99,8 @@ def relocate(cfg, run_dir: str) -> list:
         args = _init_args(cb)
         if args is None:
             continue
-        kind = str(cb.get("class_path")).rsplit(".", 1)[-1]
         for key in OUTPUT_PATH_KEYS:
             value = args.get(key)
             if isinstance(value, str) and value:
-                put(args, key, relocated_path(value, old_root, target),
-                    f"trainer.callbacks[{kind}].{key}")
+                put(args, key, relocated_path(value, old_root, target), callback_path(None, cb, key))
     return changed

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
 from ..errors import ConfigError
+from .paths import callback_path
 
 __all__ = ["check_run_length", "probe_output_places", "output_places", "epoch_end_last_checkpoints",
            "remove_unfinished_writes", "set_aside_earlier_checkpoints", "OVERWRITTEN_PREFIX",
@@ -80,12 +81,12 @@ def output_places(trainer: Any) -> List[Tuple[str, str, str]]:
     for cb in getattr(trainer, "checkpoint_callbacks", None) or []:
         d = getattr(cb, "dirpath", None)
         if d:
-            places.append((f"trainer.callbacks[{type(cb).__name__}].dirpath", str(d), _TAIL["ckpt"]))
+            places.append((callback_path(cb, arg="dirpath"), str(d), _TAIL["ckpt"]))
     for cb in getattr(trainer, "callbacks", None) or []:
         for arg in _CALLBACK_DIRS:
             d = getattr(cb, arg, None)
             if isinstance(d, (str, os.PathLike)) and str(d):
-                places.append((f"trainer.callbacks[{type(cb).__name__}].{arg}", str(d), "report.md"))
+                places.append((callback_path(cb, arg=arg), str(d), "report.md"))
     return [p for p in places if "://" not in p[1]]
 
 

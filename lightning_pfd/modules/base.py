@@ -327,9 +327,9 @@ class ResumableModule(pl.LightningModule):
         if refused:
             raise ConfigError(
                 "ckpt_path", f"{source} was made with another architecture or diffusion family: "
-                + "; ".join(f"model.init_args.{k}: checkpoint {a!r}, now {b!r}" for k, a, b in refused),
+                + "; ".join(f"model.{k}: checkpoint {a!r}, now {b!r}" for k, a, b in refused),
                 suggestion="drop these overrides to resume, or start a new run without --ckpt_path")
-        return [f"resuming with model.init_args.{k} = {b!r} (the checkpoint was trained with {a!r})"
+        return [f"resuming with model.{k} = {b!r} (the checkpoint was trained with {a!r})"
                 for k, a, b in applied]
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -520,7 +520,7 @@ class EMAModule(ResumableModule):
         trainer = self.attached_trainer()
         limit_cpu_threads(trainer)
         dm = getattr(trainer, "datamodule", None) if trainer is not None else None
-        check_data_shape(self, dm)
+        check_data_shape(self, dm, field="net")
 
     # -- steps ---------------------------------------------------------------------------------
     def _train_metrics(self, loss: torch.Tensor, per_sample: torch.Tensor) -> Dict[str, torch.Tensor]:

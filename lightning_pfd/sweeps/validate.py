@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from ..classpath import import_class
 from ..errors import ConfigError
+from ..launch.paths import callback_path
 from ..validation import plain_numbers
 from .spec import (SweepSpec, Trial, _class_name, _leaf, _seed_keys, check_known_key, expand_trials,
                    load_base)
@@ -270,7 +271,7 @@ def _construct(parsed_all: list, construct: bool, n: int) -> None:
         if construct:
             groups += [("data", parsed.get("data"), "plain"), ("model", model, "model")]
             cbs = (parsed.get("trainer") or {}).get("callbacks") or []
-            groups += [(f"trainer.callbacks[{(_class_name(c) or '?').rsplit('.', 1)[-1]}]", c, "plain")
+            groups += [(callback_path(None, c if isinstance(c, dict) else {"class_path": _class_name(c)}), c, "plain")
                        for c in (cbs if isinstance(cbs, list) else [cbs])]
         for where, sub, kind in groups:
             if not isinstance(sub, dict) or "class_path" not in sub:
@@ -304,9 +305,8 @@ def _group(parsed: dict, where: str):
     if where in ("data", "model"):
         return parsed.get(where)
     cbs = (parsed.get("trainer") or {}).get("callbacks") or []
-    name = where[len("trainer.callbacks["):-1]
     for c in (cbs if isinstance(cbs, list) else [cbs]):
-        if (_class_name(c) or "?").rsplit(".", 1)[-1] == name:
+        if isinstance(c, dict) and callback_path(None, c) == where:
             return c
     return None
 
