@@ -111,9 +111,10 @@ class Bound(ParamNorm):
 
     def __init__(self):
         super().__init__()
-        self.bound, self.resets = [], 0
+        self.bound, self.resets, self.checks = [], 0, 0
 
     def check(self, datamodule, model, comm=SINGLE):
+        self.checks += 1
         self.bound.append(datamodule.train_data)
 
     def prepare(self, datamodule, model, comm=SINGLE):
@@ -126,8 +127,8 @@ class Bound(ParamNorm):
 
 def test_an_evaluation_is_reset_only_for_other_data_or_another_model(tmp_path):
     """The pre-flight check binds the evaluation; the fit, a validate after it and a second fit on
-    the same datamodule and model keep that binding (no reset); another datamodule or another
-    model is a reset."""
+    the same datamodule and model keep that binding (no reset, no second check); another
+    datamodule or another model is a reset and a new check."""
     ev = Bound()
     mon = EvaluationMonitor(ev, name="pn")
     dm, model = _data(), _model()
@@ -137,16 +138,16 @@ def test_an_evaluation_is_reset_only_for_other_data_or_another_model(tmp_path):
         warnings.simplefilter("ignore")
         trainer = _trainer(tmp_path, mon, 2)
         trainer.fit(model, datamodule=dm)
-        assert ev.resets == 0 and ev.prepared == 2
+        assert ev.resets == 0 and ev.checks == 1 and ev.prepared == 2
         trainer.validate(model, datamodule=dm, verbose=False)
-        assert ev.resets == 0
+        assert ev.resets == 0 and ev.checks == 1
         other = _data(seed=1)
         _trainer(tmp_path, mon, 1).fit(model, datamodule=other)
-        assert ev.resets == 1 and ev.bound[-1] is other.train_data
+        assert ev.resets == 1 and ev.checks == 2 and ev.bound[-1] is other.train_data
         _trainer(tmp_path, mon, 1).fit(_model(), datamodule=other)
         assert ev.resets == 2
         _trainer(tmp_path, mon, 1).fit(model, datamodule=dm)  # back to the first pair: bound again
-        assert ev.resets == 3
+        assert ev.resets == 3 and ev.checks == 4
     assert all(b is dm.train_data for b in ev.bound[:4])
 
 

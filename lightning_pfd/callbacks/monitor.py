@@ -170,17 +170,24 @@ class EvaluationMonitor(MeasurementCallback):
 
     # ------------------------------------------------------------------ the measurement
     def check_setup(self, trainer, pl_module, datamodule: Any) -> None:
+        """The evaluation's ``check`` (once per datamodule, model and world size: the command
+        line's pre-flight and the ``setup`` that follows check once), then the duplicate keys."""
         check = getattr(self.evaluation, "check", None)
-        if callable(check):
-            check(datamodule, pl_module, strategy_comm(trainer))
-            self._bind(datamodule, pl_module)
+        comm = strategy_comm(trainer)
+        if callable(check) and not self._bound(datamodule, pl_module, comm.world):
+            check(datamodule, pl_module, comm)
+            self._bind(datamodule, pl_module, comm.world)
         check_unique_metric_names(self, trainer)
 
-    def _bind(self, datamodule: Any, pl_module: Any) -> None:
-        self._bound_to = tuple(None if o is None else weakref.ref(o) for o in (datamodule, pl_module))
+    def _bind(self, datamodule: Any, pl_module: Any, world: Optional[int] = None) -> None:
+        """Remember (weakly) the datamodule and model the evaluation is bound to, and the world
+        size it was checked for (None: prepared, not checked)."""
+        self._bound_to = (*(None if o is None else weakref.ref(o) for o in (datamodule, pl_module)), world)
 
-    def _bound(self, datamodule: Any, pl_module: Any) -> bool:
-        return len(self._bound_to) == 2 and all((r and r()) is o for r, o in zip(self._bound_to, (datamodule, pl_module)))
+    def _bound(self, datamodule: Any, pl_module: Any, world: Optional[int] = None) -> bool:
+        if len(self._bound_to) != 3 or (world is not None and self._bound_to[2] != world):
+            return False
+        return all((r and r()) is o for r, o in zip(self._bound_to, (datamodule, pl_module)))
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         reset = getattr(self.evaluation, "reset", None)
@@ -196,7 +203,8 @@ class EvaluationMonitor(MeasurementCallback):
         comm = strategy_comm(trainer) if comm is None else comm
         datamodule = getattr(trainer, "datamodule", None)
         self.evaluation.prepare(datamodule, pl_module, comm)
-        self._bind(datamodule, pl_module)
+        if not self._bound(datamodule, pl_module):
+            self._bind(datamodule, pl_module)
 
     @torch.no_grad()
     def _measure_and_log(self, trainer, pl_module) -> None:
