@@ -8,7 +8,7 @@ traceback is shown only with ``--debug`` or ``LIGHTNING_PFD_DEBUG=1``.
 
 A class names its own argument only (``lr``, ``tap``; ``model.<arg>`` / ``data.<arg>`` for an
 argument it read from the model or the datamodule). Where that argument sits in a config is added
-in one place, the LightningCLI (:func:`lightning_pfd.launch.cli.config_path`:
+in one place, the command line (:func:`lightning_pfd.launch.paths.config_path`:
 ``model.init_args.lr``, ``trainer.callbacks[ICRMonitor].tap``); a command with its own flags maps
 an argument to its flag at its boundary with :func:`renamed_fields` (``num_samples`` ->
 ``--num-samples``).

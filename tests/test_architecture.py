@@ -229,7 +229,7 @@ def test_every_source_compiles_without_warnings():
 
 
 #: config paths of the command line (a model's, a datamodule's or a callback's argument)
-CLI_PATH = __import__("re").compile(r"\b(model|data)\.init_args\b|trainer\.callbacks\[")
+CLI_PATH = __import__("re").compile(r"\b(model|data)\.init_args\b|trainer\.(callbacks|logger)\[")
 
 
 def _code_strings(path: Path) -> list:
@@ -253,7 +253,7 @@ CONFIG_PATH_PLACES = ("launch/paths.py", "launch/cli.py", "launch/fit_help.py", 
 def test_the_library_names_arguments_not_config_paths():
     """Outside the command line, the library names its own arguments in errors and messages
     (``lr``; ``model.lr`` for the model's); only launch/paths.py knows where a value sits in a
-    config (``model.init_args.lr``, ``trainer.callbacks[Name]``)."""
+    config (``model.init_args.lr``, ``trainer.callbacks[Name]``, ``trainer.logger[Name]``)."""
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()

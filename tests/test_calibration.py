@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from lightning_pfd.analysis.calibration import (FAMILIES, HELD_OUT, PLANTED, POWER_FAMILIES, TUNE, Family,
+from lightning_pfd.analysis.calibration import (FAMILIES, HELD_OUT, POWER_FAMILIES, TUNE, Family,
                                                 calibrate_families, envelope, gen_trend, mem_trend,
                                                 noise_process, simulate_run, split, wilson_interval,
                                                 write_run)

@@ -154,3 +154,42 @@ def test_callback_path_names_the_entry_else_the_preset_else_the_class():
     with pytest.raises(ConfigError) as e:
         check_monitored_keys(trainer)
     assert e.value.field == "trainer.callbacks[ModelCheckpoint].monitor"
+
+
+def test_a_duplicated_preset_monitor_is_named_as_configured(tmp_path):
+    """Lightning refuses two callbacks with one checkpoint state key; the message names the
+    configured preset (the callback's class is EvaluationMonitor)."""
+    cfg = _config(tmp_path)
+    icr = {"class_path": "lightning_pfd.callbacks.ICRMonitor", "init_args": {"num_images": 4}}
+    cfg["trainer"]["callbacks"] = [dict(icr), dict(icr)]
+    err = _refusal(cfg)
+    assert err.field == "trainer.callbacks[ICRMonitor]" and "appears twice" in err.problem
+
+
+def test_a_monitor_refusing_the_datamodules_data_names_the_data():
+    """What an evaluation reads from the datamodule is the data's, not a monitor argument: the
+    training set is ``data``, its value range ``data.init_args.value_range`` (a datamodule
+    without weak references works too: it is checked as new each time)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from lightning_pfd.callbacks import ICRMonitor, MemorizationMonitor, TailMonitor
+
+    class Model(torch.nn.Module):
+        device = torch.device("cpu")
+
+        def generate(self, seeds, batch_size=256, num_steps=None):
+            return torch.zeros(len(seeds), 3)
+
+    model = Model()
+    trainer = SimpleNamespace(global_rank=0, world_size=1, strategy=None)
+    for monitor, dm, field in ((ICRMonitor(), SimpleNamespace(train_data=torch.randn(1, 3)), "data"),
+                               (MemorizationMonitor(criterion="nn_ratio", num_samples=1),
+                                SimpleNamespace(train_data=torch.randn(1, 3)), "trainer.callbacks[MemorizationMonitor].criterion"),
+                               (TailMonitor(num_samples=4), SimpleNamespace(train_data=torch.randn(40, 3), value_range=(1, 0)),
+                                "data.init_args.value_range")):
+        trainer.callbacks = [monitor]
+        with pytest.raises(ConfigError) as e:
+            check_callbacks(trainer, model, dm)
+        assert e.value.field == field, (monitor.preset, str(e.value))

@@ -4,7 +4,6 @@ then deliberately broken (a link to a missing page, a page outside the nav)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path

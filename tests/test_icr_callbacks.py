@@ -321,9 +321,12 @@ def test_icr_monitor_ddp_spawn_matches_single_process(tmp_path):
                          limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=0,
                          accelerator="cpu", devices=2, strategy="ddp_spawn",
                          enable_checkpointing=False)
+    dm = _DataModule(data)
+    dm.setup("fit")
+    mon.check_setup(trainer, module, dm)  # the command line's pre-flight: the copies are unbound
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer.fit(module, datamodule=_DataModule(data))
+        trainer.fit(module, datamodule=dm)
     # ddp_spawn returns the trained weights to the main process: recompute single-process
     expect = RepresentationEvaluation(data, num_images=101).evaluate(module)[0.29]
     assert float(trainer.callback_metrics["icr/icr"]) == pytest.approx(float(expect["icr"]), rel=1e-5)

@@ -21,7 +21,7 @@ import torch
 from lightning_pfd.checkpoint import load_checkpoint
 from lightning_pfd.cli import main
 from lightning_pfd.errors import ConfigError
-from test_reliability import _cli, _env, _snapshot, _write_config
+from test_reliability import _env, _snapshot, _write_config
 
 FIT = ["fit", "--config", "c.yaml"]
 

@@ -15,7 +15,7 @@ import lightning_pfd.callbacks.regime as regime_module
 from lightning_pfd.analysis.per_unit import PerUnitStore, UnitMemory, UnitRecord, load_units
 from lightning_pfd.callbacks import EvaluationMonitor, ICREarlyStopping, RegimeMonitor
 from lightning_pfd.callbacks import base as callbacks_base
-from lightning_pfd.callbacks.base import MeasurementCallback, unit_record
+from lightning_pfd.callbacks.base import MeasurementCallback, fresh_units
 from lightning_pfd.callbacks.monitor import Latest
 from lightning_pfd.evaluation.base import Measurement, Units
 
@@ -102,12 +102,14 @@ class _History(MeasurementCallback):
 def test_freshness_is_the_producers_epoch_and_step():
     mon, other = EvaluationMonitor(_Constant(), name="c"), _History()
     trainer = SimpleNamespace(callbacks=[mon, other, RegimeMonitor()], current_epoch=3, global_step=40)
+    trainer.is_global_zero = False  # nothing written to disk
     m = mon.evaluation.measure(None)
     u = m.units["v"]
-    mon.latest = Latest(3, 40, m, {"c/v": 1.0}, {"c/v": unit_record("c/v", 3, 40, u.kind, u.values, u.ids, 1.0)})
+    rec = mon.write_units(trainer, "c/v", u.kind, u.values, u.ids, 1.0)
+    mon.latest = Latest(3, 40, m, {"c/v": 1.0}, {"c/v": rec})
     other.history = [{"epoch": 2, "step": 30, "h/v": 0.5, "h/extra": 1.0}]
-    fresh, produced, latest = RegimeMonitor._measured(trainer)
-    assert fresh == {"c/v"} and produced == {"c/v", "h/v", "h/extra"} and latest == [mon.latest]
+    fresh, produced = RegimeMonitor._measured(trainer)
+    assert fresh == {"c/v"} and produced == {"c/v", "h/v", "h/extra"} and fresh_units(trainer) == {"c/v": rec}
     trainer.global_step = 41  # a later validation in the same epoch: nothing measured in it
     assert RegimeMonitor._measured(trainer)[0] == set()
     other.history.append({"epoch": 3, "step": 41, "h/v": 0.25})
@@ -115,8 +117,14 @@ def test_freshness_is_the_producers_epoch_and_step():
     es = ICREarlyStopping(monitor="c/v", every_n_epochs=None)
     es._source = mon
     assert not es._fresh(trainer)
+    assert fresh_units(trainer) == {}  # the records of step 40 are not this pass's
     trainer.global_step = 40
     assert es._fresh(trainer) and es._units_now(trainer).values.tolist() == [1.0, 1.0, 1.0]
+    # a MeasurementCallback of its own: its write_units records are read in memory too
+    trainer.global_step = 41
+    own = other.write_units(trainer, "h/v", "mean", torch.full((2,), 0.25), torch.arange(2), 0.25)
+    assert fresh_units(trainer) == {"h/v": own}
+    assert ICREarlyStopping(monitor="h/v", every_n_epochs=None)._units_now(trainer) is own
 
 
 def test_icr_early_stopping_reads_the_replicates_in_memory(tmp_path, monkeypatch):

@@ -33,9 +33,9 @@ monitors (``RegimeMonitor``) use :mod:`lightning_pfd.callbacks.figures`: ``log_f
 ``log_to_loggers`` (for hooks where ``pl_module.log`` is not allowed).
 
 **Per-unit records.** :meth:`MeasurementCallback.write_units` writes a measurement's per-unit
-values to the run's ``per_unit/`` (:func:`per_unit_store`, rank 0) for resume and ``report``;
-the consumers of the same fit read the same records in memory (``EvaluationMonitor.latest``:
-one conversion, :func:`unit_record`). ``on_train_start`` moves an
+values to the run's ``per_unit/`` (:func:`per_unit_store`, rank 0) for resume and ``report``,
+and keeps the same records in memory (one conversion, :func:`unit_record`), where the consumers
+of the same fit read them (:func:`fresh_units`: ``RegimeMonitor``, ``ICREarlyStopping``). ``on_train_start`` moves an
 earlier run's records aside when the fit is fresh (:func:`prepare_per_unit_store`).
 
 **Checks.** ``check_setup(trainer, pl_module, datamodule)``: every incompatibility a monitor can
@@ -66,7 +66,7 @@ from .state import callback_state_key
 
 __all__ = ["MeasurementCallback", "validation_disabled", "check_unique_metric_names",
            "check_metric_prefix", "per_unit_store", "prepare_per_unit_store",
-           "unit_record"]
+           "unit_record", "fresh_units"]
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -142,6 +142,24 @@ def unit_record(key: str, epoch: int, step: int, kind: str, values: Any, units: 
     return UnitRecord(key, int(epoch), int(step), kind, as_np(values), as_np(units), float(value))
 
 
+def fresh_units(trainer: "pl.Trainer") -> Dict[str, UnitRecord]:
+    """The per-unit records measured at the trainer's current pass (``current_epoch`` /
+    ``global_step``), under their keys, in memory: those every :class:`MeasurementCallback` made
+    with :meth:`~MeasurementCallback.write_units` (an ``EvaluationMonitor``'s included), and the
+    ``latest.units`` of any other callback that keeps a ``latest`` measurement with ``epoch`` /
+    ``step`` (:class:`~lightning_pfd.callbacks.monitor.Latest`)."""
+    epoch, step = int(trainer.current_epoch), int(trainer.global_step)
+    out: Dict[str, UnitRecord] = {}
+    for cb in getattr(trainer, "callbacks", None) or []:
+        if isinstance(cb, MeasurementCallback):
+            out.update(cb.units_at(epoch, step))
+            continue
+        latest = getattr(cb, "latest", None)
+        if latest is not None and (latest.epoch, latest.step) == (epoch, step):
+            out.update(getattr(latest, "units", None) or {})
+    return out
+
+
 # ----------------------------------------------------------------------------- the base
 class MeasurementCallback(Callback):
     """Base of the monitors: calls ``self._measure_and_log(trainer, pl_module)`` on schedule.
@@ -167,6 +185,7 @@ class MeasurementCallback(Callback):
         self.schedule = MeasurementSchedule(kind)
         self.history: List[Dict[str, Any]] = []
         self._warned_nonfinite = False
+        self._units_written: tuple = ((-1, -1), {})  # (epoch, step), the records of that pass
 
     # ------------------------------------------------------------------ what subclasses provide
     def _measure_and_log(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -198,6 +217,7 @@ class MeasurementCallback(Callback):
         if stage == "fit":
             self.schedule.reset()
             self._warned_nonfinite = False
+        self._units_written = ((-1, -1), {})
         if stage in ("fit", "validate"):  # datamodule.setup() has run: train_data exists
             self.check_setup(trainer, pl_module, getattr(trainer, "datamodule", None))
 
@@ -235,13 +255,25 @@ class MeasurementCallback(Callback):
         return row
 
     def write_units(self, trainer: "pl.Trainer", key: str, kind: str, values: Any, units: Any,
-                    value: float) -> None:
-        """Write this epoch's per-unit values of ``key`` to the run's store (rank 0; the values
-        are already global): :func:`unit_record` in :func:`per_unit_store`, for resume and
-        ``report``. The consumers of the same fit read them in memory (``latest``)."""
+                    value: float) -> UnitRecord:
+        """This pass's per-unit values of ``key`` (global: the same on every rank) as a
+        :func:`unit_record`: kept in memory for the consumers of the same fit
+        (:func:`fresh_units`) and written to the run's store on rank 0 (:func:`per_unit_store`,
+        for resume and ``report``). Returns the record."""
+        rec = unit_record(key, trainer.current_epoch, trainer.global_step, kind, values, units, value)
+        at = (rec.epoch, rec.step)
+        if self._units_written[0] != at:
+            self._units_written = (at, {})
+        self._units_written[1][key] = rec
         if trainer.is_global_zero:
-            per_unit_store(trainer).write(unit_record(key, trainer.current_epoch, trainer.global_step,
-                                                      kind, values, units, value))
+            per_unit_store(trainer).write(rec)
+        return rec
+
+    def units_at(self, epoch: int, step: int) -> Dict[str, UnitRecord]:
+        """The records :meth:`write_units` made at ``epoch`` / ``step`` (the trainer's
+        ``current_epoch`` / ``global_step``), under their keys; {} when none."""
+        at, records = self._units_written
+        return dict(records) if at == (int(epoch), int(step)) else {}
 
     def log_figure(self, trainer: "pl.Trainer", key: str, figure: Any,
                    caption: Optional[str] = None) -> Optional[str]:
@@ -255,7 +287,7 @@ class MeasurementCallback(Callback):
         if fraction <= 0 or self._warned_nonfinite:
             return
         self._warned_nonfinite = True
-        rank_zero_warn(f"{type(self).__name__}: non-finite {what}: {100 * fraction:.3g}% are NaN/inf "
+        rank_zero_warn(f"{getattr(self, 'display_name', type(self).__name__)}: non-finite {what}: {100 * fraction:.3g}% are NaN/inf "
                        f"at epoch {trainer.current_epoch} (diverged model?); logging NaN for "
                        f"{', '.join(nan_keys)} and the fraction as {fraction_key} (warned once)",
                        category=RuntimeWarning)

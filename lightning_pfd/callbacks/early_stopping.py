@@ -48,10 +48,11 @@ Also:
 - a NaN ICR is one check without improvement (``check_finite=False``, the default) and is left
   out of the rise test's series;
 - the rise test's inputs travel in memory: at a check, the value and jackknife replicates of
-  ``monitor`` come from the measurement of this pass of the callback that logs it (a ``latest``
-  at this epoch and step whose ``units`` hold ``monitor``: an ``ICRMonitor``, or any
-  ``EvaluationMonitor``); without one, the logged value and its logged ``<monitor>_se``. The
-  per-unit files are not read: they are for ``report``;
+  ``monitor`` are the per-unit record made at this epoch and step
+  (:func:`~lightning_pfd.callbacks.base.fresh_units`: what a ``MeasurementCallback`` such as
+  ``ICRMonitor`` wrote with ``write_units``, or the ``latest.units`` of another callback); without
+  one, the logged value and its logged ``<monitor>_se``. The per-unit files are not read: they
+  are for ``report``;
 - state (patience rule, best epoch, EMA, pass count, the series of values and replicates the rise
   test reads) in ``state_dict`` under ``state_key`` = (monitor, mode), Lightning's key for its
   EarlyStopping, so a resumed run takes the same decisions as an uninterrupted one (the series
@@ -81,6 +82,7 @@ from lightning.pytorch.utilities.rank_zero import rank_prefixed_message, rank_ze
 from ..analysis.early_stop import DEFAULT_NOISE_WINDOW, DEFAULT_WINDOW, PatienceRule, RiseTest, rise_test
 from ..errors import ConfigError
 from ..validation import HalfOpenUnitInterval, NonNegativeFloat, NonNegativeInt, PositiveInt, check_args
+from .base import fresh_units
 from .schedule import MeasurementSchedule
 from .state import callback_state_key
 
@@ -278,12 +280,8 @@ class ICREarlyStopping(Callback):
 
     def _units_now(self, trainer: "pl.Trainer") -> Any:
         """The :class:`~lightning_pfd.analysis.per_unit.UnitRecord` of ``monitor`` measured at this
-        pass, from the measurement in memory of the callback that logs it; None without one."""
-        for cb in getattr(trainer, "callbacks", None) or []:
-            latest = self._measured_now(trainer, cb)
-            if latest is not None and self.monitor in latest.units:
-                return latest.units[self.monitor]
-        return None
+        pass, in memory (:func:`~lightning_pfd.callbacks.base.fresh_units`); None without one."""
+        return fresh_units(trainer).get(self.monitor)
 
     # ------------------------------------------------------------------ hooks
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:

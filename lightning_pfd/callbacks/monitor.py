@@ -60,7 +60,7 @@ from .. import keys
 from ..errors import ConfigError
 from ..evaluation.base import Comm, Evaluation, Measurement, strategy_comm
 from ..validation import NonNegativeInt, check_args
-from .base import MeasurementCallback, check_metric_prefix, check_unique_metric_names, per_unit_store, unit_record
+from .base import MeasurementCallback, check_metric_prefix, check_unique_metric_names
 
 __all__ = ["EvaluationMonitor", "Latest"]
 
@@ -181,8 +181,17 @@ class EvaluationMonitor(MeasurementCallback):
 
     def _bind(self, datamodule: Any, pl_module: Any, world: Optional[int] = None) -> None:
         """Remember (weakly) the datamodule and model the evaluation is bound to, and the world
-        size it was checked for (None: prepared, not checked)."""
-        self._bound_to = (*(None if o is None else weakref.ref(o) for o in (datamodule, pl_module)), world)
+        size it was checked for (None: prepared, not checked); nothing for an object without
+        weak references (it is checked and reset as if new each time)."""
+        try:
+            self._bound_to = (*(None if o is None else weakref.ref(o) for o in (datamodule, pl_module)), world)
+        except TypeError:
+            self._bound_to = ()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """A copy (``ddp_spawn`` pickles the callbacks) is bound to nothing: each process
+        checks and prepares its evaluation with its own objects."""
+        return {**self.__dict__, "_bound_to": ()}
 
     def _bound(self, datamodule: Any, pl_module: Any, world: Optional[int] = None) -> bool:
         if len(self._bound_to) != 3 or (world is not None and self._bound_to[2] != world):
@@ -222,15 +231,11 @@ class EvaluationMonitor(MeasurementCallback):
         bare = getattr(self.evaluation, "history_under_leaf", False)
         row = self.log_metrics(trainer, pl_module, {self.key(k): v for k, v in m.values.items()},
                                extra={(k if bare else self.key(k)): v for k, v in m.history.items()} or None)
-        epoch, step = int(trainer.current_epoch), int(trainer.global_step)
-        records = {self.key(leaf): unit_record(self.key(leaf), epoch, step, u.kind, u.values, u.ids,
-                                               m.values[leaf] if u.value is None else u.value)
+        records = {self.key(leaf): self.write_units(trainer, self.key(leaf), u.kind, u.values, u.ids,
+                                                    m.values[leaf] if u.value is None else u.value)
                    for leaf, u in m.units.items()}
-        self.latest = Latest(epoch, step, m, {k: row[k] for k in (self.key(leaf) for leaf in m.values)}, records)
-        if trainer.is_global_zero:
-            store = per_unit_store(trainer)
-            for rec in records.values():
-                store.write(rec)
+        self.latest = Latest(int(trainer.current_epoch), int(trainer.global_step), m,
+                             {k: row[k] for k in (self.key(leaf) for leaf in m.values)}, records)
         every = self.figure_every_n
         if m.figures and every and self.schedule.index % every == 0 and trainer.is_global_zero:
             for leaf, draw in m.figures.items():

@@ -22,8 +22,10 @@ the last value of the whole fit), so such a key must be logged at every validati
 (``validation_step`` / ``on_validation_epoch_end``); a curve measured less often comes from a
 ``MeasurementCallback`` (``log_metrics`` keeps the row that says when).
 
-Per-unit records travel in memory: at a fresh measurement the monitor keeps the records of the
-producer's ``latest.units`` (the very records it writes to ``per_unit/``) in a :class:`~lightning_pfd.analysis.per_unit.UnitMemory`, whose
+Per-unit records travel in memory: at each validation the monitor keeps the records made at
+this epoch and step (:func:`~lightning_pfd.callbacks.base.fresh_units`: the very records every
+``MeasurementCallback`` writes to ``per_unit/``) in a
+:class:`~lightning_pfd.analysis.per_unit.UnitMemory`, whose
 series and problem lines equal :func:`~lightning_pfd.analysis.per_unit.load_units` on the run's
 files. The files (``<default_root_dir>/per_unit``) are read once after a resume (the records
 written before it; any run that is not a fresh fit) and by the end-of-fit analysis, which is
@@ -91,7 +93,7 @@ from ..analysis.per_unit import UnitMemory, load_units
 from ..analysis.report import check_settings, save_detector_settings
 from ..errors import ConfigError
 from ..validation import NonNegativeInt, check_args
-from .base import MeasurementCallback, per_unit_store, prepare_per_unit_store
+from .base import MeasurementCallback, fresh_units, per_unit_store, prepare_per_unit_store
 from .figures import log_figure, log_to_loggers
 from .state import callback_state_key
 
@@ -287,13 +289,13 @@ class RegimeMonitor(Callback):
 
     @staticmethod
     def _measured(trainer) -> tuple:
-        """``(fresh, produced, latest)``: the keys the trainer's measurement callbacks measured at
-        this pass (their ``latest`` / last history row at this epoch and step), every key they
-        log, and the fresh ``EvaluationMonitor.latest`` measurements (module docstring)."""
+        """``(fresh, produced)``: the keys the trainer's measurement callbacks measured at this
+        pass (their ``latest`` / last history row at this epoch and step) and every key they log
+        (module docstring)."""
         from .monitor import EvaluationMonitor
 
         now = (int(trainer.current_epoch), int(trainer.global_step))
-        fresh, produced, latest = set(), set(), []
+        fresh, produced = set(), set()
         for cb in trainer.callbacks:
             if not isinstance(cb, MeasurementCallback):
                 continue
@@ -304,8 +306,6 @@ class RegimeMonitor(Callback):
                 last = cb.latest
                 keys.update(last.values if last is not None else ())
                 at = (last.epoch, last.step) if last is not None else None
-                if at == now:
-                    latest.append(last)
             else:
                 row = cb.history[-1] if cb.history else None
                 at = (int(row["epoch"]), int(row["step"])) if row is not None else None
@@ -313,7 +313,7 @@ class RegimeMonitor(Callback):
             produced |= keys
             if at == now:
                 fresh |= keys
-        return fresh, produced, latest
+        return fresh, produced
 
     def _unit_memory(self, trainer) -> UnitMemory:
         """This run's records in memory; created at the first validation of a run: empty for a
@@ -331,11 +331,10 @@ class RegimeMonitor(Callback):
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
             return
-        fresh, produced, latest = self._measured(trainer)
+        fresh, produced = self._measured(trainer)
         memory = self._unit_memory(trainer)
-        for last in latest:
-            for rec in last.units.values():
-                memory.add(rec)
+        for rec in fresh_units(trainer).values():
+            memory.add(rec)
         cm = trainer.callback_metrics
         row = {"epoch": float(trainer.current_epoch), "step": float(trainer.global_step)}
         for name in self.watched():

@@ -183,6 +183,19 @@ class StrategyCollective(Comm):
     def reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         return t if self.world == 1 else self._strategy_fn().reduce(t, reduce_op="sum")
 
+    def __getstate__(self) -> dict:
+        """Rank and world only: a spawned process (``ddp_spawn``) prepares its evaluations again
+        with its own trainer's Comm; the copy refuses to communicate."""
+        return {"rank": self.rank, "world": self.world}
+
+    def __setstate__(self, state: dict) -> None:
+        self.rank, self.world, self._strategy_fn = state["rank"], state["world"], _pickled_strategy
+
+
+def _pickled_strategy():
+    raise RuntimeError("this Comm was copied to another process (pickled): use the Comm of that "
+                       "process's trainer (strategy_comm), as EvaluationMonitor.prepare does")
+
 
 def strategy_comm(trainer: Any) -> StrategyCollective:
     """The :class:`Comm` of a Lightning Trainer (``trainer.strategy``, its global rank and world)."""
@@ -247,7 +260,10 @@ class Evaluation(Protocol):
     """The measurement contract (module docstring). The methods are left unannotated so that any
     class with these two methods implements it (for a config's ``class_path`` too):
     ``prepare(datamodule, model, comm: Comm = SINGLE) -> None`` and
-    ``measure(model, comm: Comm = SINGLE) -> Measurement``."""
+    ``measure(model, comm: Comm = SINGLE) -> Measurement``. A monitor always passes its
+    trainer's ``comm``; the built-in evaluations' ``measure`` called without one uses
+    :class:`TorchDistributed` (the processes of ``torch.distributed`` when it is initialized,
+    else this process alone)."""
 
     def prepare(self, datamodule, model, comm=SINGLE):
         ...

@@ -244,7 +244,7 @@ class FlowEvaluation:
         self.num_eval = len(seeds) if seeds is not None else num_eval
         self.seeds = seeds if seeds is not None else torch.arange(
             _first_seed(seed_offset), _first_seed(seed_offset) + num_eval)
-        self._check_world()
+        self._check_world(self.comm.world)
         self.settings = settings or SamplerSettings()
         self._explicit_settings = settings
         self.sampler, self.sigmas, self.precision, self.compile = sampler, sigmas, precision, compile
@@ -332,11 +332,11 @@ class FlowEvaluation:
         ev.bind_datamodule(datamodule, model)
         return ev
 
-    def _check_world(self) -> None:
-        if self.num_eval < self.comm.world:  # an empty shard would hang the gathers
-            raise ConfigError("num_eval", f"{self.num_eval} evaluation seeds for world size {self.comm.world}: "
+    def _check_world(self, world: int) -> None:
+        if self.num_eval < world:  # an empty shard would hang the gathers
+            raise ConfigError("num_eval", f"{self.num_eval} evaluation seeds for world size {world}: "
                               "every rank needs at least one", value=self.num_eval,
-                              accepted=f"an integer >= the world size ({self.comm.world})")
+                              accepted=f"an integer >= the world size ({world})")
 
     # ------------------------------------------------------------------ the measurement contract
     def key(self, leaf: str, name: Optional[str]) -> str:
@@ -374,8 +374,7 @@ class FlowEvaluation:
     def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
         """Bind the datamodule and the model (every ConfigError of :meth:`bind_datamodule`), and
         refuse a sample grid wider than the seeds rank 0 evaluates."""
-        self.comm = comm
-        self._check_world()
+        self._check_world(comm.world)
         self.bind_datamodule(datamodule, model, self.compile_mode(model))
         on_rank0 = len(range(0, self.num_eval, comm.world))
         if self.draws_grid() and self.num_images > on_rank0:
@@ -384,10 +383,11 @@ class FlowEvaluation:
                               value=self.num_images, accepted=f"an integer in [1, {on_rank0}]")
 
     def prepare(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
-        """Bind the datamodule and the model once, then compute (or load) the references."""
+        """Measure with ``comm``; bind the datamodule and the model once; compute (or load) the
+        references."""
+        self._check_world(comm.world)
+        self.comm = comm
         if self.train_data is None:
-            self.comm = comm
-            self._check_world()
             self.bind_datamodule(datamodule, model, self.compile_mode(model))
         self.compute_references(model.device)  # teacher / empirical endpoints: cached, once
 

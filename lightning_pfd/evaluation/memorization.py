@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..contracts import GENERATING_MODELS, check_on_samples
-from ..errors import ConfigError
+from ..errors import ConfigError, renamed_fields
 from ..metrics.memorization import (Criterion, _is_memorized, _memorization_compute, embed, memorization_scores,
                                     reference_features, resolve_threshold)
 from ..validation import NonNegativeInt, PositiveInt, check_args
@@ -134,7 +134,8 @@ class MemorizationEvaluation:
             return
         data = train_data_of(datamodule, type(self).__name__)
         if data is not self.train_data:
-            self.bind(data, getattr(datamodule, "fingerprint", None))
+            with renamed_fields({"train_data": "data"}):  # the datamodule's training set
+                self.bind(data, getattr(datamodule, "fingerprint", None))
 
     def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
         """A model without ``generate``, a training set too small for the criterion, fewer samples

@@ -60,7 +60,7 @@ from ..diffusion.augment import AUG_LEVELS, augment, noisy_view
 from ..diffusion.features import extract_features, random_projection, resolve_tap
 from ..diffusion.noise import seeded_noise, seeded_uniform
 from ..diffusion.streams import STREAMS, stream
-from ..errors import ConfigError
+from ..errors import ConfigError, renamed_fields
 from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, TauSpec, _icr_at, _icr_compute,
                            _icr_update, _icr_zero_states, check_tau, pool_features)
 from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeFloat, NonNegativeInt, PositiveInt, check_args
@@ -605,7 +605,8 @@ class RepresentationEvaluation:
             return
         data = train_data_of(datamodule, type(self).__name__)
         if data is not self.train_data:
-            self.bind(data)
+            with renamed_fields({"train_data": "data"}):  # the datamodule's training set
+                self.bind(data)
 
     def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
         """``num_images`` vs the training set and the world size, the view shape, the model's tap

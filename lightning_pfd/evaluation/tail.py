@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from ..contracts import GENERATING_MODELS, check_on_samples
-from ..errors import ConfigError
+from ..errors import ConfigError, renamed_fields
 from ..metrics.kde import Bandwidth
 from ..metrics.observables import get_observable
 from ..validation import (FinitePositiveFloat, IntAtLeastTwo, NonNegativeInt, OpenUnitInterval, PositiveInt,
@@ -229,9 +229,11 @@ class TailEvaluation:
             have = [r for r in REFERENCE_SPLITS if getattr(datamodule, f"{r}_data", None) is not None]
             raise ConfigError("reference", f"the datamodule has no {self.reference}_data after setup()",
                               value=self.reference, accepted=have)
-        if value_range is None:
-            value_range = getattr(datamodule, "value_range", None)
-        self.bind(data, getattr(datamodule, "inverse_transform", None), value_range)
+        names = {}
+        if value_range is None:  # the datamodule's
+            value_range, names = getattr(datamodule, "value_range", None), {"value_range": "data.value_range"}
+        with renamed_fields(names):
+            self.bind(data, getattr(datamodule, "inverse_transform", None), value_range)
 
     # ------------------------------------------------------------------ the measurement contract
     def leaves(self) -> list:

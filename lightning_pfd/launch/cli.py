@@ -409,13 +409,24 @@ class PFDLightningCLI(LightningCLI):
             if type(e).__name__ == "MisconfigurationException":
                 raise ConfigError("trainer", str(e).strip().splitlines()[0], suggestion=_trainer_hint()) from e
             if isinstance(e, RuntimeError) and "more than one stateful callback" in str(e):
-                kind = re.search(r"type `(\w+)`", str(e))
-                raise ConfigError(f"trainer.callbacks[{kind.group(1) if kind else '?'}]",
+                raise ConfigError(self._duplicate_callback(str(e)),
                                   "the same callback appears twice with the same settings (it would "
                                   "log the same keys and share one checkpoint state)",
                                   suggestion="remove the duplicate, or give the second one its own "
                                              "`name` (monitors) / `dirpath` or `monitor` (checkpoints)") from e
             raise
+
+    def _duplicate_callback(self, message: str) -> str:
+        """The config path of a callback whose checkpoint state key another configured callback
+        has too (Lightning's "more than one stateful callback" refusal), named as configured."""
+        seen = set()
+        for cb, entry in self.configured_callbacks:
+            key = getattr(cb, "state_key", None)
+            if key in seen:
+                return callback_path(cb, entry)
+            seen.add(key)
+        kind = re.search(r"type `(\w+)`", message)
+        return callback_path(None, {"class_path": kind.group(1)} if kind else None)
 
     def _build_components(self, given: dict) -> dict:
         """The callbacks, model and datamodule of ``given`` (parsed config entries), each built on

@@ -14,7 +14,8 @@ from typing import Optional
 
 from ..errors import ConfigError
 
-__all__ = ["config_path", "at_config_path", "callback_path", "refused_at", "check_callbacks", "nested_paths"]
+__all__ = ["config_path", "at_config_path", "callback_path", "logger_path", "refused_at", "check_callbacks",
+           "nested_paths"]
 
 
 #: a field that already names where it is set (a config path or an option)
@@ -58,12 +59,22 @@ def callback_path(callback, entry=None, arg: Optional[str] = None) -> str:
     """``trainer.callbacks[Name]`` (``.arg`` when given): ``Name`` is the short name of the
     class_path of the callback's config entry (a class, or a function returning a callback), else
     the configuration the callback was built as (a monitor's ``preset``), else its class."""
+    return _listed_path("callbacks", callback, entry, arg)
+
+
+def logger_path(logger, entry=None, arg: Optional[str] = None) -> str:
+    """``trainer.logger[Name]`` (``.arg`` when given), named as :func:`callback_path` names a
+    callback."""
+    return _listed_path("logger", logger, entry, arg)
+
+
+def _listed_path(where: str, obj, entry, arg: Optional[str]) -> str:
     class_path = entry.get("class_path") if hasattr(entry, "get") else None
     if class_path:
         name = str(class_path).rsplit(".", 1)[-1]
     else:
-        name = "?" if callback is None else getattr(callback, "preset", None) or type(callback).__name__
-    return f"trainer.callbacks[{name}]" + (f".{arg}" if arg else "")
+        name = "?" if obj is None else getattr(obj, "preset", None) or type(obj).__name__
+    return f"trainer.{where}[{name}]" + (f".{arg}" if arg else "")
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError
-from .paths import callback_path
+from .paths import callback_path, logger_path
 
 __all__ = ["RUN_DIR_HELP", "OUTPUT_PATH_KEYS", "relocate", "relocated_path"]
 
@@ -89,12 +89,11 @@ def relocate(cfg, run_dir: str) -> list:
         args = _init_args(lg)
         if args is None:
             continue
-        kind = str(lg.get("class_path")).rsplit(".", 1)[-1]
-        put(args, "save_dir", str(target), f"trainer.logger[{kind}].save_dir")
+        put(args, "save_dir", str(target), logger_path(None, lg, "save_dir"))
         if args.get("dir"):  # WandbLogger's alias of save_dir
-            put(args, "dir", str(target), f"trainer.logger[{kind}].dir")
-        if "wandb" in kind.lower():
-            put(args, "name", target.name, f"trainer.logger[{kind}].name")
+            put(args, "dir", str(target), logger_path(None, lg, "dir"))
+        if "wandb" in str(lg.get("class_path")).lower():
+            put(args, "name", target.name, logger_path(None, lg, "name"))
     for cb in _entries(trainer.get("callbacks")):
         args = _init_args(cb)
         if args is None:

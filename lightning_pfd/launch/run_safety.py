@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
 from ..errors import ConfigError
-from .paths import callback_path
+from .paths import callback_path, logger_path
 
 __all__ = ["check_run_length", "probe_output_places", "output_places", "epoch_end_last_checkpoints",
            "remove_unfinished_writes", "set_aside_earlier_checkpoints", "OVERWRITTEN_PREFIX",
@@ -73,11 +73,10 @@ def output_places(trainer: Any) -> List[Tuple[str, str, str]]:
         if not save_dir:
             continue
         if "Wandb" in name:
-            places.append((f"trainer.logger[{name}].save_dir", str(save_dir), _TAIL["wandb"]))
+            places.append((logger_path(lg, arg="save_dir"), str(save_dir), _TAIL["wandb"]))
         else:
             sub = getattr(lg, "name", None) or ""
-            places.append((f"trainer.logger[{name}].save_dir", os.path.join(str(save_dir), str(sub)),
-                           _TAIL["csv"]))
+            places.append((logger_path(lg, arg="save_dir"), os.path.join(str(save_dir), str(sub)), _TAIL["csv"]))
     for cb in getattr(trainer, "checkpoint_callbacks", None) or []:
         d = getattr(cb, "dirpath", None)
         if d:
