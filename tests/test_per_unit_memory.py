@@ -103,6 +103,7 @@ def test_freshness_is_the_producers_epoch_and_step():
     mon, other = EvaluationMonitor(_Constant(), name="c"), _History()
     trainer = SimpleNamespace(callbacks=[mon, other, RegimeMonitor()], current_epoch=3, global_step=40)
     trainer.is_global_zero = False  # nothing written to disk
+    mon.schedule.fresh = other.schedule.fresh = True  # their schedules measured at this pass
     m = mon.evaluation.measure(None)
     u = m.units["v"]
     rec = mon.write_units(trainer, "c/v", u.kind, u.values, u.ids, 1.0)
@@ -119,7 +120,12 @@ def test_freshness_is_the_producers_epoch_and_step():
     assert not es._fresh(trainer)
     assert fresh_units(trainer) == {}  # the records of step 40 are not this pass's
     trainer.global_step = 40
+    mon.schedule.fresh = other.schedule.fresh = True  # both measured at this pass
     assert es._fresh(trainer) and es._units_now(trainer).values.tolist() == [1.0, 1.0, 1.0]
+    mon.schedule.fresh = False  # a second validation at the same epoch and step, not measured
+    assert RegimeMonitor._measured(trainer)[0] == set() and fresh_units(trainer) == {}
+    assert not es._fresh(trainer)
+    mon.schedule.fresh = True
     # a MeasurementCallback of its own: its write_units records are read in memory too
     trainer.global_step = 41
     own = other.write_units(trainer, "h/v", "mean", torch.full((2,), 0.25), torch.arange(2), 0.25)

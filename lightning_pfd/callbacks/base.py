@@ -270,10 +270,11 @@ class MeasurementCallback(Callback):
         return rec
 
     def units_at(self, epoch: int, step: int) -> Dict[str, UnitRecord]:
-        """The records :meth:`write_units` made at ``epoch`` / ``step`` (the trainer's
-        ``current_epoch`` / ``global_step``), under their keys; {} when none."""
+        """The records :meth:`write_units` made at this pass: at ``epoch`` / ``step`` (the
+        trainer's ``current_epoch`` / ``global_step``) and in a pass this callback's schedule
+        measured (two validations can share an epoch and a step); {} when none."""
         at, records = self._units_written
-        return dict(records) if at == (int(epoch), int(step)) else {}
+        return dict(records) if at == (int(epoch), int(step)) and self.schedule.fresh else {}
 
     def log_figure(self, trainer: "pl.Trainer", key: str, figure: Any,
                    caption: Optional[str] = None) -> Optional[str]:

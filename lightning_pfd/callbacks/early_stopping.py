@@ -272,9 +272,12 @@ class ICREarlyStopping(Callback):
 
     @staticmethod
     def _measured_now(trainer: "pl.Trainer", callback: Any) -> Any:
-        """``callback.latest`` when it was measured at this pass (the trainer's epoch and step)."""
+        """``callback.latest`` when it was measured at this pass: the trainer's epoch and step,
+        in a pass the callback's schedule (if it has one) measured."""
         latest = getattr(callback, "latest", None)
-        if latest is None or (latest.epoch, latest.step) != (int(trainer.current_epoch), int(trainer.global_step)):
+        schedule = getattr(callback, "schedule", None)
+        if latest is None or (latest.epoch, latest.step) != (int(trainer.current_epoch), int(trainer.global_step)) \
+                or (schedule is not None and not schedule.fresh):
             return None
         return latest
 

@@ -12,8 +12,9 @@ Freshness [choice]: a watched key counts as measured in this validation when the
 callback that logs it measured at this pass — ``latest.epoch`` / ``latest.step`` of an
 :class:`~lightning_pfd.callbacks.EvaluationMonitor`, the last ``history`` row of another
 :class:`~lightning_pfd.callbacks.base.MeasurementCallback`, equal to the trainer's
-``current_epoch`` / ``global_step`` — so a metric measured every k epochs is not recorded again
-with a stale value. The value recorded is the *logged* one (``trainer.callback_metrics``: what
+``current_epoch`` / ``global_step``, in a pass the callback's schedule measured (two validations
+can share an epoch and a step: ``val_check_interval`` inside gradient accumulation) — so a
+metric measured every k epochs is not recorded again with a stale value. The value recorded is the *logged* one (``trainer.callback_metrics``: what
 metrics.csv / W&B hold and ``report`` reads, a float32 for a Python number). A key that no
 measurement callback logs (``self.log`` of the LightningModule, or a callback of another kind)
 is recorded at every validation in which it is in ``trainer.callback_metrics``: Lightning keeps
@@ -290,8 +291,8 @@ class RegimeMonitor(Callback):
     @staticmethod
     def _measured(trainer) -> tuple:
         """``(fresh, produced)``: the keys the trainer's measurement callbacks measured at this
-        pass (their ``latest`` / last history row at this epoch and step) and every key they log
-        (module docstring)."""
+        pass (their ``latest`` / last history row at this epoch and step, in a pass their
+        schedule measured) and every key they log (module docstring)."""
         from .monitor import EvaluationMonitor
 
         now = (int(trainer.current_epoch), int(trainer.global_step))
@@ -311,7 +312,7 @@ class RegimeMonitor(Callback):
                 at = (int(row["epoch"]), int(row["step"])) if row is not None else None
             keys.discard("epoch"), keys.discard("step")
             produced |= keys
-            if at == now:
+            if at == now and cb.schedule.fresh:  # two validations can share an epoch and a step
                 fresh |= keys
         return fresh, produced
 
