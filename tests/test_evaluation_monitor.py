@@ -184,3 +184,69 @@ def test_comm_gathers_strided_shards_in_global_order_and_agrees_on_flags():
     assert _Parts(0, 3, [torch.tensor([0.0])] * 3).all_true(True) is True
     assert SINGLE.gather_rows(data, 10) is data and SINGLE.all_true(True) and not SINGLE.all_true(False)
     assert torch.equal(SINGLE.reduce_sum(data), data)
+
+
+def _presets():
+    from lightning_pfd.callbacks import GeneralizationMonitor, ICRMonitor, MemorizationMonitor, TailMonitor
+
+    return (GeneralizationMonitor(num_eval=4, batch_size=4, num_loss_samples=None, use_cache=False),
+            ICRMonitor(num_images=8), MemorizationMonitor(num_samples=4), TailMonitor(num_samples=4))
+
+
+def test_checked_monitors_pickle_unbound_for_spawned_processes():
+    """ddp_spawn pickles the callbacks after the command line's pre-flight: every preset pickles,
+    the copy is bound to nothing and keeps no latest measurement (its figures are functions),
+    and a FlowEvaluation copy is unbound (its sources are functions of this process's data)."""
+    import pickle
+    from types import SimpleNamespace
+
+    dm, model = _data(), _model()
+    dm.setup("fit")
+    trainer = SimpleNamespace(global_rank=0, world_size=1, strategy=None)
+    for mon in _presets():
+        trainer.callbacks = [mon]
+        mon.check_setup(trainer, model, dm)
+        assert mon._bound(dm, model, 1)
+        mon.latest = "a measurement with figure functions"
+        copy = pickle.loads(pickle.dumps(mon))
+        assert copy._bound_to == () and copy.latest is None and mon.latest is not None, mon.preset
+        assert copy.preset == mon.preset and copy.state_key == mon.state_key
+    flow = pickle.loads(pickle.dumps(_presets()[0].evaluation))
+    assert flow.train_data is None and flow._sources == {}
+
+
+def test_flow_and_tail_bind_again_when_the_datamodule_brings_new_tensors():
+    """A datamodule whose setup builds new tensors: the evaluations measure the data of the fit,
+    not the pre-flight's."""
+    dm, model = _data(), _model()
+    dm.setup("fit")
+    flow, tail = _presets()[0].evaluation, _presets()[3].evaluation
+    for ev in (flow, tail):
+        ev.check(dm, model, SINGLE)
+    dm.train_data = dm.train_data.clone() + 1.0
+    flow.prepare(dm, model, SINGLE)
+    tail.prepare(dm, model, SINGLE)
+    assert flow.train_data is dm.train_data and tail.data is dm.train_data
+
+
+def test_flow_precision_follows_the_model_on_its_device():
+    """bf16 with the model's sample_autocast is decided on the device the model measures on
+    (Lightning moves it after setup, where the pre-flight bound the evaluation in fp32)."""
+    from types import SimpleNamespace
+
+    dm = _data()
+    dm.setup("fit")
+    torch.manual_seed(0)
+    model = DiffusionModule(MLPNet(3, hidden=8, depth=1, emb_dim=8), family="edm", num_steps=3, sample_autocast=True)
+    flow = _presets()[0].evaluation
+    flow.check(dm, model, SINGLE)
+    assert flow.settings.precision == "fp32"  # on the CPU
+    flow._references = {"teacher": "computed in fp32"}
+    flow._follow_model_precision(SimpleNamespace(sample_autocast=True, device=torch.device("cuda", 0)))
+    assert flow.settings.precision == "bf16" and flow._references == {}
+    flow._follow_model_precision(model)
+    assert flow.settings.precision == "fp32"
+    explicit = type(flow)(None, num_eval=4, precision="fp32", use_cache=False)
+    explicit.check(dm, model, SINGLE)
+    explicit._follow_model_precision(SimpleNamespace(sample_autocast=True, device=torch.device("cuda", 0)))
+    assert explicit.settings.precision == "fp32"  # given: kept

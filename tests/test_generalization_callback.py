@@ -146,8 +146,11 @@ def test_ddp_spawn_two_ranks_equal_single_process(tmp_path):
     t1 = _trainer(tmp_path, GeneralizationMonitor(use_cache=False, **kw))
     t1.validate(_module(), datamodule=TeacherDM(), verbose=False)
     single = _metrics(t1)
-    t2 = _trainer(tmp_path, GeneralizationMonitor(use_cache=True, **kw), devices=2, strategy="ddp_spawn")
-    t2.validate(_module(), datamodule=TeacherDM(), verbose=False)
+    mon, module, dm = GeneralizationMonitor(use_cache=True, **kw), _module(), TeacherDM()
+    t2 = _trainer(tmp_path, mon, devices=2, strategy="ddp_spawn")
+    dm.setup("validate")
+    mon.check_setup(t2, module, dm)  # the command line's pre-flight binds it: the copies are not
+    t2.validate(module, datamodule=dm, verbose=False)
     double = _metrics(t2)
     assert set(single) == {"pfd/e_gen", "pfd/e_mem", "pfd/e_gen_se", "pfd/e_mem_se", "pfd/nonfinite",
                            "loss/train_fixed", "loss/test_fixed", "loss/gap"}

@@ -116,7 +116,7 @@ def test_the_stop_message_says_how_many_epochs_finished_without_a_checkpoint():
 def test_a_resume_on_a_changed_data_value_is_refused_and_allowed_with_the_flag(run, capsys):
     before = _snapshot(run)
     _refused(capsys, FIT + ["--ckpt_path", "last", "--trainer.max_epochs", "2", "--data.init_args.n_train", "16"],
-             "data: differs from the data the checkpoint", "data.n_train: 32 -> 16",
+             "data: differs from the data the checkpoint", "data.init_args.n_train: 32 -> 16",
              "--allow-data-change")
     assert _snapshot(run) == before
     assert main(FIT + ["--ckpt_path", "last", "--trainer.max_epochs", "2", "--data.init_args.n_train", "16",
@@ -141,7 +141,7 @@ def test_a_data_file_replaced_between_run_and_resume_is_named(tmp_path, monkeypa
     np.savez(d / "data.npz", x=x)
     before = _snapshot(d)
     _refused(capsys, FIT + ["--ckpt_path", "last", "--trainer.max_epochs", "2"],
-             "data.path (data.npz): the file's content changed")
+             "data.init_args.path (data.npz): the file's content changed")
     assert _snapshot(d) == before
 
 

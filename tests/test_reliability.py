@@ -269,7 +269,7 @@ def test_resume_applies_a_new_lr_and_refuses_a_new_architecture(tmp_path):
     before = _snapshot(d)
     r = _cli(d, env, "--ckpt_path", "last", "--model.init_args.net.init_args.hidden", "128")
     assert r.returncode == 2
-    assert "net.init_args.hidden: checkpoint 32, now 128" in r.stderr and "Traceback" not in r.stderr
+    assert "model.init_args.net.init_args.hidden: checkpoint 32, now 128" in r.stderr and "Traceback" not in r.stderr
     assert _snapshot(d) == before
     r = _cli(d, env, "--ckpt_path", "last", "--trainer.max_epochs", "2", "--model.init_args.lr", "0.05")
     assert r.returncode == 0, r.stderr[-3000:]

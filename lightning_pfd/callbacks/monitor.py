@@ -189,9 +189,10 @@ class EvaluationMonitor(MeasurementCallback):
             self._bound_to = ()
 
     def __getstate__(self) -> Dict[str, Any]:
-        """A copy (``ddp_spawn`` pickles the callbacks) is bound to nothing: each process
-        checks and prepares its evaluation with its own objects."""
-        return {**self.__dict__, "_bound_to": ()}
+        """A copy (``ddp_spawn`` pickles the callbacks) is bound to nothing and has no latest
+        measurement (its figures are functions): each process checks and prepares its
+        evaluation with its own objects."""
+        return {**self.__dict__, "_bound_to": (), "latest": None}
 
     def _bound(self, datamodule: Any, pl_module: Any, world: Optional[int] = None) -> bool:
         if len(self._bound_to) != 3 or (world is not None and self._bound_to[2] != world):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import lightning.pytorch as pl
 import torch
@@ -528,9 +528,10 @@ def _short(v) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def data_changes(saved: dict, now: dict) -> list:
+def data_changes(saved: dict, now: dict, name: Callable[[str], str] = "data.{}".format) -> list:
     """What differs between the fingerprint ``saved`` in a checkpoint and ``now`` (one line
-    each, naming the datamodule argument); [] when the data are the same (or nothing was saved)."""
+    each, naming the datamodule argument ``k`` as ``name(k)``: ``data.k``, the command line's
+    config path there); [] when the data are the same (or nothing was saved)."""
     if not saved or not now:
         return []
     out = []
@@ -539,11 +540,11 @@ def data_changes(saved: dict, now: dict) -> list:
     old_v, new_v = saved.get("values") or {}, now.get("values") or {}
     for k in sorted(set(old_v) | set(new_v)):
         if old_v.get(k, "<unset>") != new_v.get(k, "<unset>"):
-            out.append(f"data.{k}: {_short(old_v.get(k, '<unset>'))} -> {_short(new_v.get(k, '<unset>'))}")
+            out.append(f"{name(k)}: {_short(old_v.get(k, '<unset>'))} -> {_short(new_v.get(k, '<unset>'))}")
     old_f, new_f = saved.get("files") or {}, now.get("files") or {}
     for k in sorted(old_f):
         a, b = old_f[k], new_f.get(k)
-        where = f"data.{k} ({a.get('path')})"
+        where = f"{name(k)} ({a.get('path')})"
         if b is None:
             if old_v.get(k) == new_v.get(k):  # the same argument, the file is gone
                 out.append(f"{where}: the file is gone")

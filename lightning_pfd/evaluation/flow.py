@@ -383,13 +383,34 @@ class FlowEvaluation:
                               value=self.num_images, accepted=f"an integer in [1, {on_rank0}]")
 
     def prepare(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
-        """Measure with ``comm``; bind the datamodule and the model once; compute (or load) the
-        references."""
+        """Measure with ``comm``; bind the datamodule and the model (again when the datamodule's
+        ``train_data`` is another tensor); take the precision the model asks for on its device
+        now; compute (or load) the references."""
         self._check_world(comm.world)
         self.comm = comm
-        if self.train_data is None:
+        data = getattr(datamodule, "train_data", None) if datamodule is not None else None
+        if self.train_data is None or (data is not None and data is not self.train_data):
             self.bind_datamodule(datamodule, model, self.compile_mode(model))
+        self._follow_model_precision(model)
         self.compute_references(model.device)  # teacher / empirical endpoints: cached, once
+
+    def _follow_model_precision(self, model: Any) -> None:
+        """A precision derived from the model (bf16 when its ``sample_autocast`` is set and it is
+        on CUDA: known once Lightning moved it to its device, after ``setup``) is read again at
+        each measurement; references computed in another precision are dropped (the cache keeps
+        one entry per precision)."""
+        if self._explicit_settings is not None or self.precision is not None:
+            return
+        want = SamplerSettings.from_module(model).precision
+        if want != self.settings.precision:
+            self.settings = replace(self.settings, precision=want)
+            self._references = {}
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """A copy (``ddp_spawn`` pickles the callbacks) is unbound, as after :meth:`reset`:
+        each process binds its own data and computes or loads its references."""
+        return {**self.__dict__, "train_data": None, "test_data": None, "_sources": {}, "_metrics": {},
+                "_references": {}}
 
     def draws_grid(self) -> bool:
         """A sample grid is configured and the data are images (C, H, W) with C in (1, 3)."""

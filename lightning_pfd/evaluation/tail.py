@@ -249,8 +249,10 @@ class TailEvaluation:
         self.data = None
 
     def prepare(self, datamodule: Any, model: Any = None, comm: Comm = SINGLE) -> None:
-        """Bind the datamodule's reference split (once; :meth:`reset` forgets it)."""
-        if self.data is None:
+        """Bind the datamodule's reference split (once, and again when it is another tensor;
+        :meth:`reset` forgets it)."""
+        data = getattr(datamodule, f"{self.reference}_data", None) if datamodule is not None else None
+        if self.data is None or (data is not None and data is not self.data):
             self.bind_datamodule(datamodule)
 
     def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:

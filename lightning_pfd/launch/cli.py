@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextvars
 import errno
+import inspect
 import os
 import re
 import sys
@@ -39,7 +40,7 @@ from ..locks import acquire as acquire_lock
 from ..validation import plain_numbers
 from . import CONFIG_DIR, LIGHTNING_SUBCOMMANDS, PROG, RESUMED_CSV_WARNING, debug_enabled
 from .fit_help import parser_kwargs
-from .paths import at_config_path, callback_path, check_callbacks, nested_paths, refused_at
+from .paths import at_config_path, callback_path, check_callbacks, config_path, nested_paths, refused_at
 from .run_dir import RUN_DIR_HELP
 from .run_dir import relocate as relocate_outputs
 from .run_checks import (check_monitored_keys, check_wandb_online, finished_run,
@@ -47,9 +48,9 @@ from .run_checks import (check_monitored_keys, check_wandb_online, finished_run,
 from .run_safety import (check_run_length, check_unique_keys, epoch_end_last_checkpoints,
                          probe_output_places, remove_unfinished_writes, set_aside_earlier_checkpoints)
 
-__all__ = ["PFDLightningCLI", "PFDArgumentParser", "RunConfigCallback", "condense_error", "run_lightning_cli", "resolve_config_path", "join_negative_values", "ensure_wandb_mode",
-           "wandb_has_credentials", "SUBCOMMANDS", "RunFinished", "check_components",
-           "needs_default_config", "rewrite_configs", "disk_error", "DISK_ERRNOS", "RUNNING"]
+__all__ = ["PFDLightningCLI", "PFDArgumentParser", "RunConfigCallback", "condense_error", "run_lightning_cli",
+           "resolve_config_path", "join_negative_values", "ensure_wandb_mode", "SUBCOMMANDS", "RunFinished",
+           "check_components", "needs_default_config", "rewrite_configs", "disk_error", "DISK_ERRNOS", "RUNNING"]
 
 SUBCOMMANDS = LIGHTNING_SUBCOMMANDS
 _NOISE = ("Expected a <class 'NoneType'>", "Given value", "Subtypes:", "Errors:",
@@ -533,7 +534,8 @@ class PFDLightningCLI(LightningCLI):
         ckpt = load_checkpoint(path)  # CheckpointError: missing, empty, foreign, damaged
         changes = getattr(self.model, "resume_changes", None)
         if callable(changes):  # refuses architecture changes now; the others are printed on load
-            changes(ckpt, source=path)
+            named = "name" in inspect.signature(changes).parameters
+            changes(ckpt, source=path, **({"name": lambda k: config_path(f"model.{k}")} if named else {}))
         if self.subcommand == "fit":
             self._check_data_unchanged(ckpt, path)
         self.resume_checkpoint, self.resolved_ckpt_path = ckpt, path
@@ -561,7 +563,8 @@ class PFDLightningCLI(LightningCLI):
         from ..callbacks.checkpoint import DATA_KEY
         from ..data.base import data_changes, data_fingerprint
 
-        changes = data_changes(ckpt.get(DATA_KEY) or {}, data_fingerprint(self.datamodule))
+        changes = data_changes(ckpt.get(DATA_KEY) or {}, data_fingerprint(self.datamodule),
+                               name=lambda k: config_path(f"data.{k}"))
         if not changes:
             return
         listed = "; ".join(changes[:6]) + ("; ..." if len(changes) > 6 else "")
@@ -755,11 +758,6 @@ class PFDLightningCLI(LightningCLI):
 
 
 # ----------------------------------------------------------------------------- the command line
-def wandb_has_credentials() -> bool:
-    """True when W&B could log online (``callbacks.wandb_setup.has_wandb_credentials``)."""
-    return has_wandb_credentials()
-
-
 def ensure_wandb_mode() -> str:
     """Switch W&B to offline mode when no credentials exist (unless WANDB_MODE is set)."""
     if "WANDB_MODE" not in os.environ and not has_wandb_credentials():

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Dict, Iterable, List, Literal, Optional, Tuple, get_args
+from typing import Callable, Dict, Iterable, List, Literal, Optional, Tuple, get_args
 
 import lightning.pytorch as pl
 import torch
@@ -317,19 +317,21 @@ class ResumableModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["lightning_pfd"] = {"train_seed": self.train_seed}
 
-    def resume_changes(self, checkpoint: dict, source: str = "the checkpoint") -> List[str]:
+    def resume_changes(self, checkpoint: dict, source: str = "the checkpoint",
+                       name: Callable[[str], str] = "model.{}".format) -> List[str]:
         """Compare a checkpoint's hyper-parameters with this module's.
 
         Raises :class:`ConfigError` listing every architecture/diffusion-family conflict; returns
-        one line per other difference (those are applied when resuming)."""
+        one line per other difference (those are applied when resuming). An argument ``k`` is
+        named ``name(k)`` (``model.k``; the command line gives its config path)."""
         refused, applied = compare_hparams(checkpoint.get("hyper_parameters") or {},
                                            dict(self.hparams), self.ARCHITECTURE_KEYS)
         if refused:
             raise ConfigError(
                 "ckpt_path", f"{source} was made with another architecture or diffusion family: "
-                + "; ".join(f"model.{k}: checkpoint {a!r}, now {b!r}" for k, a, b in refused),
+                + "; ".join(f"{name(k)}: checkpoint {a!r}, now {b!r}" for k, a, b in refused),
                 suggestion="drop these overrides to resume, or start a new run without --ckpt_path")
-        return [f"resuming with model.{k} = {b!r} (the checkpoint was trained with {a!r})"
+        return [f"resuming with {name(k)} = {b!r} (the checkpoint was trained with {a!r})"
                 for k, a, b in applied]
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

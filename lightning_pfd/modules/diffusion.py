@@ -172,10 +172,10 @@ class DiffusionModule(EMAModule):
                 raise _legacy_checkpoint(checkpoint_path) from e
             raise
 
-    def resume_changes(self, checkpoint: dict, source: str = "the checkpoint"):
+    def resume_changes(self, checkpoint: dict, source: str = "the checkpoint", name="model.{}".format):
         if "precond" in (checkpoint.get("hyper_parameters") or {}):
             raise _legacy_checkpoint(source)
-        return super().resume_changes(checkpoint, source)
+        return super().resume_changes(checkpoint, source, name)
 
     # -- public interface used by the callbacks (lightning_pfd.contracts.SigmaSpaceModel) ------
     @property
