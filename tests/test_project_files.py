@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_license_is_the_one_pyproject_declares():
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    assert meta["license"] == {"text": "Apache-2.0"}
+    assert meta["license"] == "Apache-2.0" and meta["license-files"] == ["LICENSE"]  # SPDX (PEP 639)
     text = (REPO / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text and len(text) > 10000  # the whole text

@@ -188,16 +188,16 @@ class EvaluationMonitor(MeasurementCallback):
         except TypeError:
             self._bound_to = ()
 
+    def _bound(self, datamodule: Any, pl_module: Any, world: Optional[int] = None) -> bool:
+        if len(self._bound_to) != 3 or (world is not None and self._bound_to[2] != world):
+            return False
+        return all((r and r()) is o for r, o in zip(self._bound_to, (datamodule, pl_module)))
+
     def __getstate__(self) -> Dict[str, Any]:
         """A copy (``ddp_spawn`` pickles the callbacks) is bound to nothing and has no latest
         measurement (its figures are functions): each process checks and prepares its
         evaluation with its own objects."""
         return {**self.__dict__, "_bound_to": (), "latest": None}
-
-    def _bound(self, datamodule: Any, pl_module: Any, world: Optional[int] = None) -> bool:
-        if len(self._bound_to) != 3 or (world is not None and self._bound_to[2] != world):
-            return False
-        return all((r and r()) is o for r, o in zip(self._bound_to, (datamodule, pl_module)))
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         reset = getattr(self.evaluation, "reset", None)
