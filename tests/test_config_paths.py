@@ -193,3 +193,15 @@ def test_a_monitor_refusing_the_datamodules_data_names_the_data():
         with pytest.raises(ConfigError) as e:
             check_callbacks(trainer, model, dm)
         assert e.value.field == field, (monitor.preset, str(e.value))
+
+
+def test_a_nets_refusal_is_named_by_its_nested_config_path(tmp_path):
+    """The U-Net names its argument (a ConfigError, still a ValueError for Python callers); the
+    command line finds it inside the model's net."""
+    cfg = _config(tmp_path)
+    cfg["model"] = {"class_path": "lightning_pfd.modules.DiffusionModule", "init_args": {"net": {
+        "class_path": "lightning_pfd.nets.UNet",
+        "init_args": {"img_resolution": 10, "in_channels": 1, "model_channels": 8, "channel_mult": [1, 2, 2],
+                      "num_blocks": 1, "attn_resolutions": []}}}}
+    err = _refusal(cfg)
+    assert err.field == "model.init_args.net.init_args.img_resolution" and err.value == 10

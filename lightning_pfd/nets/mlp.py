@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
 from .layers import TappedNetwork, as_noise_labels, init_xavier, make_noise_embedding
 
 __all__ = ["MLPNet", "MLPBlock"]
@@ -146,10 +147,11 @@ class MLPNet(TappedNetwork):
 
 
 def _validate(dim, hidden, depth, emb_dim, dropout) -> None:
+    """ConfigError (a ValueError) naming the argument: the command line adds its config path."""
     for name, val in (("dim", dim), ("hidden", hidden), ("depth", depth)):
         if not isinstance(val, int) or val < 1:
-            raise ValueError(f"{name}: must be a positive int, got {val!r}")
+            raise ConfigError(name, "must be a positive int", value=val)
     if not isinstance(emb_dim, int) or emb_dim < 2 or emb_dim % 2:
-        raise ValueError(f"emb_dim: must be an even int >= 2, got {emb_dim!r}")
+        raise ConfigError("emb_dim", "must be an even int >= 2", value=emb_dim)
     if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout: must lie in [0, 1), got {dropout}")
+        raise ConfigError("dropout", "must lie in [0, 1)", value=dropout)

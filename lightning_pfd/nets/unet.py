@@ -292,28 +292,26 @@ def _resolve_config(preset, model_channels, channel_mult, num_blocks) -> dict:
 
 def _validate(img_resolution, in_channels, out_channels, cfg, dropout, channel_mult_emb,
               channel_mult_noise) -> None:
+    """ConfigError (a ValueError) naming the argument: the command line adds its config path."""
     mult = cfg["channel_mult"]
     if len(mult) < 1 or any(m < 1 for m in mult):
-        raise ValueError(f"channel_mult: must be a non-empty list of positive ints, got {list(mult)}")
-    if int(cfg["model_channels"]) < 1:
-        raise ValueError(f"model_channels: must be >= 1, got {cfg['model_channels']}")
-    if int(cfg["num_blocks"]) < 1:
-        raise ValueError(f"num_blocks: must be >= 1, got {cfg['num_blocks']}")
+        raise ConfigError("channel_mult", "must be a non-empty list of positive ints", value=list(mult))
+    for name in ("model_channels", "num_blocks"):
+        if int(cfg[name]) < 1:
+            raise ConfigError(name, "must be >= 1", value=cfg[name])
     factor = 2 ** (len(mult) - 1)
     if not isinstance(img_resolution, int) or img_resolution < 1 or img_resolution % factor:
-        raise ValueError(
-            f"img_resolution: must be a positive multiple of 2**(len(channel_mult)-1) = {factor} "
-            f"(e.g. 8, 16, 28, 32 for 3 levels), got {img_resolution!r}")
-    if in_channels < 1 or (out_channels is not None and out_channels < 1):
-        raise ValueError(f"in_channels/out_channels: must be >= 1, got {in_channels}, {out_channels}")
+        raise ConfigError("img_resolution", f"must be a positive multiple of 2**(len(channel_mult)-1) = {factor} "
+                          f"(e.g. 8, 16, 28, 32 for 3 levels)", value=img_resolution)
+    for name, val in (("in_channels", in_channels), ("out_channels", out_channels),
+                      ("channel_mult_emb", channel_mult_emb), ("channel_mult_noise", channel_mult_noise)):
+        if val is not None and val < 1:
+            raise ConfigError(name, "must be >= 1", value=val)
     if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout: must lie in [0, 1), got {dropout}")
-    if channel_mult_emb < 1 or channel_mult_noise < 1:
-        raise ValueError(f"channel_mult_emb/channel_mult_noise: must be >= 1, got "
-                         f"{channel_mult_emb}, {channel_mult_noise}")
+        raise ConfigError("dropout", "must lie in [0, 1)", value=dropout)
     if (cfg["model_channels"] * channel_mult_noise) % 2:
-        raise ValueError("model_channels * channel_mult_noise: must be even (sin/cos pairs), got "
-                         f"{cfg['model_channels'] * channel_mult_noise}")
+        raise ConfigError("model_channels", "times channel_mult_noise must be even (sin/cos pairs)",
+                          value=cfg["model_channels"])
 
 
 def _resolve_attention(attn_resolutions, res_levels: List[int]) -> List[int]:
@@ -322,5 +320,6 @@ def _resolve_attention(attn_resolutions, res_levels: List[int]) -> List[int]:
     attn = [int(r) for r in attn_resolutions]
     bad = [r for r in attn if r not in res_levels]
     if bad:
-        raise ValueError(f"attn_resolutions: {bad} not among the level resolutions {res_levels}")
+        raise ConfigError("attn_resolutions", f"{bad} not among the level resolutions", value=attn,
+                          accepted=res_levels)
     return attn
