@@ -37,12 +37,12 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple, Union, 
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, renamed_fields
 from . import sharding
 
 __all__ = ["Evaluation", "Measurement", "Units", "NonFinite", "Comm", "SingleProcess",
            "SINGLE", "TorchDistributed", "StrategyCollective", "strategy_comm", "distributed_world",
-           "train_data_of"]
+           "train_data_of", "bind_train_data"]
 
 
 # ----------------------------------------------------------------------------- processes
@@ -166,6 +166,18 @@ def train_data_of(datamodule: Any, who: str) -> torch.Tensor:
     if len(data) == 0:
         raise ConfigError("data", "the training set is empty", value=tuple(data.shape))
     return data
+
+
+def bind_train_data(evaluation: Any, datamodule: Any, bind: Callable[[torch.Tensor], None]) -> None:
+    """``bind(datamodule.train_data)`` unless ``evaluation.train_data`` is already that tensor (or
+    there is no datamodule and it has one); a refusal of ``train_data`` names ``data`` (the
+    datamodule's training set)."""
+    if datamodule is None and evaluation.train_data is not None:
+        return
+    data = train_data_of(datamodule, type(evaluation).__name__)
+    if data is not evaluation.train_data:
+        with renamed_fields({"train_data": "data"}):
+            bind(data)
 
 
 class StrategyCollective(Comm):

@@ -31,11 +31,11 @@ import torch
 from torch import nn
 
 from ..contracts import GENERATING_MODELS, check_on_samples
-from ..errors import ConfigError, renamed_fields
+from ..errors import ConfigError
 from ..metrics.memorization import (Criterion, _is_memorized, _memorization_compute, embed, memorization_scores,
                                     reference_features, resolve_threshold)
 from ..validation import NonNegativeInt, PositiveInt, check_args
-from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, train_data_of
+from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, bind_train_data
 from .sharding import shard_indices
 
 __all__ = ["MemorizationEvaluation", "resolve_descriptor", "indicator_se"]
@@ -130,12 +130,7 @@ class MemorizationEvaluation:
 
     def prepare(self, datamodule: Any, model: Any = None, comm: Comm = SINGLE) -> None:
         """Bind the datamodule's training set (kept while it is the same tensor)."""
-        if datamodule is None and self.train_data is not None:
-            return
-        data = train_data_of(datamodule, type(self).__name__)
-        if data is not self.train_data:
-            with renamed_fields({"train_data": "data"}):  # the datamodule's training set
-                self.bind(data, getattr(datamodule, "fingerprint", None))
+        bind_train_data(self, datamodule, lambda data: self.bind(data, getattr(datamodule, "fingerprint", None)))
 
     def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
         """A model without ``generate``, a training set too small for the criterion, fewer samples

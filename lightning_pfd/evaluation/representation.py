@@ -60,11 +60,11 @@ from ..diffusion.augment import AUG_LEVELS, augment, noisy_view
 from ..diffusion.features import extract_features, random_projection, resolve_tap
 from ..diffusion.noise import seeded_noise, seeded_uniform
 from ..diffusion.streams import STREAMS, stream
-from ..errors import ConfigError, renamed_fields
+from ..errors import ConfigError
 from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, TauSpec, _icr_at, _icr_compute,
                            _icr_update, _icr_zero_states, check_tau, pool_features)
 from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeFloat, NonNegativeInt, PositiveInt, check_args
-from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, train_data_of
+from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, bind_train_data
 from .sharding import check_world, shard_indices
 
 __all__ = ["RepresentationEvaluation", "ICR_LEAVES", "ICR_HISTORY", "check_representation_settings", "fixed_subset",
@@ -601,12 +601,7 @@ class RepresentationEvaluation:
 
     def prepare(self, datamodule: Any, model: Any = None, comm: Comm = SINGLE) -> None:
         """Bind the datamodule's ``train_data`` (kept while it is the same tensor)."""
-        if datamodule is None and self.train_data is not None:
-            return
-        data = train_data_of(datamodule, type(self).__name__)
-        if data is not self.train_data:
-            with renamed_fields({"train_data": "data"}):  # the datamodule's training set
-                self.bind(data)
+        bind_train_data(self, datamodule, self.bind)
 
     def check(self, datamodule: Any, model: Any, comm: Comm = SINGLE) -> None:
         """``num_images`` vs the training set and the world size, the view shape, the model's tap
