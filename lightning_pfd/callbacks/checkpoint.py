@@ -302,8 +302,22 @@ def _read_csv(path: Path):
     return header, list(csv.DictReader(io.StringIO(text)))
 
 
-def _continue_csv(lg: CSVLogger, max_step: int) -> list:
-    """Reopen a CSVLogger's version directory keeping the rows with step <= max_step.
+def _after_checkpoint(row: dict, max_step: int, max_epoch: Optional[int]) -> bool:
+    """Whether a CSV row was logged after the checkpoint (step ``max_step``, epoch ``max_epoch``).
+
+    The step alone cannot tell: a ``max_time`` / ``max_steps`` stop one step into an epoch
+    validates that cut epoch and logs it at step = the checkpoint's (Lightning logs at the last
+    optimizer step), and the end-of-run rows of a finished run carry its last step too. Both have
+    a later epoch than the checkpoint's, so a row is dropped when either is later."""
+    step, epoch = row.get("step"), row.get("epoch")
+    if step and int(float(step)) > max_step:
+        return True
+    return bool(epoch) and max_epoch is not None and float(epoch) > max_epoch
+
+
+def _continue_csv(lg: CSVLogger, max_step: int, max_epoch: Optional[int] = None) -> list:
+    """Reopen a CSVLogger's version directory keeping the rows logged up to the checkpoint
+    (:func:`_after_checkpoint`: step <= ``max_step`` and epoch <= ``max_epoch``).
 
     Lightning's CSV writer deletes an existing ``metrics.csv`` when it starts, so the file is first
     moved aside (an atomic rename: a crash here loses nothing), the writer started, the kept rows
@@ -314,7 +328,7 @@ def _continue_csv(lg: CSVLogger, max_step: int) -> list:
     aside = metrics.with_name("metrics.csv.resuming")
     os.replace(metrics, aside)
     header, rows = _read_csv(aside)
-    keep = [r for r in rows if not r.get("step") or int(float(r["step"])) <= max_step]
+    keep = [r for r in rows if not _after_checkpoint(r, max_step, max_epoch)]
     writer = lg.experiment  # creates the writer (nothing left to delete)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=header)  # csv's default \r\n, as Lightning writes
@@ -353,6 +367,8 @@ def continue_loggers(trainer: "pl.Trainer", checkpoint: dict,
     is left as it is. Returns one line per logger saying what was continued."""
     saved, lines = _saved_locations(checkpoint), []
     step = int(checkpoint.get("global_step", 0))
+    epoch = checkpoint.get("epoch")
+    epoch = int(epoch) if isinstance(epoch, int) else None
     csv_saved = {d["root"]: d["version"] for d in saved.get("csv", [])}
     wandb_saved = {d["save_dir"]: d["id"] for d in saved.get("wandb", [])}
     loggers = list(trainer.loggers)
@@ -363,9 +379,10 @@ def continue_loggers(trainer: "pl.Trainer", checkpoint: dict,
         root = str(Path(lg.root_dir)) if isinstance(lg, CSVLogger) else None
         if root in csv_saved and kw is not None:
             loggers[i] = lg = type(lg)(**dict(kw, version=csv_saved[root]))
-            rows = _continue_csv(lg, step)
+            rows = _continue_csv(lg, step, epoch)
             history = history or rows
-            lines.append(f"CSV log continues in {lg.log_dir} (rows after step {step} dropped)")
+            lines.append(f"CSV log continues in {lg.log_dir} (rows after step {step}"
+                         + (f", epoch {epoch}" if epoch is not None else "") + " dropped)")
     for i, (lg, kw) in enumerate(zip(loggers, args)):
         if isinstance(lg, WandbLogger) and str(lg.save_dir) in wandb_saved and kw is not None:
             run_id = wandb_saved[str(lg.save_dir)]

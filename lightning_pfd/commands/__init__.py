@@ -128,6 +128,9 @@ def print_extra_help() -> None:
           "earlier run's\n                        checkpoints (moved to <dirpath>/overwritten-<time>/)")
     print("  --allow-data-change   fit --ckpt_path: continue on data that differ from the "
           "checkpoint's\n                        (a datamodule value or file; refused without it)")
+    print("  --allow-optimizer-change  fit --ckpt_path: another optimizer or LR-schedule class than "
+          "the checkpoint's,\n                        from its weights with a fresh optimizer state "
+          "(refused without it)")
     print("  --run_dir PATH        fit: every output of the run (logs, checkpoints, per-unit records, "
           "report,\n                        W&B run name) in PATH")
     print("\nExtra commands:")

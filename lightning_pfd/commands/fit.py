@@ -21,6 +21,7 @@ __all__ = ["main"]
 def _fit(argv: list) -> int:
     overwrite = pop_flag(argv, "--overwrite")
     allow_data_change = pop_flag(argv, "--allow-data-change")
+    allow_optimizer_change = pop_flag(argv, "--allow-optimizer-change")
     if not argv:
         argv = ["fit"]
     if needs_default_config(argv):
@@ -30,7 +31,8 @@ def _fit(argv: list) -> int:
     with signal_guard() as received:  # SIGTERM / SIGINT: exit 143 / 130 with the resume command
         try:
             run_lightning_cli(join_negative_values(rewrite_configs(argv)), overwrite=overwrite,
-                              allow_data_change=allow_data_change)
+                              allow_data_change=allow_data_change,
+                              allow_optimizer_change=allow_optimizer_change)
         except (SystemExit, KeyboardInterrupt):
             if received.signum is None:
                 raise

@@ -348,10 +348,14 @@ class PFDLightningCLI(LightningCLI):
         allow_data_change: ``fit --ckpt_path`` whose data differ from the checkpoint's (a
             datamodule argument, a file it reads): continue on the new data (the differences
             are printed) instead of refusing.
+        allow_optimizer_change: ``fit --ckpt_path`` with another optimizer or LR-schedule class
+            than the checkpoint's: continue from its weights with a fresh optimizer and schedule
+            state (printed) instead of refusing.
     """
 
     def __init__(self, args=None, run: bool = True, overwrite: bool = False,
-                 stop_when_finished: bool = False, allow_data_change: bool = False, **kwargs):
+                 stop_when_finished: bool = False, allow_data_change: bool = False,
+                 allow_optimizer_change: bool = False, **kwargs):
         kwargs.setdefault("parser_kwargs", parser_kwargs(PROG, SUBCOMMANDS))  # fit_help.py
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
@@ -360,6 +364,7 @@ class PFDLightningCLI(LightningCLI):
         self.overwrite = bool(overwrite)
         self.stop_when_finished = bool(stop_when_finished)
         self.allow_data_change = bool(allow_data_change)
+        self.allow_optimizer_change = bool(allow_optimizer_change)
         self.resume_checkpoint: Optional[dict] = None
         self.resolved_ckpt_path: Optional[str] = None
         self.configured_callbacks: list = []  # (callback, its config entry): see check_callbacks
@@ -534,8 +539,12 @@ class PFDLightningCLI(LightningCLI):
         ckpt = load_checkpoint(path)  # CheckpointError: missing, empty, foreign, damaged
         changes = getattr(self.model, "resume_changes", None)
         if callable(changes):  # refuses architecture changes now; the others are printed on load
-            named = "name" in inspect.signature(changes).parameters
-            changes(ckpt, source=path, **({"name": lambda k: config_path(f"model.{k}")} if named else {}))
+            params = inspect.signature(changes).parameters
+            extra = {"name": lambda k: config_path(f"model.{k}")} if "name" in params else {}
+            if "allow_optimizer_change" in params:
+                extra["allow_optimizer_change"] = self.allow_optimizer_change
+                self.model.allow_optimizer_change = self.allow_optimizer_change
+            changes(ckpt, source=path, **extra)
         if self.subcommand == "fit":
             self._check_data_unchanged(ckpt, path)
         self.resume_checkpoint, self.resolved_ckpt_path = ckpt, path
@@ -898,13 +907,14 @@ RUNNING: dict = {}
 
 
 def run_lightning_cli(argv: Sequence[str], overwrite: bool = False,
-                      allow_data_change: bool = False) -> PFDLightningCLI:
+                      allow_data_change: bool = False, allow_optimizer_change: bool = False) -> PFDLightningCLI:
     """Run :class:`PFDLightningCLI` on ``argv`` (W&B offline without credentials)."""
     ensure_wandb_mode()
     saved = sys.argv
     sys.argv = [PROG] + list(argv)  # LightningCLI warns when both sys.argv and args are given
     try:
         return PFDLightningCLI(args=None, overwrite=overwrite, stop_when_finished=True,
-                               allow_data_change=allow_data_change)
+                               allow_data_change=allow_data_change,
+                               allow_optimizer_change=allow_optimizer_change)
     finally:
         sys.argv = saved

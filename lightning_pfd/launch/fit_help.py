@@ -25,7 +25,8 @@ All options (LightningCLI) follow."""
 
 _OVERWRITE = ("  --overwrite               replace an earlier run's checkpoints in the same directory\n"
               "                            (they move to <dirpath>/overwritten-<time>/)\n"
-              "  --allow-data-change       with --ckpt_path: continue on changed data (else refused)\n")
+              "  --allow-data-change       with --ckpt_path: continue on changed data (else refused)\n"
+              "  --allow-optimizer-change  with --ckpt_path: another optimizer / schedule (else refused)\n")
 
 
 def usage(prog: str, subcommand: str) -> str:

@@ -48,10 +48,11 @@ from ..contracts import check_data_shape
 from ..errors import ConfigError
 from ..evaluation.base import strategy_comm
 from .ema import EMA, ema_beta, sanitize_gradients
-from .optim import adam_with_warmup
+from .optim import apply_optimizer_hparams, configure_optimization, optimizer_class_changes
 
 __all__ = ["ResumableModule", "EMAModule", "StepLists", "step_seed", "seed_step", "grads_finite",
-           "compare_hparams", "check_training_args", "limit_cpu_threads", "OnDivergence",
+           "compare_hparams", "check_training_args", "check_optimization", "record_optimization",
+           "limit_cpu_threads", "OnDivergence",
            "DIVERGENCE_ACTIONS"]
 
 #: what a module does once it diverged: stop training, or carry on
@@ -317,22 +318,42 @@ class ResumableModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["lightning_pfd"] = {"train_seed": self.train_seed}
 
+    #: a resume may change the optimizer or schedule class (``fit --allow-optimizer-change``):
+    #: the checkpoint's weights are kept, the optimizer and schedule start afresh
+    allow_optimizer_change: bool = False
+
     def resume_changes(self, checkpoint: dict, source: str = "the checkpoint",
-                       name: Callable[[str], str] = "model.{}".format) -> List[str]:
+                       name: Callable[[str], str] = "model.{}".format,
+                       allow_optimizer_change: Optional[bool] = None) -> List[str]:
         """Compare a checkpoint's hyper-parameters with this module's.
 
-        Raises :class:`ConfigError` listing every architecture/diffusion-family conflict; returns
-        one line per other difference (those are applied when resuming). An argument ``k`` is
-        named ``name(k)`` (``model.k``; the command line gives its config path)."""
-        refused, applied = compare_hparams(checkpoint.get("hyper_parameters") or {},
-                                           dict(self.hparams), self.ARCHITECTURE_KEYS)
+        Raises :class:`ConfigError` listing every architecture/diffusion-family conflict, and
+        another optimizer or LR-schedule class unless ``allow_optimizer_change`` (default: the
+        module's attribute of that name); returns one line per other difference (those are
+        applied when resuming). An argument ``k`` is named ``name(k)`` (``model.k``; the command
+        line gives its config path)."""
+        saved = checkpoint.get("hyper_parameters") or {}
+        refused, applied = compare_hparams(saved, dict(self.hparams), self.ARCHITECTURE_KEYS)
         if refused:
             raise ConfigError(
                 "ckpt_path", f"{source} was made with another architecture or diffusion family: "
                 + "; ".join(f"{name(k)}: checkpoint {a!r}, now {b!r}" for k, a, b in refused),
                 suggestion="drop these overrides to resume, or start a new run without --ckpt_path")
-        return [f"resuming with {name(k)} = {b!r} (the checkpoint was trained with {a!r})"
-                for k, a, b in applied]
+        changed = optimizer_class_changes(saved, dict(self.hparams))
+        allow = self.allow_optimizer_change if allow_optimizer_change is None else allow_optimizer_change
+        if changed and not allow:
+            raise ConfigError(
+                "ckpt_path", f"{source} was trained with another optimizer or learning-rate schedule: "
+                + "; ".join(f"{name(k)}: checkpoint {a or 'none'}, now {b or 'none'}" for k, a, b in changed),
+                suggestion="resume with the checkpoint's optimizer and schedule, start a new run, or "
+                           "pass --allow-optimizer-change (Python: module.allow_optimizer_change = True) "
+                           "to continue from its weights with a fresh optimizer and schedule state")
+        keys = {k for k, _a, _b in changed}
+        lines = [f"resuming with {name(k)} = {b!r} (the checkpoint was trained with {a!r})"
+                 for k, a, b in applied if k.split(".")[0] not in keys]
+        lines += [f"--allow-optimizer-change: {name(k)} {a or 'none'} -> {b or 'none'}; the optimizer "
+                  "and schedule start afresh from the checkpoint's weights" for k, a, b in changed]
+        return lines
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         saved = (checkpoint.get("lightning_pfd") or {}).get("train_seed")
@@ -340,23 +361,13 @@ class ResumableModule(pl.LightningModule):
             self._train_seed = int(saved)
         for line in self.resume_changes(checkpoint):
             rank_zero_info(f"[lightning_pfd] {line}")
-        self._apply_optimizer_hparams(checkpoint)
-
-    def _apply_optimizer_hparams(self, checkpoint: dict) -> None:
-        """Make the restored optimizer / scheduler use the current lr, betas and weight decay."""
-        hp = self.hparams
-        new = {"lr": float(hp.lr), "betas": tuple(hp.betas), "weight_decay": float(hp.weight_decay)}
-        for opt in checkpoint.get("optimizer_states") or []:
-            for group in opt.get("param_groups", []):
-                old_base = float(group.get("initial_lr", group.get("lr", new["lr"])))
-                scale = float(group.get("lr", old_base)) / old_base if old_base else 1.0
-                group["lr"] = new["lr"] * scale
-                if "initial_lr" in group:
-                    group["initial_lr"] = new["lr"]
-                group["betas"], group["weight_decay"] = new["betas"], new["weight_decay"]
-        for sched in checkpoint.get("lr_schedulers") or []:
-            if "base_lrs" in sched:  # the scheduler's next step recomputes lr from base_lrs
-                sched["base_lrs"] = [new["lr"] for _ in sched["base_lrs"]]
+        changed = {k for k, _a, _b in optimizer_class_changes(checkpoint.get("hyper_parameters") or {},
+                                                              dict(self.hparams))}
+        if "optimizer" in changed:  # (allowed, else resume_changes raised): fresh states
+            checkpoint["optimizer_states"] = []
+        if changed:
+            checkpoint["lr_schedulers"] = []
+        apply_optimizer_hparams(checkpoint, self.hparams)
 
 
 def check_training_args(net, betas) -> None:
@@ -370,6 +381,26 @@ def check_training_args(net, betas) -> None:
     if b is None or len(b) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                            and 0.0 <= v < 1.0 for v in b):
         raise ConfigError("betas", "must be two numbers in [0, 1)", value=betas, accepted="e.g. [0.9, 0.999]")
+
+
+def check_optimization(optimizer, lr_scheduler, lr, betas, weight_decay, warmup_steps) -> Tuple[Optional[dict], Optional[dict]]:
+    """The checked plain forms of an :class:`EMAModule`'s ``optimizer`` and ``lr_scheduler``
+    (:func:`~lightning_pfd.modules.optim.optimizer_spec`, ``scheduler_spec``), built once on a
+    throwaway parameter so a bad class or value fails before anything else is built."""
+    from .optim import optimizer_spec, scheduler_spec
+
+    hp = {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay, "warmup_steps": warmup_steps}
+    opt = optimizer_spec(optimizer, hp)
+    return opt, scheduler_spec(lr_scheduler, opt, hp)
+
+
+def record_optimization(module: "EMAModule", optimizer: Optional[dict], lr_scheduler: Optional[dict]) -> None:
+    """``hparams.optimizer`` / ``hparams.lr_scheduler`` = the checked plain forms (what the
+    checkpoint, ``hparams.yaml`` and the W&B config hold); nothing changes for the default."""
+    if optimizer is None and lr_scheduler is None:
+        return
+    module.hparams["optimizer"], module.hparams["lr_scheduler"] = optimizer, lr_scheduler
+    module.save_hyperparameters(dict(module.hparams))  # loggers write hparams_initial
 
 
 def limit_cpu_threads(trainer) -> None:
@@ -571,4 +602,6 @@ class EMAModule(ResumableModule):
         lists.ema_update(beta)
 
     def configure_optimizers(self):
-        return adam_with_warmup(self.trained_module.parameters(), self.hparams, self.device)
+        """EDM's Adam with warm-up, or the configured ``optimizer`` / ``lr_scheduler``
+        (:func:`~lightning_pfd.modules.optim.configure_optimization`)."""
+        return configure_optimization(self.trained_module.parameters(), self.hparams, self.device)

@@ -15,7 +15,7 @@ from ..diffusion.sampling import CompileMode, SamplerName, SamplerSettings, chec
 from ..errors import ConfigError
 from ..validation import (ClosedUnitInterval, FiniteNonNegativeFloat, FinitePositiveFloat, NonNegativeInt,
                           PositiveFloat, PositiveInt, check_args)
-from .base import EMAModule, OnDivergence, check_training_args
+from .base import EMAModule, OnDivergence, check_optimization, check_training_args
 
 __all__ = ["DiffusionModule", "resolve_family"]
 
@@ -60,7 +60,14 @@ class DiffusionModule(EMAModule):
             ``family_args.<name>``).
         sigma_data, P_mean, P_std: EDM's data scale and training sigma distribution.
         vp_beta_d, vp_beta_min, vp_epsilon_t, vp_M: the VP schedule.
-        lr, betas, weight_decay: Adam(W) settings; ``warmup_steps`` linear LR warm-up.
+        lr, betas, weight_decay: the optimizer's learning rate, Adam betas and weight decay
+            (passed to any ``optimizer`` that takes them); ``warmup_steps`` linear LR warm-up.
+        optimizer: None (EDM's Adam, the default) or any ``torch.optim`` optimizer as
+            ``{class_path: torch.optim.SGD, init_args: {momentum: 0.9, nesterov: true}}``;
+            ``lr_scheduler``: None (the warm-up, if any) or ``{class_path, init_args, interval,
+            frequency, monitor}``, e.g. ``{class_path: CosineAnnealingLR, init_args: {T_max:
+            500}}`` (:mod:`lightning_pfd.modules.optim`; saved in hparams and the checkpoint; a
+            resume with another class is refused unless ``--allow-optimizer-change``).
         ema_decay: per-step EMA decay; ``ema_halflife_kimg`` (EDM's convention) overrides it.
         ema_rampup: ramp the EMA up at the start of training (``modules.ema.ema_beta``).
         num_steps, sigma_min, sigma_max, rho, sampler: the PF-ODE solver (a
@@ -119,6 +126,8 @@ class DiffusionModule(EMAModule):
         divergence_patience: NonNegativeInt = 10,
         on_divergence: OnDivergence = "stop",
         family_args: Optional[Dict[str, Any]] = None,
+        optimizer: Optional[Dict[str, Any]] = None,
+        lr_scheduler: Optional[Dict[str, Any]] = None,
     ):
         check_args(DiffusionModule.__init__, locals())
         super().__init__()
@@ -128,6 +137,7 @@ class DiffusionModule(EMAModule):
         settings = SamplerSettings(sampler=sampler, num_steps=num_steps, sigma_min=sigma_min,
                                    sigma_max=sigma_max, rho=rho)
         check_training_args(net, betas)
+        opt_spec, sched_spec = check_optimization(optimizer, lr_scheduler, lr, betas, weight_decay, warmup_steps)
         check_compile(sample_compile, "sample_compile")
         # Under LightningCLI the net arrives as its class_path config, which is saved so
         # load_from_checkpoint(path) rebuilds it; a net built in Python is not picklable into
@@ -139,6 +149,7 @@ class DiffusionModule(EMAModule):
         if isinstance(self.hparams.get("net"), nn.Module):  # not the CLI's class_path config
             del self.hparams["net"]
         self._record_family(fam, family)
+        self.hparams["optimizer"], self.hparams["lr_scheduler"] = opt_spec, sched_spec
         # loggers write hparams_initial (hparams.yaml): let it show the recorded family too
         self.save_hyperparameters(dict(self.hparams))
         self.net = net
@@ -172,10 +183,11 @@ class DiffusionModule(EMAModule):
                 raise _legacy_checkpoint(checkpoint_path) from e
             raise
 
-    def resume_changes(self, checkpoint: dict, source: str = "the checkpoint", name="model.{}".format):
+    def resume_changes(self, checkpoint: dict, source: str = "the checkpoint", name="model.{}".format,
+                       allow_optimizer_change: Optional[bool] = None):
         if "precond" in (checkpoint.get("hyper_parameters") or {}):
             raise _legacy_checkpoint(source)
-        return super().resume_changes(checkpoint, source, name)
+        return super().resume_changes(checkpoint, source, name, allow_optimizer_change)
 
     # -- public interface used by the callbacks (lightning_pfd.contracts.SigmaSpaceModel) ------
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -20,7 +20,7 @@ from ..diffusion.streams import alpha_stable_stream, stream
 from ..errors import ConfigError, check_choice
 from ..validation import (ClosedUnitInterval, FiniteNonNegativeFloat, FinitePositiveFloat, NonNegativeInt,
                           PositiveFloat, PositiveInt, StabilityIndex, check_args)
-from .base import EMAModule, OnDivergence, check_training_args
+from .base import EMAModule, OnDivergence, check_optimization, check_training_args, record_optimization
 
 __all__ = ["LevyItoModule", "LevyScoreNet", "trimmed_mean"]
 
@@ -186,7 +186,10 @@ class LevyItoModule(EMAModule):
             (None/0 = off; Lightning's ``trainer.gradient_clip_val`` works as well).
         schedule_s, T, t_min: the cosine schedule (docs/levy.md).
         sigma_data, M: input scaling and noise conditioning of the network (``LevyScoreNet``).
-        lr, betas, weight_decay, warmup_steps: Adam settings and linear LR warm-up.
+        lr, betas, weight_decay, warmup_steps: the optimizer's settings and linear LR warm-up.
+        optimizer, lr_scheduler: None (Adam, the default) or any ``torch.optim`` optimizer /
+            LR scheduler as ``{class_path, init_args}`` (as ``DiffusionModule``'s;
+            :mod:`lightning_pfd.modules.optim`).
         ema_decay / ema_halflife_kimg: EMA of the weights (the half-life overrides the decay).
         parameterization: "eps" (the network regresses -eps/alpha, LIM), "x0" (an
             EDM-preconditioned denoiser in r = sigma/gamma; the score is derived from it, see
@@ -233,7 +236,8 @@ class LevyItoModule(EMAModule):
                  divergence_patience: NonNegativeInt = 10, on_divergence: OnDivergence = "stop",
                  parameterization: Parameterization = "eps", time_grid: LevyTimeGrid = "uniform",
                  rho: PositiveFloat = 7.0,
-                 sample_compile: Union[bool, CompileMode] = False, a_scale: AScale = "standard"):
+                 sample_compile: Union[bool, CompileMode] = False, a_scale: AScale = "standard",
+                 optimizer: Optional[Dict[str, Any]] = None, lr_scheduler: Optional[Dict[str, Any]] = None):
         check_args(LevyItoModule.__init__, locals())
         super().__init__()
         check_compile(sample_compile, "sample_compile")
@@ -250,12 +254,14 @@ class LevyItoModule(EMAModule):
                 if bad:
                     raise ConfigError(field, f"parameterization x0_A {why}")
         check_training_args(net, betas)
+        opt_spec, sched_spec = check_optimization(optimizer, lr_scheduler, lr, betas, weight_decay, warmup_steps)
         if not 0.0 <= trim_fraction < 0.5:
             raise ConfigError("trim_fraction", "must lie in [0, 0.5)", value=trim_fraction)
         self.schedule = CosineSchedule(alpha, schedule_s, T, t_min)  # validates s, T, t_min
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`.*")
             self.save_hyperparameters()
+        record_optimization(self, opt_spec, sched_spec)
         self.net = net
         self.score_net = LevyScoreNet(net, self.schedule, sigma_data, M, parameterization)
         self.sample_compile_backend: Union[str, Any] = "inductor"  # not saved: a debugging switch
