@@ -18,10 +18,11 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ import torch
 from .errors import ConfigError
 
 __all__ = ["CHECKSUM_KEY", "CheckpointError", "content_digest", "atomic_write_bytes", "truncated_epoch",
+           "load_weights_only",
            "save_checkpoint", "load_checkpoint", "read_verified_bytes", "verified_stream",
            "VerifiedCheckpointIO"]
 
@@ -155,14 +157,33 @@ def _deserialize(path, data: bytes, map_location) -> dict:
         kind = "a text file" if _looks_like_text(data) else "not a PyTorch checkpoint"
         raise CheckpointError(path, f"{kind} (no torch zip header); expected a file written by "
                                     "Trainer.save_checkpoint / ModelCheckpoint")
-    try:
-        obj = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
-    except Exception as e:  # zip damage, truncation, or a pickle that weights_only refuses
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(path, f"cannot be read: truncated or damaged ({msg[:200]})") from None
+    obj = load_weights_only(io.BytesIO(data), path, map_location, CheckpointError)
     if not isinstance(obj, dict):
         raise CheckpointError(path, f"holds a {type(obj).__name__}, not a checkpoint dictionary")
     return obj
+
+
+#: what torch's weights-only unpickler says when a file holds Python objects it will not build
+_REFUSED_PICKLE = ("Weights only load failed", "Unsupported global", "Unsupported operand")
+
+
+def load_weights_only(f, path, map_location, error: Callable[[Any, str], Exception]):
+    """``torch.load(f, weights_only=True)``, the package's one way to read a tensor file.
+
+    A file holding Python objects the weights-only unpickler refuses (a pickle payload: code that
+    would run if loaded without it) raises ``error(path, ...)`` saying so, without torch's advice
+    to re-run with ``weights_only=False``; zip damage or truncation says that."""
+    try:
+        return torch.load(f, map_location=map_location, weights_only=True)
+    except Exception as e:  # zip damage, truncation, or a pickle that weights_only refuses
+        text = str(e).strip()
+        if isinstance(e, pickle.UnpicklingError) or any(m in text for m in _REFUSED_PICKLE):
+            raise error(path, "holds Python objects that a weights-only load refuses (a pickle "
+                              "payload could run code when loaded): it is not loaded. Load only files "
+                              "you trust; a file written by this package holds tensors and plain values "
+                              "only") from None
+        first = text.splitlines()[0] if text else type(e).__name__
+        raise error(path, f"cannot be read: truncated or damaged ({first[:200]})") from None
 
 
 def _looks_like_text(data: bytes) -> bool:

@@ -44,14 +44,14 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
+from ..classpath import instantiate, load_class
 from ..errors import ConfigError, ShortErrorParser, renamed_fields
 from ..evaluation.icr_sweep import DEFAULT_SIGMAS, sweep, sweep_evaluation
-from ..classpath import import_class
 from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeInt, PositiveInt
 from ..launch import run_guarded
 from . import COMMANDS, typed
 
-__all__ = ["main", "validate_args", "check_loaded", "build_datamodule", "load_module", "instantiate",
+__all__ = ["main", "validate_args", "check_loaded", "build_datamodule", "load_module", "build",
            "format_table", "plot", "SHORT_NAMES", "fit_data_to_model", "reliability_warnings",
            "edge_minimum", "default_out", "output_dir", "SWEEP_FILES"]
 
@@ -68,27 +68,11 @@ _FLAG_ARGS = ("num_images", "sigma", "sigmas", "tap", "d_proj", "level", "views_
 
 
 # ----------------------------------------------------------------------------- loading
-def _import(path: str, field: str = "class_path"):
-    """The class at ``package.module.Class`` (ConfigError naming ``field`` when it does not exist)."""
-    if not path.rpartition(".")[0]:
-        raise ConfigError(field, "expected a class path 'package.module.Class'", value=path)
-    try:
-        return import_class(path)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(field, f"cannot import {path!r} ({type(e).__name__}: {e})", value=path) from e
-
-
-def instantiate(spec: Any):
-    """Build ``{"class_path": ..., "init_args": {...}}`` recursively (LightningCLI format)."""
-    if isinstance(spec, dict) and "class_path" in spec:
-        cls = _import(SHORT_NAMES.get(spec["class_path"], spec["class_path"]))
-        args = {k: instantiate(v) for k, v in (spec.get("init_args") or {}).items()}
-        return cls(**args)
-    if isinstance(spec, dict):
-        return {k: instantiate(v) for k, v in spec.items()}
-    if isinstance(spec, list):
-        return [instantiate(v) for v in spec]
-    return spec
+def build(spec: Any, base):
+    """Build ``{"class_path": ..., "init_args": {...}}`` (LightningCLI format, bare names of
+    :data:`SHORT_NAMES` too) as a ``base``, type-checked before anything is called
+    (:func:`lightning_pfd.classpath.instantiate`)."""
+    return instantiate(spec, base, "class_path", short_names=SHORT_NAMES)
 
 
 def _parse_mapping(text: Optional[str], field: str) -> Optional[dict]:
@@ -119,13 +103,18 @@ def build_datamodule(data: str, data_args: Optional[dict]):
         net_spec = ((cfg.get("model") or {}).get("init_args") or {}).get("net")
     else:
         spec = {"class_path": SHORT_NAMES.get(data, data), "init_args": data_args or {}}
-    dm = instantiate(spec)
+    import lightning.pytorch as pl
+
+    dm = build(spec, pl.LightningDataModule)
     dm.setup("fit")
     return dm, net_spec
 
 
 def load_module(ckpt: str, net_spec: Optional[dict], module_class: str):
-    cls = _import(module_class, "--module-class")
+    import lightning.pytorch as pl
+    import torch
+
+    cls = load_class(module_class, pl.LightningModule, "--module-class")
     kwargs = {"map_location": "cpu"}
     try:
         module = cls.load_from_checkpoint(ckpt, **kwargs)
@@ -133,7 +122,7 @@ def load_module(ckpt: str, net_spec: Optional[dict], module_class: str):
         if net_spec is None:
             raise ConfigError("--ckpt", f"could not load {module_class} from it ({first})", value=ckpt,
                               suggestion="pass --net with the network's class_path/init_args") from first
-        module = cls.load_from_checkpoint(ckpt, net=instantiate(net_spec), **kwargs)
+        module = cls.load_from_checkpoint(ckpt, net=build(net_spec, torch.nn.Module), **kwargs)
     return module.eval()
 
 

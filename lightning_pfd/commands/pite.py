@@ -946,18 +946,23 @@ def rescore(a) -> dict:
     return res
 
 
+def _merge_file_error(path, problem: str) -> ConfigError:
+    return ConfigError("--merge", f"{path}: {problem}", value=str(path))
+
+
 def _load_part(d: Path):
     """(record, observables or None) of an earlier run: a directory with results.json +
     observables.pt, else what an interrupted run saved (partial.json +
     partial_observables.pt); or a results JSON file alone (its per-seed scores, no observables,
-    e.g. a recorded ``experiments/results/pite_*.json``)."""
-    import torch
+    e.g. a recorded ``experiments/results/pite_*.json``). The observables are read weights-only
+    (:func:`~lightning_pfd.checkpoint.load_weights_only`): a file holding other objects is refused."""
+    from ..checkpoint import load_weights_only
 
     if d.is_file():
         return json.loads(d.read_text()), None
     for rj, ob in (("results.json", "observables.pt"), ("partial.json", "partial_observables.pt")):
         if (d / rj).exists() and (d / ob).exists():
-            return json.loads((d / rj).read_text()), torch.load(d / ob)
+            return json.loads((d / rj).read_text()), load_weights_only(d / ob, d / ob, "cpu", _merge_file_error)
     raise ConfigError("--merge", "holds no results of a pite run (results.json or partial.json)",
                       value=str(d))
 

@@ -53,7 +53,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Union
 import torch
 
 from ..cache import cache_dir, hash_key, load_tensor_verified, save_tensor_atomic
-from ..classpath import import_class
+from ..classpath import load_class
 from ..diffusion import EmpiricalDenoiser
 from ..diffusion.sampling import (PRECISIONS, SAMPLERS, SamplerSettings, _hparams, check_compile, describe_grid,
                                   module_device, same_grid)
@@ -703,8 +703,9 @@ def pfd_standard_error(sq: torch.Tensor) -> torch.Tensor:
 def metric_factory(spec: Any, field: str = "metrics") -> tuple:
     """``(factory, reference)`` from a config entry ``{"class_path": "pkg.mod.Class" (or the class
     itself), "init_args": {...}, "reference": "teacher"}`` (``reference`` defaults to
-    ``"teacher"``): the form a YAML config gives a user metric. The class is imported now, so a
-    wrong path fails before any work."""
+    ``"teacher"``): the form a YAML config gives a user metric. The class is imported now and
+    checked to be a class with ``update`` and ``compute`` before anything is called, so a wrong
+    path, or a ``class_path`` naming a function such as ``os.system``, fails before any work."""
     if callable(spec) and not isinstance(spec, dict):
         return spec, "teacher"
     if not isinstance(spec, dict) or "class_path" not in spec:
@@ -714,13 +715,11 @@ def metric_factory(spec: Any, field: str = "metrics") -> tuple:
     if extra:
         raise ConfigError(field, f"unknown entries {sorted(extra)}", value=sorted(spec),
                           accepted=["class_path", "init_args", "reference"])
-    cls = spec["class_path"]
-    if isinstance(cls, str):
-        try:
-            cls = import_class(cls)
-        except (ImportError, AttributeError, ValueError) as e:
-            raise ConfigError(f"{field}.class_path", f"cannot import it ({type(e).__name__}: {e})",
-                              value=spec["class_path"], accepted="an importable pkg.module.Class") from None
+    cls = load_class(spec["class_path"], object, f"{field}.class_path")  # a class, nothing called
+    if not all(callable(getattr(cls, m, None)) for m in ("update", "compute")):
+        raise ConfigError(f"{field}.class_path", "names a class without update(student, reference) and "
+                          "compute(): not a metric", value=spec["class_path"],
+                          accepted="a metric class, e.g. a torchmetrics.Metric subclass")
     init_args = dict(spec.get("init_args") or {})
     return functools.partial(cls, **init_args), str(spec.get("reference", "teacher"))
 

@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any, Optional
 
-from ..classpath import import_class
+from ..classpath import import_class, instantiate
 from ..errors import ConfigError
 from ..launch.paths import callback_path
 from ..validation import plain_numbers
@@ -230,33 +230,36 @@ def _parse_covering(parser: "FitParser", t: Trial, trials: list, spec: SweepSpec
     return {g: _substitute(cache[(g, sigs.get(g))], back) for g in groups if (g, sigs.get(g)) in cache}
 
 
-def _build(spec: Any, meta_net: bool = False):
-    """Instantiate a parsed class config (``{class_path, init_args}``, nested); the ``net``
-    argument of a model is built on the meta device (parameters without memory)."""
-    if isinstance(spec, list):
-        return [_build(s) for s in spec]
-    if not (isinstance(spec, dict) and isinstance(spec.get("class_path"), str)):
-        return spec
-    args = {}
-    for k, v in (spec.get("init_args") or {}).items():
-        if k == "net" and meta_net and isinstance(v, dict) and "class_path" in v:
-            args[k] = build_net_meta(v)
-        else:
-            args[k] = _build(v)
-    return import_class(spec["class_path"])(**args)
+#: the declared type of each top-level component of a fit config
+_COMPONENT_BASES = {"model": "lightning.pytorch.LightningModule", "data": "lightning.pytorch.LightningDataModule",
+                    "callbacks": "lightning.pytorch.callbacks.Callback"}
+
+
+def component_base(kind: str) -> type:
+    """The class a ``model`` / ``data`` / ``callbacks`` entry must be a subclass of."""
+    return import_class(_COMPONENT_BASES[kind])
+
+
+def _build(spec: Any, base=None, meta_net: bool = False, field: str = "class_path"):
+    """Instantiate a parsed class config where a class is declared (``base``, then each
+    argument's annotation), type-checked before anything is called
+    (:func:`lightning_pfd.classpath.instantiate`); a model's ``net`` on the meta device."""
+    return instantiate(spec, base, field, net=build_net_meta if meta_net else None)
 
 
 def build_net_meta(spec: dict):
     """The net of a parsed config on the meta device (falls back to CPU if a class cannot)."""
     import torch
 
+    from torch import nn
+
     try:
         with torch.device("meta"):
-            return _build(spec)
+            return _build(spec, nn.Module, field="net.class_path")
     except ConfigError:
         raise
     except Exception:
-        return _build(spec)
+        return _build(spec, nn.Module, field="net.class_path")
 
 
 def _construct(parsed_all: list, construct: bool, n: int) -> None:
@@ -282,7 +285,9 @@ def _construct(parsed_all: list, construct: bool, n: int) -> None:
                     if kind == "net":
                         seen[sig] = count_parameters(build_net_meta(sub), trainable_only=True)
                     else:
-                        _build(sub, meta_net=(kind == "model"))
+                        _build(sub, component_base("model" if kind == "model" else
+                                                   "data" if where == "data" else "callbacks"),
+                               meta_net=(kind == "model"))
                         seen[sig] = None
                 except Exception as e:  # a class refusing its arguments
                     key = _key_in_message(str(e), list(t.overrides))
@@ -329,7 +334,7 @@ def _preflight_trainer(parsed: dict, callbacks: list):
     kw.update(accelerator="cpu", devices=1, logger=False, callbacks=callbacks, enable_model_summary=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return pl.Trainer(**{k: _build(v) if isinstance(v, (dict, list)) else v for k, v in kw.items()})
+        return pl.Trainer(**kw)  # (the class-valued arguments are in _PREFLIGHT_SKIP)
 
 
 def preflight(parsed_all: list, spec: Optional[SweepSpec] = None, max_listed: int = 20,
@@ -354,15 +359,16 @@ def preflight(parsed_all: list, spec: Optional[SweepSpec] = None, max_listed: in
             try:
                 d_sig = sig(_substitute(parsed.get("data"), own(t)))
                 if d_sig != data_sig:  # one datamodule alive at a time (set up once)
-                    data_sig, dm = d_sig, _build(parsed.get("data")) if parsed.get("data") else None
+                    data_sig, dm = d_sig, (_build(parsed.get("data"), component_base("data"))
+                                           if parsed.get("data") else None)
                 m_sig = sig(_substitute(parsed.get("model"), own(t)))
                 if m_sig not in models:
                     if sum(_numel(m) for m in models.values()) > 50_000_000:
                         models.clear()  # bounded memory for large nets
-                    models[m_sig] = _build(parsed.get("model"))
+                    models[m_sig] = _build(parsed.get("model"), component_base("model"))
                 entries = (parsed.get("trainer") or {}).get("callbacks") or []
                 entries = entries if isinstance(entries, list) else [entries]
-                cbs = [_build(e) for e in entries]
+                cbs = [_build(e, component_base("callbacks")) for e in entries]
                 trainer = _preflight_trainer(parsed, cbs)
                 check_components(trainer, models[m_sig], dm, configured=zip(cbs, entries))
             except ConfigError as e:
