@@ -133,18 +133,103 @@ def first_descent_end(epochs: np.ndarray, e_gen: np.ndarray, window: int = 25) -
             "last_epoch": int(epochs[-1]), "window": window}
 
 
-def events(d: Path) -> dict:
-    """The project's own detectors on the run's log (the report's events.json when present)."""
-    f = next(iter(sorted(d.glob("report/events.json"))), None)
-    if f is None:
-        return {"available": False}
-    data = json.loads(f.read_text())
-    evs = data.get("events", data) if isinstance(data, dict) else data
-    names = sorted({str(e.get("event", e.get("name", ""))) for e in evs if isinstance(e, dict)}) \
-        if isinstance(evs, list) else []
-    dd = [e for e in evs if isinstance(e, dict) and "double" in str(e.get("event", e.get("name", "")))] \
-        if isinstance(evs, list) else []
-    return {"available": True, "events": names, "double_descent": dd}
+def detector_events(d: Path) -> dict:
+    """The project's own detectors (``analyze_history``, the RegimeMonitor settings of the
+    config: window 5, confirm 3, the calibrated ``min_sigma``) on the run's log and per-seed
+    records: held-out tests; a confirmed ``double_descent`` is the study's positive."""
+    from lightning_pfd.analysis import analyze_history, load_history
+    from lightning_pfd.analysis.per_unit import find_store, load_units
+
+    h = load_history(d / "csv", source="csv")
+    units, _problems = load_units(find_store(d / "csv"))
+    a = analyze_history(h.series_dict(), units=units, window=5, confirm=3)
+    evs = [e.to_dict() for e in a.events]
+    return {"events": [{"name": e["name"], "status": e["status"], "epoch": e["epoch"],
+                        "significance": e["significance"]} for e in evs],
+            "double_descent": [e for e in evs if e["name"] == "double_descent" and e["status"] == "confirmed"],
+            "regime_detector": None if a.regime is None else a.regime.to_dict()}
+
+
+def planted_power(d: Path, heights, width: int = 60, positions: int = 5) -> dict:
+    """The smallest ascent this run's noise lets the detector confirm: a bump of ``height``
+    (a raised-cosine ascent and descent over ``width`` epochs, as the paper's tens-of-epochs
+    ascent) is added to the run's own E_gen curve at ``positions`` places in its second half,
+    and the detectors run on the scalar curve (no per-seed records: the run's measured noise
+    is in the curve). Power = share of placements with a confirmed double descent peaking
+    inside the bump. The unplanted curve's own result is the baseline."""
+    from lightning_pfd.analysis import analyze_history, load_history
+
+    h = load_history(d / "csv", source="csv")
+    series = h.series_dict(["pfd/e_gen", "pfd/e_mem"])
+    ep, y = series["pfd/e_gen"]
+    n = ep.size
+    if n < 2 * width:
+        return {"note": "too few epochs"}
+    starts = np.linspace(n // 2, n - width - 10, positions).astype(int)
+    out = {}
+    for hgt in heights:
+        hits = 0
+        for s0 in starts:
+            bump = np.zeros(n)
+            t = np.arange(width)
+            bump[s0:s0 + width] = hgt * 0.5 * (1 - np.cos(2 * np.pi * t / width))
+            a = analyze_history({"pfd/e_gen": (ep, y + bump), "pfd/e_mem": series["pfd/e_mem"]},
+                                window=5, confirm=3, final=False)
+            hits += any(e.name == "double_descent" and e.status == "confirmed"
+                        and s0 <= e.epoch <= s0 + width for e in a.events)
+        out[f"{hgt:g}"] = hits / len(starts)
+    return {"width_epochs": width, "placements": [int(ep[s]) for s in starts], "power": out}
+
+
+def random_feature_psi(dim: int = 64, features: int = 512, seed: int = 0):
+    """The second descriptor: a fixed random ReLU feature map Psi(x) = ReLU(W x + b) / sqrt(F),
+    W ~ N(0, 1/dim), b ~ N(0, 1), drawn once from ``seed`` (no weights are downloaded)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(features, dim, generator=g, dtype=torch.float64) / math.sqrt(dim)
+    b = torch.randn(features, generator=g, dtype=torch.float64)
+    return lambda x: torch.relu(x.reshape(x.shape[0], -1) @ w.T + b) / math.sqrt(features)
+
+
+def checkpoint_psi(d: Path, fresh: int) -> dict:
+    """E_gen of every kept checkpoint on ``fresh`` new evaluation seeds (disjoint from the
+    monitor's M), for Psi = identity and the random-feature Psi, with delta-method s.e."""
+    import re
+
+    import torch
+    from lightning_pfd.data import TeacherDistillationDataModule
+    from lightning_pfd.diffusion import clamp_sigmas, sample_endpoints
+    from lightning_pfd.evaluation.flow import DEFAULT_GEN_SEED_OFFSET
+    from lightning_pfd.modules import DiffusionModule
+
+    import yaml
+    files = sorted((d / "checkpoints").glob("epoch*.ckpt"))
+    if not files:
+        return {"note": "no kept checkpoints"}
+    cfg = yaml.safe_load(CONFIG.read_text())
+    m = int(cfg["trainer"]["callbacks"][0]["init_args"]["num_eval"])
+    dm = TeacherDistillationDataModule(**cfg["data"]["init_args"])
+    dm.setup("fit")
+    offset = int(getattr(dm, "gen_seed_offset", DEFAULT_GEN_SEED_OFFSET))
+    seeds = torch.arange(offset + m, offset + m + fresh)
+    first = DiffusionModule.load_from_checkpoint(str(files[0]), map_location="cpu")
+    t_grid = clamp_sigmas(torch.as_tensor(dm.teacher_sigmas, dtype=torch.float64), dm.teacher)
+    teacher = sample_endpoints(dm.teacher, seeds, tuple(dm.train_data.shape[1:]), sigmas=t_grid,
+                               sampler=first.hparams.sampler, batch_size=256)
+    psis = {"identity": lambda x: x.reshape(x.shape[0], -1), "random_relu_512": random_feature_psi()}
+    rows = []
+    for f in files:
+        mod = DiffusionModule.load_from_checkpoint(str(f), map_location="cpu").eval()
+        with torch.no_grad():
+            st = mod.generate(seeds, batch_size=256)
+        row = {"epoch": int(re.search(r"epoch(\d+)", f.name).group(1))}
+        for name, psi in psis.items():
+            sq = (psi(st) - psi(teacher)).pow(2).sum(1)
+            e = float(sq.mean().sqrt())
+            row[name] = {"e_gen": e, "se": float(sq.std() / (2 * math.sqrt(fresh) * e))}
+        rows.append(row)
+    return {"fresh_seeds": fresh, "fresh_seed_range": [int(seeds[0]), int(seeds[-1])], "checkpoints": rows}
 
 
 def cmd_analyse(args) -> int:
@@ -167,7 +252,13 @@ def cmd_analyse(args) -> int:
                  "e_gen_min": float(eg.min()) if eg.size else None,
                  "e_gen_argmin": int(ep[int(np.argmin(eg))]) if eg.size else None,
                  "regime": regime(c, args.regime_tol), "first_descent": first_descent_end(ep, eg),
-                 "events": events(d)}
+                 "gap_first_last": [float(c["loss_test"][1][0] - c["loss_train"][1][0]),
+                                    float(c["loss_test"][1][-1] - c["loss_train"][1][-1])],
+                 "events": detector_events(d)}
+            if args.power:
+                r["power"] = planted_power(d, args.power)
+            if args.fresh:
+                r["checkpoints_psi"] = checkpoint_psi(d, args.fresh)
             runs.append(r)
             arms.setdefault(arm, []).append(r)
     verdicts = {}
@@ -229,7 +320,10 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--max-epochs", type=int, default=500)
-    p.add_argument("--regime-tol", type=float, default=0.02)
+    p.add_argument("--regime-tol", type=float, default=0.1)
+    p.add_argument("--power", type=float, nargs="*", default=[0.1, 0.2, 0.4, 0.8],
+                   help="planted ascent heights (E_gen units) for the per-run power")
+    p.add_argument("--fresh", type=int, default=2048, help="fresh seeds per kept checkpoint (0: skip)")
     p.add_argument("--out", type=Path, default=RESULT)
     args = p.parse_args(argv)
     return {"run": cmd_run, "analyse": cmd_analyse, "status": cmd_status}[args.command](args)

@@ -120,7 +120,14 @@ def atomic_write_bytes(path, data: bytes) -> None:
 
 
 def save_checkpoint(checkpoint: dict, path) -> str:
-    """Add the content digest to ``checkpoint`` and write it atomically. Returns the digest."""
+    """Add the content digest to ``checkpoint`` and write it atomically. Returns the digest.
+
+    Restricted numbers jsonargparse built (``NonNegativeInt(0)``, an ``int`` subclass that a
+    class kept as an attribute) are written as the built-in numbers they equal
+    (:func:`~lightning_pfd.validation.plain_numbers`), so the file loads weights-only."""
+    from .validation import plain_numbers
+
+    plain_numbers(checkpoint)
     digest = content_digest(checkpoint)
     checkpoint[CHECKSUM_KEY] = {"sha256": digest, "format": _FORMAT}
     buf = io.BytesIO()

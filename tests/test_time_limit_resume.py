@@ -109,3 +109,15 @@ def test_the_csv_continuation_drops_rows_of_a_later_epoch_at_the_checkpoint_step
     assert _after_checkpoint({"epoch": "", "step": "20"}, 19, 1)
     assert not _after_checkpoint({"epoch": "", "step": "19"}, 19, 1)
     assert not _after_checkpoint({"epoch": "2", "step": "19"}, 19, None)  # no epoch in the checkpoint
+
+
+def test_a_command_line_seed_leaves_every_checkpoint_loadable_weights_only(tmp_path, monkeypatch):
+    """``--model.init_args.train_seed 3`` arrives as jsonargparse's ``NonNegativeInt``; the module
+    kept it and wrote it into every checkpoint, which a weights-only load then refused (found
+    by the double-descent study's re-evaluation of its kept checkpoints)."""
+    _config(tmp_path, "ema", False)
+    monkeypatch.setenv("LIGHTNING_PFD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert main(FIT + ["--trainer.max_epochs", "1", "--model.init_args.train_seed", "3"]) == 0
+    raw = torch.load(tmp_path / "run/checkpoints/last.ckpt", weights_only=True)
+    assert type(raw["lightning_pfd"]["train_seed"]) is int and raw["lightning_pfd"]["train_seed"] == 3

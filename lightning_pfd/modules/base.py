@@ -150,7 +150,7 @@ class ResumableModule(pl.LightningModule):
     def _init_resumable(self, seed: Optional[int], divergence_patience: int, on_divergence: str) -> None:
         """The seeded randomness and divergence state (the arguments are checked by the
         subclass's declared types: ``train_seed``, ``divergence_patience``, ``on_divergence``)."""
-        self._train_seed: Optional[int] = seed
+        self._train_seed: Optional[int] = None if seed is None else int(seed)  # (not a jsonargparse int)
         self.diverged = False
         self._bad_steps = 0
         self._last_loss: Optional[torch.Tensor] = None
