@@ -150,35 +150,52 @@ def detector_events(d: Path) -> dict:
             "regime_detector": None if a.regime is None else a.regime.to_dict()}
 
 
+def _planted(series, ep, bump):
+    """``series`` (E_gen's per-seed squared distances, UnitSeries) with E_gen raised by ``bump``
+    (per epoch of ``ep``): every seed's d^2 scaled by ((E + bump) / E)^2, so the per-seed noise
+    and its correlations stay the run's own."""
+    from dataclasses import replace
+
+    e = np.sqrt(series.values.mean(axis=1))
+    at = {float(x): b for x, b in zip(ep, bump)}
+    f = np.array([(ei + at.get(float(t), 0.0)) / ei for t, ei in zip(series.epochs, e)])
+    logged = series.logged * f if series.logged.size == f.size else series.logged
+    return replace(series, values=series.values * (f ** 2)[:, None], logged=logged)
+
+
 def planted_power(d: Path, heights, width: int = 60, positions: int = 5) -> dict:
-    """The smallest ascent this run's noise lets the detector confirm: a bump of ``height``
-    (a raised-cosine ascent and descent over ``width`` epochs, as the paper's tens-of-epochs
-    ascent) is added to the run's own E_gen curve at ``positions`` places in its second half,
-    and the detectors run on the scalar curve (no per-seed records: the run's measured noise
-    is in the curve). Power = share of placements with a confirmed double descent peaking
-    inside the bump. The unplanted curve's own result is the baseline."""
+    """The smallest ascent this run's noise lets the project's detector confirm. A bump of
+    ``height`` (a raised-cosine ascent and descent over ``width`` epochs, the tens-of-epochs ascent
+    of the paper's Fig. 4) is planted into the run's own per-seed records at ``positions`` places in
+    its second half, and the detectors run exactly as on the run (held-out seeds). Power = the
+    share of placements with a confirmed double descent peaking inside the bump; the unplanted
+    run's own result is reported beside it (``detector_events``)."""
     from lightning_pfd.analysis import analyze_history, load_history
+    from lightning_pfd.analysis.per_unit import find_store, load_units
 
     h = load_history(d / "csv", source="csv")
+    units, _ = load_units(find_store(d / "csv"))
+    g = units.get("pfd/e_gen")
     series = h.series_dict(["pfd/e_gen", "pfd/e_mem"])
     ep, y = series["pfd/e_gen"]
     n = ep.size
-    if n < 2 * width:
-        return {"note": "too few epochs"}
+    if n < 2 * width or g is None:
+        return {"note": "too few epochs or no per-seed records"}
     starts = np.linspace(n // 2, n - width - 10, positions).astype(int)
     out = {}
     for hgt in heights:
         hits = 0
         for s0 in starts:
             bump = np.zeros(n)
-            t = np.arange(width)
-            bump[s0:s0 + width] = hgt * 0.5 * (1 - np.cos(2 * np.pi * t / width))
+            bump[s0:s0 + width] = hgt * 0.5 * (1 - np.cos(2 * np.pi * np.arange(width) / width))
+            planted = dict(units, **{"pfd/e_gen": _planted(g, ep, bump)})
             a = analyze_history({"pfd/e_gen": (ep, y + bump), "pfd/e_mem": series["pfd/e_mem"]},
-                                window=5, confirm=3, final=False)
+                                units=planted, window=5, confirm=3, final=False)
             hits += any(e.name == "double_descent" and e.status == "confirmed"
-                        and s0 <= e.epoch <= s0 + width for e in a.events)
+                        and ep[s0] <= e.epoch <= ep[min(n - 1, s0 + width)] for e in a.events)
         out[f"{hgt:g}"] = hits / len(starts)
-    return {"width_epochs": width, "placements": [int(ep[s]) for s in starts], "power": out}
+    return {"width_epochs": width, "placements": [int(ep[s]) for s in starts], "power": out,
+            "e_gen_median_second_half": float(np.median(y[n // 2:]))}
 
 
 def random_feature_psi(dim: int = 64, features: int = 512, seed: int = 0):

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Mapping, Optional, Tuple
 
 import numpy as np
@@ -69,6 +69,8 @@ __all__ = [
     "Regime",
     "RunAnalysis",
     "DEFAULT_KEYS",
+    "DIVERGED_KEYS",
+    "divergence",
     "MIN_SIGMA",
     "noise_unit",
     "turning_points",
@@ -206,12 +208,15 @@ class RunAnalysis:
     events: list
     regime: Optional[Regime]
     undecided: list = field(default_factory=list)
+    #: ``{"epoch", "step"}`` where the run diverged (its module logged ``events/diverged_*``), else None
+    diverged: Optional[dict] = None
 
     def event(self, name: str) -> Optional[Event]:
         return next((e for e in self.events if e.name == name), None)
 
     def to_dict(self) -> dict:
-        return {"events": [e.to_dict() for e in self.events],
+        return {"outcome": "diverged" if self.diverged else "finished", "diverged": self.diverged,
+                "events": [e.to_dict() for e in self.events],
                 "undecided": [e.to_dict() for e in self.undecided],
                 "regime": None if self.regime is None else self.regime.to_dict()}
 
@@ -815,8 +820,37 @@ def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, 
     found += detect_registered(series, exclude=set(k.values()), units=units,
                                require_descent=require_descent, metric_keys=metric_keys, **p)
     found = sorted((e for e in found if e is not None), key=lambda e: (float(e.epoch), e.name))
+    diverged = divergence(series)
+    if diverged is not None:  # nothing is confirmed from the diverged part; no healthy regime
+        found = [_after_divergence(e, diverged) for e in found]
+        regime = None
     return RunAnalysis(events=[e for e in found if e.status == "confirmed"], regime=regime,
-                       undecided=[e for e in found if e.status != "confirmed"])
+                       undecided=[e for e in found if e.status != "confirmed"], diverged=diverged)
+
+
+#: what a module logs when it diverges (``lightning_pfd.modules.base.ResumableModule``)
+DIVERGED_KEYS = ("events/diverged_epoch", "events/diverged_step")
+
+
+def divergence(series: Mapping[str, tuple]) -> Optional[dict]:
+    """``{"epoch", "step"}`` of the first divergence the run logged (``events/diverged_epoch`` /
+    ``_step`` in ``series``), else None."""
+    ep = series.get(DIVERGED_KEYS[0])
+    if ep is None or len(ep[1]) == 0 or not np.isfinite(np.asarray(ep[1], float)).any():
+        return None
+    epoch = float(np.nanmin(np.asarray(ep[1], float)))
+    st = series.get(DIVERGED_KEYS[1])
+    step = float(np.nanmin(np.asarray(st[1], float))) if st is not None and len(st[1]) else None
+    return {"epoch": int(epoch), "step": None if step is None else int(step)}
+
+
+def _after_divergence(e: Event, diverged: dict) -> Event:
+    """An event whose evidence reaches the diverged epoch is not confirmed: undecided, saying so."""
+    if e.status != "confirmed" or float(e.detected_epoch) < diverged["epoch"]:
+        return e
+    detail = dict(e.detail, undecided_reason=f"the run diverged at epoch {diverged['epoch']}: "
+                  "no event is confirmed from measurements that reach it")
+    return replace(e, status="undecided", detail=detail)
 
 
 def detect_registered(series: Mapping[str, tuple], *, exclude=(), window: PositiveInt = 5,

@@ -277,6 +277,8 @@ def _settings_md(settings: dict, sources: Optional[dict]) -> list:
 def _regime_md(analysis: RunAnalysis, k: dict) -> list:
     out = ["## Regime", ""]
     reg = analysis.regime
+    if reg is None and getattr(analysis, "diverged", None):
+        return out + ["Not classified: the run diverged (above).", ""]
     if reg is None:
         return out + ["Not determined (needs both `%s` and `%s`)." % (k["e_gen"], k["e_mem"]), ""]
     out += [f"**{reg.name}** — log(E_gen/E_mem) = {reg.score:.3f} at the end of training "
@@ -288,6 +290,18 @@ def _regime_md(analysis: RunAnalysis, k: dict) -> list:
             + ("" if reg.detail.get("gap_end") is None
                else f", ℓ_test − ℓ_train = {format_value(reg.detail['gap_end'])}") + ").", ""]
     return out + [f"- {r}" for r in reg.reasons] + [""]
+
+
+def _outcome_md(analysis: RunAnalysis) -> list:
+    """The divergence banner: a diverged run never reads as a healthy one."""
+    d = getattr(analysis, "diverged", None)
+    if not d:
+        return []
+    step = f", step {d['step']}" if d.get("step") is not None else ""
+    return ["> **DIVERGED** at epoch " f"{d['epoch']}{step}: non-finite loss or gradients; training "
+            "stopped there. The measurements end before it, no event is confirmed from the diverged "
+            "part and the regime is not classified. The numbers below describe the run up to the "
+            "divergence, not a trained model.", ""]
 
 
 def _events_md(analysis: RunAnalysis) -> list:
@@ -338,7 +352,7 @@ def render_markdown(analysis: RunAnalysis, series: dict, *, figures: Sequence[st
         out += [f"Per-unit records (paired, held-out tests): {held}.", ""]
     if source:
         out += [f"Run: `{source}`", ""]
-    out += _regime_md(analysis, k) + _events_md(analysis)
+    out += _outcome_md(analysis) + _regime_md(analysis, k) + _events_md(analysis)
     rows = _metric_rows(series, k, keys_registry.BUILTIN if metric_keys is None else metric_keys)
     if rows:
         out += ["## Metrics", "", "| metric | key | evaluations | first | min | max | last |",

@@ -55,7 +55,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ..analysis.per_unit import STORE_DIR, PerUnitStore, UnitRecord
 from ..errors import ConfigError
@@ -225,13 +225,25 @@ class MeasurementCallback(Callback):
         prepare_per_unit_store(trainer)  # a fresh fit: an earlier run's records moved aside
 
     def on_validation_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        if self.schedule.due(trainer, self.every_n_epochs):
+        if not self._skip_diverged(trainer, pl_module) and self.schedule.due(trainer, self.every_n_epochs):
             self._measure_and_log(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         # without a validation loop Lightning never calls on_validation_epoch_end: measure here
-        if validation_disabled(trainer) and self.schedule.due(trainer, self.every_n_epochs):
+        if validation_disabled(trainer) and not self._skip_diverged(trainer, pl_module) \
+                and self.schedule.due(trainer, self.every_n_epochs):
             self._measure_and_log(trainer, pl_module)
+
+    def _skip_diverged(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> bool:
+        """A diverged model (``pl_module.diverged``) is not measured: its values would be logged as
+        ordinary ones (a finite ICR of a dead network). Said once."""
+        if not getattr(pl_module, "diverged", False):
+            return False
+        if not getattr(self, "_said_diverged", False):
+            self._said_diverged = True
+            rank_zero_info(f"[lightning_pfd] {getattr(self, 'display_name', type(self).__name__)}: not "
+                           "measured from here on: the model diverged")
+        return True
 
     # ------------------------------------------------------------------ processes
     @staticmethod

@@ -88,7 +88,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
 from .. import keys as keys_registry
-from ..analysis.events import DEFAULT_KEYS, MIN_SIGMA, Event, RunAnalysis, format_epoch, analyze_history
+from ..analysis.events import (DEFAULT_KEYS, DIVERGED_KEYS, MIN_SIGMA, Event, RunAnalysis, analyze_history,
+                                      format_epoch)
 from ..analysis.history import History
 from ..analysis.per_unit import UnitMemory, load_units
 from ..analysis.report import check_settings, save_detector_settings
@@ -258,7 +259,7 @@ class RegimeMonitor(Callback):
         setup: :func:`lightning_pfd.keys.collect`)."""
         user = [k.key for k in self.metric_keys_seen.all_keys() if k.role is None and k.detectors]
         se = [f"{k}_se" for k in self.keys.values()]  # error bands of the report's figures
-        return list(dict.fromkeys(list(self.keys.values()) + user + se))
+        return list(dict.fromkeys(list(self.keys.values()) + user + se + list(DIVERGED_KEYS)))
 
     def series(self) -> dict:
         """{metric name: (epochs, values)} of the recorded history."""
@@ -515,6 +516,10 @@ class RegimeMonitor(Callback):
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self._store_root = per_unit_store(trainer).root
+        at = getattr(pl_module, "diverged_at", None)
+        if at and not any(DIVERGED_KEYS[0] in r for r in self.history):  # (diverged after the last validation)
+            self.history.append({"epoch": float(at["epoch"]), "step": float(at["step"]),
+                                 DIVERGED_KEYS[0]: float(at["epoch"]), DIVERGED_KEYS[1]: float(at["step"])})
         units = self.units(final=True)  # the run's files, as `report` reads them
         analysis = self._analyze(units, final=True)
         self._settle(trainer, analysis)

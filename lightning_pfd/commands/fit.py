@@ -6,6 +6,7 @@ User errors: one block, exit status 2 (:func:`lightning_pfd.launch.run_guarded`)
 """
 from __future__ import annotations
 
+import sys
 from typing import Optional, Sequence
 
 from ..launch import DEFAULT_CONFIG, PROG, debug_enabled, pop_flag, run_guarded
@@ -15,7 +16,10 @@ from ..launch.interrupts import interrupt_status, signal_guard
 from ..locks import release_all as release_locks
 from . import print_extra_help
 
-__all__ = ["main"]
+__all__ = ["main", "DIVERGED", "diverged_status"]
+
+#: exit status of a fit whose model diverged (2: a user error, 130 / 143: a signal)
+DIVERGED = 3
 
 
 def _fit(argv: list) -> int:
@@ -28,11 +32,12 @@ def _fit(argv: list) -> int:
         argv = [argv[0], "--config", str(DEFAULT_CONFIG), *argv[1:]]
         print(f"[lightning_pfd] no --config: using the embedded quickstart ({DEFAULT_CONFIG})")
     RUNNING.clear()
+    cli = None
     with signal_guard() as received:  # SIGTERM / SIGINT: exit 143 / 130 with the resume command
         try:
-            run_lightning_cli(join_negative_values(rewrite_configs(argv)), overwrite=overwrite,
-                              allow_data_change=allow_data_change,
-                              allow_optimizer_change=allow_optimizer_change)
+            cli = run_lightning_cli(join_negative_values(rewrite_configs(argv)), overwrite=overwrite,
+                                    allow_data_change=allow_data_change,
+                                    allow_optimizer_change=allow_optimizer_change)
         except (SystemExit, KeyboardInterrupt):
             if received.signum is None:
                 raise
@@ -50,7 +55,16 @@ def _fit(argv: list) -> int:
                 print_extra_help()
     if received.signum is not None:  # a signal after the trainer returned (its last hooks)
         return interrupt_status(received, RUNNING.get("trainer"), argv, PROG)
-    return 0
+    return diverged_status(getattr(cli, "model", None))
+
+
+def diverged_status(model) -> int:
+    """:data:`DIVERGED` after a fit whose model diverged (``model.diverged``, said on stderr), else 0."""
+    if not getattr(model, "diverged", False):
+        return 0
+    print(f"[lightning_pfd] the run DIVERGED (non-finite loss or gradients): its report says so, no "
+          f"event is confirmed after it; exit status {DIVERGED}", file=sys.stderr, flush=True)
+    return DIVERGED
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

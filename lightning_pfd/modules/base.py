@@ -152,6 +152,7 @@ class ResumableModule(pl.LightningModule):
         subclass's declared types: ``train_seed``, ``divergence_patience``, ``on_divergence``)."""
         self._train_seed: Optional[int] = None if seed is None else int(seed)  # (not a jsonargparse int)
         self.diverged = False
+        self.diverged_at: Optional[dict] = None  # {"epoch", "step"} once diverged
         self._bad_steps = 0
         self._last_loss: Optional[torch.Tensor] = None
         self._epoch_sums: Dict[str, list] = {}
@@ -248,20 +249,33 @@ class ResumableModule(pl.LightningModule):
                 self._on_diverged()
         return bool(grads_ok)
 
+    def on_train_end(self) -> None:
+        """A run whose every step was non-finite diverged too, though it had fewer steps than
+        ``divergence_patience`` (a short run on huge inputs): it is never reported as finished.
+        (One bad last step of a long run is EDM's sanitised gradient, not a divergence.)"""
+        patience = int(self.hparams.divergence_patience)
+        steps = int(self.trainer.global_step)
+        if not self.diverged and patience > 0 and 0 < steps <= self._bad_steps:
+            self._on_diverged()
+
     def _on_diverged(self) -> None:
         trainer = self.trainer
         self.diverged = True
         step, epoch = int(trainer.global_step), int(trainer.current_epoch)
+        self.diverged_at = {"epoch": epoch, "step": step}
         self._log_direct({"events/diverged_step": float(step), "events/diverged_epoch": float(epoch)})
         action = self.hparams.on_divergence
         if action == "stop":
             trainer.should_stop = True
+        kept = _last_good_checkpoint(trainer)
+        kept = (f"the last good checkpoint is {kept}" if kept else
+                "no checkpoint was written before it")
         rank_zero_info(
             f"[lightning_pfd] event: diverged — non-finite loss or gradients for "
             f"{self._bad_steps} consecutive steps (step {step}, epoch {epoch}); "
-            + ("training stops, no further checkpoint is written (the last good one is kept)"
+            + (f"training stops, no further checkpoint is written; {kept}"
                if action == "stop" else "training continues (on_divergence=continue); "
-               "no further checkpoint is written"))
+               f"no further checkpoint is written; {kept}"))
 
     # -- world-size invariant validation loss --------------------------------------------------
     def _val_seeds(self, batch_idx: int, n: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -368,6 +382,14 @@ class ResumableModule(pl.LightningModule):
         if changed:
             checkpoint["lr_schedulers"] = []
         apply_optimizer_hparams(checkpoint, self.hparams)
+
+
+def _last_good_checkpoint(trainer) -> Optional[str]:
+    """The newest checkpoint file this fit's checkpoint callbacks wrote (None when none exists)."""
+    paths = [getattr(cb, "last_model_path", "") or getattr(cb, "best_model_path", "")
+             for cb in getattr(trainer, "checkpoint_callbacks", [])]
+    paths = [p for p in paths if p and "://" not in str(p) and os.path.isfile(p)]
+    return max(paths, key=os.path.getmtime) if paths else None
 
 
 def check_training_args(net, betas) -> None:
