@@ -144,3 +144,22 @@ def test_sgd_cosine_from_the_command_line_and_from_yaml_agree_and_resume_is_guar
     ck = load_checkpoint(yml / "run/checkpoints/last.ckpt")
     assert ck["epoch"] == 2 and "exp_avg" in next(iter(ck["optimizer_states"][0]["state"].values()))
     assert ck["optimizer_states"][0]["state"][0]["step"] == 10  # Adam's own count: one epoch, from zero
+
+
+def test_the_papers_double_descent_gpu_config_builds_a_unet10_vp_student_with_sgd():
+    """configs/experiments/double_descent_cifar10_gpu.yaml (issue 39 item 4; not run here): its
+    model builds (the UNet-10 on the meta device) with the paper's family and optimizer."""
+    import lightning.pytorch as pl
+
+    from lightning_pfd.classpath import instantiate
+    from lightning_pfd.launch import CONFIG_DIR
+    from lightning_pfd.nets import count_parameters
+    from lightning_pfd.sweeps.validate import build_net_meta
+
+    cfg = yaml.safe_load((CONFIG_DIR / "experiments/double_descent_cifar10_gpu.yaml").read_text())
+    assert cfg["trainer"]["max_epochs"] == 500 and cfg["data"]["init_args"]["n_train"] == 2 ** 16
+    assert cfg["trainer"]["callbacks"][0]["init_args"]["num_eval"] == 10_000
+    model = instantiate(cfg["model"], pl.LightningModule, net=build_net_meta)
+    assert model.hparams.family == "vp" and model.hparams.optimizer["class_path"] == "torch.optim.sgd.SGD"
+    assert model.sampler_settings.num_steps == 18
+    assert abs(count_parameters(model.net) / 55.7e6 - 1) < 0.01  # UNet-10 of the paper (55.7 M)

@@ -71,6 +71,8 @@ __all__ = [
     "DEFAULT_KEYS",
     "DIVERGED_KEYS",
     "divergence",
+    "min_extent",
+    "find_transients",
     "MIN_SIGMA",
     "noise_unit",
     "turning_points",
@@ -93,6 +95,29 @@ REGIMES = ("generalization", "transition", "memorization")
 MIN_SIGMA = 2.5
 #: hysteresis of the candidate search on the selection half, in noise units of a leg
 PROPOSE_SIGMA = 2.0
+#: an event's legs last: each spans at least max(2 window + 1, MIN_EXTENT_SHARE x the run's
+#: evaluations) -- the paper's ascent lasts tens of epochs (PFD paper Fig. 4), a bad batch's
+#: excursion (even smoothed by an EMA of the logged value) a few
+MIN_EXTENT_SHARE = 0.04
+
+
+def min_extent(n: int, window: int) -> int:
+    """The fewest evaluations a leg of an event spans on a run of ``n`` evaluations (see
+    :data:`MIN_EXTENT_SHARE`): whatever its height, an excursion shorter than that is a transient."""
+    return max(2 * int(window) + 1, int(math.ceil(MIN_EXTENT_SHARE * int(n))))
+
+
+def _half_width(s: np.ndarray, b: int, base: float) -> int:
+    """Evaluations around the peak ``b`` where the smoothed curve is above half of its height
+    over ``base`` (the full width at half maximum, contiguous)."""
+    half = base + 0.5 * (s[b] - base)
+    lo = b
+    while lo > 0 and s[lo - 1] >= half:
+        lo -= 1
+    hi = b
+    while hi < s.size - 1 and s[hi + 1] >= half:
+        hi += 1
+    return hi - lo + 1
 #: the selection allowance, in standard errors of the part of a leg's noise that the choice of
 #: its places saw: the training noise (common to all units, so the held-out half shares it) and,
 #: without a held-out half, the seed noise too. z = (diff − allowance)/se (docs/events.md)
@@ -210,6 +235,8 @@ class RunAnalysis:
     undecided: list = field(default_factory=list)
     #: ``{"epoch", "step"}`` where the run diverged (its module logged ``events/diverged_*``), else None
     diverged: Optional[dict] = None
+    #: E_gen's excursions too short to be events (:func:`find_transients`): spikes, bad batches
+    transients: list = field(default_factory=list)
 
     def event(self, name: str) -> Optional[Event]:
         return next((e for e in self.events if e.name == name), None)
@@ -218,6 +245,7 @@ class RunAnalysis:
         return {"outcome": "diverged" if self.diverged else "finished", "diverged": self.diverged,
                 "events": [e.to_dict() for e in self.events],
                 "undecided": [e.to_dict() for e in self.undecided],
+                "transients": list(self.transients),
                 "regime": None if self.regime is None else self.regime.to_dict()}
 
 
@@ -458,6 +486,14 @@ def _effect_ok(legs: dict, min_rel: float, min_amplitude: float, scale: float) -
 
 
 # ----------------------------------------------------------------------------- detectors
+def _rise_lasts(s: np.ndarray, m: int, c: int, thr: float, extent: int) -> bool:
+    """The rise from the minimum ``m`` holds to the end: from its first confirmed evaluation ``c``
+    it spans ``extent`` evaluations, and the smoothed curve stays raised (>= minimum + ``thr``/2)
+    on at least 80 % of them."""
+    tail = s[c:]
+    return tail.size >= extent and float(np.mean(tail >= s[m] + 0.5 * thr)) >= 0.8
+
+
 def _u_shape(x, y, units, *, name, window, min_sigma, min_rel, confirm, min_amplitude,
              require_descent=True):
     """Interior minimum of the curve with a descent before it and a rise after it that holds to
@@ -488,6 +524,8 @@ def _u_shape(x, y, units, *, name, window, min_sigma, min_rel, confirm, min_ampl
             return None  # rises, then descends again: double descent, not early learning
     c = _first_run(s[m:] - s[m] >= thr, confirm)
     c = x.size - confirm if c is None else c + m
+    if not _rise_lasts(s, m, c, thr, min_extent(x.size, window)):
+        return None  # a late excursion (a spike in the end window), not a rise to the end
     legs, legs_full = {}, {}
     for tt, out in zip(_testers(test, full, window, held, model), (legs, legs_full)):
         if descent_seen:
@@ -548,6 +586,43 @@ def detect_icr_minimum(epochs, icr, *, units=None, window: PositiveInt = 5,
                     min_rel=min_rel, confirm=confirm, min_amplitude=min_amplitude)
 
 
+def _lasts(s: np.ndarray, a: int, b: int, c: int, extent: int) -> bool:
+    """A double descent's ascent (min a -> peak b) and second descent (b -> min c) each span
+    ``extent`` evaluations, and the peak is that wide at half its height (:func:`min_extent`)."""
+    return b - a >= extent and c - b >= extent and _half_width(s, b, max(s[a], s[c])) >= extent
+
+
+def find_transients(epochs, values, *, window: PositiveInt = 5, threshold: Optional[float] = None) -> list:
+    """Excursions of a curve that are not events: peaks of the smoothed curve at least
+    ``threshold`` (default: ``MIN_SIGMA`` robust units of the epoch-to-epoch noise) above the higher of the
+    minima beside them, and narrower at half height than :func:`min_extent` evaluations (a bad
+    batch, a loss spike). ``[{"epoch", "height", "width_evaluations"}]``, reported beside the
+    events, never as one."""
+    from .smoothing import estimate_noise
+
+    x, y = np.asarray(epochs, float), np.asarray(values, float)
+    keep = np.isfinite(y)
+    x, y = x[keep], y[keep]
+    if x.size < 2 * window + 3:
+        return []
+    s = smooth(y, window)
+    thr = threshold if threshold is not None else MIN_SIGMA * estimate_noise(y)
+    if not thr > 0:
+        return []
+    piv = turning_points(s, thr)
+    extent, out = min_extent(x.size, window), []
+    for k in range(1, len(piv) - 1):
+        b, kind = piv[k]
+        if kind != "max":
+            continue
+        a, c = piv[k - 1][0], piv[k + 1][0]
+        base = max(s[a], s[c])
+        width = _half_width(s, b, base)
+        if width < extent and s[b] - base >= thr:
+            out.append({"epoch": _epoch(x[b]), "height": float(s[b] - base), "width_evaluations": int(width)})
+    return out
+
+
 def detect_double_descent(epochs, e_gen, *, units=None, window: PositiveInt = 5,
                           min_sigma: FiniteNonNegativeFloat = MIN_SIGMA, min_rel: FiniteNonNegativeFloat = 0.0,
                           confirm: PositiveInt = 3, min_amplitude: FiniteNonNegativeFloat = 0.0) -> Optional[Event]:
@@ -560,6 +635,9 @@ def detect_double_descent(epochs, e_gen, *, units=None, window: PositiveInt = 5,
     largest is kept. Tested once on the held-out curve: first descent (window at the start of the
     descent minus window at min₁), ascent (peak minus min₁), second descent (peak minus min₂),
     each z >= ``min_sigma``. ``epoch`` = the peak; ``significance`` = the weakest held-out z.
+    The ascent and the second descent each last :func:`min_extent` evaluations, and so does the
+    peak at half its height: an excursion of a few epochs (a bad batch) is never one, whatever
+    its height (:func:`find_transients` reports it).
     """
     check_args(detect_double_descent, locals())
     x, y = _prepare(epochs, e_gen, "e_gen")
@@ -569,6 +647,7 @@ def detect_double_descent(epochs, e_gen, *, units=None, window: PositiveInt = 5,
     s = smooth(sel.y, window)
     thr, _ = _proposal_threshold(sel, window, min_rel, min_amplitude, s, model)
     piv = turning_points(s, thr)
+    extent = min_extent(x.size, window)
     best = None
     for k in range(len(piv) - 2):
         (a, ka) = piv[k]
@@ -582,6 +661,8 @@ def detect_double_descent(epochs, e_gen, *, units=None, window: PositiveInt = 5,
         n_up = int(np.sum(s[a:b + 1] >= s[a] + thr))
         n_down = int(np.sum(s[b:] <= s[b] - thr))
         if n_up < confirm or n_down < confirm:
+            continue
+        if not _lasts(s, a, b, c, extent):  # a transient (a bad batch), not an ascent
             continue
         weakest = min(d1, up, d2)
         if best is None or weakest > best[0]:
@@ -824,8 +905,10 @@ def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, 
     if diverged is not None:  # nothing is confirmed from the diverged part; no healthy regime
         found = [_after_divergence(e, diverged) for e in found]
         regime = None
+    transients = find_transients(*get["e_gen"], window=window) if get["e_gen"] is not None else []
     return RunAnalysis(events=[e for e in found if e.status == "confirmed"], regime=regime,
-                       undecided=[e for e in found if e.status != "confirmed"], diverged=diverged)
+                       undecided=[e for e in found if e.status != "confirmed"], diverged=diverged,
+                       transients=transients)
 
 
 #: what a module logs when it diverges (``lightning_pfd.modules.base.ResumableModule``)

@@ -324,6 +324,12 @@ def _events_md(analysis: RunAnalysis) -> list:
         out += [f"- {e.name} at epoch {format_value(e.epoch)}: {e.reason}" for e in analysis.undecided] + [""]
     out += ["(z = (difference − selection allowance) / s.e., the s.e. = paired seed part + local "
             "training-noise part; docs/events.md.)", ""]
+    spikes = getattr(analysis, "transients", [])
+    if spikes:
+        out += ["**Transients** (excursions of E_gen narrower than an event's minimum extent: a bad "
+                "batch or a loss spike; never reported as an event):", ""]
+        out += [f"- epoch {format_value(t['epoch'])}: +{format_value(t['height'], 3)} over "
+                f"{t['width_evaluations']} evaluations at half height" for t in spikes] + [""]
     found = {e.name for e in analysis.events} | {e.name for e in analysis.undecided}
     missing = [n for n in _EXPLAIN if n not in found]
     if missing:
