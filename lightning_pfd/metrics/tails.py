@@ -599,6 +599,9 @@ class _TailMetric(Metric):
         super().__init__(**kwargs)
         self.add_state("preds", default=[], dist_reduce_fx="cat")
         self.add_state("target", default=[], dist_reduce_fx="cat")
+        # the observables are float64: so is the placeholder torchmetrics syncs for a rank that
+        # never updated (float32 by default: gloo then aborts one rank and hangs the other)
+        self.set_dtype(torch.float64)
         self._fixed_ref = None if reference is None else _as_1d(reference, "reference")
         self.num_splits = None if num_splits is None else int(num_splits)
         self.n_gen = None if n_gen is None else int(n_gen)
