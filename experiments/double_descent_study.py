@@ -209,9 +209,10 @@ def random_feature_psi(dim: int = 64, features: int = 512, seed: int = 0):
     return lambda x: torch.relu(x.reshape(x.shape[0], -1) @ w.T + b) / math.sqrt(features)
 
 
-def checkpoint_psi(d: Path, fresh: int) -> dict:
-    """E_gen of every kept checkpoint on ``fresh`` new evaluation seeds (disjoint from the
-    monitor's M), for Psi = identity and the random-feature Psi, with delta-method s.e."""
+def checkpoint_psi(d: Path, fresh: int, every: int = 50) -> dict:
+    """E_gen of the kept checkpoints every ``every`` epochs on ``fresh`` new evaluation seeds
+    (disjoint from the monitor's M), for Psi = identity and the random-feature Psi, with
+    delta-method s.e. and, between consecutive ones, the paired difference (same x_T)."""
     import re
 
     import torch
@@ -221,7 +222,8 @@ def checkpoint_psi(d: Path, fresh: int) -> dict:
     from lightning_pfd.modules import DiffusionModule
 
     import yaml
-    files = sorted((d / "checkpoints").glob("epoch*.ckpt"))
+    files = [f for f in sorted((d / "checkpoints").glob("epoch*.ckpt"))
+             if (int(re.search(r"epoch(\d+)", f.name).group(1)) + 1) % every == 0]
     if not files:
         return {"note": "no kept checkpoints"}
     cfg = yaml.safe_load(CONFIG.read_text())
@@ -235,7 +237,7 @@ def checkpoint_psi(d: Path, fresh: int) -> dict:
     teacher = sample_endpoints(dm.teacher, seeds, tuple(dm.train_data.shape[1:]), sigmas=t_grid,
                                sampler=first.hparams.sampler, batch_size=256)
     psis = {"identity": lambda x: x.reshape(x.shape[0], -1), "random_relu_512": random_feature_psi()}
-    rows = []
+    rows, prev = [], {}
     for f in files:
         mod = DiffusionModule.load_from_checkpoint(str(f), map_location="cpu").eval()
         with torch.no_grad():
@@ -245,8 +247,16 @@ def checkpoint_psi(d: Path, fresh: int) -> dict:
             sq = (psi(st) - psi(teacher)).pow(2).sum(1)
             e = float(sq.mean().sqrt())
             row[name] = {"e_gen": e, "se": float(sq.std() / (2 * math.sqrt(fresh) * e))}
+            if name in prev:  # paired: E(t) - E(t-1) ~ mean(d2_t - d2_{t-1}) / (2 E)
+                (sq0, e0) = prev[name]
+                u = sq / (2 * e) - sq0 / (2 * e0)
+                row[name]["change"] = e - e0
+                row[name]["change_se"] = float(u.std() / math.sqrt(fresh))
+            prev[name] = (sq, e)
         rows.append(row)
-    return {"fresh_seeds": fresh, "fresh_seed_range": [int(seeds[0]), int(seeds[-1])], "checkpoints": rows}
+    return {"fresh_seeds": fresh, "every_epochs": every, "psi": {"identity": "the endpoints",
+            "random_relu_512": random_feature_psi.__doc__.split(".")[0]},
+            "fresh_seed_range": [int(seeds[0]), int(seeds[-1])], "checkpoints": rows}
 
 
 def cmd_analyse(args) -> int:
@@ -275,7 +285,7 @@ def cmd_analyse(args) -> int:
             if args.power:
                 r["power"] = planted_power(d, args.power)
             if args.fresh:
-                r["checkpoints_psi"] = checkpoint_psi(d, args.fresh)
+                r["checkpoints_psi"] = checkpoint_psi(d, args.fresh, args.fresh_every)
             runs.append(r)
             arms.setdefault(arm, []).append(r)
     verdicts = {}
@@ -341,6 +351,7 @@ def main(argv=None) -> int:
     p.add_argument("--power", type=float, nargs="*", default=[0.1, 0.2, 0.4, 0.8],
                    help="planted ascent heights (E_gen units) for the per-run power")
     p.add_argument("--fresh", type=int, default=2048, help="fresh seeds per kept checkpoint (0: skip)")
+    p.add_argument("--fresh-every", type=int, default=50, help="re-evaluate the kept checkpoint every N epochs")
     p.add_argument("--out", type=Path, default=RESULT)
     args = p.parse_args(argv)
     return {"run": cmd_run, "analyse": cmd_analyse, "status": cmd_status}[args.command](args)
