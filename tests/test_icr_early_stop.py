@@ -202,3 +202,24 @@ def test_the_decision_goes_through_the_strategys_reduction(tmp_path):
     trainer2 = _fake_trainer(tmp_path, 0.5, any_rank_stops)
     es2.run_check(trainer2)
     assert calls == [(False, False)] and not trainer2.should_stop and es2.would_stop_epoch == 0
+
+
+def test_a_resume_applies_the_configured_patience_unlike_lightnings_early_stopping():
+    """Issue 40 item 9, decided and documented: the configured ``patience`` applies on resume (the
+    wait count is kept); Lightning's EarlyStopping replaces it by the checkpoint's. The state key
+    is this class's own, so Lightning's EarlyStopping entry is not this rule's."""
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    from lightning_pfd.callbacks import ICREarlyStopping
+
+    a = ICREarlyStopping(patience=3, min_rise_z=None)
+    a._rule.load_state_dict({"best": 0.5, "wait_count": 2})
+    state = a.state_dict()
+    b = ICREarlyStopping(patience=7, min_rise_z=None)
+    b.load_state_dict(state)
+    assert b.patience == 7 and b._rule.wait_count == 2 and b._rule.best == 0.5
+    assert b._rule.patience == 7  # the rule that decides uses it
+    lit = EarlyStopping(monitor="icr/icr", patience=7)
+    lit.load_state_dict({"wait_count": 2, "stopped_epoch": 0, "best_score": torch.tensor(0.5), "patience": 3})
+    assert lit.patience == 3  # Lightning's choice (the oracle of the difference)
+    assert b.state_key != EarlyStopping(monitor="icr/icr", mode="min").state_key

@@ -77,7 +77,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_prefixed_message, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_prefixed_message, rank_zero_info, rank_zero_warn
 
 from ..analysis.early_stop import DEFAULT_NOISE_WINDOW, DEFAULT_WINDOW, PatienceRule, RiseTest, rise_test
 from ..errors import ConfigError
@@ -432,6 +432,16 @@ class ICREarlyStopping(Callback):
                 "series_reps": [None if r is None else list(r) for r in self.series_reps]}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore the rule's state. Unlike Lightning's ``EarlyStopping`` (which replaces the
+        configured ``patience`` by the checkpoint's), the configured ``patience`` applies, like
+        any other changed setting on resume, and a difference is printed; the saved wait count
+        is kept. The state key is this class's own (``ICREarlyStopping{monitor, mode}``), so an
+        ``EarlyStopping`` entry of another run is never read as this rule's state."""
+        saved = state_dict.get("patience")
+        if saved is not None and int(saved) != self.patience:
+            rank_zero_info(f"[lightning_pfd] ICREarlyStopping({self.monitor}): resuming with patience "
+                           f"{self.patience} (the checkpoint had {int(saved)}); the wait count "
+                           f"{int(state_dict['wait_count'])} is kept")
         self._rule.load_state_dict({"best": float(state_dict["best_score"]), "wait_count": state_dict["wait_count"]})
         self.stopped_epoch = int(state_dict.get("stopped_epoch", 0))
         self.stopping_reason = EarlyStoppingReason(state_dict.get("stopping_reason", 0))
