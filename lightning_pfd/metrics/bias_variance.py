@@ -91,8 +91,9 @@ class BiasVarianceDecomposition(Metric):
         self.count += count
 
     def compute(self) -> Dict[str, torch.Tensor]:
-        if float(self.count) == 0:
-            raise RuntimeError("BiasVarianceDecomposition: compute() called before any update()")
+        if float(self.count) == 0:  # NaN before any update (torchmetrics warns), as every metric here
+            nan = torch.full_like(self.bias_sq_sum, float("nan"))
+            return _bias_variance_compute(nan, nan, nan, torch.ones_like(self.count))
         return _bias_variance_compute(self.bias_sq_sum, self.var_sum, self.gen_sq_sum, self.count)
 
 

@@ -313,6 +313,16 @@ def _icr_at(states: Dict[str, torch.Tensor], tau: TauSpec, tau_rel: float = DEFA
     return 1.0 / (1.0 + lam.mean())
 
 
+def _icr_undefined(n: torch.Tensor, d: Optional[int]) -> Dict[str, torch.Tensor]:
+    """The compute() dict of an ICR without two view pairs: NaN values, the count, no spectrum."""
+    f64, dev = torch.float64, n.device
+    nan = torch.tensor(float("nan"), dtype=f64, device=dev)
+    out = {k: nan.clone() for k in ("icr", "trace_s", "trace_xi", "trace_s_raw", "trace_xi_raw", "tau", "cond_xi")}
+    out.update(n=n.clone().to(f64), d=torch.tensor(float("nan") if d is None else float(d), dtype=f64, device=dev),
+               eigenvalues=torch.zeros(0, dtype=f64, device=dev))
+    return out
+
+
 class InvariantContaminationRatio(Metric):
     """ICR (eq. 5 of the ICR paper) from pairs of views, exact under DDP.
 
@@ -390,6 +400,11 @@ class InvariantContaminationRatio(Metric):
         return _icr_covariances(self._states())
 
     def compute(self) -> Dict[str, torch.Tensor]:
+        """ICR and its companions (class docstring); before two view pairs were seen (no update:
+        torchmetrics warns) every value is NaN (``n`` the count, ``eigenvalues`` empty), as for
+        every metric of :mod:`lightning_pfd.metrics`."""
+        if self._d is None or float(self.n) < 2:
+            return _icr_undefined(self.n, self._d)
         return _icr_compute(self._states(), self.tau, self.tau_rel, self.cond_max)
 
     def icr_at(self, tau: TauSpec) -> torch.Tensor:

@@ -103,8 +103,10 @@ class ProbabilityFlowDistance(Metric):
         self.num_features.fill_(max(float(self.num_features), float(num_features)))
 
     def compute(self) -> torch.Tensor:
+        """PFD of the (synced) states; NaN before any update (with torchmetrics' warning), as
+        every metric of :mod:`lightning_pfd.metrics`."""
         if float(self.count) == 0:
-            raise RuntimeError("ProbabilityFlowDistance: compute() called before any update()")
+            return torch.tensor(float("nan"), dtype=torch.float64, device=self.count.device)
         return _pfd_compute(self.sum_sq, self.count, self.num_features, self.num_nonfinite, self.per_dimension)
 
     def nonfinite_fraction(self) -> torch.Tensor:

@@ -651,6 +651,8 @@ class RootMeanSquaredQuantileError(_TailMetric):
 
     def compute(self) -> torch.Tensor:
         p, t = self._gathered()
+        if p.numel() == 0:  # nothing observed yet (torchmetrics warns): NaN
+            return torch.tensor(float("nan"), dtype=torch.float64)
         return self._score("rmsqe", p, t, eta=self.eta, u_max=self.u_max,
                            num_levels=self.num_levels, definition=self.definition)
 
@@ -679,6 +681,8 @@ class LogAbsoluteDensityRatio(_TailMetric):
 
     def compute(self) -> torch.Tensor:
         p, t = self._gathered()
+        if p.numel() == 0:  # nothing observed yet (torchmetrics warns): NaN
+            return torch.tensor(float("nan"), dtype=torch.float64)
         kw = dict(window=self.window, floor=self.floor, relative_floor=self.relative_floor,
                   bandwidth=self.bandwidth, panels=self.panels, nodes=self.nodes)
         if self.num_splits is None:
