@@ -312,8 +312,43 @@ def cmd_analyse(args) -> int:
            "recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1, default=_json) + "\n")
+    args.out.with_suffix(".md").write_text(table(json.loads(args.out.read_text())))
     print(json.dumps(verdicts, indent=1))
     return 0
+
+
+def table(out: dict) -> str:
+    """The markdown tables of a results file (per run, per arm): what the docs quote."""
+    lines = [f"Results of `{out['analysis']}` ({out['recorded']}); runs: `{out['command']}`; config "
+             f"`{out['config']}`. E_gen on the monitor's M = 2048 seeds every epoch; fresh = the last "
+             f"kept checkpoint on {(out['runs'][0].get('checkpoints_psi') or {}).get('fresh_seeds', '—')} fresh seeds "
+             "(identity Psi / random ReLU-feature Psi, +- 1 s.e.); gap = max over epochs of "
+             "(l_test - l_train) / l_test; power = share of 5 placements of a planted 60-epoch "
+             "ascent of that height (E_gen units) that the detector confirms.", "",
+             "| arm | seed | epochs | E_gen first / min (epoch) / last | fresh E_gen, identity | fresh, random features | "
+             "max rel. gap | regime (App. C.6) | first descent ended | events | power (height: share) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in out["runs"]:
+        if "error" in r:
+            lines.append(f"| {r['arm']} | {r['seed']} | — | {r['error']} |  |  |  |  |  |  |  |")
+            continue
+        ck = (r.get("checkpoints_psi") or {}).get("checkpoints") or []
+        last = ck[-1] if ck else None
+        fi = f"{last['identity']['e_gen']:.3f} ± {last['identity']['se']:.3f} (ep {last['epoch']})" if last else "—"
+        fr = f"{last['random_relu_512']['e_gen']:.4f} ± {last['random_relu_512']['se']:.4f}" if last else "—"
+        fd = r["first_descent"]
+        ended = f"yes, epoch {fd['epoch']}" if fd.get("ended") else "no"
+        evs = ", ".join(f"{e['name']} ({e['status']}, ep {e['epoch']:g})" for e in r["events"]["events"]) or "none"
+        pw = ", ".join(f"{h}: {v:.1f}" for h, v in ((r.get("power") or {}).get("power") or {}).items()) or "—"
+        lines.append(f"| {r['arm']} | {r['seed']} | {r['epochs_run']} | {r['e_gen_first']:.2f} / "
+                     f"{r['e_gen_min']:.3f} ({r['e_gen_argmin']}) / {r['e_gen_last']:.3f} | {fi} | {fr} | "
+                     f"{r['regime']['max_relative_gap']:.3f} | {r['regime']['regime']} | {ended} | {evs} | {pw} |")
+    lines += ["", "| arm | verdict | confirmed seeds | seeds still in the first descent | regimes |",
+              "|---|---|---|---|---|"]
+    for arm, v in out["verdicts"].items():
+        lines.append(f"| {arm} | {v['verdict']} | {v['confirmed_seeds'] or 'none'} | "
+                     f"{v['first_descent_still_running'] or 'none'} | {', '.join(v['regimes'])} |")
+    return "\n".join(lines) + "\n"
 
 
 def _json(v):
