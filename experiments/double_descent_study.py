@@ -305,6 +305,11 @@ def cmd_analyse(args) -> int:
         verdicts[arm] = {"verdict": verdict, "seeds": [r["seed"] for r in rs], "confirmed_seeds": confirmed,
                          "first_descent_still_running": still,
                          "regimes": sorted({r["regime"]["regime"] for r in rs})}
+    if args.out.is_file():  # keep the recorded arms not analysed now (the grid runs over sessions)
+        earlier = json.loads(args.out.read_text())
+        runs = [r for r in earlier.get("runs", []) if r["arm"] not in args.arms] + runs
+        verdicts = {**{a: v for a, v in earlier.get("verdicts", {}).items() if a not in args.arms}, **verdicts}
+        args.arms = list(dict.fromkeys([r["arm"] for r in runs] + list(args.arms)))
     out = {"config": str(CONFIG.relative_to(ROOT)), "arms": {a: ARMS[a] for a in args.arms},
            "command": f"python experiments/double_descent_study.py run --root {args.root} --jobs N",
            "analysis": f"python experiments/double_descent_study.py analyse --root {args.root}",

@@ -205,3 +205,23 @@ def test_a_nets_refusal_is_named_by_its_nested_config_path(tmp_path):
                       "num_blocks": 1, "attn_resolutions": []}}}}
     err = _refusal(cfg)
     assert err.field == "model.init_args.net.init_args.img_resolution" and err.value == 10
+
+
+def test_a_typo_inside_a_config_file_names_the_file_the_line_and_the_close_argument(tmp_path, monkeypatch, capsys):
+    """Issue 40 item 14: `Option 'num_evl' is not accepted` said neither where nor what was meant."""
+    from lightning_pfd.cli import main
+    from test_reliability import _write_config
+
+    _write_config(tmp_path, epochs=1, monitors=True)
+    text = (tmp_path / "c.yaml").read_text()
+    line = next(i + 1 for i, t in enumerate(text.splitlines()) if "num_eval: 16" in t)
+    (tmp_path / "c.yaml").write_text(text.replace("num_eval: 16", "num_evl: 16"))
+    monkeypatch.chdir(tmp_path)
+    try:
+        status = main(["fit", "--config", "c.yaml"])
+    except SystemExit as e:
+        status = e.code
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in err
+    assert (f"trainer.callbacks[GeneralizationMonitor].init_args.num_evl in c.yaml, line {line}: "
+            "did you mean num_eval?") in err

@@ -35,6 +35,7 @@ from ..callbacks.checkpoint import (continue_loggers, install_data_fingerprint, 
 from ..callbacks.wandb_setup import LogConfigCallback, has_wandb_credentials
 from ..checkpoint import atomic_write_bytes, load_checkpoint, truncated_epoch
 from ..contracts import check_data_shape
+from ..classpath import import_class
 from ..errors import ConfigError, did_you_mean, suggest_option
 from ..locks import acquire as acquire_lock
 from ..validation import plain_numbers
@@ -112,6 +113,9 @@ class PFDArgumentParser(LightningArgumentParser):
         renamed = _renamed_hint(message)
         if renamed:
             return renamed
+        m = re.search(r"Option '(\w+)' is not accepted", message)
+        if m:
+            return _not_accepted_hint(m.group(1))
         m = re.search(r"unrecognized arguments: (\S+)", message)
         if m:
             opt = m.group(1).split("=", 1)[0]
@@ -130,6 +134,47 @@ class PFDArgumentParser(LightningArgumentParser):
                         f"--trainer.callbacks+={cfg}")
             return f"in the config file {cfg!r}" if cfg else None
         return None
+
+
+def _entries(node, path: str):
+    """``(config path, class_path, init_args)`` of every class entry below ``node`` (parsed YAML)."""
+    if isinstance(node, dict):
+        if isinstance(node.get("class_path"), str) and isinstance(node.get("init_args"), dict):
+            yield path, node["class_path"], node["init_args"]
+        for k, v in node.items():
+            yield from _entries(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(node, list):
+        for v in node:
+            name = v.get("class_path", "").rsplit(".", 1)[-1] if isinstance(v, dict) else ""
+            yield from _entries(v, f"{path}[{name}]" if name else path)
+
+
+def _not_accepted_hint(name: str) -> Optional[str]:
+    """Where a config file sets the unknown argument ``name`` (file, config path) and the closest
+    argument the named class accepts (its signature is read; nothing is called)."""
+    import inspect
+
+    import yaml
+
+    for cfg in _argv_values("config") + _argv_values("c"):
+        try:
+            data = yaml.safe_load(Path(cfg).read_text()) if Path(cfg).is_file() else None
+        except (OSError, yaml.YAMLError):
+            continue
+        for where, cls_path, args in _entries(data, ""):
+            if name not in args:
+                continue
+            try:
+                target = import_class(cls_path)
+                params = inspect.signature(target.__init__ if isinstance(target, type) else target).parameters
+            except Exception:  # noqa: BLE001 - a hint only: the error itself stands
+                params = {}
+            close = did_you_mean(name, [p for p in params if p not in ("self", "args", "kwargs")])
+            line = next((i + 1 for i, t in enumerate(Path(cfg).read_text().splitlines())
+                         if re.search(rf"\b{re.escape(name)}\s*:", t)), None)
+            at = f"{cfg}" + (f", line {line}" if line else "")
+            return f"{where}.init_args.{name} in {at}" + (f": did you mean {close}?" if close else "")
+    return None
 
 
 #: options of earlier releases: old name -> (new name, what to write instead)
