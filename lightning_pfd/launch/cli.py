@@ -158,7 +158,8 @@ def _not_accepted_hint(name: str) -> Optional[str]:
 
     for cfg in _argv_values("config") + _argv_values("c"):
         try:
-            data = yaml.safe_load(Path(cfg).read_text()) if Path(cfg).is_file() else None
+            text = Path(cfg).read_text() if Path(cfg).is_file() else ""
+            data = yaml.safe_load(text) if text else None
         except (OSError, yaml.YAMLError):
             continue
         for where, cls_path, args in _entries(data, ""):
@@ -170,7 +171,7 @@ def _not_accepted_hint(name: str) -> Optional[str]:
             except Exception:  # noqa: BLE001 - a hint only: the error itself stands
                 params = {}
             close = did_you_mean(name, [p for p in params if p not in ("self", "args", "kwargs")])
-            line = next((i + 1 for i, t in enumerate(Path(cfg).read_text().splitlines())
+            line = next((i + 1 for i, t in enumerate(text.splitlines())
                          if re.search(rf"\b{re.escape(name)}\s*:", t)), None)
             at = f"{cfg}" + (f", line {line}" if line else "")
             return f"{where}.init_args.{name} in {at}" + (f": did you mean {close}?" if close else "")

@@ -250,7 +250,6 @@ def _build(spec: Any, base=None, meta_net: bool = False, field: str = "class_pat
 def build_net_meta(spec: dict):
     """The net of a parsed config on the meta device (falls back to CPU if a class cannot)."""
     import torch
-
     from torch import nn
 
     try:
