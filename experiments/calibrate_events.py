@@ -9,8 +9,9 @@ settings, as ``python -m lightning_pfd report`` does on the same run written to 
 per family: runs with any *confirmed* event (Wilson 95 % interval), per event name, undecided
 events, median significance, the detector's time per run. Then the power: the fraction of runs
 in which a planted event is confirmed, on :data:`~lightning_pfd.analysis.calibration.POWER_FAMILIES`
-(all held out): early learning and double descent at M = 2048 and M = 256, memorization onset
-and the ICR minimum (curves that do not depend on M) at M = 256.
+(all held out; ``--power-families tails``: POWER_FAMILIES_TAILS, the spike, heavy-tail and
+schedule families of issue 41): early learning and double descent at M = 2048 and M = 256,
+memorization onset and the ICR minimum (curves that do not depend on M) at M = 256.
 
 Tune the detectors on ``--split tune`` only; report ``--split held_out``. Writes
 ``experiments/results/calibrate_events_v2.json`` (``--out``) and the markdown tables
@@ -35,8 +36,8 @@ import sys
 import time
 from pathlib import Path
 
-from lightning_pfd.analysis.calibration import (FAMILIES, POWER_FAMILIES, calibrate_families, simulate_run,
-                                                split)
+from lightning_pfd.analysis.calibration import (FAMILIES, POWER_FAMILIES, POWER_FAMILIES_TAILS, calibrate_families,
+                                                simulate_run, split)
 from lightning_pfd.analysis.events import MIN_SIGMA, analyze_history
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,6 +113,11 @@ def main(argv=None) -> int:
     ap.add_argument("--families", nargs="*", default=None, help="only these families (names)")
     ap.add_argument("--power-events", nargs="*", default=None, choices=sorted(HEIGHTS),
                     help="measure the power of these events only (default: all)")
+    ap.add_argument("--power-families", choices=("default", "tails", "all"), default="default",
+                    help="power on POWER_FAMILIES (default), on POWER_FAMILIES_TAILS (spikes, heavy tails, "
+                         "schedules; issue 41) or on both")
+    ap.add_argument("--power-m", nargs="*", type=int, default=[2048, 256],
+                    help="the numbers of seeds M of the power table (default 2048 256)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--seed0", type=int, default=10_000)
     ap.add_argument("--out", default=str(ROOT / "experiments/results/calibrate_events_v2.json"))
@@ -147,14 +153,16 @@ def main(argv=None) -> int:
 
     nulls = calibrate_families(names, runs, analyze_history, seed0=args.seed0, jobs=args.jobs, progress=progress)
     power = []
+    power_fams = {"default": POWER_FAMILIES, "tails": POWER_FAMILIES_TAILS,
+                  "all": POWER_FAMILIES + POWER_FAMILIES_TAILS}[args.power_families]
     if args.power_runs:
-        for m in (2048, 256):
+        for m in args.power_m:
             for event, h in HEIGHTS.items():
                 if args.power_events and event not in args.power_events:
                     continue
-                if m != 256 and event in ("memorization_onset", "icr_minimum"):
-                    continue  # the ratio and ICR do not depend on M: once, at M = 256
-                for name in POWER_FAMILIES:
+                if m != min(args.power_m) and event in ("memorization_onset", "icr_minimum"):
+                    continue  # the ratio and ICR do not depend on M: once, at the smallest M
+                for name in power_fams:
                     fam = dataclasses.replace(FAMILIES[name], num_seeds=m, name=f"{name}@M{m}")
                     r = calibrate_families([fam], args.power_runs, analyze_history, event=event, height=h,
                                            seed0=args.seed0 + 1, jobs=args.jobs)[fam.name]
@@ -167,7 +175,7 @@ def main(argv=None) -> int:
     wall = time.time() - t0
     out = {"command": command, "split": args.split, "min_sigma": MIN_SIGMA, "runs": args.runs,
            "runs_large": args.runs_large, "large_m": LARGE_M, "power_runs": args.power_runs,
-           "heights": HEIGHTS, "seed0": args.seed0, "jobs": args.jobs, "cost_per_run": cost,
+           "heights": HEIGHTS, "power_families": list(power_fams), "seed0": args.seed0, "jobs": args.jobs, "cost_per_run": cost,
            "nulls": nulls, "power": power, "wall_s": wall, "python": platform.python_version()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))

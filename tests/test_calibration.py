@@ -129,8 +129,8 @@ def test_no_family_plants_an_event():
     and the ratio's rate is constant: the per-sample persistence leaves its mean at the baseline."""
     for fam in FAMILIES.values():
         quiet = dataclasses.replace(fam, seed_sd=0.0, noise_sd=0.0, icr_group_sd=0.0, icr_noise_sd=0.0,
-                                    ratio_noise_sd=0.0, n_eval=min(fam.n_eval, 60), num_seeds=8,
-                                    num_samples=20)
+                                    ratio_noise_sd=0.0, spike_size=0.0, n_eval=min(fam.n_eval, 60),
+                                    num_seeds=8, num_samples=20)
         series, _ = simulate_run(quiet, 0)
         for key in ("pfd/e_gen", "pfd/e_mem", "icr/icr"):
             if key in series:

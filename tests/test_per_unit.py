@@ -238,8 +238,10 @@ def test_shape_exponent_is_a_lower_bound_of_the_true_exponent(kind, hurst, lo, h
 
 def test_noise_model_sees_noise_that_grows_where_the_leg_is():
     """AR(1) noise whose sd grows 4× over 600 evaluations: the local scale of a contrast at the
-    end is well above 1 (the pooled variogram understates it there), at the start it is 1; with
-    noise of constant size both are ≈ 1 (the shrinkage keeps agreeing windows pooled)."""
+    end is well above 1 (the pooled variogram understates it there); at the start, where the
+    noise is quieter than pooled (its variance ratio there is about 1/4 of the geometric middle),
+    it is below 1 but not below that true ratio (a confidence bound toward 1); with noise of
+    constant size both are ≈ 1 (the shrinkage keeps agreeing windows pooled)."""
     from lightning_pfd.analysis.calibration import noise_process
     from lightning_pfd.analysis.inference import NoiseModel
 
@@ -248,5 +250,5 @@ def test_noise_model_sees_noise_that_grows_where_the_leg_is():
     end, start = contrast(n, np.arange(n - 5, n), np.array([n - 60])), contrast(n, np.arange(5), np.array([60]))
     grow = NoiseModel.fit(Curve(np.arange(n, dtype=float), base * 4.0 ** (np.arange(n) / n)))
     flat = NoiseModel.fit(Curve(np.arange(n, dtype=float), base))
-    assert grow.local_scale(end) > 2.0 and grow.local_scale(start) == 1.0
-    assert flat.local_scale(end) < 1.3 and flat.local_scale(start) < 1.3
+    assert grow.local_scale(end) > 2.0 and 0.25 < grow.local_scale(start) < 0.8
+    assert 0.75 < flat.local_scale(end) < 1.3 and 0.75 < flat.local_scale(start) < 1.3

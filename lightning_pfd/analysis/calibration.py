@@ -46,7 +46,8 @@ from .per_unit import UnitSeries
 __all__ = ["NULLS", "NullSpec", "trend", "planted_trend", "simulate", "calibrate",
            # the generator of whole synthetic runs (second part of this module)
            "Family", "FAMILIES", "TUNE", "HELD_OUT", "split", "noise_process", "envelope",
-           "gen_trend", "mem_trend", "simulate_run", "PLANTED", "POWER_FAMILIES",
+           "gen_trend", "mem_trend", "simulate_run", "PLANTED", "POWER_FAMILIES", "POWER_FAMILIES_TAILS",
+           "schedule_envelope", "spike_process",
            "wilson_interval", "event_status", "calibrate_families", "write_run"]
 
 #: the null families (module docstring)
@@ -182,12 +183,19 @@ NOISE_KINDS = get_args(NoiseKind)
 #: per-seed noise of the squared distances (:func:`_seed_levels`)
 SeedNoise = Literal["flip", "heavy", "drift", "hetero"]
 #: what a family varies (every structure type is on both sides of the split)
-Structure = Literal["per_seed", "training_noise", "ratio", "icr", "short", "e_only"]
+Structure = Literal["per_seed", "training_noise", "ratio", "icr", "short", "e_only", "tails", "schedule"]
+#: how the size of the common training noise changes along the run (:func:`schedule_envelope`)
+Schedule = Literal["constant", "cosine", "restart"]
+#: innovations of the AR(1) common training noise
+Innovations = Literal["gaussian", "student_t"]
 #: events planted on a whole run for power (:func:`simulate_run`)
 PLANTED = ("early_learning", "double_descent", "memorization_onset", "icr_minimum")
 Planted = Literal["early_learning", "double_descent", "memorization_onset", "icr_minimum"]
 ProbabilityOpen = HurstIndex = OpenUnitInterval
 PositiveNumber, NonNegativeNumber, NumGroups = FinitePositiveFloat, FiniteNonNegativeFloat, IntAtLeastTwo
+#: Student-t degrees of freedom with a finite variance; an anneal factor (first / last noise size)
+TailIndex = ranged("TailIndex", float, [(">", 2.0), ("<", float("inf"))], "a finite number > 2 (a finite variance)")
+AnnealFactor = ranged("AnnealFactor", float, [(">=", 1.0), ("<", float("inf"))], "a finite number >= 1")
 
 
 @dataclass(frozen=True)
@@ -208,7 +216,17 @@ class Family:
       last evaluation), of sd at the last evaluation ``noise_sd`` on E (E units), ``ratio_noise_sd`` on the ratio's
       probit threshold and ``icr_noise_sd`` on ICR; ``phi`` (AR(1)), ``hurst`` (fGn / fBm),
       ``length`` (smooth noise: Gaussian kernel sd; jumps: mean evaluations between jumps).
-      ``ratio_noise`` overrides the process of the ratio (None: ``noise``).
+      ``ratio_noise`` overrides the process of the ratio (None: ``noise``). ``innovations``
+      ``"student_t"``: the AR(1) noise is driven by Student-t innovations with ``nu`` degrees of
+      freedom (unit variance; heavy-tailed increments). ``schedule`` (:func:`schedule_envelope`):
+      the noise size follows a cosine learning-rate schedule falling ``anneal``-fold
+      (``"cosine"``), or restarts ``restarts`` times (``"restart"``, SGDR); ``noise_sd`` is then
+      the size at the start of the run (the largest).
+    - Spikes (a bad batch): at each evaluation with probability ``spike_rate`` every unit's error
+      (E_gen, E_mem: each seed's distance; ICR: every group) is raised by the same factor
+      1 + X, X exponential of mean ``spike_size`` (a share of the value), for that one evaluation;
+      ``spike_ema`` > 0 logs an exponential moving average of the metric, so a spike decays as
+      ``spike_ema``^k over the following evaluations (:func:`spike_process`).
     - Ratio: each sample copies when a latent N(0, 1) variable, a per-sample AR(1) of lag-1
       correlation ``ratio_persistence`` mixed with a per-sample constant (share
       ``ratio_heterogeneity``), is below the common threshold Φ⁻¹(``ratio_base``) + noise: a
@@ -247,6 +265,14 @@ class Family:
     icr_group_sd: NonNegativeNumber = 0.02
     icr_heavy: bool = False
     icr_noise_sd: NonNegativeNumber = 0.003
+    innovations: Innovations = "gaussian"
+    nu: TailIndex = 2.5
+    schedule: Schedule = "constant"
+    anneal: AnnealFactor = 7.0
+    restarts: PositiveInt = 3
+    spike_rate: HalfOpenUnitInterval = 0.0
+    spike_size: NonNegativeNumber = 0.0
+    spike_ema: HalfOpenUnitInterval = 0.0
 
     def __post_init__(self) -> None:
         check_args(Family, vars(self))
@@ -260,6 +286,38 @@ def envelope(n: int, growth: float) -> np.ndarray:
     < 1: shrinking)."""
     t = np.arange(n, dtype=np.float64)
     return float(growth) ** (t / max(n - 1, 1))
+
+
+def schedule_envelope(n: int, schedule: Schedule, anneal: float = 7.0, restarts: int = 3) -> np.ndarray:
+    """Size of the training noise under a learning-rate schedule, 1 at the start: the noise of SGD
+    scales with the learning rate, so it follows the schedule's cosine
+    f(u) = 1/anneal + (1 − 1/anneal)·(1 + cos πu)/2 over the run (``"cosine"``, u = t/(n − 1):
+    falls ``anneal``-fold), or over each of ``restarts`` + 1 equal cycles (``"restart"``, SGDR:
+    Loshchilov & Hutter 2017, "SGDR: stochastic gradient descent with warm restarts", eq. 5),
+    jumping back to 1 at every restart; ``"constant"``: ones."""
+    if schedule == "constant":
+        return np.ones(n)
+    t = np.arange(n, dtype=np.float64)
+    if schedule == "cosine":
+        u = t / max(n - 1, 1)
+    else:
+        cycle = n / (int(restarts) + 1)
+        u = (t % cycle) / max(cycle - 1, 1)
+    lo = 1.0 / float(anneal)
+    return lo + (1.0 - lo) * 0.5 * (1.0 + np.cos(np.pi * np.clip(u, 0.0, 1.0)))
+
+
+def spike_process(rng: np.random.Generator, n: int, rate: float, size: float, ema: float = 0.0) -> np.ndarray:
+    """(n,) relative excess of the logged metric from bad batches: at each evaluation with
+    probability ``rate`` a spike X ~ Exponential(mean ``size``) for that one evaluation; with an
+    EMA of the logged value (``ema`` > 0) a spike at t0 contributes X·ema^(t − t0) at t >= t0
+    (the shape; its peak is X). Zeros when ``rate`` or ``size`` is 0."""
+    if rate <= 0 or size <= 0:
+        return np.zeros(n)
+    x = np.where(rng.random(n) < rate, rng.exponential(size, n), 0.0)
+    if ema <= 0:
+        return x
+    return _ar1_filter(x[:, None], float(ema), np.zeros(1))[:, 0]
 
 
 def _fgn(rng: np.random.Generator, n: int, hurst: float, k: int) -> np.ndarray:
@@ -418,14 +476,23 @@ def _seed_levels(rng: np.random.Generator, fam: Family, n: int, final: float) ->
 def _common(rng: np.random.Generator, fam: Family, n: int, kind: Optional[str] = None) -> np.ndarray:
     """One draw (n,) of the family's common training noise with its envelope (unit size)."""
     kind = fam.noise if kind is None else kind
-    z = noise_process(rng, kind, n, 1, phi=fam.phi, hurst=fam.hurst, length=fam.length)[:, 0]
+    if kind == "ar1" and fam.innovations == "student_t":
+        innov = rng.standard_t(fam.nu, (n, 1)) / math.sqrt(fam.nu / (fam.nu - 2.0))
+        z = _ar1_cols(rng, n, 1, fam.phi, innov)[:, 0]
+    else:
+        z = noise_process(rng, kind, n, 1, phi=fam.phi, hurst=fam.hurst, length=fam.length)[:, 0]
+    if fam.schedule != "constant":  # the family's sd is the size at the start
+        return z * schedule_envelope(n, fam.schedule, fam.anneal, fam.restarts)
     return z * envelope(n, fam.growth) / fam.growth  # the family's sd is the size at the end
 
 
-def _e_curve(rng: np.random.Generator, fam: Family, key: str, t: np.ndarray, target: np.ndarray):
+def _e_curve(rng: np.random.Generator, fam: Family, key: str, t: np.ndarray, target: np.ndarray,
+             spikes: Optional[np.ndarray] = None):
     n = t.size
     levels = _seed_levels(rng, fam, n, float(target[-1]))
     tgt = target + fam.noise_sd * _common(rng, fam, n)
+    if spikes is not None:
+        tgt = tgt * (1.0 + spikes)
     d2 = levels * (tgt ** 2)[:, None]
     values = np.sqrt(d2.mean(1))
     return values, UnitSeries(key, "sq_dist", t.copy(), d2, np.arange(fam.num_seeds, dtype=np.int64),
@@ -459,7 +526,7 @@ def _ratio_curve(rng: np.random.Generator, fam: Family, t: np.ndarray, event: Op
 
 
 def _icr_curve(rng: np.random.Generator, fam: Family, t: np.ndarray, event: Optional[str],
-               height: float):
+               height: float, spikes: Optional[np.ndarray] = None):
     n, g = t.size, fam.icr_groups
     level = np.full(n, fam.icr_level)
     if fam.icr_trend == "falling":
@@ -472,6 +539,8 @@ def _icr_curve(rng: np.random.Generator, fam: Family, t: np.ndarray, event: Opti
         innov = rng.standard_t(3.0, (n, g)) / math.sqrt(3.0)
     dev = fam.icr_group_sd * _ar1_cols(rng, n, g, 0.9, innov)
     a = level[:, None] + fam.icr_noise_sd * _common(rng, fam, n)[:, None] + dev
+    if spikes is not None:
+        a = a * (1.0 + spikes)[:, None]
     full = a.mean(1)
     reps = (a.sum(1, keepdims=True) - a) / (g - 1)  # delete-a-group replicates
     return full, UnitSeries("icr/icr", "jackknife", t.copy(), reps, np.arange(g, dtype=np.int64),
@@ -518,14 +587,18 @@ def simulate_run(family: Family, seed: int, event=None, height: float = 0.0) -> 
     t = np.arange(n, dtype=np.float64)
     series, units = {}, {}
     gen_event = next((e for e in events if e in ("early_learning", "double_descent")), None)
+    spikes = None
+    if family.spike_rate > 0 and family.spike_size > 0:  # one bad-batch process shared by every curve
+        spikes = spike_process(np.random.default_rng([seed, 1]), n, family.spike_rate, family.spike_size,
+                               family.spike_ema)
     for key, target in (("pfd/e_gen", gen_trend(t, n, gen_event, height)), ("pfd/e_mem", mem_trend(t, n))):
-        y, u = _e_curve(rng, family, key, t, target)
+        y, u = _e_curve(rng, family, key, t, target, spikes)
         series[key], units[key] = (t.copy(), y), u
     if family.curves == "all":
         onset = "memorization_onset" if "memorization_onset" in events else None
         y, u = _ratio_curve(rng, family, t, onset, height)
         series["mem/ratio"], units["mem/ratio"] = (t.copy(), y), u
-        y, u = _icr_curve(rng, family, t, "icr_minimum" if "icr_minimum" in events else None, height)
+        y, u = _icr_curve(rng, family, t, "icr_minimum" if "icr_minimum" in events else None, height, spikes)
         series["icr/icr"], units["icr/icr"] = (t.copy(), y), u
     return series, units
 
@@ -612,6 +685,38 @@ def _families() -> list:
         F("e_only_m256", "e_only", "E_gen and E_mem only (falling E_mem, no ratio), M = 256", curves="e_only"),
         F("e_only_ar1_m2048", "e_only", "E_gen and E_mem only + AR(1) noise sd 0.02, M = 2048",
           curves="e_only", noise="ar1", num_seeds=2048),
+        # bad batches and heavy tails (issue 41): one-epoch spikes shared by every curve, an EMA
+        # of a spiky metric, Student-t training noise
+        F("spike_m256", "tails", "AR(1) sd 0.02 + one-epoch spikes (rate 0.01, mean 8 % of E), M = 256",
+          noise="ar1", spike_rate=0.01, spike_size=0.08),
+        F("spike_big_m2048", "tails", "AR(1) sd 0.02 + one-epoch spikes (rate 0.01, mean 18 % of E), M = 2048",
+          noise="ar1", spike_rate=0.01, spike_size=0.18, num_seeds=2048),
+        F("spike_white_m1024", "tails", "white sd 0.02 + one-epoch spikes (rate 0.02, mean 10 % of E), M = 1024",
+          noise="white", spike_rate=0.02, spike_size=0.1, num_seeds=1024),
+        F("ema_spike_m2048", "tails", "AR(1) sd 0.02 + spikes (rate 0.01, mean 15 %) through an EMA (0.7), M = 2048",
+          noise="ar1", spike_rate=0.01, spike_size=0.15, spike_ema=0.7, num_seeds=2048),
+        F("ema_spike_m256", "tails", "AR(1) sd 0.02 + spikes (rate 0.01, mean 18 %) through an EMA (0.5), M = 256",
+          noise="ar1", spike_rate=0.01, spike_size=0.18, spike_ema=0.5),
+        F("heavy_t_m256", "tails", "AR(1) φ 0.9 sd 0.02, Student-t (ν 2.5) innovations, M = 256",
+          noise="ar1", innovations="student_t", nu=2.5),
+        F("heavy_t_m1024", "tails", "AR(1) φ 0.9 sd 0.03, Student-t (ν 2.5) innovations, M = 1024",
+          noise="ar1", innovations="student_t", nu=2.5, noise_sd=0.03, num_seeds=1024),
+        F("heavy_t_spikes_m256", "tails", "Student-t (ν 2.5) AR(1) sd 0.02 + shared spikes (rate 0.005, mean 10 %), M = 256",
+          noise="ar1", innovations="student_t", nu=2.5, spike_rate=0.005, spike_size=0.1),
+        F("heavy_t_spikes_m1024", "tails",
+          "Student-t (ν 3) AR(1) sd 0.02 + shared spikes (rate 0.01, mean 12 %), M = 1024",
+          noise="ar1", innovations="student_t", nu=3.0, spike_rate=0.01, spike_size=0.12, num_seeds=1024),
+        # learning-rate schedules: the training noise follows the rate (issue 41)
+        F("cosine_m2048", "schedule", "AR(1) φ 0.9, sd 0.04 falling 7× under a cosine schedule, M = 2048",
+          noise="ar1", noise_sd=0.04, schedule="cosine", anneal=7.0, num_seeds=2048),
+        F("cosine_m256", "schedule", "AR(1) φ 0.9, sd 0.04 falling 7× under a cosine schedule, M = 256",
+          noise="ar1", noise_sd=0.04, schedule="cosine", anneal=7.0),
+        F("cosine_white_m1024", "schedule", "white, sd 0.03 falling 10× under a cosine schedule, M = 1024",
+          noise="white", noise_sd=0.03, schedule="cosine", anneal=10.0, num_seeds=1024),
+        F("restart_m256", "schedule", "AR(1) φ 0.9, sd 0.04, cosine with 3 warm restarts (7× per cycle), M = 256",
+          noise="ar1", noise_sd=0.04, schedule="restart", restarts=3),
+        F("restart_m1024", "schedule", "AR(1) φ 0.9, sd 0.04, cosine with 2 warm restarts (7× per cycle), M = 1024",
+          noise="ar1", noise_sd=0.04, schedule="restart", restarts=2, num_seeds=1024),
     ]
 
 
@@ -624,11 +729,15 @@ TUNE = ("seed_flip_m256", "heavy_d2_m256", "seed_drift_m2048", "hetero_seeds_m25
         "ratio_few_values", "ratio_overdispersed", "ratio_jumps",
         "icr_flat_ar1", "icr_heavy_groups",
         "short_t20_ar1", "short_t30_flip",
-        "e_only_m256")
+        "e_only_m256",
+        "spike_m256", "ema_spike_m2048", "heavy_t_m256", "heavy_t_spikes_m256",
+        "cosine_m2048", "restart_m256")
 #: the families reported on and never tuned on
 HELD_OUT = tuple(name for name in FAMILIES if name not in TUNE)
 #: families for the power of planted events (height h on their noise)
 POWER_FAMILIES = ("seed_flip_m2048", "ar1_grow2.5_m2048", "heavy_d2_m1024", "fgn_h0.8_m1024")
+#: held-out families of the new kinds (issue 41) for the power of planted events
+POWER_FAMILIES_TAILS = ("cosine_m256", "heavy_t_spikes_m1024", "spike_big_m2048", "restart_m1024")
 
 
 def split(which: Literal["tune", "held_out", "all"]) -> tuple:

@@ -59,7 +59,8 @@ from typing import Mapping, Optional, Tuple
 import numpy as np
 
 from .. import keys as keys_registry
-from .inference import Curve, LegTest, NoiseModel, contrast, curves_from_units, leg_test, scalar_curves, window_indices
+from .inference import (MAX_JUMP_SHARE, Curve, LegTest, NoiseModel, contrast, curves_from_units, isolated_jumps,
+                        leg_test, scalar_curves, window_indices)
 from ..validation import FiniteNonNegativeFloat, NonNegativeFloat, PositiveInt, check_args
 from .per_unit import UnitSeries
 from .smoothing import as_curve, smooth
@@ -349,7 +350,8 @@ def _curves(x, y, units, name, window: int = 5):
     if hit is not None and hit[0]() is units:  # the same record, e.g. E_gen for two detectors
         return hit[1]
     sel, test, full, held = _split_curves(x, y, units, name)
-    out = (sel, test, full, held, NoiseModel.fit(test, window))
+    out = (*_without_jumps(sel, test, full, window), held)
+    out = (out[0], out[1], out[2], held, out[3])
     if key is not None:
         _CURVES[key] = (weakref.ref(units), out)
         while len(_CURVES) > 8:
@@ -360,6 +362,28 @@ def _curves(x, y, units, name, window: int = 5):
 #: the last few (curves, noise model) built from a per-unit record: (record id, values, name,
 #: window) → (weak reference to the record, result)
 _CURVES: dict = {}
+
+
+def _without_jumps(sel: Curve, test: Curve, full: Curve, window: int):
+    """(selection, held-out, full, noise model) with the isolated jumps of the full curve removed
+    from all three (:func:`~lightning_pfd.analysis.inference.isolated_jumps`: a bad batch's
+    one-epoch excursion, and its EMA tail, is no evidence of a phenomenon and must not make
+    the extremum a leg is tested at); a ratio of 0/1 indicators keeps every evaluation. Jumps on
+    more than MAX_JUMP_SHARE of the evaluations are not sparse: kept, and the model fails a check
+    (undecided)."""
+    jumps = np.zeros(len(full), dtype=bool) if full.discrete else isolated_jumps(full.y, window)
+    problem = None
+    if jumps.any() and jumps.mean() > MAX_JUMP_SHARE:
+        problem = (f"isolated jumps on {jumps.mean():.0%} of the evaluations (> {MAX_JUMP_SHARE:.0%}): "
+                   "not a sparse jump component")
+        jumps[:] = False
+    if jumps.any():
+        keep = ~jumps
+        gone = full.epochs[jumps]
+        sel, test, full = sel.take(keep), test.take(keep), full.take(keep)
+    else:
+        gone = ()
+    return sel, test, full, NoiseModel.fit(test, window, jumps=gone, jump_problem=problem)
 
 
 def _split_curves(x, y, units, name):
@@ -505,6 +529,7 @@ def _u_shape(x, y, units, *, name, window, min_sigma, min_rel, confirm, min_ampl
     if x.size < max(5, confirm + 2):
         return None
     sel, test, full, held, model = _curves(x, y, units, name, window)
+    x = full.epochs  # the evaluations tested (isolated jumps removed)
     s = smooth(sel.y, window)
     thr, ts = _proposal_threshold(sel, window, min_rel, min_amplitude, s, model)
     m = _refine(sel.y, int(np.argmin(s)), window, "min")
@@ -517,11 +542,15 @@ def _u_shape(x, y, units, *, name, window, min_sigma, min_rel, confirm, min_ampl
     if not ts.proposed(ts.place(0, end=True), ts.place(m)):
         return None
     body = s[m: x.size - window]  # before the end window
+    partial = None
     if body.size:
         peak = _refine(sel.y, m + int(np.argmax(body)), window, "max")
         back = ts.leg(ts.place(peak), ts.place(0, end=True))
         if back.se > 0 and back.z_raw >= max(min_sigma, PROPOSE_SIGMA):
-            return None  # rises, then descends again: double descent, not early learning
+            # rises, then descends again: early learning with a partial descent when the end is
+            # still above the minimum (the rise leg is tested below); a double descent when it
+            # falls back (analyze_history prefers a confirmed double descent)
+            partial = (peak, back.diff)
     c = _first_run(s[m:] - s[m] >= thr, confirm)
     c = x.size - confirm if c is None else c + m
     if not _rise_lasts(s, m, c, thr, min_extent(x.size, window)):
@@ -542,6 +571,8 @@ def _u_shape(x, y, units, *, name, window, min_sigma, min_rel, confirm, min_ampl
             "min_value": float(full.y[m]), "descent": legs_full.get("descent", LegTest(0, 0, 0)).diff,
             "descent_observed": bool(descent_seen), "rise": legs_full["rise"].diff,
             "descent_start_epoch": _epoch(x[a]), "held_out": bool(held),
+            "partial_descent": None if partial is None else {"peak_epoch": _epoch(x[partial[0]]),
+                                                              "descent": float(partial[1])},
             "threshold_z": _z_needed(min_sigma, held), "window": int(window), "confirm": int(confirm),
             **_legs_detail(legs, legs_full)}, model),
     )
@@ -644,6 +675,7 @@ def detect_double_descent(epochs, e_gen, *, units=None, window: PositiveInt = 5,
     if x.size < max(7, 2 * confirm + 3):
         return None
     sel, test, full, held, model = _curves(x, y, units, "e_gen", window)
+    x = full.epochs  # the evaluations tested (isolated jumps removed)
     s = smooth(sel.y, window)
     thr, _ = _proposal_threshold(sel, window, min_rel, min_amplitude, s, model)
     piv = turning_points(s, thr)
@@ -700,6 +732,7 @@ def _onset_from_ratio(x, r, units, *, window, min_sigma, confirm, min_rise, sour
     for ``confirm`` evaluations; tested: window at the later maximum minus window at the
     baseline minimum, on the held-out half."""
     sel, test, full, held, model = _curves(x, r, units, "mem_ratio", window)
+    x = full.epochs  # the evaluations tested (isolated jumps removed)
     s = smooth(sel.y, window)
     thr, _ = _proposal_threshold(sel, window, 0.0, 0.0, s, model)
     base = np.minimum.accumulate(s)
@@ -867,6 +900,9 @@ def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, 
     if get["e_gen"] is not None:
         el = detect_early_learning(*get["e_gen"], units=u["e_gen"], require_descent=require_descent, **p)
         dd = detect_double_descent(*get["e_gen"], units=u["e_gen"], **p)
+        if (el is not None and dd is not None and dd.status == "confirmed"
+                and el.detail.get("partial_descent") is not None):
+            el = None  # a rise that descends again is the double descent's ascent
         found += [e for e in (el, dd) if e is not None]
     if get["icr"] is not None:
         found.append(detect_icr_minimum(*get["icr"], units=u["icr"], **p))

@@ -44,7 +44,7 @@ from ..validation import NonNegativeInt, PositiveFloat, PositiveInt, check_args
 from .per_unit import UnitSeries
 
 __all__ = ["Curve", "curves_from_units", "scalar_curves", "window_indices", "contrast",
-           "variogram", "shape_exponent", "shape_factor", "NoiseModel", "LegTest", "leg_test"]
+           "isolated_jumps", "tail_check", "variogram", "shape_exponent", "shape_factor", "NoiseModel", "LegTest", "leg_test"]
 
 _MAD = 1.482602218505602
 #: every SELECT_EVERY-th unit proposes candidates, the others test them
@@ -73,6 +73,11 @@ class Curve:
         """The evaluations lo..hi-1 (a local segment of the curve)."""
         u = None if self.units is None else self.units[lo:hi]
         return Curve(self.epochs[lo:hi], self.y[lo:hi], u, self.kind, self.discrete)
+
+    def take(self, keep: np.ndarray) -> "Curve":
+        """The evaluations where the boolean mask ``keep`` is True."""
+        u = None if self.units is None else self.units[keep]
+        return Curve(self.epochs[keep], self.y[keep], u, self.kind, self.discrete)
 
     def seed_var(self, rows: np.ndarray) -> np.ndarray:
         """Seed variance of each contrast row (K, T) (0 without units)."""
@@ -284,6 +289,149 @@ def variogram(curve: Curve, *, max_lag_frac: PositiveFloat = 1.0 / 6.0, max_lag:
     return out
 
 
+# ----------------------------------------------------------------------------- the jump component
+#: an isolated jump: an evaluation beyond both neighbouring windows' medians by this many robust
+#: units of the curve's residual from them (a bad batch, docs/events.md "Jumps and tails")
+JUMP_SIGMA = 5.0
+#: the robust unit of a jump is at least this share of the curve's median level
+JUMP_FLOOR = 1e-3
+#: the jump component's own assumption (jumps are sparse) fails beyond this share of evaluations
+MAX_JUMP_SHARE = 0.1
+#: an EMA tail: the evaluations after a jump stay in it while their excess over the level before it
+#: exceeds this many robust units (at most ``window`` of them)
+JUMP_TAIL_SIGMA = 2.5
+
+
+def _side_medians(y: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(median of the ``k`` evaluations before t, median of the up to ``k`` after it) for every t
+    >= k (NaN before; the last evaluation's "after" median is NaN)."""
+    n = y.size
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    med = np.median(sliding_window_view(y, k), axis=1)  # med[j] = median(y[j:j+k])
+    left = np.full(n, np.nan)
+    right = np.full(n, np.nan)
+    left[k:] = med[: n - k]
+    right[: n - k] = med[1: n - k + 1]
+    for t in range(max(0, n - k), n - 1):  # fewer than k evaluations after t
+        right[t] = float(np.median(y[t + 1:]))
+    return left, right
+
+
+def isolated_jumps(y: np.ndarray, window: int = 5) -> np.ndarray:
+    """The jump component of a curve's training noise: a boolean mask of the evaluations that are
+    isolated jumps — beyond *both* the median of the ``window`` evaluations before them and the
+    median of those after them (up or down) by more than :data:`JUMP_SIGMA` robust units σ of the
+    residual y_t − (left + right)/2 over the curve (MAD; its sd where the MAD is 0; at least
+    :data:`JUMP_FLOOR` times the curve's median level, so a noiseless curve has none) — plus their
+    decaying tail (an EMA of a logged metric): following evaluations whose excess over the level
+    before the jump stays above :data:`JUMP_TAIL_SIGMA`·σ, at most ``window`` of them. The last
+    evaluation is compared with the ``window`` before it and its predecessor. Steep monotone
+    stretches (the first epochs of a run) lie between the two medians and are never jumps; a
+    level shift that persists is not isolated. All False for curves shorter than 2·window + 3."""
+    y = np.asarray(y, dtype=np.float64)
+    n, k = y.size, max(2, int(window))
+    out = np.zeros(n, dtype=bool)
+    if n < 2 * k + 3 or not np.all(np.isfinite(y)):
+        return out
+    left, right = _side_medians(y, k)
+    right[n - 1] = y[n - 2]
+    t = np.arange(k, n)
+    lo, hi = np.minimum(left[t], right[t]), np.maximum(left[t], right[t])
+    excess = np.where(y[t] > hi, y[t] - hi, np.where(y[t] < lo, y[t] - lo, 0.0))
+    e = (y[t] - 0.5 * (left[t] + right[t]))[: n - 2 * k]  # interior residuals set the scale
+    sigma = _MAD * float(np.median(np.abs(e - np.median(e))))
+    if sigma == 0.0:
+        sigma = float(np.std(e))
+    # a floor relative to the curve's level: on a (nearly) noiseless curve every extremum is
+    # beyond both medians by its own curvature, which is no jump
+    sigma = max(sigma, JUMP_FLOOR * float(np.median(np.abs(y))))
+    if not sigma > 0:
+        return out
+    out[t] = np.abs(excess) > JUMP_SIGMA * sigma
+    for j in np.flatnonzero(out):  # the EMA tail of an upward / downward jump
+        if j > 0 and out[j - 1]:
+            continue
+        sign, base = np.sign(y[j] - left[j]), left[j]
+        for i in range(j + 1, min(n, j + 1 + k)):
+            if sign * (y[i] - base) > JUMP_TAIL_SIGMA * sigma:
+                out[i] = True
+            else:
+                break
+    return out
+
+
+#: the heavy-tail check: the largest 1 % of the squared third differences (at least one) may carry
+#: at most this share of their sum (Gaussian noise: ~8 %; Student-t, nu = 2.5: median 24 %, 9 % of
+#: runs above; nu <= 2, an infinite variance: most runs above)
+MAX_TAIL_SHARE = 0.5
+#: the leading evaluations whose third differences exceed this many MAD units are the run's
+#: initial transient (the first steep epochs), not noise: the tail statistics skip them
+TRANSIENT_SIGMA = 6.0
+
+
+def _after_transient(d: np.ndarray) -> np.ndarray:
+    """``d`` without its leading stretch of differences beyond TRANSIENT_SIGMA MAD units."""
+    sd = _MAD * float(np.median(np.abs(d - np.median(d))))
+    if not sd > 0:
+        return d
+    big = np.abs(d - np.median(d)) > TRANSIENT_SIGMA * sd
+    start = int(np.argmin(big)) if not big.all() else d.size
+    return d[start:]
+
+
+def _local_mad_scale(d: np.ndarray, width: int) -> np.ndarray:
+    """The running MAD scale of ``d`` over ``width`` (odd) differences centred on each one,
+    clipped at the ends (a noise level that changes along the run, e.g. under a schedule)."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    w = int(min(width, d.size - (1 - d.size % 2)))
+    h = w // 2
+    pad = np.concatenate([np.full(h, np.nan), d, np.full(h, np.nan)])
+    win = sliding_window_view(pad, w)
+    med = np.nanmedian(win, axis=1)
+    return _MAD * np.nanmedian(np.abs(win - med[:, None]), axis=1)
+
+
+def tail_check(curve: Curve) -> Tuple[float, float, int]:
+    """(tail factor τ >= 1, tail share, count) of the lag-1 third differences of ``curve`` past
+    its initial transient, each divided by the running MAD scale around it (so that noise whose
+    size changes along the run, e.g. under a learning-rate schedule, is not mistaken for heavy
+    tails). The MAD, which sets the variogram, sees the bulk of the noise; heavy-tailed
+    increments (Student-t innovations) carry variance beyond it, and a leg, a contrast of window
+    means, sums them (docs/events.md, "Jumps and tails"). τ is the ratio of the classical to the
+    MAD variance of their training part (seed part removed), divided by exp(2·sd) of its own
+    sampling error, sd = sqrt((κ̂ − 1)/count) with κ̂ the sample kurtosis: 1 for Gaussian noise
+    within its error. τ = 1 where the seed part is most of the differences' variance (the seed
+    part is exact). The share: of the sum of squares, the part the largest 1 % (at least one)
+    carry; above :data:`MAX_TAIL_SHARE` the variance is dominated by a few increments and a
+    leg's Gaussian error does not hold (the model fails its check: undecided)."""
+    d = _diff(curve.y, 1, 3)
+    if d.size < 40:
+        return 1.0, 0.0, int(d.size)
+    start = d.size - _after_transient(d).size
+    d = d[start:]
+    if d.size < 40:
+        return 1.0, 0.0, int(d.size)
+    scale = _local_mad_scale(d, max(41, 2 * (d.size // 16) + 1))
+    if not np.all(scale > 0):
+        return 1.0, 0.0, int(d.size)
+    z = (d - np.median(d)) / scale
+    q = np.zeros(d.size)
+    if curve.units is not None:
+        q = curve.unit_var(_diff(curve.units, 1, 3)[start:]) / scale ** 2
+    sq = np.sort(z ** 2)[::-1]
+    total = float(np.sum(sq))
+    share = float(np.sum(sq[: max(1, d.size // 100)]) / total) if total > 0 else 0.0
+    mad, classical, seed = _robust_var(z), total / (z.size - 1), float(np.mean(q))
+    if not mad > 0 or seed > 0.5 * mad:
+        return 1.0, share, int(d.size)
+    kurt = float(np.mean(z ** 4) / np.mean(z ** 2) ** 2)
+    sd_log = math.sqrt(max(kurt - 1.0, 2.0) / z.size) * classical / max(classical - seed, 1e-300)
+    tau = (classical - seed) / (mad - seed) * math.exp(-2.0 * min(sd_log, 50.0))
+    return max(1.0, tau), share, int(d.size)
+
+
 def _train_var(c: np.ndarray, V: np.ndarray) -> float:
     idx = np.flatnonzero(c)
     w = c[idx]
@@ -390,11 +538,18 @@ class NoiseModel:
     - ``V``: the variogram (:func:`variogram`) times ``factor`` (:func:`shape_factor` of the
       short-lag exponent ``exponent``);
     - local scale: the curve is cut into segments of ``segment`` evaluations; a leg's training
-      variance uses V times the largest ratio (>= 1) of a segment's short-lag variogram to the
-      whole curve's, over the segments around the leg's evaluations, so noise that grows (or
-      shrinks) over the run is measured where the leg is (``scale`` in the leg's record);
+      variance uses V times the largest ratio of a segment's short-lag variogram to the whole
+      curve's, over the segments around the leg's evaluations, so noise that grows or shrinks
+      over the run (a learning-rate schedule) is measured where the leg is (``scale`` in the
+      leg's record). A ratio is taken at its confidence bound toward 1 (the lower bound above 1,
+      the upper bound below it): noise that agrees with the whole curve within its error leaves
+      the pooled model unchanged;
+    - ``tail_factor`` (:func:`tail_check`): V is also multiplied by the heavy-tail factor of the
+      increments; ``jumps``: the epochs the jump component removed (:func:`isolated_jumps`,
+      done before fitting);
     - ``problems``: the checks that failed (too few evaluations, a variogram too convex for the
-      bound); an event tested with a failing model is *undecided*, never confirmed.
+      bound, a variance dominated by a few increments, jumps that are not sparse); an event
+      tested with a failing model is *undecided*, never confirmed.
     """
 
     curve: Curve
@@ -404,14 +559,19 @@ class NoiseModel:
     segment: int
     problems: Tuple[str, ...]
     notes: Tuple[str, ...] = ()
+    tail_factor: float = 1.0
+    tail_share: float = 0.0
+    jumps: Tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         self._scales: dict = {}
 
     @classmethod
-    def fit(cls, curve: Curve, window: int = 5) -> "NoiseModel":
+    def fit(cls, curve: Curve, window: int = 5, jumps=(), jump_problem: Optional[str] = None) -> "NoiseModel":
+        """The model of ``curve`` (its isolated jumps already removed: their epochs ``jumps``;
+        ``jump_problem``: why they could not be, a failed check)."""
         n = len(curve)
-        problems, notes = [], []
+        problems, notes = ([jump_problem] if jump_problem else []), []
         if n < MIN_EVALUATIONS:
             problems.append(f"{n} evaluations: at least {MIN_EVALUATIONS} are needed to estimate "
                             "the training noise")
@@ -425,8 +585,14 @@ class NoiseModel:
                             f"exponent {a:.2f} >= {MAX_SHAPE_EXPONENT}): third differences cannot "
                             "bound it")
             f = 1.0
+        tau, share, _ = tail_check(curve) if n >= MIN_EVALUATIONS else (1.0, 0.0, 0)
+        if share > MAX_TAIL_SHARE:
+            problems.append(f"heavy-tailed training noise: the largest 1 % of the increments carry "
+                            f"{share:.0%} of their variance (> {MAX_TAIL_SHARE:.0%}), so a leg's error is "
+                            "not Gaussian")
         seg = max(MIN_SEGMENT, n // 4, 4 * int(window))
-        return cls(curve, V * f, float(a), float(f), int(seg), tuple(problems), tuple(notes))
+        return cls(curve, V * f * tau, float(a), float(f), int(seg), tuple(problems), tuple(notes),
+                   float(tau), float(share), tuple(float(e) for e in jumps))
 
     def _lag_train_var(self, lo: int, hi: int, h: int) -> Tuple[float, float]:
         """(training part of the robust variance of third differences at lag ``h`` on [lo, hi),
@@ -447,10 +613,11 @@ class NoiseModel:
         return tuple(sorted({1, max(1, h_s // 2)}))
 
     def _segment_scale(self, lo: int) -> float:
-        """Ratio (>= 1) of the segment [lo, lo + segment)'s training-noise level to the whole
-        curve's, read at the lag of :meth:`_local_lags` where the ratio is most precise, divided
-        by exp(LOCAL_SHRINK·sd) of its own sampling error, so that windows that agree within their
-        noise leave the pooled model unchanged."""
+        """Ratio of the segment [lo, lo + segment)'s training-noise level to the whole curve's,
+        read at the lag of :meth:`_local_lags` where the ratio is most precise, moved toward 1 by
+        exp(LOCAL_SHRINK·sd) of its own sampling error (divided above 1, multiplied below, never
+        past 1), so that windows that agree within their noise leave the pooled model unchanged
+        and a quiet stretch (an annealed learning rate) is tested against its own noise."""
         if lo not in self._scales:
             best = None
             for h in self._local_lags():
@@ -464,23 +631,26 @@ class NoiseModel:
                     best = (0.0, math.inf)
                     break
                 sd_log = math.sqrt(sd_seg ** 2 + sd_all ** 2)
+                ratio = v_seg / v_all
+                toward_one = (max(1.0, ratio * math.exp(-LOCAL_SHRINK * sd_log)) if ratio >= 1.0
+                              else min(1.0, ratio * math.exp(min(LOCAL_SHRINK * sd_log, 50.0))))
                 if best is None or sd_log < best[0]:
-                    best = (sd_log, max(1.0, v_seg / v_all * math.exp(-LOCAL_SHRINK * sd_log)))
+                    best = (sd_log, toward_one)
             self._scales[lo] = 1.0 if best is None else float(best[1])
         return self._scales[lo]
 
     def local_scale(self, c: np.ndarray) -> float:
-        """The variance multiplier (>= 1) for contrast ``c``: the largest segment ratio around
-        its evaluations (1 when the curve is too short to have segments)."""
+        """The variance multiplier for contrast ``c``: the largest segment ratio around its
+        evaluations (1 when the curve is too short to have segments)."""
         n = len(self.curve)
         if n < 2 * self.segment:
             return 1.0
-        r = 1.0
+        r = 0.0
         for i in np.flatnonzero(c):
             lo = int(min(max(0, i - self.segment // 2), n - self.segment))
             lo -= lo % max(1, self.segment // 4)  # a coarse grid of segments: computed once each
             r = max(r, self._segment_scale(lo))
-        return r
+        return r if r > 0 else 1.0
 
     def train_var(self, c: np.ndarray) -> Tuple[float, float]:
         """(training variance of contrast ``c``, the local scale used)."""
@@ -495,6 +665,8 @@ class NoiseModel:
 
     def to_dict(self) -> dict:
         return {"exponent": self.exponent, "shape_factor": self.factor, "segment": self.segment,
+                "tail_factor": self.tail_factor, "tail_share": self.tail_share,
+                "jumps_removed": list(self.jumps),
                 "segment_scales": {int(k): float(v) for k, v in sorted(
                     (k, v) for k, v in self._scales.items() if isinstance(k, int))},
                 "problems": list(self.problems), "notes": list(self.notes)}
