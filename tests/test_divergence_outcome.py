@@ -26,8 +26,12 @@ def _check_outputs(d, caplog):
     rows = _rows(d / "run/csv/version_0/metrics.csv")
     div = [float(r["events/diverged_epoch"]) for r in rows if r.get("events/diverged_epoch")]
     assert len(div) == 1
-    measured = [float(r["epoch"]) for r in rows if r.get("pfd/e_gen") or r.get("icr/icr") or r.get("mem/ratio")]
-    assert all(e < div[0] for e in measured)  # nothing measured from the diverged epoch on
+    def finite(v):
+        return bool(v) and np.isfinite(float(v))
+
+    measured = [float(r["epoch"]) for r in rows
+                if finite(r.get("pfd/e_gen")) or finite(r.get("icr/icr")) or finite(r.get("mem/ratio"))]
+    assert all(e < div[0] for e in measured)  # no finite value measured from the diverged epoch on
     report = next(d.glob("run/**/report/report.md")).read_text()
     assert "**DIVERGED** at epoch" in report and "Not classified: the run diverged" in report
     events = json.loads(next(d.glob("run/**/report/events.json")).read_text())
@@ -82,8 +86,65 @@ def test_no_event_is_confirmed_from_measurements_that_reach_the_divergence():
     sick = analyze_history(dict(series, **{"events/diverged_epoch": (np.array([7.0]), np.array([7.0])),
                                            "events/diverged_step": (np.array([7.0]), np.array([70.0]))}),
                            window=3, confirm=2)
-    assert sick.diverged == {"epoch": 7, "step": 70} and sick.regime is None
+    assert sick.diverged == {"epoch": 7, "step": 70, "cause": "non-finite loss or gradients"}
+    assert sick.regime is None
     late = [e for e in healthy.events if float(e.detected_epoch) >= 7]
     assert late and all(sick.event(e.name) is None for e in late)
     assert {e.name for e in late} <= {e.name for e in sick.undecided}
     assert all("diverged at epoch 7" in e.reason for e in sick.undecided if e.name in {x.name for x in late})
+
+
+@pytest.mark.parametrize("fault, cause, code", [
+    (["helpers.faults.ScaleWeightsAtStep", "--trainer.callbacks.step", "25", "--trainer.callbacks.factor", "30"],
+     "an exploding (finite) loss", 2),
+    (["helpers.faults.ScaleWeightsAtEpochEnd", "--trainer.callbacks.epoch", "0", "--trainer.callbacks.factor", "1e5"],
+     "exploding or non-finite weights", 3),
+    (["helpers.faults.DeadNetAtStep", "--trainer.callbacks.step", "20"],
+     "collapsed outputs (constant features)", 4),
+], ids=["finite_loss_explosion", "weights_explosion", "collapsed_features"])
+def test_finite_explosions_and_collapsed_outputs_diverge_too(tmp_path, monkeypatch, capsys, caplog, fault, cause, code):
+    """The explosions a non-finite check misses: a loss that jumps by orders of magnitude and stays
+    finite (every weight x30 at step 25, after the running mean's warm-up), weights whose norm grew 1e5-fold between two epoch
+    checks, and a network whose hidden features are the same for every input (weights 0, biases 1
+    at the end of epoch 1: ICR's features collapse, logged NaN, not a finite ICR of a dead
+    network). Each is a divergence with its cause in the console, the CSV, report.md and
+    events.json, and the fit exits 3."""
+    _write_config(tmp_path, epochs=4, monitors=True)
+    monkeypatch.setenv("LIGHTNING_PFD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level("INFO")
+    assert main(["fit", "--config", "c.yaml", "--trainer.callbacks+=" + fault[0], *fault[1:]]) == DIVERGED
+    err = capsys.readouterr().err
+    assert "the run DIVERGED" in err
+    rows = _rows(tmp_path / "run/csv/version_0/metrics.csv")
+    causes = [float(r["events/diverged_cause"]) for r in rows if r.get("events/diverged_cause")]
+    assert causes == [float(code)]
+    report = next(tmp_path.glob("run/**/report/report.md")).read_text()
+    assert f"**DIVERGED** at epoch" in report and cause in report
+    events = json.loads(next(tmp_path.glob("run/**/report/events.json")).read_text())
+    assert events["outcome"] == "diverged" and events["diverged"]["cause"] == cause
+    if code == 4:  # the collapsed measurement is NaN, never a finite ICR of a dead network
+        icr = [r["icr/icr"] for r in rows if r.get("icr/icr")]
+        assert icr and icr[-1].lower() == "nan" and all(v.lower() != "nan" for v in icr[:-1])
+        assert "collapsed outputs" in caplog.text
+
+
+def test_loss_explosion_rule_on_its_own():
+    """The rule without a Trainer: the running mean's minimum is taken after the warm-up steps;
+    a finite loss above divergence_factor x that minimum is bad and leaves the mean alone."""
+    import torch.nn as nn
+
+    from lightning_pfd.modules import DiffusionModule
+    from lightning_pfd.nets import MLPNet
+
+    m = DiffusionModule(MLPNet(dim=4, hidden=8, depth=1), divergence_factor=100.0)
+    losses = [10.0 * 0.9 ** k for k in range(40)]  # falling fast at first
+    assert not any(m._loss_exploded(v) for v in losses)
+    floor = m._loss_floor
+    assert floor == pytest.approx(min(m._loss_ema for _ in [0]), rel=1) and floor < 10.0
+    assert not m._loss_exploded(99.0 * floor) and m._loss_exploded(101.0 * floor)
+    off = DiffusionModule(MLPNet(dim=4, hidden=8, depth=1), divergence_factor=0.0)
+    assert not any(off._loss_exploded(v) for v in losses + [1e30])
+    with pytest.raises(ValueError, match="divergence_factor"):
+        DiffusionModule(MLPNet(dim=4, hidden=8, depth=1), divergence_factor=-1.0)
+    assert isinstance(nn.Module(), nn.Module)

@@ -137,3 +137,21 @@ def test_a_provisional_event_that_moves_or_becomes_undecided_is_not_confirmed():
     assert flat["events/double_descent_confirmed"] == 1.0
     rows = {r[0]: r for r in mon._table_rows()}
     assert rows["memorization_onset"][1] == "moved" and "undecided" in rows["early_learning"][5]
+
+
+def test_a_transient_is_named_in_the_console_metrics_and_the_wandb_table_not_as_an_event():
+    """The final analysis's transients (a spike of E_gen): ``events/transients`` (their count)
+    on every logger, one "transient" row of the events table (W&B), a console line; no event."""
+    from lightning_pfd.analysis.events import RunAnalysis
+
+    logged = []
+    logger = SimpleNamespace(log_metrics=lambda m, step=None: logged.append(dict(m)))
+    trainer = SimpleNamespace(loggers=[logger], is_global_zero=True, global_step=10, current_epoch=9,
+                              callback_metrics={})
+    mon = RegimeMonitor(verbose=False, write_report=False)
+    spike = {"epoch": 300.0, "height": 0.4, "width_evaluations": 1}
+    mon._settle(trainer, RunAnalysis(events=[], regime=None, undecided=[], transients=[spike]))
+    flat = {k: v for m in logged for k, v in m.items()}
+    assert {k: v for k, v in flat.items() if k != "epoch"} == {"events/transients": 1.0}
+    rows = mon._table_rows()
+    assert [r[:3] for r in rows] == [["transient", "not an event", 300.0]] and "+0.4" in rows[0][5]

@@ -948,19 +948,28 @@ def analyze_history(series: Mapping[str, tuple], *, keys: Optional[Mapping[str, 
 
 
 #: what a module logs when it diverges (``lightning_pfd.modules.base.ResumableModule``)
-DIVERGED_KEYS = ("events/diverged_epoch", "events/diverged_step")
+DIVERGED_KEYS = ("events/diverged_epoch", "events/diverged_step", "events/diverged_cause")
+#: ``events/diverged_cause`` (1 + the index of ``lightning_pfd.modules.base.DIVERGENCE_CAUSES``)
+#: in words
+DIVERGED_CAUSES = {1: "non-finite loss or gradients", 2: "an exploding (finite) loss",
+                   3: "exploding or non-finite weights", 4: "collapsed outputs (constant features)"}
 
 
 def divergence(series: Mapping[str, tuple]) -> Optional[dict]:
-    """``{"epoch", "step"}`` of the first divergence the run logged (``events/diverged_epoch`` /
-    ``_step`` in ``series``), else None."""
+    """``{"epoch", "step", "cause"}`` of the first divergence the run logged
+    (``events/diverged_epoch`` / ``_step`` / ``_cause`` in ``series``; a run logged before the
+    cause was: non-finite values), else None."""
     ep = series.get(DIVERGED_KEYS[0])
     if ep is None or len(ep[1]) == 0 or not np.isfinite(np.asarray(ep[1], float)).any():
         return None
     epoch = float(np.nanmin(np.asarray(ep[1], float)))
     st = series.get(DIVERGED_KEYS[1])
     step = float(np.nanmin(np.asarray(st[1], float))) if st is not None and len(st[1]) else None
-    return {"epoch": int(epoch), "step": None if step is None else int(step)}
+    ca = series.get(DIVERGED_KEYS[2])
+    code = (int(np.nanmin(np.asarray(ca[1], float))) if ca is not None and len(ca[1])
+            and np.isfinite(np.asarray(ca[1], float)).any() else 1)
+    return {"epoch": int(epoch), "step": None if step is None else int(step),
+            "cause": DIVERGED_CAUSES.get(code, DIVERGED_CAUSES[1])}
 
 
 def _after_divergence(e: Event, diverged: dict) -> Event:

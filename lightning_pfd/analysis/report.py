@@ -298,7 +298,7 @@ def _outcome_md(analysis: RunAnalysis) -> list:
     if not d:
         return []
     step = f", step {d['step']}" if d.get("step") is not None else ""
-    return ["> **DIVERGED** at epoch " f"{d['epoch']}{step}: non-finite loss or gradients; training "
+    return ["> **DIVERGED** at epoch " f"{d['epoch']}{step}: {d.get('cause', 'non-finite loss or gradients')}; training "
             "stopped there. The measurements end before it, no event is confirmed from the diverged "
             "part and the regime is not classified. The numbers below describe the run up to the "
             "divergence, not a trained model.", ""]

@@ -49,6 +49,8 @@ the same epoch; the run's ``per_unit/`` files are for resume and ``report``.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Union
@@ -226,6 +228,8 @@ class EvaluationMonitor(MeasurementCallback):
         """Warn, log, keep (in memory and in ``per_unit/``) and draw one measurement."""
         for note in m.warnings:  # the evaluation says each once per fit
             rank_zero_warn(f"{self.display_name}: {note}")
+        if m.collapsed:  # a dead network's numbers are no measurement: NaN, and the run diverged
+            m = self._collapsed(pl_module, m)
         if m.nonfinite is not None:
             self._warn_nonfinite(trainer, m.nonfinite.fraction, m.nonfinite.what,
                                  [self.key(leaf) for leaf in m.nonfinite.leaves], self.key("nonfinite"))
@@ -242,6 +246,17 @@ class EvaluationMonitor(MeasurementCallback):
             for leaf, draw in m.figures.items():
                 figure, caption = draw(int(trainer.current_epoch))
                 self.log_figure(trainer, self.key(leaf), figure, caption)
+
+    def _collapsed(self, pl_module, m: Measurement) -> Measurement:
+        """``m`` with every value NaN (invalid, not a measurement of a model) and no per-unit
+        record; the module is declared diverged (``declare_diverged``, cause ``"collapse"``)."""
+        rank_zero_warn(f"{self.display_name}: {m.collapsed}; logging NaN and declaring the run diverged",
+                       category=RuntimeWarning)
+        declare = getattr(pl_module, "declare_diverged", None)
+        if callable(declare):
+            declare("collapse", f"collapsed outputs ({self.display_name}: {m.collapsed})")
+        nan = {k: float("nan") for k in m.values}
+        return dataclasses.replace(m, values=nan, units={}, figures={})
 
     def _extra_state(self) -> Dict[str, Any]:
         own = getattr(self.evaluation, "state_dict", None)

@@ -161,6 +161,8 @@ class RegimeMonitor(Callback):
         self.emitted: dict = {}
         self.regime: Optional[dict] = None
         self.final: dict = {}
+        #: the final analysis's transients (spikes named as such, never events)
+        self.transients: list = []
         self.report_paths: Optional[dict] = None
         #: the folders this monitor wrote its report to in this fit (listed by the command line)
         self.report_dirs: list = []
@@ -403,6 +405,9 @@ class RegimeMonitor(Callback):
             status = d.get("status", "provisional")
             rows.append([e.name, status, float(e.epoch), float(min(e.significance, 1e30)),
                          float(e.detected_epoch), e.describe()])
+        for t in getattr(self, "transients", []):
+            rows.append(["transient", "not an event", float(t["epoch"]), float("nan"), float(t["epoch"]),
+                         f"spike of E_gen: +{t['height']:.3g}, {t['width_evaluations']} evaluation(s) wide at half height"])
         if self.regime is not None:
             rows.append(["regime", "final", float("nan"), float("nan"), float("nan"),
                          f"{self.regime['name']}: " + "; ".join(self.regime["reasons"])])
@@ -455,6 +460,13 @@ class RegimeMonitor(Callback):
                 self.final[name] = dict(u.to_dict(), status="undecided")
                 metrics[f"events/{name}_undecided"] = 1.0
                 lines.append(f"[bold yellow]undecided[/] {u.describe()}")
+        self.transients = list(getattr(analysis, "transients", []) or [])
+        if self.transients:  # named as what they are, never as an event
+            metrics["events/transients"] = float(len(self.transients))
+            for t in self.transients:
+                lines.append(f"[bold cyan]transient[/] at epoch {format_epoch(t['epoch'])}: E_gen up "
+                             f"{t['height']:.3g} for {t['width_evaluations']} evaluation(s) at half height "
+                             "(a spike, not an event)")
         on, icr = final.get("memorization_onset"), final.get("icr_minimum")
         if on is not None and icr is not None:  # the lead of the final events
             lead = float(on.epoch) - float(icr.epoch)
@@ -518,8 +530,12 @@ class RegimeMonitor(Callback):
         self._store_root = per_unit_store(trainer).root
         at = getattr(pl_module, "diverged_at", None)
         if at and not any(DIVERGED_KEYS[0] in r for r in self.history):  # (diverged after the last validation)
+            from ..modules.base import DIVERGENCE_CAUSES
+
+            cause = DIVERGENCE_CAUSES.index(getattr(pl_module, "_bad_cause", "nonfinite")) + 1
             self.history.append({"epoch": float(at["epoch"]), "step": float(at["step"]),
-                                 DIVERGED_KEYS[0]: float(at["epoch"]), DIVERGED_KEYS[1]: float(at["step"])})
+                                 DIVERGED_KEYS[0]: float(at["epoch"]), DIVERGED_KEYS[1]: float(at["step"]),
+                                 DIVERGED_KEYS[2]: float(cause)})
         units = self.units(final=True)  # the run's files, as `report` reads them
         analysis = self._analyze(units, final=True)
         self._settle(trainer, analysis)

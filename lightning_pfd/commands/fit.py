@@ -62,7 +62,8 @@ def diverged_status(model) -> int:
     """:data:`DIVERGED` after a fit whose model diverged (``model.diverged``, said on stderr), else 0."""
     if not getattr(model, "diverged", False):
         return 0
-    print(f"[lightning_pfd] the run DIVERGED (non-finite loss or gradients): its report says so, no "
+    why = getattr(model, "diverged_reason", None) or "non-finite loss or gradients"
+    print(f"[lightning_pfd] the run DIVERGED ({why}): its report says so, no "
           f"event is confirmed after it; exit status {DIVERGED}", file=sys.stderr, flush=True)
     return DIVERGED
 

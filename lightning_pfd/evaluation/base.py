@@ -256,6 +256,8 @@ class Measurement:
         raw: the evaluation's own result object (e.g. a FlowResult), for callers who need more.
         warnings: sentences about the measurement's validity (e.g. too few images for the
             feature dimension); a monitor prints each once per fit (rank 0).
+        collapsed: why the model's outputs have collapsed (constant or zero features), None when
+            they have not: a monitor logs its values as NaN and declares the model diverged.
     """
 
     values: Dict[str, Union[torch.Tensor, float]]
@@ -265,6 +267,7 @@ class Measurement:
     nonfinite: Optional[NonFinite] = None
     raw: Any = None
     warnings: List[str] = field(default_factory=list)
+    collapsed: Optional[str] = None
 
 
 @runtime_checkable

@@ -91,6 +91,10 @@ class Reference:
     cache_key: str
 
 
+#: below this relative spread of the student's features over the evaluation seeds every seed
+#: lands on the same endpoint: the model's outputs collapsed (a dead network: D(x, σ) constant)
+COLLAPSE_SPREAD = 1e-10
+
 @dataclass
 class FlowResult:
     """What one :meth:`FlowEvaluation.evaluate` gives (:meth:`FlowEvaluation.measure` keeps it as ``raw``).
@@ -119,6 +123,9 @@ class FlowResult:
     references: Dict[str, Reference]
     gathered: bool = False
     per_seed: Dict[str, torch.Tensor] = field(default_factory=dict)
+    #: the student features' total variance over the M seeds relative to their mean squared norm
+    #: (0: every seed gives the same endpoint, a collapsed model; NaN when not measured)
+    spread: float = math.nan
 
     def features(self) -> Dict[str, torch.Tensor]:
         """Psi features on all M seeds: ``{"student": ..., "teacher": ..., "empirical": ...}``
@@ -442,7 +449,12 @@ class FlowEvaluation:
                 return img, " / ".join(names) + f" rows, epoch {epoch}"
             figures["samples"] = grid
         bad = NonFinite(res.nonfinite, "student endpoints", [k for k in res.metrics if k in self.flow_metric_keys()])
-        return Measurement(dict(res.metrics), units=units, figures=figures, nonfinite=bad, raw=res)
+        collapsed = None
+        if res.spread == res.spread and res.spread < COLLAPSE_SPREAD:
+            collapsed = (f"every evaluation seed gives the same student endpoint (feature variance over the "
+                         f"seeds {res.spread:.2g} of their squared norm, below {COLLAPSE_SPREAD:g})")
+        return Measurement(dict(res.metrics), units=units, figures=figures, nonfinite=bad, raw=res,
+                           collapsed=collapsed)
 
     def _teacher_fingerprint(self, teacher, fingerprint) -> str:
         if fingerprint is None:
@@ -597,6 +609,7 @@ class FlowEvaluation:
         feats = self.features(torch.nan_to_num(student) if bool(bad.any()) else student)  # NaN rows: counted, not used
         bad |= ~torch.isfinite(feats.reshape(feats.shape[0], -1)).all(1).to(bad.device)
         n_bad = float(self.comm.all_sum(bad.sum().reshape(1).to(device))[0])
+        spread = self._spread(feats, bad)
         metrics = self._metric_values(feats, shard, n_bad > 0, device)
         per_seed = self._per_seed(feats, shard, n_bad > 0, device)
         metrics.update({f"{k}_se": pfd_standard_error(v) for k, v in per_seed.items()})
@@ -607,7 +620,23 @@ class FlowEvaluation:
             student = self.comm.gather_rows(student, self.num_eval)
             feats = self.comm.gather_rows(feats, self.num_eval)
         return FlowResult(metrics, n_bad / self.num_eval, self.seeds, shard, student, feats, refs,
-                          gathered=gather or self.comm.world == 1, per_seed=per_seed)
+                          gathered=gather or self.comm.world == 1, per_seed=per_seed, spread=spread)
+
+    def _spread(self, feats: torch.Tensor, bad: torch.Tensor) -> float:
+        """Total variance of the finite student features over every process's seeds, over their
+        mean squared norm (:attr:`FlowResult.spread`): one all-reduce of (count, sum, sum of
+        squares)."""
+        f = feats.reshape(feats.shape[0], -1)[~bad.to(feats.device)]
+        stats = torch.cat([torch.tensor([float(f.shape[0])], dtype=torch.float64, device=feats.device),
+                           f.sum(0), (f * f).sum(0)])
+        stats = self.comm.all_sum(stats)
+        n, d = float(stats[0]), f.shape[1]
+        if n < 2:
+            return math.nan
+        mean, sq = stats[1:1 + d] / n, stats[1 + d:] / n
+        var = float((sq - mean * mean).clamp_min(0).sum())
+        norm = float(sq.sum())
+        return var / norm if norm > 0 else 0.0
 
     def pfd_metric_keys(self) -> List[str]:
         """The registered metrics that are the PFD of eq. 4 (they have per-seed distances)."""

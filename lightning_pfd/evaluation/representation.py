@@ -61,7 +61,7 @@ from ..diffusion.features import extract_features, random_projection, resolve_ta
 from ..diffusion.noise import seeded_noise, seeded_uniform
 from ..diffusion.streams import STREAMS, stream
 from ..errors import ConfigError
-from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, TauSpec, _icr_at, _icr_compute,
+from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, TauSpec, _icr_at, _icr_compute, _trace_from_sums,
                            _icr_update, _icr_zero_states, check_tau, pool_features)
 from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeFloat, NonNegativeInt, PositiveInt, check_args
 from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, bind_train_data
@@ -218,6 +218,30 @@ def _device_of(module: nn.Module) -> torch.device:
 
 
 # ----------------------------------------------------------------------------- the evaluation
+#: below this total variance of the l2-normalized features (Tr Σ_s + Tr Σ_ξ; a healthy network:
+#: ~1e-3 to 1) every image and view has the same feature direction: the outputs collapsed
+COLLAPSE_TRACE = 1e-8
+
+
+def _unit_traces(states: Dict[str, torch.Tensor]) -> Tuple[float, float]:
+    """(Tr Σ_s, Tr Σ_ξ) of the l2-normalized features from the ICR sums (as ``_icr_compute``)."""
+    n = states["n"]
+    if float(n) < 2:
+        return math.nan, math.nan
+    tr_t = float(_trace_from_sums(states["sum_t_unit"], states["sq_t_unit"], n))
+    tr_d = float(_trace_from_sums(states["sum_delta_unit"], states["sq_delta_unit"], n))
+    return tr_t - 0.25 * tr_d, 0.5 * tr_d
+
+
+def collapse_reason(trace_s: float, trace_xi: float) -> Optional[str]:
+    """Why the features collapsed (a diverged or dead network: constant features), else None."""
+    total = float(trace_s) + float(trace_xi)
+    if math.isfinite(total) and abs(total) < COLLAPSE_TRACE:
+        return (f"the model's features are the same for every image and view (Tr Σ_s + Tr Σ_ξ = "
+                f"{total:.2g} on l2-normalized features, below {COLLAPSE_TRACE:g})")
+    return None
+
+
 class RepresentationEvaluation:
     """ICR and its companions on a fixed training subset (module docstring).
 
@@ -529,7 +553,11 @@ class RepresentationEvaluation:
         for s in self.noise_levels:
             states = {k: stats[s][k] for k in ICR_STATES}
             n_bad = float(stats[s]["nonfinite"])
-            if n_bad == 0:
+            traces = _unit_traces(states)
+            if n_bad == 0 and collapse_reason(*traces):  # constant features: no eigenproblem to solve
+                r = self._nan_result(states)
+                r["trace_s"], r["trace_xi"] = (torch.tensor(v, dtype=torch.float64) for v in traces)
+            elif n_bad == 0:
                 r = _icr_compute(states, self.tau, DEFAULT_TAU_REL, self.cond_max)
                 for rule in ("auto", "relative"):  # the configured rule is r["icr"] already
                     r[f"icr_tau_{rule}"] = (r["icr"].clone() if self.tau == rule
@@ -629,7 +657,8 @@ class RepresentationEvaluation:
             "narrower tap, or views_per_image > 1."]
         self._warned = self._warned or bool(notes)
         return Measurement(logged, units={"icr": Units("jackknife", reps, torch.arange(reps.numel()), values["icr"])},
-                           history={k: values[k] for k in ICR_HISTORY}, nonfinite=bad, raw=results, warnings=notes)
+                           history={k: values[k] for k in ICR_HISTORY}, nonfinite=bad, raw=results, warnings=notes,
+                           collapsed=collapse_reason(values["trace_s"], values["trace_xi"]))
 
     def _icr_or_nan(self, states: Dict[str, torch.Tensor], tau: Any) -> torch.Tensor:
         try:

@@ -11,8 +11,12 @@ model <-> data shape check and the training / frozen-noise validation steps. It 
   interrupted or not. The batch counter is part of Lightning's loop state in every checkpoint, the
   seed (``seed``, else ``seed_everything``'s, else 0) is stored in it too: a run resumed from
   ``last.ckpt`` continues bit-identically on CPU.
-* **Divergence is an event.** ``divergence_patience`` consecutive steps with non-finite loss or
-  gradients set ``self.diverged``, log ``events/diverged_step`` / ``events/diverged_epoch``,
+* **Divergence is an event.** ``divergence_patience`` consecutive bad steps — a non-finite loss
+  or gradient, or a finite loss above ``divergence_factor`` times its lowest running mean — or,
+  at an epoch's end, weights that are not finite or whose norm grew ``divergence_factor``-fold,
+  or a monitor that finds the model's outputs collapsed (:meth:`ResumableModule.declare_diverged`)
+  set ``self.diverged`` and ``diverged_reason``, log ``events/diverged_step`` /
+  ``events/diverged_epoch`` / ``events/diverged_cause`` (1 + index in :data:`DIVERGENCE_CAUSES`),
   print one line and stop training (``on_divergence="stop"``) or carry on (``"continue"``).
   :class:`~lightning_pfd.callbacks.EpochCheckpoint` writes no checkpoint once diverged, so the last
   good one stays.
@@ -53,8 +57,17 @@ from .optim import apply_optimizer_hparams, configure_optimization, optimizer_cl
 __all__ = ["ResumableModule", "EMAModule", "StepLists", "step_seed", "seed_step", "grads_finite",
            "compare_hparams", "check_training_args", "check_optimization", "record_optimization",
            "limit_cpu_threads", "OnDivergence",
-           "DIVERGENCE_ACTIONS"]
+           "DIVERGENCE_ACTIONS", "DIVERGENCE_FACTOR", "DIVERGENCE_CAUSES"]
 
+#: a finite loss above this many times its lowest running mean, or weights whose norm grew this
+#: many times over the start of training, diverged too (``divergence_factor``; 0: not checked)
+DIVERGENCE_FACTOR = 1e4
+#: the running mean of the step loss an explosion is measured against: its rate, and the steps
+#: before its minimum is taken (the first steps' loss falls fast)
+LOSS_EMA_RATE = 0.05
+LOSS_WARMUP_STEPS = 20
+#: what made a run diverge, logged as ``events/diverged_cause`` = index + 1
+DIVERGENCE_CAUSES = ("nonfinite", "loss", "weights", "collapse")
 #: what a module does once it diverged: stop training, or carry on
 OnDivergence = Literal["stop", "continue"]
 DIVERGENCE_ACTIONS = get_args(OnDivergence)
@@ -153,8 +166,15 @@ class ResumableModule(pl.LightningModule):
         self._train_seed: Optional[int] = None if seed is None else int(seed)  # (not a jsonargparse int)
         self.diverged = False
         self.diverged_at: Optional[dict] = None  # {"epoch", "step"} once diverged
+        self.diverged_reason: Optional[str] = None  # what made it diverge, in words
         self._bad_steps = 0
+        self._bad_cause = "nonfinite"
         self._last_loss: Optional[torch.Tensor] = None
+        # the health state an explosion is measured against (kept in checkpoints)
+        self._loss_ema: Optional[float] = None
+        self._loss_floor = math.inf
+        self._loss_steps = 0
+        self._weight_norm0: Optional[float] = None
         self._epoch_sums: Dict[str, list] = {}
         self._val_sums: Dict[str, list] = {}
 
@@ -194,7 +214,10 @@ class ResumableModule(pl.LightningModule):
             s[1] += 1
 
     def on_train_epoch_end(self) -> None:
-        if not self._epoch_sums or self.attached_trainer() is None:
+        if self.attached_trainer() is None:
+            return
+        self._check_weights()
+        if not self._epoch_sums:
             return
         names = sorted(self._epoch_sums)
         sums = torch.stack([self._epoch_sums[n][0] for n in names])
@@ -228,26 +251,73 @@ class ResumableModule(pl.LightningModule):
         """Diverged, or inside a run of non-finite steps: no checkpoint should be written now."""
         return self.diverged or self._bad_steps > 0
 
-    def _check_gradients(self, params) -> bool:
-        """Count consecutive steps with non-finite loss or gradients (``divergence_patience`` > 0)
-        and return whether every gradient is finite: sanitise them only when it is False.
+    @property
+    def divergence_factor(self) -> float:
+        """``hparams.divergence_factor`` (0: explosions of finite values are not checked)."""
+        return float(self.hparams.get("divergence_factor", DIVERGENCE_FACTOR) or 0.0)
 
-        One fused reduction over the gradients (:func:`grads_finite`) and one host sync for both
+    def _loss_exploded(self, value: float) -> bool:
+        """Whether a finite step loss ``value`` exceeds ``divergence_factor`` times the lowest
+        running mean of the loss so far (an EMA over ~1/LOSS_EMA_RATE steps, its minimum taken
+        after LOSS_WARMUP_STEPS steps); a healthy loss updates the running mean."""
+        factor = self.divergence_factor
+        if factor > 0 and self._loss_steps >= LOSS_WARMUP_STEPS and value > factor * self._loss_floor:
+            return True
+        self._loss_ema = value if self._loss_ema is None else self._loss_ema + LOSS_EMA_RATE * (value - self._loss_ema)
+        self._loss_steps += 1
+        if self._loss_steps >= LOSS_WARMUP_STEPS:
+            self._loss_floor = min(self._loss_floor, self._loss_ema)
+        return False
+
+    def _check_gradients(self, params) -> bool:
+        """Count consecutive bad steps (``divergence_patience`` > 0) — a non-finite loss or
+        gradient, or a finite loss that exploded (:meth:`_loss_exploded`) — and return whether
+        every gradient is finite: sanitise them only when it is False.
+
+        One fused reduction over the gradients (:func:`grads_finite`) and one host sync for all
         answers. The gradients are identical on every rank after DDP's all-reduce, so every rank
         takes the same decision; the loss is checked as well on a single process."""
         patience = int(self.hparams.divergence_patience)
         check_loss = patience > 0 and self._last_loss is not None and self.trainer.world_size <= 1
         g = grads_finite([p.grad for p in params if p.grad is not None])
-        loss = self._last_loss.isfinite().all() if check_loss else None
+        loss = self._last_loss.detach().double().mean() if check_loss else None
         if g is not None and loss is not None:
-            grads_ok, loss_ok = torch.stack([g, loss.to(g.device)]).tolist()
+            grads_ok, value = torch.stack([g.double(), loss.to(g.device)]).tolist()
         else:
-            grads_ok, loss_ok = (g is None or bool(g)), (loss is None or bool(loss))
+            grads_ok, value = (g is None or bool(g)), (None if loss is None else float(loss))
+        loss_ok = value is None or math.isfinite(value)
+        exploded = loss_ok and value is not None and grads_ok and self._loss_exploded(value)
         if patience > 0:
-            self._bad_steps = 0 if (grads_ok and loss_ok) else self._bad_steps + 1
+            bad = not (grads_ok and loss_ok) or exploded
+            if bad:
+                self._bad_cause = "loss" if exploded else "nonfinite"
+                self._bad_value = value
+            self._bad_steps = self._bad_steps + 1 if bad else 0
             if self._bad_steps >= patience and not self.diverged:
                 self._on_diverged()
         return bool(grads_ok)
+
+    def on_train_start(self) -> None:
+        if self._weight_norm0 is None and hasattr(self, "trained_module"):
+            self._weight_norm0 = self._weight_norm()
+
+    def _weight_norm(self) -> float:
+        """The l2 norm of the trained weights (NaN / inf when one is not finite)."""
+        norms = [torch.linalg.vector_norm(p.detach().double()) for p in self.trained_module.parameters()]
+        return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+    def _check_weights(self) -> None:
+        """At the end of every training epoch: weights that are not finite, or whose norm grew to
+        more than ``divergence_factor`` times the norm at the start of training, diverged."""
+        if self.diverged or not int(self.hparams.divergence_patience) or not hasattr(self, "trained_module"):
+            return
+        norm = self._weight_norm()
+        factor, norm0 = self.divergence_factor, self._weight_norm0
+        if not math.isfinite(norm):
+            self.declare_diverged("weights", "non-finite weights")
+        elif factor > 0 and norm0 and norm > factor * norm0:
+            self.declare_diverged("weights", f"the weights' norm {norm:.3g} grew above {factor:g} x its "
+                                             f"start {norm0:.3g}")
 
     def on_train_end(self) -> None:
         """A run whose every step was non-finite diverged too, though it had fewer steps than
@@ -258,12 +328,30 @@ class ResumableModule(pl.LightningModule):
         if not self.diverged and patience > 0 and 0 < steps <= self._bad_steps:
             self._on_diverged()
 
-    def _on_diverged(self) -> None:
+    def declare_diverged(self, cause: str, reason: str) -> None:
+        """Make the model diverged now, for ``cause`` (a key of :data:`DIVERGENCE_CAUSES`:
+        ``"weights"``, ``"collapse"``, ...) said as ``reason``: the same event as non-finite
+        steps (logged, said once, training stops with ``on_divergence="stop"``). A monitor that
+        finds the model's outputs collapsed calls it (``"collapse"``). Once only."""
+        if self.diverged or self.attached_trainer() is None:
+            return
+        self._bad_cause = cause
+        self._on_diverged(reason)
+
+    def _on_diverged(self, reason: Optional[str] = None) -> None:
         trainer = self.trainer
         self.diverged = True
         step, epoch = int(trainer.global_step), int(trainer.current_epoch)
         self.diverged_at = {"epoch": epoch, "step": step}
-        self._log_direct({"events/diverged_step": float(step), "events/diverged_epoch": float(epoch)})
+        if reason is None and self._bad_cause == "loss":
+            reason = (f"a finite loss ({getattr(self, '_bad_value', math.nan):.3g}) above "
+                      f"{self.divergence_factor:g} x its lowest running mean ({self._loss_floor:.3g}) for "
+                      f"{self._bad_steps} consecutive steps")
+        elif reason is None:
+            reason = f"non-finite loss or gradients for {self._bad_steps} consecutive steps"
+        self.diverged_reason = reason
+        self._log_direct({"events/diverged_step": float(step), "events/diverged_epoch": float(epoch),
+                          "events/diverged_cause": float(DIVERGENCE_CAUSES.index(self._bad_cause) + 1)})
         action = self.hparams.on_divergence
         if action == "stop":
             trainer.should_stop = True
@@ -271,8 +359,7 @@ class ResumableModule(pl.LightningModule):
         kept = (f"the last good checkpoint is {kept}" if kept else
                 "no checkpoint was written before it")
         rank_zero_info(
-            f"[lightning_pfd] event: diverged — non-finite loss or gradients for "
-            f"{self._bad_steps} consecutive steps (step {step}, epoch {epoch}); "
+            f"[lightning_pfd] event: diverged — {reason} (step {step}, epoch {epoch}); "
             + (f"training stops, no further checkpoint is written; {kept}"
                if action == "stop" else "training continues (on_divergence=continue); "
                f"no further checkpoint is written; {kept}"))
@@ -330,7 +417,9 @@ class ResumableModule(pl.LightningModule):
                                             weights_only=True, **kwargs)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["lightning_pfd"] = {"train_seed": self.train_seed}
+        checkpoint["lightning_pfd"] = {"train_seed": self.train_seed, "loss_ema": self._loss_ema,
+                                       "loss_floor": self._loss_floor, "loss_steps": self._loss_steps,
+                                       "weight_norm0": self._weight_norm0}
 
     #: a resume may change the optimizer or schedule class (``fit --allow-optimizer-change``):
     #: the checkpoint's weights are kept, the optimizer and schedule start afresh
@@ -370,9 +459,14 @@ class ResumableModule(pl.LightningModule):
         return lines
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        saved = (checkpoint.get("lightning_pfd") or {}).get("train_seed")
+        own = checkpoint.get("lightning_pfd") or {}
+        saved = own.get("train_seed")
         if saved is not None:
             self._train_seed = int(saved)
+        if "loss_steps" in own:  # the explosion checks continue where they were
+            self._loss_ema = None if own["loss_ema"] is None else float(own["loss_ema"])
+            self._loss_floor, self._loss_steps = float(own["loss_floor"]), int(own["loss_steps"])
+            self._weight_norm0 = None if own["weight_norm0"] is None else float(own["weight_norm0"])
         for line in self.resume_changes(checkpoint):
             rank_zero_info(f"[lightning_pfd] {line}")
         changed = {k for k, _a, _b in optimizer_class_changes(checkpoint.get("hyper_parameters") or {},

@@ -85,8 +85,12 @@ class DiffusionModule(EMAModule):
             GeneralizationMonitor unless its own ``compile`` is set) uses it.
         train_seed: training seed (None: ``seed_everything``'s, else 0); batch k's noise and dropout
             come from SplitMix64(seed, k, rank), so a resumed run is bit-identical.
-        divergence_patience: consecutive steps with non-finite loss/gradients that make a
-            ``diverged`` event (0 = off); ``on_divergence``: ``"stop"`` or ``"continue"``.
+        divergence_patience: consecutive bad steps (non-finite loss/gradients, or a finite loss
+            above ``divergence_factor`` x its lowest running mean) that make a ``diverged`` event
+            (0 = off); ``on_divergence``: ``"stop"`` or ``"continue"``.
+        divergence_factor: the explosion a finite value may not reach: the step loss over its
+            lowest running mean, the weights' norm over its start (checked every epoch end);
+            0 = only non-finite values diverge (``lightning_pfd.modules.base``).
 
     The argument types declare what each accepts (:mod:`lightning_pfd.validation`); an error
     names the argument (the command line adds ``model.init_args.``). The trained (live)
@@ -128,6 +132,7 @@ class DiffusionModule(EMAModule):
         family_args: Optional[Dict[str, Any]] = None,
         optimizer: Optional[Dict[str, Any]] = None,
         lr_scheduler: Optional[Dict[str, Any]] = None,
+        divergence_factor: FiniteNonNegativeFloat = 1e4,
     ):
         check_args(DiffusionModule.__init__, locals())
         super().__init__()

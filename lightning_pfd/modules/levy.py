@@ -206,8 +206,8 @@ class LevyItoModule(EMAModule):
             share one truncation as in the reference code; a number; or None (exact law).
         generate_clamp_A: the clamping variant for ``generate`` (None = off; at most one of
             ``generate_clamp_A`` and a resolved ``generate_reject_A``).
-        train_seed, divergence_patience, on_divergence: seeded per-batch randomness and divergence
-            events (see ``lightning_pfd.modules.base.ResumableModule``).
+        train_seed, divergence_patience, on_divergence, divergence_factor: seeded per-batch
+            randomness and divergence events (see ``lightning_pfd.modules.base.ResumableModule``).
         sample_compile: ``generate`` runs the score network through ``torch.compile`` for every
             step: ``false`` (eager, the default), ``true`` (mode ``"default"``) or a mode
             (``"reduce-overhead"``: + CUDA graphs on a GPU, ``"max-autotune"``,
@@ -237,7 +237,8 @@ class LevyItoModule(EMAModule):
                  parameterization: Parameterization = "eps", time_grid: LevyTimeGrid = "uniform",
                  rho: PositiveFloat = 7.0,
                  sample_compile: Union[bool, CompileMode] = False, a_scale: AScale = "standard",
-                 optimizer: Optional[Dict[str, Any]] = None, lr_scheduler: Optional[Dict[str, Any]] = None):
+                 optimizer: Optional[Dict[str, Any]] = None, lr_scheduler: Optional[Dict[str, Any]] = None,
+                 divergence_factor: FiniteNonNegativeFloat = 1e4):
         check_args(LevyItoModule.__init__, locals())
         super().__init__()
         check_compile(sample_compile, "sample_compile")

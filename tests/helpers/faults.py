@@ -50,3 +50,54 @@ class StepClock(Callback):
         saved = getattr(self, "_saved", None)
         if saved is not None:
             self._timer.time, self._saved = saved, None
+
+
+class ScaleWeightsAtStep(Callback):
+    """Multiply every trained weight by ``factor`` right after optimizer step ``step``: a finite
+    explosion (the loss jumps by orders of magnitude and stays finite), the kind a non-finite
+    check alone misses."""
+
+    def __init__(self, step: int, factor: float):
+        self.step, self.factor = int(step), float(factor)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            import torch
+
+            with torch.no_grad():
+                for p in pl_module.trained_module.parameters():
+                    p.mul_(self.factor)
+
+
+class ScaleWeightsAtEpochEnd(Callback):
+    """Multiply every trained weight by ``factor`` at the end of training epoch ``epoch`` (before
+    the module's own end-of-epoch hooks): weights that exploded between two checks."""
+
+    def __init__(self, epoch: int, factor: float):
+        self.epoch, self.factor = int(epoch), float(factor)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.current_epoch == self.epoch:
+            import torch
+
+            with torch.no_grad():
+                for p in pl_module.trained_module.parameters():
+                    p.mul_(self.factor)
+
+
+class DeadNetAtStep(Callback):
+    """Right after optimizer step ``step``, set every weight matrix of the trained network and of
+    its EMA copy to 0 and every bias to 1: its hidden features are the same for every input (a
+    collapsed network), though still finite."""
+
+    def __init__(self, step: int):
+        self.step = int(step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            import torch
+
+            with torch.no_grad():
+                for module in (pl_module.trained_module, pl_module.ema.shadow):
+                    for name, p in module.named_parameters():
+                        p.fill_(1.0 if name.endswith("bias") else 0.0)
