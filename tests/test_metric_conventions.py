@@ -60,3 +60,48 @@ def test_the_icr_after_update_is_the_functional_value():
     m = M.InvariantContaminationRatio()
     m.update(X, Y)
     assert torch.equal(m.compute()["icr"], invariant_contamination_ratio(X, Y)["icr"])
+
+
+def test_icr_without_num_features_follows_torchmetrics_conventions():
+    """Issue 40 item 5: without ``num_features`` the reduced ``forward`` gives the batch's value
+    and accumulates like ``update``; ``merge_state`` into an empty metric keeps the sums; a
+    persistent ``state_dict`` loads into a fresh metric; a pickled metric computes the same."""
+    import pickle
+
+    from lightning_pfd.metrics import InvariantContaminationRatio
+
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(64, 6, generator=g, dtype=torch.float64)
+    h1 = s + 0.3 * torch.randn(64, 6, generator=g, dtype=torch.float64)
+    h2 = s + 0.3 * torch.randn(64, 6, generator=g, dtype=torch.float64)
+    ref = InvariantContaminationRatio()
+    ref.update(h1, h2)
+    want = ref.compute()["icr"]
+
+    fwd = InvariantContaminationRatio()
+    batch = fwd(h1[:32], h2[:32])["icr"]
+    solo = InvariantContaminationRatio()
+    solo.update(h1[:32], h2[:32])
+    torch.testing.assert_close(batch, solo.compute()["icr"], rtol=0, atol=0)
+    fwd(h1[32:], h2[32:])
+    torch.testing.assert_close(fwd.compute()["icr"], want, rtol=1e-12, atol=0)
+
+    empty = InvariantContaminationRatio()
+    empty.merge_state(ref)
+    assert empty.num_features == 6
+    torch.testing.assert_close(empty.compute()["icr"], want, rtol=0, atol=0)
+
+    keep = InvariantContaminationRatio()
+    keep.persistent(True)
+    keep.update(h1, h2)
+    fresh = InvariantContaminationRatio()
+    fresh.persistent(True)
+    fresh.load_state_dict(keep.state_dict())
+    torch.testing.assert_close(fresh.compute()["icr"], want, rtol=0, atol=0)
+    fresh.update(h1, h2)  # and it keeps accumulating with the loaded shape
+    assert fresh.num_features == 6 and float(fresh.n) == 128
+
+    again = pickle.loads(pickle.dumps(ref))
+    torch.testing.assert_close(again.compute()["icr"], want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="feature dimension changed from 6 to 5"):
+        ref.update(h1[:, :5], h2[:, :5])

@@ -335,8 +335,12 @@ class InvariantContaminationRatio(Metric):
             (the traces are always on l2-normalized features).
         tau_rel: factor of the relative ridge (``"relative"``, and ``"auto"`` when it applies).
         cond_max: condition number of Sigma_xi above which ``"auto"`` adds the ridge.
-        num_features: d, if known; creates the d-dependent states up front (otherwise on the
-            first ``update``). Give it under DDP when a rank might see no data.
+        num_features: d, if known: the d-dependent states are created with their shape. Without
+            it they start as 0-dim zeros that the first ``update`` (or ``merge_state``, or a
+            loaded ``state_dict``) gives their shape, so ``forward``, ``merge_state`` into an
+            empty metric and ``load_state_dict`` into a fresh one work as for any torchmetrics
+            metric. Give it under DDP when a rank might see no data (a rank's 0-dim state cannot
+            be gathered with another's (d,) one).
 
     ``update(h1, h2)``: the two views' features, (B, d) or (B, C, H, W) (mean-pooled over space);
     row i of h1 and h2 must come from the same image. ``compute()`` returns a dict with ``icr``,
@@ -363,35 +367,33 @@ class InvariantContaminationRatio(Metric):
         self.tau_rel = float(tau_rel)
         self.cond_max = float(cond_max)
         self.normalize = normalize
-        self._d: Optional[int] = None
-        self.add_state("n", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        if num_features is not None:
-            self._init_states(num_features, None)
+        self._d: Optional[int] = None if num_features is None else int(num_features)
+        # every state exists from the start (torchmetrics' reduced forward, merge_state and
+        # load_state_dict need them): with d unknown, a 0-dim zero that the first sum broadcasts
+        # to its (d,) / (d, d) shape
+        for name, zero in _icr_zero_states(1 if num_features is None else int(num_features), None).items():
+            self.add_state(name, zero if num_features is not None or name == "n"
+                           else torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     @property
     def num_features(self) -> Optional[int]:
-        """d, once known (``num_features`` or the first ``update``)."""
-        return self._d
-
-    def _init_states(self, d: int, device) -> None:
-        """Sum states are d-dependent, so they are created on the first update."""
-        for name, zero in _icr_zero_states(d, device).items():
-            if name != "n":
-                self.add_state(name, zero, dist_reduce_fx="sum")
-        self._d = d
+        """d, once known (``num_features``, or the shape of the summed states after an
+        ``update``, a ``merge_state`` or a loaded ``state_dict``)."""
+        if self._d is not None:
+            return self._d
+        st = getattr(self, "sum_t", None)
+        return int(st.shape[0]) if isinstance(st, torch.Tensor) and st.ndim == 1 else None
 
     def _states(self) -> Dict[str, torch.Tensor]:
-        if self._d is None:
+        if self.num_features is None:
             raise ValueError("InvariantContaminationRatio: needs at least 2 view pairs before compute()")
         return {name: getattr(self, name) for name in ICR_STATES}
 
     def update(self, h1: torch.Tensor, h2: torch.Tensor) -> None:
         batch = _icr_update(h1, h2, self.normalize)
-        d = _icr_feature_dim(batch)
-        if self._d is None:
-            self._init_states(d, batch["n"].device)
-        elif d != self._d:
-            raise ValueError(f"h1, h2: feature dimension changed from {self._d} to {d}")
+        d, known = _icr_feature_dim(batch), self.num_features
+        if known is not None and d != known:
+            raise ValueError(f"h1, h2: feature dimension changed from {known} to {d}")
         for name, value in batch.items():
             setattr(self, name, getattr(self, name) + value)
 
@@ -403,8 +405,8 @@ class InvariantContaminationRatio(Metric):
         """ICR and its companions (class docstring); before two view pairs were seen (no update:
         torchmetrics warns) every value is NaN (``n`` the count, ``eigenvalues`` empty), as for
         every metric of :mod:`lightning_pfd.metrics`."""
-        if self._d is None or float(self.n) < 2:
-            return _icr_undefined(self.n, self._d)
+        if self.num_features is None or float(self.n) < 2:
+            return _icr_undefined(self.n, self.num_features)
         return _icr_compute(self._states(), self.tau, self.tau_rel, self.cond_max)
 
     def icr_at(self, tau: TauSpec) -> torch.Tensor:
