@@ -415,3 +415,24 @@ def test_a_denoiser_or_family_with_the_former_names_still_clamps_with_a_future_w
 
     with pytest.warns(FutureWarning, match=r"FormerFamily.*`sigma_range`"):
         assert FormerFamily(sigma_min=0.01, sigma_max=50.0).precondition(_Probe()).sigma_range == (0.01, 50.0)
+
+
+def test_ve_grid_is_respaced_on_the_net_range_as_edm_does():
+    """Issue 40 item 8: NVlabs/edm's ``edm_sampler`` re-spaces the Karras grid on the net's
+    supported range (sigma_min = max(0.002, net.sigma_min), sigma_max = min(80, net.sigma_max)).
+    The VE family (range [0.02, 100]) therefore samples on the grid of EDM eq. 5 over [0.02, 80]
+    -- written out here from the equation -- with no repeated step; VP and EDM keep [0.002, 80]."""
+    import torch
+
+    from lightning_pfd.modules import DiffusionModule
+    from lightning_pfd.nets import MLPNet
+
+    def eq5(n, lo, hi, rho=7.0):
+        i = torch.arange(n, dtype=torch.float64)
+        t = (hi ** (1 / rho) + i / (n - 1) * (lo ** (1 / rho) - hi ** (1 / rho))) ** rho
+        return torch.cat([t, torch.zeros(1, dtype=torch.float64)])
+
+    for family, lo in (("ve", 0.02), ("vp", 0.002), ("edm", 0.002)):
+        m = DiffusionModule(MLPNet(dim=4, hidden=8, depth=1), family=family)
+        torch.testing.assert_close(m.sigmas, eq5(18, lo, 80.0), rtol=1e-15, atol=0)
+        assert torch.all(torch.diff(m.sigmas) < 0)  # strictly decreasing: no zero-length step

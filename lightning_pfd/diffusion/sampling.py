@@ -25,6 +25,7 @@ part of any cache key.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Literal, Optional, Sequence, Tuple, Union, get_args
 
@@ -36,7 +37,7 @@ from ..validation import FinitePositiveFloat, PositiveInt, check_args
 from .noise import seeded_noise
 from .streams import stream
 
-__all__ = ["karras_sigmas", "heun_sample", "euler_sample", "sample_endpoints", "clamp_sigmas",
+__all__ = ["karras_sigmas", "karras_sigmas_for", "heun_sample", "euler_sample", "sample_endpoints", "clamp_sigmas",
            "SAMPLERS", "PRECISIONS", "COMPILE_MODES", "SamplerSettings", "check_compile", "compile_denoiser",
            "pad_rows"]
 
@@ -68,6 +69,20 @@ def clamp_sigmas(sigmas: torch.Tensor, denoiser) -> torch.Tensor:
     lo, hi = denoiser_sigma_range(denoiser)
     pos = sigmas > 0
     return torch.where(pos, sigmas.clamp(min=lo if lo > 0 else None, max=hi), sigmas)
+
+
+def karras_sigmas_for(denoiser, num_steps: int = 18, sigma_min: float = 0.002, sigma_max: float = 80.0,
+                      rho: float = 7.0) -> torch.Tensor:
+    """EDM's grid for ``denoiser`` as NVlabs/edm's ``edm_sampler`` builds it (generate.py: "Adjust
+    noise levels based on what's supported by the network"): :func:`karras_sigmas` on
+    [max(``sigma_min``, lo), min(``sigma_max``, hi)] of the denoiser's supported range (lo, hi),
+    so the grid is re-spaced rather than clamped (a VE net, range [0.02, 100], gets no repeated
+    step at 0.02). Without a declared range (lo = 0, hi = inf) it is ``karras_sigmas`` itself."""
+    lo, hi = denoiser_sigma_range(denoiser) if denoiser is not None else (0.0, math.inf)
+    smin, smax = max(float(sigma_min), lo), min(float(sigma_max), hi)
+    if not 0 < smin < smax:  # the range excludes the requested grid: EDM's clamp semantics
+        return clamp_sigmas(karras_sigmas(num_steps, sigma_min, sigma_max, rho), denoiser)
+    return karras_sigmas(num_steps, smin, smax, rho)
 
 
 def module_device(denoiser, default) -> torch.device:
@@ -144,7 +159,7 @@ def sample_endpoints(denoiser: Callable, seeds: Sequence[int] | torch.Tensor, sh
     if batch_size < 1:
         raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
     sampler = resolve_sampler(sampler)
-    sigmas = clamp_sigmas(karras_sigmas() if sigmas is None else sigmas, denoiser)
+    sigmas = karras_sigmas_for(denoiser) if sigmas is None else clamp_sigmas(sigmas, denoiser)
     seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
     if device is None:
         device = module_device(denoiser, torch.device("cpu"))
@@ -317,13 +332,15 @@ class SamplerSettings:
 
     # ---- use ------------------------------------------------------------------------------
     def sigmas(self, denoiser: Any = None, device=None) -> torch.Tensor:
-        """The float64 grid, clamped to ``denoiser``'s supported sigma range when given."""
+        """The float64 grid for ``denoiser``: EDM's grid re-spaced on its supported sigma range
+        (:func:`karras_sigmas_for`, as NVlabs/edm's sampler), or an explicit ``grid`` clamped
+        to it."""
         if self.grid is not None:
             g = torch.tensor(self.grid, dtype=torch.float64)
+            if denoiser is not None:
+                g = clamp_sigmas(g, denoiser)
         else:
-            g = karras_sigmas(self.num_steps, self.sigma_min, self.sigma_max, self.rho)
-        if denoiser is not None:
-            g = clamp_sigmas(g, denoiser)
+            g = karras_sigmas_for(denoiser, self.num_steps, self.sigma_min, self.sigma_max, self.rho)
         return g if device is None else g.to(device)
 
     @property
