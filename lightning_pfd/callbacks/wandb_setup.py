@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import netrc
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence, Union
@@ -31,7 +32,7 @@ from urllib.parse import urlparse
 from lightning.pytorch import Callback
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from .. import keys
 
@@ -147,6 +148,10 @@ def _silent_settings():
     return wandb.Settings(silent=True)
 
 
+#: a W&B run directory with less free space than this is full: said at once (AutoWandbLogger)
+WANDB_MIN_FREE_BYTES = 16 * 2 ** 20
+
+
 class AutoWandbLogger(WandbLogger):
     """``WandbLogger`` that is offline unless credentials exist (``offline=None``, the default)
     and defines the epoch x-axis and summaries (:func:`setup_wandb_metrics`) when the run
@@ -173,6 +178,44 @@ class AutoWandbLogger(WandbLogger):
         self._pfd_define_metrics = define_metrics
         self._pfd_metrics_done = False
         self._pfd_started = False
+        #: (step, directory, free bytes) where the W&B directory's disk was found full, else None
+        self.disk_full: Optional[tuple] = None
+
+    def _run_dir(self) -> Optional[str]:
+        """The directory W&B writes this run to (its ``files`` folder's parent), without starting
+        a run."""
+        run = getattr(self, "_experiment", None)
+        d = getattr(run, "dir", None) if run is not None else None
+        return str(Path(d).parent) if isinstance(d, str) and d else (str(self.save_dir) if self.save_dir else None)
+
+    def check_disk(self, step: Optional[int] = None) -> bool:
+        """Whether the disk of the W&B run directory still has :data:`WANDB_MIN_FREE_BYTES` free
+        (one ``statvfs``). The first time it has not, say so once, naming the directory and what
+        keeps the rows (W&B writes its log from a background process that drops records on a
+        full disk without an error in this process), and remember it in :attr:`disk_full`."""
+        if self.disk_full is not None:
+            return False
+        d = self._run_dir()
+        if not d or not os.path.isdir(d):
+            return True
+        try:
+            free = shutil.disk_usage(d).free
+        except OSError:
+            return True
+        if free >= WANDB_MIN_FREE_BYTES:
+            return True
+        self.disk_full = (step, d, int(free))
+        rank_zero_warn(f"W&B: the disk of {d} is full ({free / 2 ** 20:.1f} MiB free, fewer than "
+                       f"{WANDB_MIN_FREE_BYTES / 2 ** 20:.0f} MiB): W&B cannot write its log from step "
+                       f"{step} on, so the W&B run is incomplete from there; training continues and the "
+                       "other loggers (the CSV log) keep every row. Free space there, or set the W&B "
+                       "directory elsewhere (save_dir / WANDB_DIR).", category=RuntimeWarning)
+        return False
+
+    @rank_zero_only
+    def log_metrics(self, metrics, step: Optional[int] = None) -> None:
+        self.check_disk(step)
+        super().log_metrics(metrics, step)
 
     @property
     def defines_metrics(self) -> bool:

@@ -806,7 +806,10 @@ class PFDLightningCLI(LightningCLI):
         plots = [d for cb in trainer.callbacks if isinstance(cb, RegimeMonitor) for d in cb.report_dirs]
         if plots:
             lines.append("  plots: " + ", ".join(sorted(set(map(str, plots)))))
-        if any("Wandb" in type(lg).__name__ for lg in trainer.loggers):
+        full = [lg.disk_full for lg in trainer.loggers if getattr(lg, "disk_full", None)]
+        for step, d, _free in full:  # said at once during the run; the closing lines repeat it
+            lines.append(f"  W&B run INCOMPLETE from step {step}: the disk of {d} filled; the CSV log has every row")
+        if any("Wandb" in type(lg).__name__ for lg in trainer.loggers) and not full:
             if os.environ.get("WANDB_MODE") in ("offline", "dryrun"):  # Lightning's offline: dryrun
                 lines.append("  W&B ran offline (no credentials): upload later with `wandb login`, then `wandb sync <run dir>`")
         print("\n".join(lines), flush=True)
