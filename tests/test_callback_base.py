@@ -371,7 +371,7 @@ def test_torch_distributed_comm_in_a_real_3_process_group(tmp_path):
                                str(tmp_path / "init"), str(n), str(tmp_path / f"rank{r}.pt")],
                               env=env, cwd=str(Path(__file__).resolve().parents[1]))
              for r in range(world)]
-    assert [p.wait(timeout=240) for p in procs] == [0] * world
+    assert [p.wait(timeout=600) for p in procs] == [0] * world
     rows = torch.arange(n * 2, dtype=torch.float64).reshape(n, 2)
     for r in range(world):
         got = torch.load(tmp_path / f"rank{r}.pt")

@@ -430,7 +430,7 @@ def test_ddp_nan_on_one_rank_takes_the_same_branch_on_both(tmp_path):
     mons = [GeneralizationMonitor(num_eval=4, image_every_n_epochs=0, use_cache=False),
             ICRMonitor(num_images=6, batch_size=6), MemorizationMonitor(num_samples=6),
             TailMonitor(num_samples=8, eta=0.5, num_splits=2, plot=False)]
-    strategy = DDPStrategy(start_method="spawn", timeout=timedelta(seconds=120))  # a hang fails, not blocks
+    strategy = DDPStrategy(start_method="spawn", timeout=timedelta(seconds=600))  # a hang fails, not blocks
     trainer = _trainer(tmp_path, mons, devices=2, strategy=strategy)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -50,7 +50,7 @@ def _run(argv):
 
 def test_help_names_the_program_and_extra_commands():
     out = subprocess.run([sys.executable, "-m", "lightning_pfd", "--help"], capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "usage: python -m lightning_pfd" in out.stdout
     for name in ("fit", "validate", "test", "report", "icr-sweep", "pite"):
@@ -199,7 +199,7 @@ def test_top_level_help_imports_neither_torch_nor_lightning():
             "except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
             "print('LOADED', sorted(m for m in ('torch', 'lightning', 'lightning.pytorch', "
             "'jsonargparse') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "LOADED []", out.stdout[-500:]
     assert "usage: python -m lightning_pfd" in out.stdout
@@ -208,14 +208,14 @@ def test_top_level_help_imports_neither_torch_nor_lightning():
     code = ("import sys\nfrom lightning_pfd.cli import main\n"
             "try:\n    main(['fit', '--help'])\nexcept SystemExit:\n    pass\n"
             "print('LOADED', 'lightning.pytorch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.stdout.strip().splitlines()[-1] == "LOADED True" and "--trainer.max_epochs" in out.stdout
 
 
 def test_entry_point_imports_neither_torch_nor_lightning():
     code = ("import sys; import lightning_pfd.cli, lightning_pfd.commands; "
             "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
 
 
@@ -413,7 +413,7 @@ def test_fit_help_starts_with_what_most_runs_need():
     """``fit --help``: a one-line usage, then the options most runs need (lightning_pfd's own
     --threads / --overwrite / --debug included), then LightningCLI's full list."""
     out = subprocess.run([sys.executable, "-m", "lightning_pfd", "fit", "--help"], capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("usage: python -m lightning_pfd fit [--config FILE|NAME]") and lines[1] == ""
@@ -425,7 +425,7 @@ def test_fit_help_starts_with_what_most_runs_need():
     assert "--trainer.max_epochs MAX_EPOCHS" in out.stdout and "--model CONFIG" in out.stdout
     # validate has no --overwrite (fit only)
     val = subprocess.run([sys.executable, "-m", "lightning_pfd", "validate", "--help"], capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=600)
     assert val.returncode == 0 and "--overwrite" not in "\n".join(val.stdout.splitlines()[:16])
 
 
@@ -444,7 +444,7 @@ def test_quickstart_start_up_prints_our_line_first_and_no_library_noise(tmp_path
                           str(CONFIG_DIR / "quickstart.yaml"), "--trainer.max_epochs", "1",
                           "--trainer.limit_train_batches", "2", "--trainer.log_every_n_steps", "1"],
                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, timeout=300)
+                         text=True, timeout=600)
     text = out.stdout
     assert out.returncode == 0, text[-3000:]
     assert text.splitlines()[0].startswith("[lightning_pfd] "), text[:500]

@@ -32,7 +32,7 @@ def test_a_full_disk_gives_one_message_and_changes_nothing_of_the_earlier_run(tm
     # resume for 2 more epochs with another lr: the new config.yaml differs from the earlier one
     args = ["--ckpt_path", "last", "--trainer.max_epochs", "4", "--model.init_args.lr", "0.002"]
     r = subprocess.run([sys.executable, "-m", "lightning_pfd", "fit", "--config", "c.yaml", *args], cwd=d,
-                       env=env, capture_output=True, text=True, timeout=120, preexec_fn=_limited)
+                       env=env, capture_output=True, text=True, timeout=600, preexec_fn=_limited)
     assert r.returncode == 1, r.stderr[-2000:]
     assert f"error: cannot write {ckpt}: over the file-size limit (ulimit -f) ([Errno 27]" in r.stderr
     assert f"intact: {ckpt} (end of epoch 1)" in r.stderr

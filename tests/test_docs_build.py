@@ -37,7 +37,7 @@ def _site(tmp_path: Path, index: str, extra_page: bool = False) -> Path:
 def _build(config: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHON=sys.executable)
     return subprocess.run(["bash", str(SCRIPT), str(config), str(config.parent / "site")],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=config.parent)
+                          capture_output=True, text=True, timeout=600, env=env, cwd=config.parent)
 
 
 def test_ci_runs_the_docs_script_without_quiet():

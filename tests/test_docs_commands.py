@@ -30,7 +30,8 @@ Run (``test_documented_command_runs``, ``test_documented_python_block_runs``):
   (e.g. ``<!-- docs-test: given: model, dm = quickstart() -->``). The same code in two pages
   runs once.
 
-A command or block that needs more than ``TIMEOUT_S`` seconds fails (mark it). Blocks in other languages
+A command or block that needs more than ``TIMEOUT_S`` seconds is said in a warning (mark it reduced or
+skip); only one that gives no answer in ``HANG_S`` seconds fails, naming the machine's load. Blocks in other languages
 (``yaml``, ``text``: config excerpts and printed output) are not run.
 
 Markers: HTML comments (invisible in the rendered page) on the lines directly above a block's
@@ -63,6 +64,7 @@ import shlex
 import shutil
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -75,7 +77,11 @@ PREFIX = "python -m lightning_pfd"
 PLACEHOLDERS = ("RUN_DIR", "...", "|", "$", "<", "HEAD_IP", "HEAD:")
 SHELL_LANGS = ("bash", "sh", "shell", "console")
 QUICKSTART = "python -m lightning_pfd fit --trainer.max_epochs 3 --data.samples_per_epoch 256 --data.n_test 128"
+#: the budget of one documented command or block: one over it is *said* (a warning: mark it
+#: reduced or skip); it fails only past HANG_S, a hang guard sized for a slow, loaded machine
+#: (a slow machine must not read as a broken install: issue 40 item 15)
 TIMEOUT_S = 90
+HANG_S = 900
 COPIED = ("docs", "experiments")  # the workspace's own copies (commands may write there)
 NEVER_UNMARKED = ("pip", "ray", "wandb", "srun", "sbatch", "rm", "git", "sudo")
 MARKER = re.compile(r"<!--\s*docs-test:\s*(skip|reduced|given)(?:\s+`([^`]+)`)?\s*:\s*(.*?)\s*-->")
@@ -406,11 +412,28 @@ def _bare_workspace(path: Path) -> Path:
 
 
 def _bash(command: str, cwd: Path, env: Dict[str, str]) -> subprocess.CompletedProcess:
+    start = time.monotonic()
     try:
-        return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
-                              text=True, timeout=TIMEOUT_S)
+        r = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
+                           text=True, timeout=HANG_S)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"over {TIMEOUT_S} s: mark it reduced or skip: {command}")
+        pytest.fail(f"no answer after {HANG_S} s (a hang, or a machine {_load()}): {command}")
+    _over_budget(time.monotonic() - start, command)
+    return r
+
+
+def _load() -> str:
+    try:
+        return f"at load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    except OSError:  # pragma: no cover - no load average on this platform
+        return "of unknown load"
+
+
+def _over_budget(took: float, what: str) -> None:
+    """Say (never fail) that a documented command took longer than its budget."""
+    if took > TIMEOUT_S:
+        warnings.warn(f"{what}: {took:.0f} s, over the {TIMEOUT_S} s budget of a documented command "
+                      f"({_load()}): mark it reduced or skip if it is slow on a quiet machine too")
 
 
 def _check(result: subprocess.CompletedProcess, what: str) -> None:
@@ -516,8 +539,7 @@ def test_documented_python_block_runs(block, workspaces, monkeypatch):
     namespace = {"__name__": "__docs__", "quickstart": lambda: workspaces.model_and_data(ws)}
     start = time.monotonic()  # pytest-timeout (pyproject) stops a block that hangs
     exec(compile(code, block.name, "exec"), namespace)
-    took = time.monotonic() - start
-    assert took <= TIMEOUT_S, f"{block.name}: {took:.0f} s (> {TIMEOUT_S} s): mark it reduced or skip"
+    _over_budget(time.monotonic() - start, block.name)
     workspaces.python_passed.add(code)
 
 

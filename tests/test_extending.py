@@ -174,7 +174,7 @@ def test_sliced_wasserstein_over_processes_is_the_single_process_value(ext):
     single.update(x, y)
     expected = float(single.compute())
     world, slots, out, errors = 3, [None] * 3, [None] * 3, []
-    barrier = threading.Barrier(world, timeout=60)
+    barrier = threading.Barrier(world, timeout=300)
 
     def rank_run(rank):
         try:

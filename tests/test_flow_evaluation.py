@@ -166,7 +166,7 @@ def test_empirical_reference_is_the_same_flow_with_either_algorithm(n):
 class _ThreadGroup:
     def __init__(self, world):
         self.world, self.slots = world, [None] * world
-        self.barrier = threading.Barrier(world, timeout=60)
+        self.barrier = threading.Barrier(world, timeout=300)
 
 
 class ThreadCollective(Comm):

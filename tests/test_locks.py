@@ -89,7 +89,7 @@ def test_two_fits_into_one_run_directory_the_second_fails_before_training(tmp_pa
         holder = _wait_for_lock(d / "run/checkpoints" / LOCK_NAME)
         assert holder["pid"] == first.pid
         t0 = time.time()
-        second = _cli(d, env, timeout=120)
+        second = _cli(d, env, timeout=600)
         assert second.returncode == 2, second.stderr[-2000:]
         assert f"another process is writing this run: pid {first.pid} on host '{socket.gethostname()}'" \
             in second.stderr
@@ -113,7 +113,7 @@ def test_two_sweep_drivers_with_one_name_the_second_fails_at_once(tmp_path):
     p = _holder(sweep_dir)  # a real driver's lock, held by another process
     try:
         r = subprocess.run([sys.executable, "-m", "lightning_pfd", "sweep", "--config", str(cfg)],
-                           cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+                           cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
     finally:
         p.kill()
         p.wait()

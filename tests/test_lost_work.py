@@ -221,7 +221,7 @@ def test_a_read_only_run_directory_fails_with_one_message(one_epoch, tmp_path):
     cmd = (f"mount --bind -o ro {d} {d} && exec {sys.executable} -m lightning_pfd fit --config c.yaml "
            "--ckpt_path last --trainer.max_epochs 2")
     r = subprocess.run(["unshare", "-rm", "sh", "-c", cmd], cwd=d, env=env, capture_output=True, text=True,
-                       timeout=120)
+                       timeout=600)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and "read-only file system" in r.stderr, r.stderr[-2000:]
     assert "trainer.default_root_dir" in r.stderr or "dirpath" in r.stderr

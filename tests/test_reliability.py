@@ -93,7 +93,7 @@ def _env(tmp_path: Path) -> dict:
     return env
 
 
-def _cli(d: Path, env: dict, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+def _cli(d: Path, env: dict, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lightning_pfd", "fit", "--config", "c.yaml", *args],
                           cwd=d, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -447,9 +447,9 @@ def test_cli_under_ddp_writes_one_run_and_resumes_it(tmp_path):
     env = _env(tmp_path)
     cfg = _write_config(d, epochs=1, monitors=True)
     cfg.write_text(cfg.read_text().replace("  devices: 1\n", "  devices: 2\n  strategy: ddp\n"))
-    r = _cli(d, env, timeout=300)
+    r = _cli(d, env, timeout=600)
     assert r.returncode == 0, r.stderr[-600:]
-    r = _cli(d, env, "--ckpt_path", "last", "--trainer.max_epochs", "2", timeout=300)
+    r = _cli(d, env, "--ckpt_path", "last", "--trainer.max_epochs", "2", timeout=600)
     assert r.returncode == 0, r.stderr[-600:]
     assert sorted(p.name for p in (d / "run/csv").iterdir()) == ["version_0"]
     rows = _rows(d / "run/csv/version_0/metrics.csv")

@@ -133,12 +133,12 @@ def test_report_bad_input(tmp_path, capsys):
 def test_report_module_entry_point(tmp_path):
     run = _write_csv(tmp_path / "run")
     r = subprocess.run([sys.executable, "-m", "lightning_pfd.commands.report", str(run), "--out",
-                        str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+                        str(tmp_path / "o")], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "early learning" in r.stdout and (tmp_path / "o" / "report.md").is_file()
     # a missing directory: status 2, one line, no traceback
     r = subprocess.run([sys.executable, "-m", "lightning_pfd.commands.report",
-                        str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+                        str(tmp_path / "nope")], capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
     assert r.stderr.strip() == f"error: run_dir: {str(tmp_path / 'nope')!r} does not exist"
 

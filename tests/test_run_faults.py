@@ -31,7 +31,7 @@ GENERALIZATION = """    - class_path: lightning_pfd.callbacks.GeneralizationMoni
 
 def _fit(d: Path, env: dict, *args: str, command: str = "fit") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lightning_pfd", command, "--config", "c.yaml", *args],
-                          cwd=d, env=env, capture_output=True, text=True, timeout=240)
+                          cwd=d, env=env, capture_output=True, text=True, timeout=600)
 
 
 def _rows(path: Path) -> list:
@@ -188,7 +188,7 @@ def test_aggregate_only_reports_a_deleted_trial_as_missing(tmp_path):
     (sweep / ids[1]).rmdir()
     env = _env(tmp_path)
     r = subprocess.run([sys.executable, "-m", "lightning_pfd", "sweep", "--config", "sw.yaml",
-                        "--aggregate-only"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                        "--aggregate-only"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 1, r.stderr[-2000:]
     assert "1 trial(s) missing" in r.stderr and ids[1] in r.stderr
     assert "1 trial(s) not run yet (pending)" in r.stderr and ids[2] in r.stderr

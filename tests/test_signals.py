@@ -23,20 +23,20 @@ def test_sigint_then_sigterm_exit_130_and_143_and_the_resume_finishes_the_run(tm
     of the resumed run, then a resume to the end."""
     env, d = _env(tmp_path), tmp_path / "run_dir"
     _write_config(d, epochs=4)
-    r1 = _cli(d, env, *_signal_at(15, int(signal.SIGINT)), timeout=120)
+    r1 = _cli(d, env, *_signal_at(15, int(signal.SIGINT)), timeout=600)
     assert r1.returncode == 130, (r1.returncode, r1.stderr[-2000:])
     assert "stopped by SIGINT in epoch 1 (step 15); exit status 130" in r1.stderr
     assert "run/checkpoints/last.ckpt (end of epoch 0)" in r1.stderr
     assert "resume with: python -m lightning_pfd fit --config c.yaml" in r1.stderr
     assert load_checkpoint(d / "run/checkpoints/last.ckpt")["global_step"] == 10  # intact, verified
 
-    r2 = _cli(d, env, "--ckpt_path", "last", *_signal_at(25, int(signal.SIGTERM)), timeout=120)
+    r2 = _cli(d, env, "--ckpt_path", "last", *_signal_at(25, int(signal.SIGTERM)), timeout=600)
     assert r2.returncode == 143, (r2.returncode, r2.stderr[-2000:])
     assert "stopped by SIGTERM in epoch 2 (step 25); exit status 143" in r2.stderr
     assert "(end of epoch 1)" in r2.stderr and r2.stderr.count("--ckpt_path") == 1  # not repeated
     assert load_checkpoint(d / "run/checkpoints/last.ckpt")["global_step"] == 20
 
-    r3 = _cli(d, env, "--ckpt_path", "last", timeout=120)
+    r3 = _cli(d, env, "--ckpt_path", "last", timeout=600)
     assert r3.returncode == 0, r3.stderr[-2000:]
     assert load_checkpoint(d / "run/checkpoints/last.ckpt")["global_step"] == 40
     rows = _rows(d / "run/csv/version_0/metrics.csv")

@@ -195,7 +195,7 @@ def test_a_real_token_authenticated_head_is_joined_by_auto_and_by_host_port(tmp_
         assert "Token authentication is enabled for this Ray cluster" in (tmp_path / "head.log").read_text()
         for address in ("auto", f"127.0.0.1:{port}"):
             r = subprocess.run([sys.executable, "-c", JOIN, address], env=env, capture_output=True,
-                               text=True, timeout=120)
+                               text=True, timeout=600)
             assert r.returncode == 0 and "joined 1" in r.stdout, (address, r.stdout[-1000:], r.stderr[-2000:])
             if address != "auto":
                 assert "RAY_AUTH_MODE=token: joining" in r.stdout
