@@ -105,3 +105,28 @@ def test_icr_without_num_features_follows_torchmetrics_conventions():
     torch.testing.assert_close(again.compute()["icr"], want, rtol=0, atol=0)
     with pytest.raises(ValueError, match="feature dimension changed from 6 to 5"):
         ref.update(h1[:, :5], h2[:, :5])
+
+
+def test_cosine_criterion_on_raw_features_is_warned_about():
+    """Issue 42 item 6: with Psi = identity on data that share a mean, the ICR paper's cosine
+    criterion (meant for SSCD descriptors) counts fresh samples as copies -- here all of them --
+    so it warns by name; nn_ratio (the monitors' criterion) and a descriptor do not warn."""
+    import warnings as w
+
+    from lightning_pfd.metrics import MemorizationRatio
+    from lightning_pfd.metrics.memorization import memorization_ratio
+
+    g = torch.Generator().manual_seed(0)
+    train = 5.0 + torch.randn(64, 16, generator=g, dtype=torch.float64)  # a shared mean
+    fresh = 5.0 + torch.randn(64, 16, generator=g, dtype=torch.float64)  # no sample is a copy
+    with pytest.warns(UserWarning, match="cosine criterion .* on raw features"):
+        r = memorization_ratio(fresh, train, criterion="cosine")
+    assert float(r) == 1.0  # the trap the warning names
+    with pytest.warns(UserWarning, match="cosine criterion"):
+        MemorizationRatio(criterion="cosine").set_reference(train)
+    with w.catch_warnings():
+        w.simplefilter("error")
+        assert float(memorization_ratio(fresh, train, criterion="nn_ratio")) == 0.0
+        m = MemorizationRatio(criterion="cosine", descriptor=lambda x: x - 5.0)
+        m.set_reference(train)
+        MemorizationRatio(criterion="cosine").set_reference(train - 5.0, features=True)

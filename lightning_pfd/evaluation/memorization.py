@@ -33,7 +33,7 @@ from torch import nn
 from ..contracts import GENERATING_MODELS, check_on_samples
 from ..errors import ConfigError
 from ..metrics.memorization import (Criterion, _is_memorized, _memorization_compute, embed, memorization_scores,
-                                    reference_features, resolve_threshold)
+                                    reference_features, resolve_threshold, warn_cosine_on_raw)
 from ..validation import NonNegativeInt, PositiveInt, check_args
 from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, bind_train_data
 from .sharding import shard_indices
@@ -97,6 +97,7 @@ class MemorizationEvaluation:
         self.descriptor_spec = descriptor if isinstance(descriptor, str) or descriptor is None \
             else type(descriptor).__name__
         self.descriptor = resolve_descriptor(descriptor)
+        warn_cosine_on_raw(criterion, self.descriptor)  # the ICR paper's cosine needs a descriptor
         self.cache, self.fingerprint = bool(cache), fingerprint
         self.train_data: Optional[torch.Tensor] = None
         self._reference: Optional[torch.Tensor] = None

@@ -29,6 +29,8 @@ Pure torch + torchmetrics (no Lightning import).
 """
 from __future__ import annotations
 
+import warnings
+
 import typing
 from typing import Callable, Literal, Optional, Tuple
 
@@ -231,7 +233,11 @@ class MemorizationRatio(Metric):
         self.add_state("total", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def set_reference(self, train: torch.Tensor, features: bool = False) -> None:
-        """Embed the training set once (``features=True``: ``train`` already holds Psi(y))."""
+        """Embed the training set once (``features=True``: ``train`` already holds Psi(y)).
+        The cosine criterion on raw features (no descriptor, ``features=False``) is warned about
+        (:func:`warn_cosine_on_raw`)."""
+        if not features:
+            warn_cosine_on_raw(self.criterion, self.descriptor)
         self.reference = reference_features(train, None if features else self.descriptor).to(self.device)
 
     def update(self, generated: torch.Tensor) -> None:
@@ -252,6 +258,22 @@ class MemorizationRatio(Metric):
         return self._plot(val, ax)
 
 
+def warn_cosine_on_raw(criterion: str, descriptor: Optional[Callable]) -> bool:
+    """Warn (once per call site) when the ICR paper's cosine criterion (cos > 0.6, meant for SSCD
+    descriptors) is used on raw pixel / vector features (no descriptor): there, samples that
+    share the data's mean direction have cosines near 1 with many training samples, so most
+    fresh samples count as copies (100 % of fresh samples of a dataset with a shared mean).
+    Returns whether it warned."""
+    if criterion != "cosine" or descriptor is not None:
+        return False
+    warnings.warn("MemorizationRatio: the cosine criterion (cos > 0.6, the ICR paper's, meant for SSCD "
+                  "descriptors) on raw features counts samples that share the data's mean direction as "
+                  "copies; give a descriptor (or set_reference(features, features=True) with descriptor "
+                  "features), or use criterion='nn_ratio' (Gu et al.'s d1/d2 < 1/3 in pixel space, the "
+                  "monitors' default)", UserWarning, stacklevel=3)
+    return True
+
+
 def reference_features(train: torch.Tensor, descriptor: Optional[Callable] = None) -> torch.Tensor:
     """Psi of the training set, float64 (N, D), validated (``descriptor=None``: flattened)."""
     if not torch.is_tensor(train) or train.ndim < 2 or train.shape[0] < 1:
@@ -267,6 +289,7 @@ def memorization_ratio(generated: torch.Tensor, train: torch.Tensor,
     check_args(memorization_ratio, locals())
     threshold = resolve_threshold(criterion, threshold)
     _check_descriptor(descriptor)
+    warn_cosine_on_raw(criterion, descriptor)
     ref = reference_features(train, descriptor)
     g = embed(generated, descriptor).to(ref.device)
     return _memorization_compute(*_memorization_update(g, ref, criterion, threshold, chunk_size))
