@@ -293,6 +293,10 @@ def variogram(curve: Curve, *, max_lag_frac: PositiveFloat = 1.0 / 6.0, max_lag:
 #: an isolated jump: an evaluation beyond both neighbouring windows' medians by this many robust
 #: units of the curve's residual from them (a bad batch, docs/events.md "Jumps and tails")
 JUMP_SIGMA = 5.0
+#: a jump's step to each neighbour is at least this share of its excess over the side medians
+#: (a one-epoch spike: ~1; through an EMA of decay 0.6 / 0.9 and window 5: 0.51 / 0.37; a smooth
+#: extremum: 0.25 at window 3, 0.11 at window 5)
+JUMP_CONCENTRATION = 0.35
 #: the robust unit of a jump is at least this share of the curve's median level
 JUMP_FLOOR = 1e-3
 #: the jump component's own assumption (jumps are sparse) fails beyond this share of evaluations
@@ -325,18 +329,19 @@ def isolated_jumps(y: np.ndarray, window: int = 5) -> np.ndarray:
     residual y_t − (left + right)/2 over the curve (MAD; its sd where the MAD is 0; at least
     :data:`JUMP_FLOOR` times the curve's median level, so a noiseless curve has none) — plus their
     decaying tail (an EMA of a logged metric): following evaluations whose excess over the level
-    before the jump stays above :data:`JUMP_TAIL_SIGMA`·σ, at most ``window`` of them. The last
-    evaluation is compared with the ``window`` before it and its predecessor. Steep monotone
-    stretches (the first epochs of a run) lie between the two medians and are never jumps; a
-    level shift that persists is not isolated. All False for curves shorter than 2·window + 3."""
+    before the jump stays above :data:`JUMP_TAIL_SIGMA`·σ, at most ``window`` of them. A jump is
+    also concentrated at its evaluation: its step to each neighbour is at least
+    :data:`JUMP_CONCENTRATION` of its excess (a smooth extremum's excess is several times its
+    steps). The first ``window`` evaluations and the last one (one side only) are never jumps;
+    steep monotone stretches lie between the two medians and a level shift that persists is not
+    isolated. All False for curves shorter than 2·window + 3."""
     y = np.asarray(y, dtype=np.float64)
     n, k = y.size, max(2, int(window))
     out = np.zeros(n, dtype=bool)
     if n < 2 * k + 3 or not np.all(np.isfinite(y)):
         return out
     left, right = _side_medians(y, k)
-    right[n - 1] = y[n - 2]
-    t = np.arange(k, n)
+    t = np.arange(k, n - 1)  # the last evaluation has no after-side: a trend or a jump there look alike
     lo, hi = np.minimum(left[t], right[t]), np.maximum(left[t], right[t])
     excess = np.where(y[t] > hi, y[t] - hi, np.where(y[t] < lo, y[t] - lo, 0.0))
     e = (y[t] - 0.5 * (left[t] + right[t]))[: n - 2 * k]  # interior residuals set the scale
@@ -348,7 +353,10 @@ def isolated_jumps(y: np.ndarray, window: int = 5) -> np.ndarray:
     sigma = max(sigma, JUMP_FLOOR * float(np.median(np.abs(y))))
     if not sigma > 0:
         return out
-    out[t] = np.abs(excess) > JUMP_SIGMA * sigma
+    # concentrated at t: a jump leaves both neighbours behind (a smooth extremum's excess over the
+    # side medians is several times its step to either neighbour)
+    step = np.minimum(np.abs(y[t] - y[t - 1]), np.abs(y[t] - y[t + 1]))
+    out[t] = (np.abs(excess) > JUMP_SIGMA * sigma) & (step >= JUMP_CONCENTRATION * np.abs(excess))
     for j in np.flatnonzero(out):  # the EMA tail of an upward / downward jump
         if j > 0 and out[j - 1]:
             continue
