@@ -83,3 +83,58 @@ def test_the_double_descent_study_table_in_the_docs_is_the_records():
     block = re.search(r"<!-- study-table:start -->\n(.*?)<!-- study-table:end -->", text, re.S)
     assert block is not None
     assert block.group(1) == table(json.loads(STUDY.read_text()))
+
+
+# ----------------------------------------------------------------------------- PITE and ICR claims
+PITE = json.loads((ROOT / "experiments/results/pite_v4.json").read_text())
+ICR_UNET = json.loads((ROOT / "experiments/results/icr_unet.json").read_text())
+
+
+def _claim(key):
+    return PITE["claims"]["max"][key]
+
+
+def test_the_pite_sentences_quote_the_v4_record_with_holm():
+    """README.md and the scorecard quote the v4 record's exact p, its Holm-corrected p and the
+    LIM rows' out-of-range share, each rounded as printed."""
+    readme = " ".join((ROOT / "README.md").read_text().split())  # lines re-wrapped: one space
+    card = " ".join((ROOT / "docs/scorecard.md").read_text().split())
+    reversed_keys = [k for k in ("lim_rmsqe", "lim_rmsqe_clipped", "lim_loader", "sbm_bulk",
+                                 "lim_rmsqe@lim_ref", "lim_rmsqe_clipped@lim_ref", "lim_loader@lim_ref",
+                                 "sbm_bulk@lim_ref")]
+    assert {f"{_claim(k)['p']:.4f}" for k in reversed_keys} == {"0.0079"}
+    assert {f"{_claim(k)['p_holm']:.2f}" for k in reversed_keys} == {"0.25"}
+    for text in (readme, card):
+        assert "p = 0.0079" in text and "Holm" in text and "0.25" in text
+    x0a = [_claim(k) for k in ("lim_rmsqe@lim_x0A", "lim_rmsqe_clipped@lim_x0A")]
+    assert {f"{c['p']:.3f}" for c in x0a} == {"0.016"} and {f"{c['p_holm']:.2f}" for c in x0a} == {"0.29"}
+    assert "p = 0.016 each, Holm 0.29" in readme and "p = 0.016 each, Holm 0.29" in card
+    s = PITE["summary"]["max"]
+    lim = s["lim"]["above_range"]
+    assert f"{100 * lim['min']:.1f}–{100 * lim['max']:.1f} %" == "2.3–3.5 %"
+    assert "2.3–3.5 % of" in readme and "2.3–3.5 % of samples" in card
+    loader = s["lim"]["loader"]
+    assert f"LOADER {loader['min']:.0f}–{loader['max']:.0f}" in card
+
+
+def test_the_icr_trace_and_onset_numbers_are_the_records():
+    card = (ROOT / "docs/scorecard.md").read_text()
+    for name, n in (("small", 64), ("large", 1024)):
+        ep = ICR_UNET["runs"][name]["epochs"]
+        rs = ep[-1]["icr/trace_s"] / ep[0]["icr/trace_s"]
+        rx = ep[-1]["icr/trace_xi"] / ep[0]["icr/trace_xi"]
+        assert f"N = {n}: Tr Σ_s ×{rs:.1f}" in card and f"Tr Σ_ξ ×{rx:.1f}" in card
+    summ = ICR_UNET["runs"]["small"]["summary"]
+    assert f"is epoch {summ['mem_onset_epoch']}, its first non-zero ratio epoch {summ['mem_first_nonzero_epoch']}" in card
+
+
+def test_the_superseded_double_descent_run_is_quoted_from_its_record():
+    run = json.loads((ROOT / "experiments/results/double_descent.json").read_text())["runs"][0]["analysis"]["curves"]
+    eg = dict(zip(run["e_gen"]["epoch"], run["e_gen"]["value"]))
+    em = dict(zip(run["e_mem"]["epoch"], run["e_mem"]["value"]))
+    gap = dict(zip(run["gap"]["epoch"], run["gap"]["value"]))
+    want = {"gap0": f"{gap[0]:.2f}", "gap499": f"{gap[499]:.2f}", "egen499": f"{eg[499]:.3f}",
+            "ratio499": f"{eg[499] / em[499]:.2f}"}
+    text = (ROOT / "docs/events.md").read_text()
+    got = dict(re.findall(r"<!-- dd-record:(\w+) -->(.*?)<!-- /dd-record -->", text))
+    assert got == want
