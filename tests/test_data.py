@@ -348,7 +348,8 @@ def test_tensorfile_errors(tmp_path):
     np.savez(tmp_path / "a.npz", x=np.zeros((5, 2), np.float32), y=np.zeros(4, np.int64), val=np.zeros((2, 2)))
     with pytest.raises(ValueError, match="train_labels"):
         TensorFileDataModule(str(tmp_path / "a.npz")).setup()
-    np.savez(tmp_path / "b.npz", x=np.zeros((5, 2), np.float32), val=np.zeros((2, 3), np.float32))
+    np.savez(tmp_path / "b.npz", x=np.linspace(-1, 1, 10, dtype=np.float32).reshape(5, 2),
+             val=np.zeros((2, 3), np.float32))
     with pytest.raises(ValueError, match="val_data"):
         TensorFileDataModule(str(tmp_path / "b.npz")).setup()
     np.savez(tmp_path / "c.npz", z=np.zeros((5, 2)))

@@ -156,7 +156,10 @@ def test_other_refusals(blob, match):
 # ---------------------------------------------------------------------------------------------
 def test_check_data_messages():
     check_data(torch.rand(5, 3) * 2 - 1, "train_data")  # fine
-    check_data(torch.full((2, 2), 1.0 + 1e-4), "train_data")  # inside the tolerance
+    check_data(torch.tensor([[1.0 + 1e-4, 0.5], [0.2, -1.0 - 1e-4]]), "train_data")  # inside the tolerance
+    with pytest.raises(ConfigError, match=r"train_data.*every one of its 4 values is 0.3: a constant data set"):
+        check_data(torch.full((2, 2), 0.3), "train_data")  # issue 40 item 11: refused, not trained on
+    check_data(torch.full((1, 3), 0.3), "train_data")  # one sample: nothing to compare
     with pytest.raises(ConfigError, match=r"values in \[0, 255\]: divide by 127.5 and subtract 1 "
                                           r"to map to \[-1, 1\]"):
         check_data(torch.tensor([[0.0, 255.0], [3.0, 7.0]]), "train_data")
@@ -194,7 +197,7 @@ def test_check_data_chunked_equals_whole_and_finds_first_bad_sample():
 
 def test_check_data_does_not_copy_a_huge_tensor():
     """A 600 MB (virtual) expanded tensor: a whole-tensor copy or mask would show in the peak RSS."""
-    x = torch.zeros(1, 1).expand(150_000, 1000)
+    x = torch.linspace(-1, 1, 1000).reshape(1, 1000).expand(150_000, 1000)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     check_data(x, "train_data")
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024

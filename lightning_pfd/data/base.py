@@ -201,8 +201,9 @@ def _normalise_hint(mn: float, mx: float, lo: float, hi: float) -> str:
 
 def check_data(x: torch.Tensor, field: str, value_range=DEFAULT_VALUE_RANGE,
                hint: Optional[str] = None, chunk: int = _CHECK_CHUNK) -> None:
-    """Raise :class:`ConfigError` unless ``x`` is finite and, when ``value_range`` = (lo, hi) is
-    given, inside [lo - t, hi + t] with t = ``RANGE_TOLERANCE`` * (hi - lo).
+    """Raise :class:`ConfigError` unless ``x`` is finite, not one constant value (a training set,
+    ``field`` naming it, of two or more samples), and, when ``value_range`` = (lo, hi) is given, inside [lo - t, hi + t] with
+    t = ``RANGE_TOLERANCE`` * (hi - lo).
 
     The message counts the NaN/inf values (and names the first sample holding one) or states the
     observed range and how to normalise it ("values in [0, 255]: divide by 127.5 and subtract 1
@@ -216,6 +217,11 @@ def check_data(x: torch.Tensor, field: str, value_range=DEFAULT_VALUE_RANGE,
                           f"{first})", accepted="finite values",
                           suggestion="remove those samples or replace the values (e.g. "
                           "torch.nan_to_num) before training")
+    if "train" in field and numel > 1 and torch.as_tensor(x).shape[0] > 1 and mn == mx:
+        raise ConfigError(field, f"every one of its {numel} values is {mn:.6g}: a constant data set has "
+                          "nothing to learn (every sample would count as memorized, or none)",
+                          accepted="data whose values vary", suggestion="check the file or the "
+                          "preprocessing that produced it (a normalisation that divided by a zero range?)")
     if value_range is None or numel == 0:
         return
     lo, hi = value_range
