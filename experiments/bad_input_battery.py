@@ -967,7 +967,7 @@ def cases(fx: Path) -> List[Case]:
     a(22, "variogram short_lag=0", "import numpy as np\n"
       "from lightning_pfd.analysis.inference import Curve, variogram\n"
       "variogram(Curve(np.arange(20.0), np.ones(20)), short_lag=0)", ["short_lag"])
-    cal = "from lightning_pfd.analysis.calibration import "
+    cal = f"import sys\nsys.path.insert(0, {str(REPO / 'experiments')!r})\nfrom calibration import "
     a(22, "simulate_run event='dd' (typo)", cal + "FAMILIES, simulate_run\n"
       "simulate_run(FAMILIES['seed_flip_m256'], 0, event='dd', height=0.2)", ["event", "dd"])
     a(22, "Family num_seeds=2", cal + "Family\nFamily('x', 'per_seed', num_seeds=2)", ["num_seeds"])

@@ -1,14 +1,14 @@
 """Calibrate the event detectors on whole synthetic runs: false events per run on named null
 families (tune / held-out split), power on planted events.
 
-Every family of :data:`lightning_pfd.analysis.calibration.FAMILIES` generates whole runs (E_gen
+Every family of :data:`calibration.FAMILIES` generates whole runs (E_gen
 and E_mem with M per-seed squared distances, the memorization ratio with per-sample
 indicators, ICR with 16 jackknife replicates; docs/events.md, "Null families") without any
 event; :func:`~lightning_pfd.analysis.events.analyze_history` runs on each with its default
 settings, as ``python -m lightning_pfd report`` does on the same run written to disk. Counted
 per family: runs with any *confirmed* event (Wilson 95 % interval), per event name, undecided
 events, median significance, the detector's time per run. Then the power: the fraction of runs
-in which a planted event is confirmed, on :data:`~lightning_pfd.analysis.calibration.POWER_FAMILIES`
+in which a planted event is confirmed, on :data:`~calibration.POWER_FAMILIES`
 (all held out; ``--power-families tails``: POWER_FAMILIES_TAILS, the spike, heavy-tail and
 schedule families of issue 41): early learning and double descent at M = 2048 and M = 256,
 memorization onset and the ICR minimum (curves that do not depend on M) at M = 256.
@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from lightning_pfd.analysis.calibration import (FAMILIES, POWER_FAMILIES, POWER_FAMILIES_TAILS, calibrate_families,
+from calibration import (FAMILIES, POWER_FAMILIES, POWER_FAMILIES_TAILS, calibrate_families,
                                                 simulate_run, split)
 from lightning_pfd.analysis.events import MIN_SIGMA, analyze_history
 

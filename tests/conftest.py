@@ -1,9 +1,15 @@
 """Shared test setup: one intra-op thread (2-core machine, parallel workers), offline W&B."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 torch.set_num_threads(1)
+# the developers' tools of experiments/ (the null-family generator ``calibration``) are not part
+# of the package: the tests import them from there
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
 """The generator of whole synthetic runs and the calibration harness
-(lightning_pfd.analysis.calibration, second part): noise processes against their closed forms,
+(calibration, second part): noise processes against their closed forms,
 the per-unit records of a run, nulls without events, the tune / held-out split, the Wilson
 interval against scipy, and a run written to disk decided by ``report`` as in memory."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from lightning_pfd.analysis.calibration import (FAMILIES, HELD_OUT, POWER_FAMILIES, TUNE, Family,
+from calibration import (FAMILIES, HELD_OUT, POWER_FAMILIES, TUNE, Family,
                                                 calibrate_families, envelope, gen_trend, mem_trend,
                                                 noise_process, simulate_run, split, wilson_interval,
                                                 write_run)
@@ -237,7 +237,7 @@ def test_calibrate_families_counts_confirmed_and_undecided_events():
     fam = Family("tiny", "short", n_eval=12, num_seeds=4, seed_sd=0.02, curves="e_only")
     r = calibrate_families([fam], 60, _fake_detector, seed0=3)["tiny"]
     us = []
-    from lightning_pfd.analysis.calibration import _run_seed
+    from calibration import _run_seed
 
     for i in range(60):
         s, _ = simulate_run(fam, _run_seed(3, "tiny", i))
@@ -312,7 +312,7 @@ def test_report_command_on_a_written_run_decides_as_in_memory(tmp_path):
 def test_seed_noise_families_have_the_measured_residual_sd():
     """Every per-seed model gives E a residual sd of ``seed_sd`` (0.049, the 500-epoch run's) at
     M = 256 late in the run, as the single-curve seed-flip null does; 8× the seeds: /sqrt(8)."""
-    from lightning_pfd.analysis.calibration import NullSpec, simulate
+    from calibration import NullSpec, simulate
 
     t = np.arange(500.0)
     old = np.mean([(simulate(NullSpec("seed_flip", num_seeds=256), s)[1] - gen_trend(t, 500))[300:].std()

@@ -417,7 +417,7 @@ def test_declared_options_name_the_argument_and_value(call, field, value):
     (dict(kind="pink"), "kind"), (dict(phi=1.0), "phi"), (dict(common_phi=-0.1), "common_phi"),
     (dict(n_eval=9), "n_eval"), (dict(num_seeds=3), "num_seeds")])
 def test_null_spec_declares_its_ranges(kwargs, field):
-    from lightning_pfd.analysis.calibration import NULLS, NullSpec
+    from calibration import NULLS, NullSpec
     from lightning_pfd.errors import ConfigError
 
     assert NULLS == ("white", "ar1", "seed_flip", "seed_flip_common")

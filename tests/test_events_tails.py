@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from lightning_pfd.analysis.calibration import (FAMILIES, HELD_OUT, TUNE, calibrate_families, noise_process,
+from calibration import (FAMILIES, HELD_OUT, TUNE, calibrate_families, noise_process,
                                                 schedule_envelope, simulate_run, spike_process)
 from lightning_pfd.analysis.events import analyze_history, detect_double_descent, detect_early_learning
 from lightning_pfd.analysis.inference import (MAX_TAIL_SHARE, Curve, NoiseModel, contrast, isolated_jumps,

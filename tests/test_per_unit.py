@@ -2,7 +2,7 @@
 
 Oracles: Monte Carlo over independent seed sets (the standard errors), closed-form AR(1)
 variograms (the training-noise bound), and the calibration nulls of
-lightning_pfd.analysis.calibration (false events, power)."""
+calibration (false events, power)."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from lightning_pfd.analysis.calibration import NullSpec, calibrate, simulate
+from calibration import NullSpec, calibrate, simulate
 from lightning_pfd.analysis.events import MIN_SIGMA, detect_double_descent, detect_early_learning
 from lightning_pfd.analysis.inference import Curve, contrast, curves_from_units, leg_test, variogram
 from lightning_pfd.analysis.per_unit import (PerUnitStore, UnitRecord, UnitSeries, find_store, load_units,
@@ -194,7 +194,7 @@ def test_calibration_nulls_and_power_small():
 def test_seed_flip_null_reproduces_the_measured_noise():
     """The seed-flip null's E curve at M = 256: residual sd ≈ 0.05 and lag-1 ≈ 0.96 (the
     500-epoch run's), less noise with more seeds."""
-    from lightning_pfd.analysis.calibration import planted_trend
+    from calibration import planted_trend
 
     stats = {}
     for m in (256, 2048):
@@ -228,7 +228,7 @@ def test_shape_factor_is_the_power_law_identity():
 def test_shape_exponent_is_a_lower_bound_of_the_true_exponent(kind, hurst, lo, hi):
     """White noise has exponent 0, fBm 2H (1.7 here): the reported lower 95 % bound lies below
     the truth and not far below it on 3000 evaluations."""
-    from lightning_pfd.analysis.calibration import noise_process
+    from calibration import noise_process
     from lightning_pfd.analysis.inference import shape_exponent
 
     y = noise_process(np.random.default_rng(4), kind, 3000, hurst=hurst)[:, 0]
@@ -242,7 +242,7 @@ def test_noise_model_sees_noise_that_grows_where_the_leg_is():
     noise is quieter than pooled (its variance ratio there is about 1/4 of the geometric middle),
     it is below 1 but not below that true ratio (a confidence bound toward 1); with noise of
     constant size both are ≈ 1 (the shrinkage keeps agreeing windows pooled)."""
-    from lightning_pfd.analysis.calibration import noise_process
+    from calibration import noise_process
     from lightning_pfd.analysis.inference import NoiseModel
 
     n = 600

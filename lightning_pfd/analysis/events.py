@@ -32,7 +32,7 @@ How an event is decided (the same in every detector; derivation in docs/events.m
    with the selection half, so the difference is reduced by a *selection allowance* of
    :data:`SELECTION_ALLOWANCE` training-noise standard errors. The event passes when every leg's
    z reaches ``min_sigma`` (default :data:`MIN_SIGMA`, tuned on the tune half of the null
-   families of :mod:`lightning_pfd.analysis.calibration`, reported on the held-out half:
+   families of ``experiments/calibration.py``, reported on the held-out half:
    docs/events.md). ``significance`` is the weakest z; ``detail`` has every leg (difference, s.e.
    and its seed / training parts, allowance, z) and the raw z on all units.
 3. **Confirmed or undecided**: an event that passes with a noise model that failed one of its

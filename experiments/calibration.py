@@ -1,5 +1,8 @@
 """Calibration of the event detectors on nulls that look like real runs (pure numpy).
 
+A developers' tool, not part of the package (issue 43): ``experiments/calibrate_events.py``
+and the tests import it as ``calibration`` with ``experiments/`` on the path.
+
 A detector is trusted only with a measured false-event rate on curves *without* the event and a
 measured power on curves *with* one. The null families reproduce the noise of real E_gen curves
 (measured on the 500-epoch double-descent run: residual sd ≈ 0.05 around the trend, lag-1
@@ -39,9 +42,9 @@ from typing import Callable, Dict, Literal, Optional, get_args
 
 import numpy as np
 
-from ..validation import (FiniteNonNegativeFloat, FinitePositiveFloat, HalfOpenUnitInterval, IntAtLeastTwo,
+from lightning_pfd.validation import (FiniteNonNegativeFloat, FinitePositiveFloat, HalfOpenUnitInterval, IntAtLeastTwo,
                           OpenUnitInterval, PositiveInt, check_args, ranged)
-from .per_unit import UnitSeries
+from lightning_pfd.analysis.per_unit import UnitSeries
 
 __all__ = ["NULLS", "NullSpec", "trend", "planted_trend", "simulate", "calibrate",
            # the generator of whole synthetic runs (second part of this module)
@@ -852,7 +855,7 @@ def calibrate_families(families, runs, detector: Callable = None, *, event=None,
     ``jobs`` (worker processes; the detector must be picklable, a module-level function) nor
     on which other families are run. ``progress(name, summary)`` is called after each family."""
     if detector is None:
-        from .events import analyze_history as detector
+        from lightning_pfd.analysis.events import analyze_history as detector
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     fams = [FAMILIES[f] if isinstance(f, str) and f in FAMILIES else f for f in families]
@@ -904,7 +907,7 @@ def write_run(run_dir, series: Dict[str, tuple], units: Optional[Dict[str, UnitS
     import csv
     from pathlib import Path
 
-    from .per_unit import PerUnitStore, UnitRecord
+    from lightning_pfd.analysis.per_unit import PerUnitStore, UnitRecord
 
     run = Path(run_dir)
     by_epoch: Dict[int, dict] = {}
