@@ -83,6 +83,25 @@ def power_table(power: dict) -> str:
     return "\n".join(lines)
 
 
+#: the markers of the generated tables in docs/events.md (``--write-docs``; tests compare them)
+DOCS_MARKERS = ("<!-- calibration-v6:start -->", "<!-- calibration-v6:end -->")
+
+
+def docs_block(nulls_record: dict, power_record: dict) -> str:
+    """The held-out table and the power table of the recorded v6 results, as docs/events.md
+    shows them between :data:`DOCS_MARKERS` (generated, never typed: issue 42)."""
+    return "\n".join([f"Nulls: `{nulls_record['command']}`.", "", null_table(nulls_record["nulls"], "held_out"), "",
+                      f"Power: `{power_record['command']}`.", "", power_table(power_record["power"]), ""])
+
+
+def write_docs(nulls_path: Path, power_path: Path, page: Path = ROOT / "docs/events.md") -> None:
+    """Replace the block between :data:`DOCS_MARKERS` of ``page`` by :func:`docs_block`."""
+    text = page.read_text()
+    a, b = text.index(DOCS_MARKERS[0]) + len(DOCS_MARKERS[0]), text.index(DOCS_MARKERS[1])
+    block = docs_block(json.loads(Path(nulls_path).read_text()), json.loads(Path(power_path).read_text()))
+    page.write_text(text[:a] + "\n" + block + text[b:])
+
+
 def measure_cost(names, repeats: int = 3) -> dict:
     """Seconds per run of the generator and of analyze_history, by family (a few runs)."""
     out = {}
@@ -122,7 +141,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seed0", type=int, default=10_000)
     ap.add_argument("--out", default=str(ROOT / "experiments/results/calibrate_events_v2.json"))
     ap.add_argument("--md", default=None, help="markdown tables (default: --out with .md)")
+    ap.add_argument("--write-docs", nargs=2, metavar=("NULLS_JSON", "POWER_JSON"), default=None,
+                    help="only write the tables of two recorded results into docs/events.md (between "
+                         "its calibration-v6 markers) and exit")
     args = ap.parse_args(argv)
+    if args.write_docs:
+        write_docs(Path(args.write_docs[0]), Path(args.write_docs[1]))
+        return 0
     for name in ("runs", "runs_large", "jobs"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -138,3 +138,22 @@ def test_the_superseded_double_descent_run_is_quoted_from_its_record():
     text = (ROOT / "docs/events.md").read_text()
     got = dict(re.findall(r"<!-- dd-record:(\w+) -->(.*?)<!-- /dd-record -->", text))
     assert got == want
+
+
+# ----------------------------------------------------------------------------- the event calibration
+def test_the_v6_calibration_tables_are_generated_from_their_records():
+    """docs/events.md's calibration-v6 block is docs_block() of the two recorded files, and the
+    prose's power figures are theirs."""
+    import calibrate_events as ce  # experiments/ (tests/conftest.py puts it on the path)
+
+    nulls = json.loads((ROOT / "experiments/results/calibrate_events_v6.json").read_text())
+    power = json.loads((ROOT / "experiments/results/calibrate_events_v6_power.json").read_text())
+    assert not nulls.get("partial") and all(r["runs"] >= 300 for r in nulls["nulls"].values())
+    text = (ROOT / "docs/events.md").read_text()
+    a = text.index(ce.DOCS_MARKERS[0]) + len(ce.DOCS_MARKERS[0])
+    assert text[a:text.index(ce.DOCS_MARKERS[1])] == "\n" + ce.docs_block(nulls, power)
+    cell = {(r["event"], r["family"], r["num_seeds"]): f"{r['planted']['found']}/{r['runs']}" for r in power["power"]}
+    want = {"fgn_dd": cell[("double_descent", "fgn_h0.8_m1024", 2048)],
+            "cos_el": cell[("early_learning", "cosine_m256", 2048)],
+            "cos_dd": cell[("double_descent", "cosine_m256", 2048)]}
+    assert dict(re.findall(r"<!-- v6p:(\w+) -->(.*?)<!-- /v6p -->", text)) == want

@@ -184,8 +184,7 @@ class AutoWandbLogger(WandbLogger):
     def _run_dir(self) -> Optional[str]:
         """The directory W&B writes this run to (its ``files`` folder's parent), without starting
         a run."""
-        run = getattr(self, "_experiment", None)
-        d = getattr(run, "dir", None) if run is not None else None
+        d = getattr(self.experiment, "dir", None) if self._pfd_started else None  # a started run only
         return str(Path(d).parent) if isinstance(d, str) and d else (str(self.save_dir) if self.save_dir else None)
 
     def check_disk(self, step: Optional[int] = None) -> bool:
