@@ -157,3 +157,23 @@ def test_the_v6_calibration_tables_are_generated_from_their_records():
             "cos_el": cell[("early_learning", "cosine_m256", 2048)],
             "cos_dd": cell[("double_descent", "cosine_m256", 2048)]}
     assert dict(re.findall(r"<!-- v6p:(\w+) -->(.*?)<!-- /v6p -->", text)) == want
+
+
+def test_the_v6_prose_names_the_families_over_two_percent():
+    nulls = json.loads((ROOT / "experiments/results/calibrate_events_v6.json").read_text())["nulls"]
+    over = sorted(f for f, r in nulls.items() if r["rate"] > 0.02)
+    text = " ".join((ROOT / "docs/events.md").read_text().split())
+    for f in over:
+        r = nulls[f]
+        assert f"`{f}`" in text
+        assert f"{r['any_confirmed']}/{r['runs']} = {100 * r['rate']:.1f} %" in text
+    assert over == ["heavy_t_m1024", "heavy_t_spikes_m1024"]  # the prose names exactly these
+
+
+def test_the_adam_1000_epoch_table_in_the_docs_is_the_record():
+    from double_descent_study import table
+
+    text = (ROOT / "docs/events.md").read_text()
+    block = re.search(r"<!-- study-table-1000:start -->\n(.*?)<!-- study-table-1000:end -->", text, re.S)
+    record = json.loads((ROOT / "experiments/results/double_descent_study_adam1000.json").read_text())
+    assert block is not None and block.group(1) == table(record)
