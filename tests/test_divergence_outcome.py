@@ -132,8 +132,6 @@ def test_finite_explosions_and_collapsed_outputs_diverge_too(tmp_path, monkeypat
 def test_loss_explosion_rule_on_its_own():
     """The rule without a Trainer: the running mean's minimum is taken after the warm-up steps;
     a finite loss above divergence_factor x that minimum is bad and leaves the mean alone."""
-    import torch.nn as nn
-
     from lightning_pfd.modules import DiffusionModule
     from lightning_pfd.nets import MLPNet
 
@@ -141,10 +139,9 @@ def test_loss_explosion_rule_on_its_own():
     losses = [10.0 * 0.9 ** k for k in range(40)]  # falling fast at first
     assert not any(m._loss_exploded(v) for v in losses)
     floor = m._loss_floor
-    assert floor == pytest.approx(min(m._loss_ema for _ in [0]), rel=1) and floor < 10.0
+    assert 0 < floor <= m._loss_ema and floor < 10.0  # the lowest running mean after the warm-up
     assert not m._loss_exploded(99.0 * floor) and m._loss_exploded(101.0 * floor)
     off = DiffusionModule(MLPNet(dim=4, hidden=8, depth=1), divergence_factor=0.0)
     assert not any(off._loss_exploded(v) for v in losses + [1e30])
     with pytest.raises(ValueError, match="divergence_factor"):
         DiffusionModule(MLPNet(dim=4, hidden=8, depth=1), divergence_factor=-1.0)
-    assert isinstance(nn.Module(), nn.Module)
