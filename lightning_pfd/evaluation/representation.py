@@ -61,7 +61,7 @@ from ..diffusion.features import extract_features, random_projection, resolve_ta
 from ..diffusion.noise import seeded_noise, seeded_uniform
 from ..diffusion.streams import STREAMS, stream
 from ..errors import ConfigError
-from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, TauSpec, _icr_at, _icr_compute, _trace_from_sums,
+from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, TauSpec, _icr_at, _icr_compute, unit_traces,
                            _icr_update, _icr_zero_states, check_tau, pool_features)
 from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeFloat, NonNegativeInt, PositiveInt, check_args
 from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, bind_train_data
@@ -225,12 +225,10 @@ COLLAPSE_TRACE = 1e-8
 
 def _unit_traces(states: Dict[str, torch.Tensor]) -> Tuple[float, float]:
     """(Tr Σ_s, Tr Σ_ξ) of the l2-normalized features from the ICR sums (as ``_icr_compute``)."""
-    n = states["n"]
-    if float(n) < 2:
+    if float(states["n"]) < 2:
         return math.nan, math.nan
-    tr_t = float(_trace_from_sums(states["sum_t_unit"], states["sq_t_unit"], n))
-    tr_d = float(_trace_from_sums(states["sum_delta_unit"], states["sq_delta_unit"], n))
-    return tr_t - 0.25 * tr_d, 0.5 * tr_d
+    trace_s, trace_xi = unit_traces(states)
+    return float(trace_s), float(trace_xi)
 
 
 def collapse_reason(trace_s: float, trace_xi: float) -> Optional[str]:

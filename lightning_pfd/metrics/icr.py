@@ -51,7 +51,7 @@ Pure torch; torchmetrics is the only extra dependency (no Lightning import).
 """
 from __future__ import annotations
 
-from typing import Dict, Literal, Optional, Union
+from typing import Dict, Literal, Optional, Tuple, Union
 
 import torch
 from torchmetrics import Metric
@@ -276,6 +276,14 @@ def _icr_covariances(states: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]
     return {"sigma_s": cov_t - 0.25 * cov_d, "sigma_xi": 0.5 * cov_d}
 
 
+def unit_traces(states: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(Tr Σ_s, Tr Σ_ξ) on l2-normalized features (Fig. 8) from the sums of App. B.6."""
+    n = states["n"]
+    tr_t = _trace_from_sums(states["sum_t_unit"], states["sq_t_unit"], n)
+    tr_d = _trace_from_sums(states["sum_delta_unit"], states["sq_delta_unit"], n)
+    return tr_t - 0.25 * tr_d, 0.5 * tr_d
+
+
 def _icr_compute(states: Dict[str, torch.Tensor], tau: TauSpec = "auto",
                  tau_rel: float = DEFAULT_TAU_REL,
                  cond_max: float = DEFAULT_COND_MAX) -> Dict[str, torch.Tensor]:
@@ -287,13 +295,12 @@ def _icr_compute(states: Dict[str, torch.Tensor], tau: TauSpec = "auto",
     cond = condition_number(sigma_xi)
     ridge = resolve_tau(sigma_xi, tau, tau_rel, cond_max, cond=cond)
     lam = generalized_eigenvalues(sigma_s, sigma_xi, tau=ridge, n=float(n))
-    tr_t = _trace_from_sums(states["sum_t_unit"], states["sq_t_unit"], n)
-    tr_d = _trace_from_sums(states["sum_delta_unit"], states["sq_delta_unit"], n)
+    trace_s, trace_xi = unit_traces(states)
     dev, f64 = lam.device, torch.float64
     return {
         "icr": 1.0 / (1.0 + lam.mean()),
-        "trace_s": tr_t - 0.25 * tr_d,
-        "trace_xi": 0.5 * tr_d,
+        "trace_s": trace_s,
+        "trace_xi": trace_xi,
         "trace_s_raw": torch.diagonal(sigma_s).sum(),
         "trace_xi_raw": torch.diagonal(sigma_xi).sum(),
         "n": n.clone(),
