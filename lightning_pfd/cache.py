@@ -16,11 +16,12 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .atomic import atomic_open
 
 __all__ = ["cache_dir", "check_cache_writable", "hash_key", "save_tensor_atomic", "load_tensor_verified", "tensor_checksum",
            "deferred_writes", "write_deferred"]
@@ -208,19 +209,8 @@ def save_tensor_atomic(path: str | os.PathLike, tensors: dict[str, torch.Tensor]
         "checksum": tensor_checksum(tensors),
         "tensors": {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()},
     }
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_open(path) as f:
+        torch.save(payload, f)
     return path
 
 

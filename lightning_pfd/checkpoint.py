@@ -19,7 +19,6 @@ import hashlib
 import io
 import os
 import pickle
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -27,9 +26,10 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from .atomic import atomic_write
 from .errors import ConfigError
 
-__all__ = ["CHECKSUM_KEY", "CheckpointError", "content_digest", "atomic_write_bytes", "truncated_epoch",
+__all__ = ["CHECKSUM_KEY", "CheckpointError", "content_digest", "truncated_epoch",
            "load_weights_only",
            "save_checkpoint", "load_checkpoint", "read_verified_bytes", "verified_stream",
            "VerifiedCheckpointIO"]
@@ -90,35 +90,6 @@ def content_digest(checkpoint: dict) -> str:
 
 
 # -- writing ------------------------------------------------------------------------------------
-def atomic_write_bytes(path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: temporary file in the same directory, fsync, rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:  # disk full, file-size limit, ...: say which file (the old one is intact)
-        Path(tmp).unlink(missing_ok=True)
-        if e.filename is None:
-            raise OSError(e.errno, e.strerror, str(path)) from e
-        raise
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:  # pragma: no cover - directories cannot be fsynced on some filesystems
-        pass
-
-
 def save_checkpoint(checkpoint: dict, path) -> str:
     """Add the content digest to ``checkpoint`` and write it atomically. Returns the digest.
 
@@ -132,7 +103,7 @@ def save_checkpoint(checkpoint: dict, path) -> str:
     checkpoint[CHECKSUM_KEY] = {"sha256": digest, "format": _FORMAT}
     buf = io.BytesIO()
     torch.save(checkpoint, buf)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write(path, buf.getvalue())
     return digest
 
 

@@ -426,6 +426,32 @@ def test_a_stopped_fit_says_how_to_rebuild_its_report():
     assert "report" not in resume_message(record, trainer, ["fit"], "python -m lightning_pfd").split("exit status")[1]
 
 
+def test_a_stop_after_the_last_epoch_offers_no_resume(tmp_path):
+    """SIGTERM during the end-of-run report of a finished run: the final checkpoint has nothing
+    left to train, so the message says so instead of a resume command that would do nothing."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from lightning_pfd.launch.interrupts import SignalRecord, resume_message
+
+    record = SignalRecord()
+    record.signum = 15
+    loops = {"fit_loop": {"epoch_progress": {"current": {"processed": 4}}}}
+    torch.save({"epoch": 3, "global_step": 40, "loops": loops}, tmp_path / "last.ckpt")
+    trainer = SimpleNamespace(current_epoch=4, global_step=40, max_epochs=4, max_steps=-1,
+                              checkpoint_callbacks=[SimpleNamespace(dirpath=str(tmp_path))],
+                              callbacks=[RegimeMonitor(report_dir="r/report", verbose=False)],
+                              default_root_dir="r")
+    msg = resume_message(record, trainer, ["fit", "--config", "c.yaml"], "python -m lightning_pfd")
+    assert "training had finished" in msg and "its 4 epoch(s) reached trainer.max_epochs=4" in msg
+    assert "resume with" not in msg and "python -m lightning_pfd report r" in msg
+    trainer.max_epochs = 8  # the same checkpoint with epochs left: the resume command
+    msg = resume_message(record, trainer, ["fit", "--config", "c.yaml"], "python -m lightning_pfd")
+    assert "training had finished" not in msg
+    assert "resume with: python -m lightning_pfd fit --config c.yaml --ckpt_path last" in msg
+
+
 def test_report_paths_are_relative_to_the_report_folder(tmp_path):
     """A rewritten path is a whole component: run/x is rewritten, run/x2 beside it is not."""
     from lightning_pfd.commands.report import _portable

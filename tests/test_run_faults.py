@@ -82,6 +82,17 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(finished_run):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "nothing to train" in r.stdout and "already finished" in r.stdout
     assert "trainer.max_epochs=1" in r.stdout and "raise --trainer.max_epochs" in r.stdout
+    assert "report of this run is missing" not in r.stdout  # it was written after the last checkpoint
+    assert _snapshot(d) == before
+    # a SIGKILL during the end-of-run report: the report is missing, and the next fit says so
+    (report,) = (d / "run").rglob("report/report.md")
+    report.unlink()
+    before = _snapshot(d)
+    r = _fit(d, env, "--ckpt_path", "last")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "nothing to train" in r.stdout
+    assert ("report: the end-of-run report of this run is missing (it stopped while writing it); build it "
+            "from the logs with: python -m lightning_pfd report run") in r.stdout
     assert _snapshot(d) == before
 
 

@@ -38,13 +38,13 @@ import json
 import math
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Literal, Optional, Sequence, Tuple, get_args
 
 import numpy as np
 
+from ..atomic import atomic_open
 from ..validation import check_args
 
 __all__ = ["KINDS", "UnitRecord", "PerUnitStore", "UnitSeries", "UnitMemory", "value_and_se", "read_records",
@@ -123,16 +123,8 @@ class PerUnitStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = json.dumps({"key": record.key, "epoch": int(record.epoch), "step": int(record.step),
                            "kind": record.kind, "value": float(record.value), "format": _FORMAT})
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, values=record.values, units=record.units, meta=np.array(meta))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_open(path) as f:
+            np.savez(f, values=record.values, units=record.units, meta=np.array(meta))
         return path
 
     def read(self) -> Tuple[Dict[str, List[UnitRecord]], List[str]]:

@@ -24,6 +24,7 @@ import textwrap
 
 import numpy as np
 
+from ..atomic import atomic_open
 from .events import DEFAULT_KEYS
 from .smoothing import smooth
 
@@ -154,9 +155,8 @@ def _legend_below(fig, lines, marks) -> None:
 def _save(fig, path) -> str:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    tmp.replace(path)
+    with atomic_open(path) as f:
+        fig.savefig(f, dpi=120, format="png")
     return str(path)
 
 

@@ -35,6 +35,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .. import keys as keys_registry
+from ..atomic import atomic_write
 from ..errors import ConfigError, renamed_fields
 from ..validation import check_args
 from .events import DEFAULT_KEYS, MIN_SIGMA, RunAnalysis, analyze_history
@@ -87,13 +88,6 @@ def check_settings(settings: dict) -> dict:
             for name, v in settings.items()}
 
 
-def atomic_write_text(path: Path, text: str):
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (no half-written file)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def save_detector_settings(directory, settings: dict, **meta) -> Path:
     """Write ``directory/detector_settings.json`` atomically (temporary file + ``os.replace``):
     ``{"format": 1, "settings": {...}, **meta}`` (meta: who wrote it, its state key, ...)."""
@@ -101,7 +95,7 @@ def save_detector_settings(directory, settings: dict, **meta) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     record = dict(format=_FORMAT, settings=check_settings(settings), **meta)
     path = d / SETTINGS_FILE
-    atomic_write_text(path, json.dumps(record, indent=2, default=str) + "\n")
+    atomic_write(path, json.dumps(record, indent=2, default=str) + "\n")
     return path
 
 
@@ -421,8 +415,8 @@ def write_report(history: History | dict, out_dir, *, keys: Optional[dict] = Non
                          title=title, settings=settings, sources=settings_sources,
                          input_info=info, unit_info=unit_info, metric_keys=metric_keys)
     md_path, js_path = out / "report.md", out / "events.json"
-    atomic_write_text(md_path, md)
-    atomic_write_text(js_path, json.dumps(dict(analysis.to_dict(), params=params, settings=settings,
+    atomic_write(md_path, md)
+    atomic_write(js_path, json.dumps(dict(analysis.to_dict(), params=params, settings=settings,
                                            settings_source=settings_sources, input=info,
                                            per_unit=unit_info),
                                       indent=2, default=_json_default))

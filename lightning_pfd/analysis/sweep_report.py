@@ -42,9 +42,10 @@ from typing import Dict, List, Literal, Optional, Sequence, get_args
 
 import numpy as np
 
+from ..atomic import atomic_open, atomic_write
 from ..errors import ConfigError, ShortErrorParser, renamed_fields
 from ..validation import IntAtLeastTwo, NonNegativeInt, OpenUnitInterval, PositiveInt, check_args
-from .report import atomic_write_text, format_value, holds_report
+from .report import format_value, holds_report
 from .scaling import (bias_variance_cell, bootstrap_collapse, cell_means,
                       collapse_coordinate, group_cells, psi_fid, psi_kid, transition_point)
 
@@ -404,9 +405,8 @@ def _save(fig, path: Path, figure_texts=()) -> str:
     from .plots import fit_titles
 
     fit_titles(fig, figure_texts)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    tmp.replace(path)
+    with atomic_open(path) as f:
+        fig.savefig(f, dpi=120, format="png")
     return str(path)
 
 
@@ -969,8 +969,8 @@ def write_sweep_report(sweep_dir, out_dir=None, force: bool = False, *, model_si
         "excluded": [{"trial_id": r.get("trial_id"), "status": r.get("status"), "reason": r["_reason"]}
                      for r in sweep.excluded]}
     md_path, js_path = out / "report.md", out / "analysis.json"
-    atomic_write_text(js_path, json.dumps(analysis, indent=2, default=_json_default) + "\n")
-    atomic_write_text(md_path, md)
+    atomic_write(js_path, json.dumps(analysis, indent=2, default=_json_default) + "\n")
+    atomic_write(md_path, md)
     return {"out_dir": str(out), "markdown": str(md_path), "json": str(js_path), "figures": figs,
             "incomplete": sweep.incomplete, "analysis": analysis}
 

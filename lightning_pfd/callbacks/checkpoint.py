@@ -37,7 +37,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from ..checkpoint import VerifiedCheckpointIO, atomic_write_bytes
+from ..atomic import atomic_write
+from ..checkpoint import VerifiedCheckpointIO
 
 __all__ = ["EpochCheckpoint", "install_verified_io", "continue_loggers", "logger_locations",
            "DataFingerprint", "install_data_fingerprint", "DATA_KEY"]
@@ -334,7 +335,7 @@ def _continue_csv(lg: CSVLogger, max_step: int, max_epoch: Optional[int] = None)
     w = csv.DictWriter(buf, fieldnames=header)  # csv's default \r\n, as Lightning writes
     w.writeheader()
     w.writerows(keep)
-    atomic_write_bytes(metrics, buf.getvalue().encode())
+    atomic_write(metrics, buf.getvalue())
     writer.metrics_keys = list(header)  # later rows are appended under the same header
     aside.unlink()
     return keep

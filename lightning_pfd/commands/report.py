@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import os
 import re
 import sys
@@ -304,7 +305,12 @@ def _report(argv: list) -> int:
         return _run(args)
     except ConfigError:  # (a MissingFileError is an OSError too)
         raise
-    except OSError as err:
+    except OSError as err:  # a write names its output file (lightning_pfd.atomic), a read its input
+        if err.errno in (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            raise ConfigError(str(err.filename or args.out or args.run_dir),
+                              f"cannot be written: {err.strerror} (no space or over the file-size limit)",
+                              suggestion="free space or choose another --out; the run's own files "
+                              "are read only and unchanged") from err
         raise ConfigError(str(err.filename or args.run_dir), str(err.strerror or err)) from err
 
 

@@ -33,7 +33,8 @@ from ..cache import check_cache_writable, deferred_writes, write_deferred
 from ..callbacks.checkpoint import (continue_loggers, install_data_fingerprint, install_verified_io,
                                     run_artifacts)
 from ..callbacks.wandb_setup import LogConfigCallback, has_wandb_credentials
-from ..checkpoint import atomic_write_bytes, load_checkpoint, truncated_epoch
+from ..atomic import atomic_write
+from ..checkpoint import load_checkpoint, truncated_epoch
 from ..contracts import check_data_shape
 from ..classpath import import_class
 from ..errors import ConfigError, did_you_mean, suggest_option
@@ -339,7 +340,7 @@ class RunConfigCallback(LogConfigCallback):
                 if target.is_file() and target.read_bytes() != data:
                     self._pending = (target, data, time.time_ns())
                 else:
-                    atomic_write_bytes(target, data)
+                    atomic_write(target, data)
             self.save_config(trainer, pl_module, stage)
             self.already_saved = True
         self.already_saved = trainer.strategy.broadcast(self.already_saved)
@@ -352,7 +353,7 @@ class RunConfigCallback(LogConfigCallback):
         for cb in trainer.checkpoint_callbacks:
             paths = [getattr(cb, "last_model_path", ""), getattr(cb, "best_model_path", "")]
             if any(p and os.path.isfile(p) and os.stat(p).st_mtime_ns >= t0 for p in paths):
-                atomic_write_bytes(target, data)
+                atomic_write(target, data)
                 self._pending = None
                 return
 
@@ -597,9 +598,13 @@ class PFDLightningCLI(LightningCLI):
         done = finished_run(ckpt, self.trainer.max_epochs, self.trainer.max_steps) \
             if self.subcommand == "fit" and self.stop_when_finished else None
         if done is not None:
+            from .interrupts import missing_report_line
+
+            missing = missing_report_line(self.trainer, PROG, Path(path).stat().st_mtime)
             raise RunFinished(f"[lightning_pfd] nothing to train: the run of {path} is already finished "
                               f"({done}); its checkpoints and logs are unchanged. To train further, "
-                              "raise --trainer.max_epochs (or --trainer.max_steps).")
+                              "raise --trainer.max_epochs (or --trainer.max_steps)."
+                              + (f"\n{missing}" if missing else ""))
         self.config_init[self.subcommand]["ckpt_path"] = path  # what the subcommand receives
         verb = "resuming from" if self.subcommand == "fit" else "weights from"
         print(f"[lightning_pfd] {verb} {path} (epoch {ckpt.get('epoch')}, "
@@ -897,6 +902,9 @@ def disk_error(e: OSError, trainer, argv: list) -> int:
     what = {errno.ENOSPC: "no space left on the device", errno.EFBIG: "over the file-size limit "
             "(ulimit -f)"}.get(e.errno, "over the disk quota")
     lines = [f"{PROG}: error: cannot write {e.filename or 'a file'}: {what} ([Errno {e.errno}] {e.strerror})."]
+    cache = _cache_line(e.filename)
+    if cache:
+        lines.append(cache)
     ckpt = _last_checkpoint(trainer) if trainer is not None else None
     if ckpt is not None:
         epoch = _checkpoint_epoch(ckpt)
@@ -908,6 +916,22 @@ def disk_error(e: OSError, trainer, argv: list) -> int:
         lines.append("  no checkpoint of this run was written; free space (or raise the limit) and run again")
     print("\n".join(lines), file=sys.stderr, flush=True)
     return 1
+
+
+def _cache_line(filename) -> Optional[str]:
+    """For a failed write inside the cache directory: which setting places it."""
+    from ..cache import _cache_root
+
+    root, path, given = _cache_root()
+    try:
+        inside = filename is not None and Path(filename).resolve().is_relative_to(path.resolve())
+    except (OSError, ValueError):
+        inside = False
+    if not inside:
+        return None
+    where = f"LIGHTNING_PFD_CACHE={root}" if given else f"the default cache {path} (LIGHTNING_PFD_CACHE unset)"
+    return (f"  this file is in the cache ({where}): free space there, or point LIGHTNING_PFD_CACHE "
+            "at a file system with room; cache entries are recomputed when missing")
 
 
 def _logger_started(lg) -> bool:

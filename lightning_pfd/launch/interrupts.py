@@ -116,7 +116,11 @@ def resume_message(record: SignalRecord, trainer, argv: Sequence[str], prog: str
     lines = [f"[lightning_pfd] stopped by {record.name}{where}; exit status {record.exit_status}."]
     fitting = bool(argv) and argv[0] == "fit"
     ckpt = _last_checkpoint(trainer) if trainer is not None else None
-    if ckpt is not None:
+    finished = _finished(ckpt, trainer) if ckpt is not None else None
+    if finished is not None:  # the stop came after the last epoch (in the end-of-run report)
+        lines.append(f"  training had finished: {ckpt} is the final checkpoint ({finished}); "
+                     "nothing is left to resume")
+    elif ckpt is not None:
         epoch = _checkpoint_epoch(ckpt)
         at = f" (end of epoch {epoch})" if epoch is not None else ""
         lines.append(f"  resumable: {ckpt}{at}; the batches after it are recomputed on resume "
@@ -148,6 +152,43 @@ def report_rebuild_line(trainer, prog: str) -> Optional[str]:
     run = getattr(trainer, "default_root_dir", None) or "RUN_DIR"
     return (f"  report: the end-of-run report may be missing or partial; build it from the logs "
             f"with: {prog} report {shlex.quote(str(run))}")
+
+
+def missing_report_line(trainer, prog: str, since: float) -> Optional[str]:
+    """For a finished run (``fit`` has nothing to train) whose RegimeMonitor writes the end-of-run
+    report: a line saying it is missing and how to build it, when no ``report.md`` written after
+    ``since`` (the final checkpoint's mtime) is found in a monitor's ``report_dir``, under the
+    trainer's root directory or a logger's ``save_dir`` (a SIGKILL during the report)."""
+    monitors = [cb for cb in getattr(trainer, "callbacks", []) or []
+                if getattr(cb, "write_report", False) and hasattr(cb, "report_dir")]
+    if not monitors:
+        return None
+    roots = {Path(cb.report_dir) for cb in monitors if cb.report_dir}
+    roots.add(Path(getattr(trainer, "default_root_dir", None) or "."))
+    roots.update(Path(lg.save_dir) for lg in getattr(trainer, "loggers", []) or []
+                 if isinstance(getattr(lg, "save_dir", None), str))
+    for root in roots:
+        found = [root / "report.md"] if (root / "report.md").is_file() else []
+        found += list(root.rglob("report/report.md")) if root.is_dir() else []
+        if any(p.stat().st_mtime >= since for p in found):
+            return None
+    line = report_rebuild_line(trainer, prog)
+    return line and line.replace("the end-of-run report may be missing or partial",
+                                 "the end-of-run report of this run is missing (it stopped while writing it)")
+
+
+def _finished(path: Path, trainer) -> Optional[str]:
+    """Why the run of the checkpoint at ``path`` has nothing left to train under the trainer's
+    limits (:func:`~lightning_pfd.launch.run_checks.finished_run`), or None."""
+    from .run_checks import finished_run
+
+    try:
+        import torch
+
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # an unreadable file is reported by the resume itself
+        return None
+    return finished_run(ckpt, getattr(trainer, "max_epochs", None), getattr(trainer, "max_steps", None))
 
 
 def _checkpoint_epoch(path: Path) -> Optional[int]:

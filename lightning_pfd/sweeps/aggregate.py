@@ -155,7 +155,7 @@ def _csv_value(v):
 
 def write_results(sweep_dir, rows: list) -> tuple:
     """``sweep_results.csv`` and ``sweep_results.json`` in ``sweep_dir`` (atomic writes)."""
-    from ..checkpoint import atomic_write_bytes
+    from ..atomic import atomic_write
 
     sweep_dir = Path(sweep_dir)
     buf = io.StringIO()
@@ -164,8 +164,8 @@ def write_results(sweep_dir, rows: list) -> tuple:
     for r in rows:
         w.writerow({k: _csv_value(r.get(k)) for k in ROW_FIELDS})
     csv_path, json_path = sweep_dir / "sweep_results.csv", sweep_dir / "sweep_results.json"
-    atomic_write_bytes(csv_path, buf.getvalue().encode())
-    atomic_write_bytes(json_path, (json.dumps(rows, indent=1, default=str) + "\n").encode())
+    atomic_write(csv_path, buf.getvalue())
+    atomic_write(json_path, json.dumps(rows, indent=1, default=str) + "\n")
     return csv_path, json_path
 
 

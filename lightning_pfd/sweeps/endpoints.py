@@ -66,8 +66,8 @@ def save_endpoints(path, endpoints: dict) -> None:
     """Write ``endpoints.pt`` atomically (tmp file + rename)."""
     import io
 
-    from ..checkpoint import atomic_write_bytes
+    from ..atomic import atomic_write
 
     buf = io.BytesIO()
     torch.save({k: v.detach().cpu() for k, v in endpoints.items()}, buf)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write(path, buf.getvalue())

@@ -474,7 +474,7 @@ def _run_locked(spec: SweepSpec, trials: list, resources: Resources, resume: boo
 def _write_record(spec: SweepSpec, trials: list, resources: Resources, old: Optional[dict],
                   retry_failed: bool) -> None:
     """``sweep.json`` (atomic): the record of a new sweep, or the old one plus this resumption."""
-    from ..checkpoint import atomic_write_bytes
+    from ..atomic import atomic_write
 
     spec.sweep_dir.mkdir(parents=True, exist_ok=True)
     record = old or _sweep_record(spec, trials, resources)
@@ -483,7 +483,7 @@ def _write_record(spec: SweepSpec, trials: list, resources: Resources, old: Opti
                                                  "retry_failed": retry_failed, "versions": _versions()})
         record["trials"] = [t.summary() for t in trials]  # the same trials (checked): today's fingerprints
     record["sweep_dir"] = str(spec.sweep_dir)
-    atomic_write_bytes(spec.sweep_dir / "sweep.json", (json.dumps(record, indent=1, default=str) + "\n").encode())
+    atomic_write(spec.sweep_dir / "sweep.json", json.dumps(record, indent=1, default=str) + "\n")
 
 
 def _ensure_importable() -> None:  # pragma: no cover - a clear message instead of ImportError
