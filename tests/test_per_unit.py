@@ -47,8 +47,12 @@ def test_bad_records_are_reported_and_never_used(tmp_path):
     p = store.path("pfd/e_gen", 1)
     p.write_bytes(p.read_bytes()[:40])  # truncated
     store.write(_rec(key="pfd/e_mem", epoch=2, values=np.arange(1.0, 5.0)))  # other units: unpaired
+    store.write(_rec(key="icr/icr", epoch=0))
+    store.write(_rec(key="icr/icr", epoch=1))
+    store.path("icr/icr", 0).write_bytes(store.path("pfd/e_gen", 0).read_bytes())  # names another metric
     units, problems = load_units(store.root)
-    assert units == {}  # both metrics left out entirely
+    assert units == {}  # every metric left out entirely
+    assert any("icr_icr/epoch_000000.npz" in p and "names the metric 'pfd/e_gen'" in p for p in problems)
     assert any("epoch_000001.npz" in p and "unreadable" in p for p in problems)
     assert any("pfd_e_mem" in p and "paired" in p for p in problems)
     with pytest.raises(ValueError, match="one length"):

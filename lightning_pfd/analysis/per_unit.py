@@ -162,6 +162,9 @@ def _read_one(path: Path) -> UnitRecord:
     m = _NAME_RE.match(path.name)
     if m is None or int(m.group(1)) != int(meta["epoch"]):
         raise ValueError(f"epoch {meta.get('epoch')} in the file does not match its name")
+    if _slug(str(meta["key"])) != path.parent.name:  # a record copied into another metric's folder
+        raise ValueError(f"its metadata names the metric {meta['key']!r}, not the one of its folder "
+                         f"{path.parent.name!r}")
     return UnitRecord(key=str(meta["key"]), epoch=int(meta["epoch"]), step=int(meta["step"]),
                       kind=str(meta["kind"]), values=values, units=units,
                       value=float(meta.get("value", math.nan)))

@@ -180,6 +180,8 @@ class AutoWandbLogger(WandbLogger):
         self._pfd_started = False
         #: (step, directory, free bytes) where the W&B directory's disk was found full, else None
         self.disk_full: Optional[tuple] = None
+        #: (step, directory) when the started run's directory was found deleted
+        self.run_dir_gone: Optional[tuple] = None
 
     def _run_dir(self) -> Optional[str]:
         """The directory W&B writes this run to (its ``files`` folder's parent), without starting
@@ -192,9 +194,15 @@ class AutoWandbLogger(WandbLogger):
         (one ``statvfs``). The first time it has not, say so once, naming the directory and what
         keeps the rows (W&B writes its log from a background process that drops records on a
         full disk without an error in this process), and remember it in :attr:`disk_full`."""
-        if self.disk_full is not None:
+        if self.disk_full is not None or self.run_dir_gone is not None:
             return False
         d = self._run_dir()
+        if d and self._pfd_started and not os.path.isdir(d):  # deleted while the run writes to it
+            self.run_dir_gone = (step, d)
+            rank_zero_warn(f"W&B: the run directory {d} was deleted during the run (at step {step}): "
+                           "W&B has nothing left to sync; training continues and the other loggers "
+                           "(the CSV log) keep every row.", category=RuntimeWarning)
+            return False
         if not d or not os.path.isdir(d):
             return True
         try:

@@ -814,6 +814,12 @@ class PFDLightningCLI(LightningCLI):
         full = [lg.disk_full for lg in trainer.loggers if getattr(lg, "disk_full", None)]
         for step, d, _free in full:  # said at once during the run; the closing lines repeat it
             lines.append(f"  W&B run INCOMPLETE from step {step}: the disk of {d} filled; the CSV log has every row")
+        gone = [_wandb_gone(lg) for lg in trainer.loggers if "Wandb" in type(lg).__name__]
+        for step, d in filter(None, gone):
+            lines.append(f"  W&B run LOST: its directory {d} was deleted during the run"
+                         + (f" (found at step {step})" if step is not None else "")
+                         + "; there is nothing to sync; the CSV log has every row")
+        full = full or any(gone)
         if any("Wandb" in type(lg).__name__ for lg in trainer.loggers) and not full:
             if os.environ.get("WANDB_MODE") in ("offline", "dryrun"):  # Lightning's offline: dryrun
                 lines.append("  W&B ran offline (no credentials): upload later with `wandb login`, then `wandb sync <run dir>`")
@@ -916,6 +922,17 @@ def disk_error(e: OSError, trainer, argv: list) -> int:
         lines.append("  no checkpoint of this run was written; free space (or raise the limit) and run again")
     print("\n".join(lines), file=sys.stderr, flush=True)
     return 1
+
+
+def _wandb_gone(lg) -> Optional[tuple]:
+    """(step, directory) of a W&B logger whose started run's directory was deleted during the
+    run (seen by its logging, or now), else None."""
+    gone = getattr(lg, "run_dir_gone", None)
+    if gone:
+        return gone
+    run_dir = getattr(lg, "_run_dir", None)
+    d = run_dir() if callable(run_dir) and getattr(lg, "_pfd_started", False) else None
+    return (None, d) if d and not os.path.isdir(d) else None
 
 
 def _cache_line(filename) -> Optional[str]:
