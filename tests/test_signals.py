@@ -65,3 +65,57 @@ def test_the_resume_command_replaces_an_earlier_ckpt_path():
     assert _resume_command(["fit", "--config", "my run.yaml", "--ckpt_path", "x.ckpt", "--ckpt_path=y"],
                            "python -m lightning_pfd") == \
         "python -m lightning_pfd fit --config 'my run.yaml' --ckpt_path last"
+
+
+_PEER = """
+import os, sys, time, torch, torch.distributed as dist
+rank = int(sys.argv[1])
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+dist.init_process_group("gloo", rank=rank, world_size=2)
+t = torch.ones(3)
+dist.all_reduce(t)
+if rank == 0:
+    os._exit(9)  # rank 0 killed
+time.sleep(0.5)
+try:
+    dist.all_reduce(t)
+except RuntimeError as e:
+    print(type(e).__name__ + "|" + str(e).replace(chr(10), " "))
+"""
+
+
+def test_a_rank_whose_peer_died_says_so_in_one_block(tmp_path, capsys):
+    """Issue 40 item 13: DDP with rank 0 killed. The error rank 1 gets is gloo's real one (two
+    processes here, 2 gloo ranks); the fit command turns it into one block naming the rank and
+    the resume, exit status 1, instead of a traceback. A one-process run is not matched."""
+    import socket
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from lightning_pfd.launch.interrupts import lost_peer, lost_peer_status
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    script = tmp_path / "peer.py"
+    script.write_text(_PEER)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    zero = subprocess.Popen([sys.executable, str(script), "0", port], env=env)
+    one = subprocess.run([sys.executable, str(script), "1", port], env=env, capture_output=True, text=True,
+                         timeout=600)
+    zero.wait(timeout=600)
+    kind, message = one.stdout.strip().split("|", 1)
+    error = RuntimeError(message)
+    assert kind == "RuntimeError"
+    ckpts = tmp_path / "ckpt"
+    ckpts.mkdir()
+    trainer = SimpleNamespace(world_size=2, global_rank=1, max_epochs=5, max_steps=-1,
+                              checkpoint_callbacks=[SimpleNamespace(dirpath=str(ckpts))])
+    assert lost_peer(error, trainer)
+    assert not lost_peer(error, SimpleNamespace(world_size=1)) and not lost_peer(RuntimeError("a bug"), trainer)
+    assert lost_peer_status(error, trainer, ["fit", "--config", "c.yaml"], "python -m lightning_pfd") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("[lightning_pfd] rank 1 of 2 stopped: another process of this DDP run is gone")
+    assert "Connection closed by peer" in err and "/gloo/" not in err
+    assert "nothing to resume: no checkpoint was written yet" in err

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 from ..launch import DEFAULT_CONFIG, PROG, debug_enabled, pop_flag, run_guarded
 from ..launch.cli import (DISK_ERRNOS, RUNNING, RunFinished, disk_error, join_negative_values,
                           needs_default_config, rewrite_configs, run_lightning_cli)
-from ..launch.interrupts import interrupt_status, signal_guard
+from ..launch.interrupts import interrupt_status, lost_peer, lost_peer_status, signal_guard
 from ..locks import release_all as release_locks
 from . import print_extra_help
 
@@ -49,6 +49,10 @@ def _fit(argv: list) -> int:
             if e.errno not in DISK_ERRNOS or debug_enabled():
                 raise
             return disk_error(e, RUNNING.get("trainer"), argv)
+        except RuntimeError as e:  # DDP: another rank died, so this rank's collective failed
+            if debug_enabled() or not lost_peer(e, RUNNING.get("trainer")):
+                raise
+            return lost_peer_status(e, RUNNING.get("trainer"), argv, PROG)
         finally:
             release_locks()
             if argv[0] in ("-h", "--help"):

@@ -201,6 +201,39 @@ def _checkpoint_epoch(path: Path) -> Optional[int]:
         return None
 
 
+#: what a collective raises when another process of the run is gone (gloo's TCP pair, NCCL's
+#: watchdog, a closed store socket): this rank lost its peers, it is not a bug of this rank
+LOST_PEER_MARKS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                   "remote worker crashing", "NCCL communicator was aborted", "ProcessGroupNCCL",
+                   "Socket Timeout", "DistNetworkError")
+
+
+def lost_peer(error: BaseException, trainer) -> bool:
+    """Whether ``error`` is a collective failing because another process of a multi-process run
+    stopped (:data:`LOST_PEER_MARKS`), in a run of more than one process."""
+    if int(getattr(trainer, "world_size", 1) or 1) < 2:
+        return False
+    text = f"{type(error).__name__}: {error}"
+    return any(m in text for m in LOST_PEER_MARKS)
+
+
+def lost_peer_status(error: BaseException, trainer, argv: Sequence[str], prog: str) -> int:
+    """One block on stderr for a rank whose peers stopped (:func:`lost_peer`): which rank, the
+    collective's own first line, what is resumable; exit status 1 (no traceback)."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    first = first.split("] ", 1)[-1] if first.startswith("[") else first  # drop gloo's source path
+    lines = [f"[lightning_pfd] rank {trainer.global_rank} of {trainer.world_size} stopped: another process "
+             f"of this DDP run is gone (killed or crashed; its own output says why), so a collective "
+             f"failed: {first[:200]}; exit status 1."]
+    ckpt = _last_checkpoint(trainer)
+    if ckpt is not None and bool(argv) and argv[0] == "fit" and _finished(ckpt, trainer) is None:
+        lines.append(f"  resumable: {ckpt}; resume with: {_resume_command(argv, prog)}")
+    elif bool(argv) and argv[0] == "fit":
+        lines.append("  nothing to resume: no checkpoint was written yet; run the same command again")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    return 1
+
+
 def interrupt_status(record: SignalRecord, trainer, argv: Sequence[str], prog: str) -> int:
     """Print :func:`resume_message` on stderr and return the exit status (143 / 130)."""
     print(resume_message(record, trainer, argv, prog), file=sys.stderr, flush=True)
