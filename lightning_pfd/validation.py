@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
+import os
 import typing
 from typing import Any, Callable, Dict, Literal, Mapping, Optional, Tuple
 
@@ -34,7 +35,7 @@ from .errors import ConfigError
 __all__ = ["PositiveFloat", "PositiveInt", "NonNegativeFloat", "NonNegativeInt",
            "ClosedUnitInterval", "OpenUnitInterval", "HalfOpenUnitInterval", "GreaterThanOne",
            "FinitePositiveFloat", "FiniteNonNegativeFloat", "IntAtLeastTwo", "StabilityIndex",
-           "check_args", "describe", "plain_numbers", "ranged"]
+           "check_args", "describe", "plain_numbers", "ranged", "check_memory", "physical_memory"]
 
 #: what each restricted type accepts, in words
 _WORDS: Dict[type, str] = {
@@ -194,3 +195,28 @@ def check_args(fn: Callable, values: Mapping[str, Any], skip: Tuple[str, ...] = 
                 raise cls(name, "unknown value", value=value, accepted=list(typing.get_args(annotation)))
             raise cls(name, f"must be {describe(annotation)}", value=value)
 
+
+
+#: a measurement may hold at most this share of the machine's physical memory at once
+MEMORY_SHARE = 0.5
+
+
+def physical_memory() -> Optional[int]:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return None
+
+
+def check_memory(name: str, value: Any, nbytes: float, what: str) -> None:
+    """Refuse ``value`` of argument ``name`` before any work when what it makes one process hold
+    at once (``nbytes``, an estimate described by ``what``) exceeds :data:`MEMORY_SHARE` of the
+    machine's physical memory: a ConfigError naming the estimate and the limit."""
+    total = physical_memory()
+    if total is None or nbytes <= MEMORY_SHARE * total:
+        return
+    gib = 2.0 ** 30
+    raise ConfigError(name, f"needs about {nbytes / gib:,.1f} GiB of memory at once ({what}), more "
+                      f"than {MEMORY_SHARE:.0%} of this machine's {total / gib:,.1f} GiB",
+                      value=value, suggestion=f"lower {name} (the estimate grows linearly with it)")

@@ -250,3 +250,28 @@ def test_flow_precision_follows_the_model_on_its_device():
     explicit.check(dm, model, SINGLE)
     explicit._follow_model_precision(SimpleNamespace(sample_autocast=True, device=torch.device("cuda", 0)))
     assert explicit.settings.precision == "fp32"  # given: kept
+
+
+def test_a_sample_count_beyond_memory_is_refused_by_its_estimate(monkeypatch):
+    """Issue 40 item 13: a huge ``num_eval`` / ``num_samples`` is refused at the check by a memory
+    estimate naming the argument, the estimate and the machine's memory, before any sampling;
+    a count whose estimate fits passes the same check."""
+    import lightning_pfd.validation as validation
+    from lightning_pfd.callbacks import GeneralizationMonitor, MemorizationMonitor
+    from lightning_pfd.errors import ConfigError
+
+    monkeypatch.setattr(validation, "physical_memory", lambda: 2 ** 30)  # a 1 GiB machine
+    dm, model = _data(), _model()
+    dm.setup("fit")
+    # flow: 4 float64 arrays of num_eval x 3 -> 96 bytes a seed; the limit is 0.5 GiB
+    fits, too_many = 2 ** 29 // 96, 2 ** 29 // 96 + 1
+    GeneralizationMonitor(num_eval=fits, batch_size=4, use_cache=False).evaluation.check(dm, model, SINGLE)
+    with pytest.raises(ConfigError, match=r"num_eval: needs about 0\.5 GiB of memory at once \(four float64 "
+                                          r"arrays of 5592406 x 3.*than 50% of this machine's 1\.0 GiB"):
+        GeneralizationMonitor(num_eval=too_many, batch_size=4, use_cache=False).evaluation.check(dm, model, SINGLE)
+    # memorization: a shard of samples as float32 + float64 (12 bytes a value) + 16 + 8 bytes a seed
+    per_seed = 12 * 3 + 16 + 8
+    MemorizationMonitor(num_samples=2 ** 29 // per_seed).evaluation.check(dm, model, SINGLE)
+    with pytest.raises(ConfigError, match=r"num_samples: needs about .* GiB of memory at once \(\d+ generated "
+                                          r"samples of 3 values"):
+        MemorizationMonitor(num_samples=2 ** 29 // per_seed + 1).evaluation.check(dm, model, SINGLE)

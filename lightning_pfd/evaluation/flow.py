@@ -60,7 +60,7 @@ from ..diffusion.sampling import (PRECISIONS, SAMPLERS, SamplerSettings, _hparam
 from ..errors import ConfigError
 from ..metrics.descriptors import IdentityDescriptor, build_descriptor, descriptor_fingerprint
 from ..metrics.pfd import ProbabilityFlowDistance, paired_sq_distances
-from ..validation import NonNegativeInt, PositiveInt, check_args
+from ..validation import NonNegativeInt, PositiveInt, check_args, check_memory
 from . import sharding
 from .base import SINGLE, Comm, Measurement, NonFinite, StrategyCollective, TorchDistributed, Units, train_data_of
 
@@ -383,6 +383,10 @@ class FlowEvaluation:
         refuse a sample grid wider than the seeds rank 0 evaluates."""
         self._check_world(comm.world)
         self.bind_datamodule(datamodule, model, self.compile_mode(model))
+        dim = int(self.train_data[0].numel())
+        check_memory("num_eval", self.num_eval, 32.0 * self.num_eval * dim,
+                     f"four float64 arrays of {self.num_eval} x {dim}: latents, teacher, empirical "
+                     "and student endpoints")
         on_rank0 = len(range(0, self.num_eval, comm.world))
         if self.draws_grid() and self.num_images > on_rank0:
             raise ConfigError("num_images", f"the sample grid has more columns than the {on_rank0} seeds "

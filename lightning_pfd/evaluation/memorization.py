@@ -34,7 +34,7 @@ from ..contracts import GENERATING_MODELS, check_on_samples
 from ..errors import ConfigError
 from ..metrics.memorization import (Criterion, _is_memorized, _memorization_compute, embed, memorization_scores,
                                     reference_features, resolve_threshold, warn_cosine_on_raw)
-from ..validation import NonNegativeInt, PositiveInt, check_args
+from ..validation import NonNegativeInt, PositiveInt, check_args, check_memory
 from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, bind_train_data
 from .sharding import shard_indices
 
@@ -139,6 +139,7 @@ class MemorizationEvaluation:
         self.check_model(model)
         self.prepare(datamodule, model, comm)
         self.check_world(comm.world)
+        self.check_memory(comm.world)
         self.check_descriptor()
 
     def measure(self, model: Any, comm: Optional[Comm] = None) -> Measurement:
@@ -162,6 +163,14 @@ class MemorizationEvaluation:
         if self.num_samples < world:
             raise ConfigError("num_samples", f"every rank needs at least one sample (world size {world})",
                               value=self.num_samples, accepted=f"an integer >= {world}")
+
+    def check_memory(self, world: int) -> None:
+        """Refuse a ``num_samples`` whose samples do not fit in memory: a process holds its shard
+        of generated samples (float32) and their float64 embedding, rank 0 the gathered flags."""
+        dim = int(self.train_data[0].numel())
+        shard = -(-self.num_samples // world)
+        check_memory("num_samples", self.num_samples, shard * (12.0 * dim + 16.0) + 8.0 * self.num_samples,
+                     f"{shard} generated samples of {dim} values as float32 and float64, per process")
 
     @staticmethod
     def check_model(model: Any) -> None:
