@@ -155,3 +155,21 @@ def test_a_transient_is_named_in_the_console_metrics_and_the_wandb_table_not_as_
     assert {k: v for k, v in flat.items() if k != "epoch"} == {"events/transients": 1.0}
     rows = mon._table_rows()
     assert [r[:3] for r in rows] == [["transient", "not an event", 300.0]] and "+0.4" in rows[0][5]
+
+
+def test_event_and_end_of_run_rows_carry_the_integer_epoch_of_the_run():
+    """Issue 40 item 14: the rows RegimeMonitor logs (events, regime at the end of fit) carry an
+    integer epoch as Lightning's own rows do; at ``on_fit_end`` of a 0–23 run (where Lightning's
+    ``current_epoch`` is already 24) it is 23, and a run stopped inside epoch 10 logs 10."""
+    from lightning_pfd.callbacks.figures import log_to_loggers
+
+    def trainer(current, started):
+        progress = SimpleNamespace(current=SimpleNamespace(started=started))
+        return SimpleNamespace(loggers=[SimpleNamespace(log_metrics=lambda m, step=None: logged.append(m))],
+                               is_global_zero=True, global_step=240, current_epoch=current,
+                               callback_metrics={}, fit_loop=SimpleNamespace(epoch_progress=progress))
+
+    logged = []
+    for current, started, want in ((7, 8, 7), (24, 24, 23), (10, 11, 10), (0, 0, 0)):
+        log_to_loggers(trainer(current, started), {"events/regime_code": 1.0})
+        assert type(logged[-1]["epoch"]) is int and logged[-1]["epoch"] == want

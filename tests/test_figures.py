@@ -114,6 +114,14 @@ def test_dynamics_figure_marks_minimum_and_every_event_and_says_what_is_smoothed
     # every event, on both rows, in the legend with its epoch; the custom one in words
     rows = fig.axes[:2]  # the two rows (subplots first, the loss twin after them)
     assert rows[1].get_xlabel() == "epoch" and rows[1].get_ylabel().startswith(r"$\ell_{test}-\ell_{train}$")
+    # the twin axes say which curves they carry (issue 40 item 14)
+    twin = fig.axes[2]
+    def label(ax):  # (wrapped to fit the figure)
+        return ax.get_ylabel().replace("\n", " ")
+    assert label(fig.axes[0]).startswith(r"left axis, solid: $\mathcal{E}_{gen}$, $\mathcal{E}_{mem}$")
+    assert label(twin).startswith(r"right axis, dashed: $\ell_{train}$, $\ell_{test}$")
+    assert {ln.get_linestyle() for ln in twin.lines} == {"--"} and "--" not in {ln.get_linestyle() for ln in
+                                                                               fig.axes[0].lines[:4]}
     for ev in EVENTS:
         assert all(ev.epoch in event_lines(ax) for ax in rows), ev.name
         assert any(t.endswith(f": epoch {ev.epoch:g}") for t in texts), ev.name

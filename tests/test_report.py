@@ -465,3 +465,21 @@ def test_report_paths_are_relative_to_the_report_folder(tmp_path):
     assert rewrite(f"run: {run}/a.json") == "run: ../a.json"
     assert rewrite(f"{tmp_path}/x2/b.json") == f"{tmp_path}/x2/b.json".replace(str(tmp_path), "../..")
     assert rewrite("default") == "default"
+
+
+def test_a_run_without_a_regime_says_why():
+    """Issue 40 item 14: a short run that logged both curves is told it has too few evaluations,
+    not that a curve is missing; a run without E_mem is told that one is missing."""
+    from lightning_pfd.analysis.report import render_markdown
+
+    short = {k: (T[:4], CURVES[k][:4]) for k in ("pfd/e_gen", "pfd/e_mem")}
+    a = analyze_history(short, final=True)
+    assert a.regime is None
+    md = render_markdown(a, short, settings={"confirm": 3})
+    assert ("Not determined: `pfd/e_gen` and `pfd/e_mem` have 4 common finite evaluation(s); the regime "
+            "needs at least 5 (max(5, confirm + 2))") in md and "needs both" not in md
+    assert "needs at least 6" in render_markdown(a, short, settings={"confirm": 4})
+    only = {"pfd/e_gen": short["pfd/e_gen"]}
+    assert "Not determined (needs both `pfd/e_gen` and `pfd/e_mem`)." in render_markdown(analyze_history(only), only)
+    full = {k: (T, CURVES[k]) for k in ("pfd/e_gen", "pfd/e_mem")}
+    assert "Not determined" not in render_markdown(analyze_history(full, final=True), full)

@@ -208,15 +208,17 @@ def build_dynamics(series: Mapping[str, tuple], events: Sequence = (), *,
                             se=series.get(k["e_mem"] + "_se")))
     if have["e_gen"] is not None:
         lines += [m for m in [_egen_minimum(ax, have["e_gen"])] if m is not None]
-    ax.set_ylabel(PFD_LABEL if not any(series.get(k[r] + "_se") for r in ("e_gen", "e_mem"))
-                  else PFD_LABEL + "\nband: ±1 s.e. over seeds")
-    if have["loss_train"] is not None or have["loss_test"] is not None:
+    twin = have["loss_train"] is not None or have["loss_test"] is not None
+    left = (r"left axis, solid: $\mathcal{E}_{gen}$, $\mathcal{E}_{mem}$" + "\n") if twin else ""
+    ax.set_ylabel(left + (PFD_LABEL if not any(series.get(k[r] + "_se") for r in ("e_gen", "e_mem"))
+                          else PFD_LABEL + "\nband: ±1 s.e. over seeds"))
+    if twin:  # the two scales differ: each axis label names its curves
         ax2 = ax.twinx()
         if have["loss_train"] is not None:
             lines.append(_curve(ax2, have["loss_train"], "tab:gray", r"$\ell_{train}$", window, "--"))
         if have["loss_test"] is not None:
             lines.append(_curve(ax2, have["loss_test"], "black", r"$\ell_{test}$", window, "--"))
-        ax2.set_ylabel("fixed-noise " + LOSS_LABEL)
+        ax2.set_ylabel(r"right axis, dashed: $\ell_{train}$, $\ell_{test}$" + "\nfixed-noise " + LOSS_LABEL)
     lines += _raw_key(ax, lines)
     marks = _mark_events(axes, events)
     _legend_below(fig, lines, marks)

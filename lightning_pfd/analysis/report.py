@@ -268,13 +268,28 @@ def _settings_md(settings: dict, sources: Optional[dict]) -> list:
                       "curve, confirm in evaluations; see docs/events.md.)", ""]
 
 
-def _regime_md(analysis: RunAnalysis, k: dict) -> list:
+def _no_regime(series: dict, k: dict, confirm: int) -> str:
+    """Why a finished run has no regime (:func:`~lightning_pfd.analysis.events.classify_regime`)."""
+    if k["e_gen"] not in series or k["e_mem"] not in series:
+        return "Not determined (needs both `%s` and `%s`)." % (k["e_gen"], k["e_mem"])
+    (xg, yg), (xm, ym) = series[k["e_gen"]], series[k["e_mem"]]
+    fg = {float(x) for x, y in zip(xg, yg) if math.isfinite(float(y))}
+    n = len(fg & {float(x) for x, y in zip(xm, ym) if math.isfinite(float(y))})
+    need = max(5, int(confirm) + 2)
+    if n < need:
+        return (f"Not determined: `{k['e_gen']}` and `{k['e_mem']}` have {n} common finite evaluation(s); "
+                f"the regime needs at least {need} (max(5, confirm + 2)) to tell early learning apart.")
+    return (f"Not determined: the end-of-run means of `{k['e_gen']}` and `{k['e_mem']}` are not both "
+            "positive (the score is log E_gen / E_mem).")
+
+
+def _regime_md(analysis: RunAnalysis, k: dict, series: Optional[dict] = None, confirm: int = 3) -> list:
     out = ["## Regime", ""]
     reg = analysis.regime
     if reg is None and getattr(analysis, "diverged", None):
         return out + ["Not classified: the run diverged (above).", ""]
     if reg is None:
-        return out + ["Not determined (needs both `%s` and `%s`)." % (k["e_gen"], k["e_mem"]), ""]
+        return out + [_no_regime(series or {}, k, confirm), ""]
     out += [f"**{reg.name}** — log(E_gen/E_mem) = {reg.score:.3f} at the end of training "
             f"(means of the last smoothed evaluations, so they differ from the last values in the "
             f"metric table below: E_gen = {format_value(reg.detail['e_gen_end'])}, "
@@ -352,7 +367,8 @@ def render_markdown(analysis: RunAnalysis, series: dict, *, figures: Sequence[st
         out += [f"Per-unit records (paired, held-out tests): {held}.", ""]
     if source:
         out += [f"Run: `{source}`", ""]
-    out += _outcome_md(analysis) + _regime_md(analysis, k) + _events_md(analysis)
+    confirm = (settings or params or {}).get("confirm", 3)
+    out += _outcome_md(analysis) + _regime_md(analysis, k, series, confirm) + _events_md(analysis)
     rows = _metric_rows(series, k, keys_registry.BUILTIN if metric_keys is None else metric_keys)
     if rows:
         out += ["## Metrics", "", "| metric | key | evaluations | first | min | max | last |",

@@ -126,14 +126,26 @@ def log_figure(trainer: "pl.Trainer", key: str, figure: Any,
         _close(figure)
 
 
+def logged_epoch(trainer: "pl.Trainer") -> int:
+    """The epoch a row belongs to: the one running, or after the fit loop ended (``on_fit_end``,
+    where ``current_epoch`` already counts the last epoch as completed) the last one trained:
+    started epochs − 1 (``current_epoch`` where the loop's progress is not available)."""
+    try:
+        started = int(trainer.fit_loop.epoch_progress.current.started)
+    except (AttributeError, TypeError, ValueError):
+        return int(trainer.current_epoch)
+    return max(0, started - 1)
+
+
 def log_to_loggers(trainer: "pl.Trainer", metrics: Mapping[str, float]) -> None:
     """Log ``metrics`` where ``pl_module.log`` is not allowed (e.g. ``on_validation_end``):
     into ``trainer.callback_metrics`` on every rank (float64 tensors) and, on rank 0, to every
-    logger with the current ``epoch`` at ``trainer.global_step``."""
+    logger with the epoch (:func:`logged_epoch`, an integer as Lightning logs it) at
+    ``trainer.global_step``."""
     for k, v in metrics.items():
         trainer.callback_metrics[k] = torch.tensor(float(v), dtype=torch.float64)
     if not trainer.is_global_zero:
         return
-    payload = dict(metrics, epoch=float(trainer.current_epoch))
+    payload = dict(metrics, epoch=logged_epoch(trainer))
     for lg in trainer.loggers:
         lg.log_metrics(payload, step=trainer.global_step)
