@@ -423,6 +423,11 @@ def test_fit_help_starts_with_what_most_runs_need():
         assert f"\n  {flag} " in head, flag
     assert "--trainer.max_epochs MAX_EPOCHS" not in head  # LightningCLI's list comes after
     assert "--trainer.max_epochs MAX_EPOCHS" in out.stdout and "--model CONFIG" in out.stdout
+    # the package's modules and datamodules are listed as --model / --data subclasses (issue 40 item 14)
+    flat = " ".join(out.stdout.split())
+    for cls in ("lightning_pfd.modules.DiffusionModule", "lightning_pfd.modules.LevyItoModule",
+                "lightning_pfd.data.DigitsDataModule", "lightning_pfd.data.TeacherDistillationDataModule"):
+        assert cls in flat, cls
     # validate has no --overwrite (fit only)
     val = subprocess.run([sys.executable, "-m", "lightning_pfd", "validate", "--help"], capture_output=True,
                          text=True, timeout=600)

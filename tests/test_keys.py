@@ -284,3 +284,25 @@ def test_regime_monitor_emits_events_of_a_user_key(tmp_path):
         trainer.fit(Scripted())
     assert mon.emitted["sw_e_gen_early_learning"]["epoch"] == oracle.epoch
     assert float(trainer.callback_metrics["events/sw_e_gen_early_learning_epoch"]) == oracle.epoch
+
+
+def test_off_a_terminal_the_bar_prints_one_line_per_epoch(tmp_path, capsys, monkeypatch):
+    """Issue 40 item 14: on a pipe or a log file rich draws no live bar, so each epoch prints one
+    plain line (epoch, validation loss, shown metrics); on a terminal it prints none."""
+    import warnings
+
+    import lightning.pytorch as pl
+
+    from lightning_pfd.callbacks.progress import PFDProgressBar
+    from test_callback_base import Tiny
+
+    for terminal in (False, True):
+        monkeypatch.setattr(PFDProgressBar, "on_terminal", staticmethod(lambda: terminal))
+        trainer = pl.Trainer(max_epochs=3, logger=False, callbacks=[PFDProgressBar()], accelerator="cpu",
+                             enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
+                             limit_train_batches=1, limit_val_batches=1, default_root_dir=str(tmp_path))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Tiny())
+        lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[lightning_pfd] epoch")]
+        assert [ln.split()[2] for ln in lines] == ([] if terminal else ["0/2", "1/2", "2/2"])

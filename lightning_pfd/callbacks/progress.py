@@ -66,6 +66,28 @@ class PFDProgressBar(RichProgressBar):
         super().setup(trainer, pl_module, stage)
         self._collected = keys.collect(trainer.callbacks)
 
+    @staticmethod
+    def on_terminal() -> bool:
+        """Whether rich draws a live bar here (a terminal, or rich's FORCE_TERMINAL); on a pipe or
+        a log file it draws nothing until the end, so :meth:`on_train_epoch_end` prints a line."""
+        from rich.console import Console
+
+        return bool(Console().is_terminal)
+
+    def epoch_line(self, trainer) -> str:
+        """One plain line for an epoch: its number, its validation loss and the shown metrics (the
+        epoch's training-loss mean is logged after the callbacks' epoch end: not known yet)."""
+        last = trainer.max_epochs - 1 if trainer.max_epochs not in (None, -1) else None
+        parts = [f"[lightning_pfd] epoch {trainer.current_epoch}" + (f"/{last}" if last is not None else "")]
+        loss = format_pfd_metrics(trainer.callback_metrics, {"val/loss": "val/loss"}, self.digits)
+        shown = dict(loss, **format_pfd_metrics(trainer.callback_metrics, self.show, self.digits))
+        return "  ".join(parts + [f"{k} {v}" for k, v in shown.items()])
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if trainer.is_global_zero and not self.on_terminal():
+            print(self.epoch_line(trainer), flush=True)
+
     @property
     def show(self) -> dict:
         """label → metric name shown (the collected progress-bar keys unless given)."""

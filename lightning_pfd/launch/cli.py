@@ -998,7 +998,11 @@ RUNNING: dict = {}
 
 def run_lightning_cli(argv: Sequence[str], overwrite: bool = False,
                       allow_data_change: bool = False, allow_optimizer_change: bool = False) -> PFDLightningCLI:
-    """Run :class:`PFDLightningCLI` on ``argv`` (W&B offline without credentials)."""
+    """Run :class:`PFDLightningCLI` on ``argv`` (W&B offline without credentials). The package's
+    modules and datamodules are imported first, so ``--help`` lists them as the known subclasses
+    of ``--model`` / ``--data`` (jsonargparse lists the subclasses imported so far)."""
+    from .. import data, modules  # noqa: F401 - registered as subclasses by being imported
+
     ensure_wandb_mode()
     saved = sys.argv
     sys.argv = [PROG] + list(argv)  # LightningCLI warns when both sys.argv and args are given
