@@ -346,8 +346,8 @@ class InvariantContaminationRatio(Metric):
             it they start as 0-dim zeros that the first ``update`` (or ``merge_state``, or a
             loaded ``state_dict``) gives their shape, so ``forward``, ``merge_state`` into an
             empty metric and ``load_state_dict`` into a fresh one work as for any torchmetrics
-            metric. Give it under DDP when a rank might see no data (a rank's 0-dim state cannot
-            be gathered with another's (d,) one).
+            metric. Under DDP a rank that saw no data takes the other ranks' d before the
+            gather (:meth:`sync`).
 
     ``update(h1, h2)``: the two views' features, (B, d) or (B, C, H, W) (mean-pooled over space);
     row i of h1 and h2 must come from the same image. ``compute()`` returns a dict with ``icr``,
@@ -390,6 +390,24 @@ class InvariantContaminationRatio(Metric):
             return self._d
         st = getattr(self, "sum_t", None)
         return int(st.shape[0]) if isinstance(st, torch.Tensor) and st.ndim == 1 else None
+
+    def sync(self, dist_sync_fn=None, process_group=None, should_sync: bool = True,
+             distributed_available=None) -> None:
+        """torchmetrics' ``sync``, after the ranks agree on d: a rank that saw no data while d was
+        not given (its sums still 0-dim) takes zero sums of the other ranks' shape, so the gather
+        neither fails nor hangs (one ``all_reduce`` of d, only when d was not given)."""
+        available = self.distributed_available_fn if distributed_available is None else distributed_available
+        if should_sync and self._d is None and callable(available) and available():  # torchmetrics' test
+            import torch.distributed as dist
+
+            d = torch.tensor(float(self.num_features or 0), dtype=torch.float64, device=self.n.device)
+            dist.all_reduce(d, op=dist.ReduceOp.MAX, group=process_group or self.process_group)
+            if self.num_features is None and int(d) > 0:
+                for name, zero in _icr_zero_states(int(d), self.n.device).items():
+                    if name != "n":
+                        setattr(self, name, getattr(self, name) + zero)
+        super().sync(dist_sync_fn=dist_sync_fn, process_group=process_group, should_sync=should_sync,
+                     distributed_available=distributed_available)
 
     def _states(self) -> Dict[str, torch.Tensor]:
         if self.num_features is None:
