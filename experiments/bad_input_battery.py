@@ -715,6 +715,15 @@ def cases(fx: Path) -> List[Case]:
              hold_lock("run/checkpoints")],
       note="reads the CSV rows so far; says the run is in progress (stderr and report.md)")
 
+    # ---- issue 40, second round: sample counts beyond memory, a full report disk -----------------
+    n(8, "GeneralizationMonitor num_eval 10^10 (more seeds than memory)", fit,
+      ["num_eval", "GiB of memory"], setup=[write_config(callbacks=[("GeneralizationMonitor", {"num_eval": 10 ** 10})])])
+    n(9, "MemorizationMonitor num_samples 10^10", fit, ["num_samples", "GiB of memory"],
+      setup=[write_config(callbacks=[("MemorizationMonitor", {"num_samples": 10 ** 10})])])
+    n(10, "report --out on a full disk (ulimit -f 1 kB)", ["report", "run", "--out", "rep"],
+      ["rep", "cannot be written", "--out"], setup=[E], earlier=True, fsize_limit=1024,
+      note="names the output file, not the input run; the run's files unchanged")
+
     # ---- commands: pite -----------------------------------------------------------------------
     def t(i, what, argv, must, setup=None, hint=False, earlier=False, note=""):
         add(Case(f"pite-{i:02d}", "pite", what, ["pite", "--out", "pite_out"] + argv, setup=setup or [],

@@ -249,6 +249,7 @@ class FlowEvaluation:
         self.comm = comm if comm is not None else TorchDistributed()
         self._seed_args = (num_eval, seed_offset, seeds)
         self.num_eval = len(seeds) if seeds is not None else num_eval
+        check_memory("num_eval", self.num_eval, 8.0 * self.num_eval, "its list of int64 seeds")
         self.seeds = seeds if seeds is not None else torch.arange(
             _first_seed(seed_offset), _first_seed(seed_offset) + num_eval)
         self._check_world(self.comm.world)
@@ -311,6 +312,9 @@ class FlowEvaluation:
         mode = self.compile if compile is None else compile
         if mode is not None:
             settings = replace(settings, compile=check_compile(mode, "compile"))
+        dim, n = int(data[0].numel()), self.num_eval
+        check_memory("num_eval", n, 32.0 * n * dim, f"four float64 arrays of {n} x {dim}: latents, teacher, "
+                     "empirical and student endpoints")  # before the n_gen check: the first problem
         if seeds is None:
             _check_n_gen(datamodule, num_eval)
             offset = seed_offset if seed_offset is not None else int(
@@ -383,10 +387,6 @@ class FlowEvaluation:
         refuse a sample grid wider than the seeds rank 0 evaluates."""
         self._check_world(comm.world)
         self.bind_datamodule(datamodule, model, self.compile_mode(model))
-        dim = int(self.train_data[0].numel())
-        check_memory("num_eval", self.num_eval, 32.0 * self.num_eval * dim,
-                     f"four float64 arrays of {self.num_eval} x {dim}: latents, teacher, empirical "
-                     "and student endpoints")
         on_rank0 = len(range(0, self.num_eval, comm.world))
         if self.draws_grid() and self.num_images > on_rank0:
             raise ConfigError("num_images", f"the sample grid has more columns than the {on_rank0} seeds "
