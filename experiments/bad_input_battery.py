@@ -26,7 +26,8 @@ Usage (from the repository root, in the project's virtualenv; ~10 minutes on 2 C
 
 Writes ``experiments/results/bad_input_battery.json`` (all results), ``DIR/table.md`` and
 updates the table and the problem list of ``docs/reliability.md`` between its
-``<!-- battery:... -->`` markers (``--no-docs`` to skip). ``--only ID[,ID...]`` / ``--area AREA``
+``<!-- battery:... -->`` markers and README's sentence between ``<!-- battery-readme -->`` markers
+(``--no-docs`` to skip; ``--docs-only`` rewrites them from the recorded JSON). ``--only ID[,ID...]`` / ``--area AREA``
 run a subset (the JSON and docs are then not rewritten unless ``--write`` is given; ``--json
 PATH`` writes the results elsewhere, e.g. a subset's own file; ``--merge`` replaces the subset's
 cases in the recorded JSON, keeps the others marked ``carried``, and rewrites JSON and docs).
@@ -1469,7 +1470,30 @@ def merge_results(fresh: List[dict], all_cases: List[Case], paths) -> List[dict]
     return [now.get(c.id) or earlier[c.id] for c in all_cases if c.id in now or c.id in earlier]
 
 
+README = REPO / "README.md"
+#: README's sentence on the battery (generated: tests/test_quoted_numbers.py checks it)
+README_MARKERS = ("<!-- battery-readme -->", "<!-- /battery-readme -->")
+
+
+def readme_sentence(results: List[dict]) -> str:
+    """README's summary of the recorded battery: cases, verdicts, case time."""
+    count = lambda v: sum(r["verdict"] == v for r in results)  # noqa: E731
+    return (f"{len(results)} cases, {count('fails early + clear')} fail early and clearly, "
+            f"{count('works')} work, {count('PROBLEM')} problems "
+            f"({sum(r['seconds'] for r in results) / 60:.1f} min of case time on 2 cores)")
+
+
+def update_readme(results: List[dict]) -> None:
+    text = README.read_text()
+    start, end = README_MARKERS
+    if start in text and end in text:
+        pre, rest = text.split(start, 1)
+        _, post = rest.split(end, 1)
+        README.write_text(f"{pre}{start}{readme_sentence(results)}{end}{post}")
+
+
 def update_docs(results: List[dict], seconds: float) -> None:
+    update_readme(results)
     if not DOCS.exists():
         return
     text = DOCS.read_text()
@@ -1497,7 +1521,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=str(RESULTS_JSON),
                     help="where --write / a full run writes the results (default: %(default)s)")
     ap.add_argument("--run", default=None, help="tag of this run's results (default: today's date)")
+    ap.add_argument("--docs-only", action="store_true",
+                    help="rewrite docs/reliability.md's blocks and README's sentence from the recorded "
+                         "JSON (--json), running no case")
     args = ap.parse_args(argv)
+    if args.docs_only:
+        rec = json.loads(Path(args.json).read_text())
+        update_docs(rec["cases"], rec["seconds"])
+        return 0
     global RUN
     RUN = args.run or RUN
     root = Path(args.out).resolve()

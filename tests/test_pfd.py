@@ -175,6 +175,13 @@ def test_bias_variance_identity_and_brute_force():
     assert float(out["e_var"]) == pytest.approx(((S - mean) ** 2).sum(2).mean(), rel=1e-12)
     e_gen = np.sqrt(((S - R) ** 2).sum(2).mean(1))
     np.testing.assert_allclose(out["e_gen"].numpy(), e_gen, rtol=1e-12)
+    # the named unbiased variant: E_var K/(K-1), E_bias^2 - E_var/(K-1), the same identity
+    u = BiasVarianceDecomposition(num_students=4, correction="unbiased")
+    u.update(ref, stu)
+    fair = u.compute()
+    assert float(fair["e_var"]) == pytest.approx(float(out["e_var"]) * 4 / 3, rel=1e-12)
+    assert float(fair["e_bias_sq"]) == pytest.approx(float(out["e_bias"]) ** 2 - float(out["e_var"]) / 3, rel=1e-12)
+    assert float(fair["e_bias_sq"] + fair["e_var"]) == pytest.approx(float(lhs), rel=1e-12)
     # each E_gen equals the PFD metric of that student
     for k in range(4):
         p = ProbabilityFlowDistance()
@@ -192,6 +199,10 @@ def test_bias_variance_single_student_and_bad_input():
         BiasVarianceDecomposition(2).update(ref, stu)
     with pytest.raises(ValueError, match="num_students"):
         BiasVarianceDecomposition(0)
+    with pytest.raises(ValueError, match="correction: 'unbiased' needs K >= 2"):
+        bias_variance_decomposition(ref, stu, correction="unbiased")
+    with pytest.raises(ValueError, match="correction"):
+        BiasVarianceDecomposition(2, correction="exact")
 
 
 # ---------------------------------------------------------------- descriptors

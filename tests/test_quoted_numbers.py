@@ -177,3 +177,19 @@ def test_the_adam_1000_epoch_table_in_the_docs_is_the_record():
     block = re.search(r"<!-- study-table-1000:start -->\n(.*?)<!-- study-table-1000:end -->", text, re.S)
     record = json.loads((ROOT / "experiments/results/double_descent_study_adam1000.json").read_text())
     assert block is not None and block.group(1) == table(record)
+
+
+def test_the_battery_sentences_are_the_record():
+    """README's battery sentence and docs/reliability.md's summary are generated from
+    ``bad_input_battery.json`` (``experiments/bad_input_battery.py --docs-only``), and it has no
+    PROBLEM case."""
+    import bad_input_battery as bb  # experiments/ (tests/conftest.py puts it on the path)
+
+    rec = json.loads((ROOT / "experiments/results/bad_input_battery.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    start, end = bb.README_MARKERS
+    assert readme.split(start, 1)[1].split(end, 1)[0] == bb.readme_sentence(rec["cases"])
+    docs = (ROOT / "docs/reliability.md").read_text()
+    summary = docs.split("<!-- battery:summary:start -->\n", 1)[1].split("\n<!-- battery:summary:end -->", 1)[0]
+    assert summary == bb.summary_md(rec["cases"], rec["seconds"])
+    assert [r["id"] for r in rec["cases"] if r["verdict"] == "PROBLEM"] == []

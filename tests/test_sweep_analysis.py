@@ -16,10 +16,10 @@ from scipy.interpolate import PchipInterpolator
 from scipy.linalg import sqrtm
 
 from lightning_pfd.commands.report import main as report_main
+from lightning_pfd.analysis.bias_variance import bias_variance_cell, bias_variance_statements
 from lightning_pfd.analysis.scaling import (
     MODEL_ERROR_WEIGHT,
     Cell,
-    bias_variance_cell,
     bootstrap_collapse,
     cell_means,
     cell_standard_errors,
@@ -580,6 +580,78 @@ def test_bias_variance_matches_brute_force_and_pfd():
         metric.update(torch.from_numpy(students[k]), torch.from_numpy(teacher))
         assert out["e_gen"][k] == pytest.approx(float(metric.compute()), rel=1e-12)
         assert pfd_from_endpoints(students[k], teacher) == pytest.approx(float(metric.compute()), rel=1e-12)
+
+
+def test_the_unbiased_variant_and_the_standard_errors_match_monte_carlo():
+    """Def. 3 over K students with a training-set effect δ_k (one per student, shared by every
+    seed): the plug-in E_var has mean (K−1)/K·Var and the plug-in E_bias² Bias² + Var/K; the
+    unbiased variant has mean Var and Bias² (within 4 Monte Carlo standard errors); the
+    jackknife over students has the size of the estimates' spread over student draws, and the
+    seed standard error that of their spread over evaluation-seed draws (students fixed)."""
+    rng = np.random.default_rng(0)
+    K, M, d = 5, 16, 3
+    mu, tau, eps = np.array([0.5, -0.2, 0.1]), 0.7, 0.05
+    var, bias2 = d * (tau ** 2 + eps ** 2), float(np.sum(mu ** 2))
+    teacher = rng.standard_normal((M, d))
+    cells = [bias_variance_cell(teacher, teacher + mu + tau * rng.standard_normal((K, 1, d))
+                                + eps * rng.standard_normal((K, M, d))) for _ in range(600)]
+
+    def mean_close(key, want):
+        v = np.array([c[key] for c in cells])
+        assert abs(v.mean() - want) < 4 * v.std(ddof=1) / math.sqrt(v.size), (key, v.mean(), want)
+        return v
+
+    mean_close("e_var", (K - 1) / K * var)
+    mean_close("e_bias_sq", bias2 + var / K)
+    unbiased_var = mean_close("e_var_unbiased", var)
+    unbiased_bias = mean_close("e_bias_sq_unbiased", bias2)
+    for key, v in (("e_var", unbiased_var), ("e_bias_sq", unbiased_bias)):
+        ratio = np.mean([c["se_students"][key] for c in cells]) / v.std(ddof=1)
+        assert 0.8 < ratio < 1.35, (key, ratio)
+    delta = tau * rng.standard_normal((K, 1, d))  # students fixed, the evaluation seeds redrawn
+    seeds = []
+    for _ in range(400):
+        x = rng.standard_normal((M, d))
+        seeds.append(bias_variance_cell(x, x + mu + delta + 0.3 * rng.standard_normal((K, M, d))))
+    for key in ("e_bias_sq", "e_var"):
+        ratio = np.mean([c["se_seeds"][key] for c in seeds]) / np.std([c[key] for c in seeds], ddof=1)
+        assert 0.85 < ratio < 1.15, (key, ratio)
+    two = bias_variance_cell(teacher, teacher + rng.standard_normal((2, M, d)))
+    assert two["se_students"] is None and two["se_seeds"]["e_var"] > 0  # K = 2: no jackknife
+
+
+def _bv_cells(bias2: dict, var: dict, K: int = 8, M: int = 64, d: int = 4) -> list:
+    """Cells of a synthetic sweep whose students have the planted Bias² (a shared offset) and
+    Var (per-student offsets of exactly that sample variance) per (|θ|, N)."""
+    rng = np.random.default_rng(0)
+    signs = np.where(np.arange(K) % 2 == 0, 1.0, -1.0)
+    out = []
+    for (w, n), b2 in bias2.items():
+        t = rng.standard_normal((M, d))
+        e = np.zeros((K, d))
+        e[:, 0], e[:, 1] = signs, np.roll(signs, 1) * (np.arange(K) % 4 < 2)
+        e -= e.mean(0)
+        e *= math.sqrt(var[(w, n)] / np.square(e).sum(1).mean())
+        s = t + math.sqrt(b2) * np.ones(d) / math.sqrt(d) + e[:, None, :] + 0.01 * rng.standard_normal((K, M, d))
+        out.append(dict(bias_variance_cell(t, s), n_params=w, n_train=n))
+    return out
+
+
+def test_the_four_bias_variance_statements_are_marked_from_planted_trends():
+    """§4.3's statements on a planted sweep: at N = 4096 bias falls and variance grows with |θ|
+    (U-shaped E_gen), both fall with N, variance grows with |θ| at every N, bias grows with |θ|
+    at N = 64 (N ≥ 2^15 is not in the grid): holds / holds in part. Variance that falls with
+    |θ| at N = 4096 fails its statement; K = 2 (no error over training sets) decides nothing."""
+    b2 = {(1, 4096): .8, (2, 4096): .3, (3, 4096): .1, (1, 64): 1.6, (2, 64): 2.2, (3, 64): 3.0}
+    var = {(1, 4096): .1, (2, 4096): .3, (3, 4096): .8, (1, 64): .5, (2, 64): 1.0, (3, 64): 1.5}
+    got = {r["key"]: r["verdict"] for r in bias_variance_statements(_bv_cells(b2, var))}
+    assert got == {"u_shape": "holds", "n_reduces": "holds", "var_grows": "holds", "bias_depends": "holds in part"}
+    falls = {**var, (1, 4096): .8, (3, 4096): .1}
+    rows = {r["key"]: r for r in bias_variance_statements(_bv_cells(b2, falls))}
+    assert rows["var_grows"]["verdict"] == "fails" and "N 4096 -0.7" in rows["var_grows"]["numbers"]
+    two = {r["key"]: r["verdict"] for r in bias_variance_statements(_bv_cells(b2, var, K=2))}
+    assert two == {"u_shape": "undecided", "n_reduces": "undecided", "var_grows": "undecided",
+                   "bias_depends": "undecided"}
 
 
 def test_bias_variance_needs_two_students():

@@ -12,10 +12,7 @@ Diffusion Distillation via Probability Flow Distance"); the definitions, with eq
   that includes the between-width error (jackknife over widths, :func:`jackknife_se`).
 - **MtoG transition** (§4.1): the N at which E_gen = E_mem on each model's mean curve
   (:func:`transition_point`), and its position on the collapsed axis.
-- **Bias–variance** (§4.3, Def. 3, eq. 9, 45): :func:`bias_variance_cell` decomposes the mean
-  E_gen² of K students of one (N, |θ|) cell; it delegates to
-  :func:`lightning_pfd.metrics.bias_variance_decomposition` (the metric the project tests), imported
-  lazily so that the rest of this module needs no torch.
+- **Bias–variance** (§4.3, Def. 3): :mod:`lightning_pfd.analysis.bias_variance`.
 - **Practical metrics in Ψ space** (App. C.4, Fig. 7): :func:`psi_fid` (Fréchet distance of
   Gaussian fits, FID) and :func:`psi_kid` (unbiased MMD² with the cubic polynomial kernel, KID).
 
@@ -40,7 +37,7 @@ __all__ = [
     "master_curve", "spline_basis", "collapse_model", "deformation_test", "DeformationTest", "DEFORMATIONS",
     "chi2_log_tail", "GofStatistic", "jackknife_se", "MODEL_ERROR_WEIGHT", "GOF_ALPHA",
     "crossings", "transition_point",
-    "bias_variance_cell", "psi_fid", "psi_kid", "REFERENCE_GAMMAS",
+    "psi_fid", "psi_kid", "REFERENCE_GAMMAS",
 ]
 
 #: γ values whose spread is always reported: N alone (γ = 0) and the paper's N/√|θ| (γ = ½).
@@ -949,41 +946,6 @@ def transition_point(log2_n, e_gen, e_mem) -> Optional[float]:
     d = np.asarray(e_gen, dtype=np.float64)[o] - np.asarray(e_mem, dtype=np.float64)[o]
     down = [c for c, kind in crossings(x[o], d) if kind == "down"]
     return down[0] if down else None
-
-
-# ----------------------------------------------------------------------------- bias-variance
-def bias_variance_cell(teacher, students) -> dict:
-    """Def. 3 of the PFD paper (eq. 9, 45) on one (N, |θ|) cell, from endpoints in Ψ space.
-
-    ``teacher`` (M, d): Ψ(Φ_data(x_T^i)); ``students`` (K, M, d), K ≥ 2: Ψ(Φ_θk(x_T^i)) on the
-    same seeds. With m(x_T) = (1/K) Σ_k Ψ_k(x_T):
-
-        E_bias² = mean_i ‖Ψ_teacher − m‖²,   E_var = mean_i (1/K) Σ_k ‖Ψ_k − m‖²,
-        E_gen,k = (mean_i ‖Ψ_k − Ψ_teacher‖²)^{1/2}   (eq. 4: the monitor's E_gen)
-
-    and the identity (1/K) Σ_k E_gen,k² = E_bias² + E_var holds exactly on the sample; its
-    absolute and relative rounding error are returned. Computed by
-    :class:`lightning_pfd.metrics.BiasVarianceDecomposition` (float64).
-    """
-    import torch
-
-    from ..metrics.bias_variance import bias_variance_decomposition
-
-    t = np.asarray(teacher, dtype=np.float64)
-    s = np.asarray(students, dtype=np.float64)
-    if t.ndim != 2 or s.ndim != 3 or s.shape[1:] != t.shape:
-        raise ConfigError("students", "expected teacher (M, d) and students (K, M, d) on the same seeds",
-                          value=(t.shape, s.shape))
-    if s.shape[0] < 2:
-        raise ConfigError("students", "the bias-variance decomposition needs K >= 2 students",
-                          value=s.shape[0])
-    out = bias_variance_decomposition(torch.from_numpy(t), torch.from_numpy(s))
-    e_bias, e_var = float(out["e_bias"]), float(out["e_var"])
-    gen_sq_mean = float(out["e_gen_sq_mean"])
-    err = abs(gen_sq_mean - (e_bias ** 2 + e_var))
-    return {"k": int(s.shape[0]), "m": int(t.shape[0]), "e_bias": e_bias, "e_bias_sq": e_bias ** 2,
-            "e_var": e_var, "e_gen": [float(v) for v in out["e_gen"]], "e_gen_sq_mean": gen_sq_mean,
-            "identity_abs_error": err, "identity_rel_error": err / gen_sq_mean if gen_sq_mean > 0 else err}
 
 
 # ----------------------------------------------------------------------------- FID / KID

@@ -46,7 +46,8 @@ from ..atomic import atomic_open, atomic_write
 from ..errors import ConfigError, ShortErrorParser, renamed_fields
 from ..validation import IntAtLeastTwo, NonNegativeInt, OpenUnitInterval, PositiveInt, check_args
 from .report import format_value, holds_report
-from .scaling import (bias_variance_cell, bootstrap_collapse, cell_means,
+from .bias_variance import Z_DECIDE, bias_variance_cell, bias_variance_statements
+from .scaling import (bootstrap_collapse, cell_means,
                       collapse_coordinate, group_cells, psi_fid, psi_kid, transition_point)
 
 __all__ = ["RESULTS_FILE", "SPEC_FILE", "SWEEP_REPORT_FILES", "SweepData", "load_sweep",
@@ -831,15 +832,27 @@ def _bv_md(bv: List[dict], spec: Optional[dict] = None) -> list:
     done = [c for c in bv if "skipped" not in c]
     if not done:
         return out + ["No cell with K ≥ 2 successful repeats that saved endpoints.", ""]
-    out += ["| model | \\|θ\\| | N | K | M | E_bias² | E_var | mean E_gen² | E_gen per repeat | identity error (abs / rel) |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    out += ["Plug-in values as the paper defines them (eq. 45), ± the standard error over the M evaluation "
+            "seeds; the unbiased variant (E_var·K/(K−1), E_bias² − E_var/(K−1): the plug-in E_bias² carries "
+            "Var/K) ± the delete-one-student jackknife (K ≥ 3; none at K = 2).", "",
+            "| model | \\|θ\\| | N | K | M | E_bias² | E_var | mean E_gen² | E_bias² unbiased | E_var unbiased | "
+            "E_gen per repeat | identity error (abs / rel) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in done:
+        seeds, stud = c.get("se_seeds") or {}, c.get("se_students")
+        pm = lambda key, se: format_value(c[key]) + (f" ± {se[key]:.2g}" if se else "")  # noqa: E731
         out.append(f"| {_md_escape(c['model_label'])} | {c['n_params']} | {c['n_train']} | {c['k']} | {c['m']} | "
-                   f"{format_value(c['e_bias_sq'])} | {format_value(c['e_var'])} | {format_value(c['e_gen_sq_mean'])} | "
-                   f"{', '.join(format_value(v) for v in c['e_gen'])} | {c['identity_abs_error']:.1e} / "
+                   f"{pm('e_bias_sq', seeds)} | {pm('e_var', seeds)} | {pm('e_gen_sq_mean', seeds)} | "
+                   f"{format_value(c['e_bias_sq_unbiased'])}" + (f" ± {stud['e_bias_sq']:.2g}" if stud else "")
+                   + f" | {format_value(c['e_var_unbiased'])}" + (f" ± {stud['e_var']:.2g}" if stud else "")
+                   + f" | {', '.join(format_value(v) for v in c['e_gen'])} | {c['identity_abs_error']:.1e} / "
                    f"{c['identity_rel_error']:.1e} |")
     skipped = [c for c in bv if "skipped" in c]
     out += [""] + [f"- skipped |θ| = {c['n_params']}, N = {c['n_train']}: {c['skipped']}" for c in skipped]
+    out += ["", "The paper's four statements (§4.3; a difference of unbiased values decides beyond "
+            f"{Z_DECIDE:g} jackknife standard errors):", "", "| statement | verdict | numbers |", "|---|---|---|"]
+    out += [f"| {r['statement']} | **{r['verdict']}** | {_md_escape(r['numbers'])} |"
+            for r in bias_variance_statements(done)]
     return out + ["", _repeats_md(spec), ""]
 
 
@@ -965,6 +978,7 @@ def write_sweep_report(sweep_dir, out_dir=None, force: bool = False, *, model_si
         "collapse_sensitivity": [{"variant": r["variant"], "fit": None if r["fit"] is None else r["fit"].to_dict()}
                                  for r in collapse["sensitivity"]],
         "transitions": trans, "transition_spread": tspread, "bias_variance": bv,
+        "bias_variance_statements": bias_variance_statements([c for c in bv if "skipped" not in c]),
         "trials": {str(k): v for k, v in per_trial.items()}, "consistency": consistency,
         "excluded": [{"trial_id": r.get("trial_id"), "status": r.get("status"), "reason": r["_reason"]}
                      for r in sweep.excluded]}

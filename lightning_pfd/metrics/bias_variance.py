@@ -8,12 +8,20 @@ m(x_T) = (1/K) sum_k Psi(Phi_{theta_k}(x_T)) (eq. 45 uses K = 2):
     E_var  = (1/K) sum_k E_x ||Psi(Phi_{theta_k}(x_T)) - m(x_T)||^2
     (1/K) sum_k E_gen(theta_k)^2 = E_bias^2 + E_var        (eq. 9, exact on the sample)
 
+These are the paper's plug-in estimates (``correction="plug_in"``, the default). With m the
+mean of K students drawn independently, E[E_var] = (K-1)/K Var and E[E_bias^2] = Bias^2 + Var/K
+(Var = E||Psi_k - E Psi_k||^2, the variance over training sets), so at K = 2 the plug-in E_bias^2
+carries half of the variance. ``correction="unbiased"`` (a named variant) reports
+E_var' = K/(K-1) E_var and E_bias'^2 = E_bias^2 - E_var/(K-1), unbiased for Var and Bias^2; the
+identity still holds (E_bias'^2 + E_var' = E_bias^2 + E_var), and E_bias'^2 can be negative on a
+sample (``e_bias`` is then 0; ``e_bias_sq`` keeps the sign).
+
 The class and its functional twin share :func:`_bias_variance_update` (float64 sums of one batch
 of features) and :func:`_bias_variance_compute` (the decomposition from the summed states).
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Literal, Tuple
 
 import torch
 from torchmetrics import Metric
@@ -21,7 +29,11 @@ from torchmetrics import Metric
 from ..validation import PositiveInt, check_args
 from .descriptors import build_descriptor
 
-__all__ = ["BiasVarianceDecomposition", "bias_variance_decomposition"]
+__all__ = ["BiasVarianceDecomposition", "bias_variance_decomposition", "CORRECTIONS"]
+
+#: the estimates of Def. 3: the paper's plug-in (default) or unbiased for Bias^2 and Var
+Correction = Literal["plug_in", "unbiased"]
+CORRECTIONS = ("plug_in", "unbiased")
 
 
 def _check_shapes(reference: torch.Tensor, students: torch.Tensor, num_students: int) -> None:
@@ -42,10 +54,15 @@ def _bias_variance_update(reference_features: torch.Tensor, student_features: to
 
 
 def _bias_variance_compute(bias_sq_sum: torch.Tensor, var_sum: torch.Tensor, gen_sq_sum: torch.Tensor,
-                           count) -> Dict[str, torch.Tensor]:
-    """``{"e_bias", "e_var", "e_gen_sq_mean", "e_gen"}`` from the summed states (Def. 3)."""
+                           count, correction: str = "plug_in") -> Dict[str, torch.Tensor]:
+    """``{"e_bias", "e_bias_sq", "e_var", "e_gen_sq_mean", "e_gen"}`` from the summed states
+    (Def. 3), plug-in or unbiased (module docstring)."""
     gen_sq = gen_sq_sum / count
-    return {"e_bias": (bias_sq_sum / count).sqrt(), "e_var": var_sum / count,
+    bias_sq, var = bias_sq_sum / count, var_sum / count
+    if correction == "unbiased":
+        k = gen_sq_sum.shape[0]
+        bias_sq, var = bias_sq - var / (k - 1), var * k / (k - 1)
+    return {"e_bias": bias_sq.clamp_min(0.0).sqrt(), "e_bias_sq": bias_sq, "e_var": var,
             "e_gen_sq_mean": gen_sq.mean(), "e_gen": gen_sq.sqrt()}
 
 
@@ -63,17 +80,21 @@ class BiasVarianceDecomposition(Metric):
     ``update(reference_endpoints (B, ...), student_endpoints (K, B, ...))``: row i of every tensor
     comes from the same x_T^(i). States are float64 sums (exact under DDP). ``compute()`` returns
     ``{"e_bias", "e_var", "e_gen_sq_mean", "e_gen"}`` where ``e_gen`` holds the K individual
-    E_gen(theta_k) = PFD(p_theta_k, p_data). Note E_var is a squared quantity, as in the paper.
+    E_gen(theta_k) = PFD(p_theta_k, p_data), and ``e_bias_sq`` = E_bias^2. Note E_var is a squared
+    quantity, as in the paper. ``correction``: ``"plug_in"`` (the paper's eq. 45, default) or
+    ``"unbiased"`` (needs K >= 2; module docstring).
     """
 
     is_differentiable = False
     higher_is_better = False
     full_state_update = False
 
-    def __init__(self, num_students: PositiveInt, descriptor=None, **kwargs):
+    def __init__(self, num_students: PositiveInt, descriptor=None, correction: Correction = "plug_in", **kwargs):
         check_args(BiasVarianceDecomposition.__init__, locals())
+        _check_correction(correction, num_students)
         super().__init__(**kwargs)
         self.num_students = int(num_students)
+        self.correction = correction
         self.descriptor = build_descriptor(descriptor)
         z = lambda *s: torch.zeros(s, dtype=torch.float64)  # noqa: E731
         self.add_state("bias_sq_sum", z(), dist_reduce_fx="sum")
@@ -93,18 +114,31 @@ class BiasVarianceDecomposition(Metric):
     def compute(self) -> Dict[str, torch.Tensor]:
         if float(self.count) == 0:  # NaN before any update (torchmetrics warns), as every metric here
             nan = torch.full_like(self.bias_sq_sum, float("nan"))
-            return _bias_variance_compute(nan, nan, nan, torch.ones_like(self.count))
-        return _bias_variance_compute(self.bias_sq_sum, self.var_sum, self.gen_sq_sum, self.count)
+            return _bias_variance_compute(nan, nan, torch.full_like(self.gen_sq_sum, float("nan")),
+                                          torch.ones_like(self.count), self.correction)
+        return _bias_variance_compute(self.bias_sq_sum, self.var_sum, self.gen_sq_sum, self.count,
+                                      self.correction)
 
 
 @torch.no_grad()
 def bias_variance_decomposition(reference_endpoints: torch.Tensor, student_endpoints: torch.Tensor,
-                                descriptor=None) -> Dict[str, torch.Tensor]:
+                                descriptor=None, correction: Correction = "plug_in") -> Dict[str, torch.Tensor]:
     """Functional twin of :class:`BiasVarianceDecomposition` (one batch)."""
     if student_endpoints.ndim < 2 or int(student_endpoints.shape[0]) < 1:
         raise ValueError(f"student_endpoints: expected shape (K, B, ...) with K >= 1, got "
                          f"{tuple(student_endpoints.shape)}")
+    _check_correction(correction, int(student_endpoints.shape[0]))
     _check_shapes(reference_endpoints, student_endpoints, int(student_endpoints.shape[0]))
     bias_sq, var, gen_sq, count = _bias_variance_update(
         *_features(build_descriptor(descriptor), reference_endpoints, student_endpoints))
-    return _bias_variance_compute(bias_sq, var, gen_sq, torch.tensor(float(count), dtype=torch.float64))
+    return _bias_variance_compute(bias_sq, var, gen_sq, torch.tensor(float(count), dtype=torch.float64),
+                                  correction)
+
+
+def _check_correction(correction, num_students) -> None:
+    from ..errors import ConfigError
+
+    if correction not in CORRECTIONS:
+        raise ConfigError("correction", "unknown value", value=correction, accepted=list(CORRECTIONS))
+    if correction == "unbiased" and int(num_students) < 2:
+        raise ConfigError("correction", "'unbiased' needs K >= 2 students", value=num_students)
