@@ -193,3 +193,24 @@ def test_the_battery_sentences_are_the_record():
     summary = docs.split("<!-- battery:summary:start -->\n", 1)[1].split("\n<!-- battery:summary:end -->", 1)[0]
     assert summary == bb.summary_md(rec["cases"], rec["seconds"])
     assert [r["id"] for r in rec["cases"] if r["verdict"] == "PROBLEM"] == []
+
+
+def test_the_sweep_error_structure_numbers_are_the_record():
+    """The F and p of the repeats' error structure in README, docs/sweeps.md and the scorecard are
+    those of ``mtog_digits_error_structure.json``, which is the analysis of the recorded rows."""
+    import csv
+
+    from sweep_error_structure import analyse  # experiments/
+
+    rec = json.loads((ROOT / "experiments/results/mtog_digits_error_structure.json").read_text())
+    with open(ROOT / "experiments/results/mtog_digits_sweep_results.csv", newline="") as f:
+        fresh = analyse(list(csv.DictReader(f)))
+    assert fresh["anova"]["rows"]["F"] == pytest.approx(rec["anova"]["rows"]["F"], rel=1e-12)
+    assert fresh["anova"]["columns"]["p"] == pytest.approx(rec["anova"]["columns"]["p"], rel=1e-9)
+    a = rec["anova"]
+    want = {"fw": f"{a['rows']['F']:.1f}", "pw": f"{a['rows']['p']:.4f}", "fn": f"{a['columns']['F']:.1f}",
+            "pn": f"{a['columns']['p']:.4f}",
+            "share": f"{100 * (rec['share_width_x_repeat'] + rec['share_n_x_repeat']):.0f} %"}
+    for page in ("README.md", "docs/sweeps.md", "docs/scorecard.md"):
+        got = re.findall(r"<!-- err:(\w+) -->(.*?)<!-- /err -->", (ROOT / page).read_text())
+        assert got and all(want[k] == v for k, v in got), (page, got)
