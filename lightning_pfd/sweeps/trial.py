@@ -49,9 +49,9 @@ class TrialFailed(RuntimeError):
 
 
 def _write_json(path: Path, obj) -> None:
-    from ..checkpoint import atomic_write_bytes
+    from ..atomic import atomic_write
 
-    atomic_write_bytes(path, (json.dumps(obj, indent=1, sort_keys=False, default=str) + "\n").encode())
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=False, default=str) + "\n")
 
 
 def read_trial_result(trial_dir) -> Optional[dict]:
@@ -187,10 +187,9 @@ def execute_trial(payload: dict) -> dict:
         raise TrialFailed(str(prev.get("error")))
     import yaml
 
-    from ..checkpoint import atomic_write_bytes
+    from ..atomic import atomic_write
 
-    atomic_write_bytes(trial_dir / "trial_config.yaml",
-                       yaml.safe_dump({**payload["config"]}, sort_keys=False).encode())
+    atomic_write(trial_dir / "trial_config.yaml", yaml.safe_dump({**payload["config"]}, sort_keys=False))
     base = {k: payload.get(k) for k in ("trial_id", "overrides", "seed", "n_train", "n_params",
                                          "model_label")}
     with _environment(payload):
