@@ -119,3 +119,10 @@ def test_a_rank_whose_peer_died_says_so_in_one_block(tmp_path, capsys):
     assert err.startswith("[lightning_pfd] rank 1 of 2 stopped: another process of this DDP run is gone")
     assert "Connection closed by peer" in err and "/gloo/" not in err
     assert "nothing to resume: no checkpoint was written yet" in err
+    import torch
+
+    torch.save({"epoch": 1, "global_step": 20, "loops": {"fit_loop": {"epoch_progress": {"current": {"processed": 2}}}}},
+               ckpts / "last.ckpt")
+    lost_peer_status(error, trainer, ["fit", "--config", "c.yaml"], "python -m lightning_pfd")
+    err = capsys.readouterr().err
+    assert f"resumable: {ckpts / 'last.ckpt'}; resume with: python -m lightning_pfd fit --config c.yaml --ckpt_path last" in err

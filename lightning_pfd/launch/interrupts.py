@@ -226,10 +226,13 @@ def lost_peer_status(error: BaseException, trainer, argv: Sequence[str], prog: s
              f"of this DDP run is gone (killed or crashed; its own output says why), so a collective "
              f"failed: {first[:200]}; exit status 1."]
     ckpt = _last_checkpoint(trainer)
-    if ckpt is not None and bool(argv) and argv[0] == "fit" and _finished(ckpt, trainer) is None:
-        lines.append(f"  resumable: {ckpt}; resume with: {_resume_command(argv, prog)}")
-    elif bool(argv) and argv[0] == "fit":
-        lines.append("  nothing to resume: no checkpoint was written yet; run the same command again")
+    if bool(argv) and argv[0] == "fit":
+        if ckpt is None:
+            lines.append("  nothing to resume: no checkpoint was written yet; run the same command again")
+        elif _finished(ckpt, trainer) is not None:
+            lines.append(f"  training had finished: {ckpt} is the final checkpoint")
+        else:
+            lines.append(f"  resumable: {ckpt}; resume with: {_resume_command(argv, prog)}")
     print("\n".join(lines), file=sys.stderr, flush=True)
     return 1
 
