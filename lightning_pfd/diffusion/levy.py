@@ -484,7 +484,10 @@ def levy_sde_step(x: torch.Tensor, S: torch.Tensor, a: float, h: float, alpha: f
     """Reverse SDE step: x <- a x + drift_factor h S + h^(1/alpha) eps'.
 
     ``drift_factor = 2`` keeps the marginal scale (docs/levy.md, "Samplers"); ``drift_factor = alpha``
-    is the reference implementation's step (biased for alpha < 2; kept for comparison).
+    gives the reference code's *drift term* alpha h S (its scale inflation for alpha < 2; kept for
+    comparison), not the reference's whole step: the x-coefficient here is the exact
+    a = gamma(t)/gamma(s), and beta is not clamped, where the reference's Euler-Maruyama step is
+    first order in h (docs/levy.md).
     """
     return a * x + drift_factor * h * S + h ** (1.0 / alpha) * noise
 
