@@ -36,7 +36,8 @@ from .errors import ConfigError
 
 __all__ = ["MetricKey", "KeySet", "BUILTIN", "collect", "get", "find", "all_keys",
            "groups", "roles", "summaries", "progress_bar_keys", "display", "slug",
-           "ROLES", "DETECTORS", "CURVE_DETECTORS", "SUMMARY_OPS", "KINDS"]
+           "ROLES", "DETECTORS", "CURVE_DETECTORS", "SUMMARY_OPS", "KINDS", "register_detector_name",
+           "unregister_detector_name", "known_detectors"]
 
 #: curves of the event analysis (:func:`lightning_pfd.analysis.events.analyze_history`)
 ROLES = ("e_gen", "e_mem", "loss_train", "loss_test", "gap", "icr", "mem_ratio")
@@ -47,6 +48,33 @@ DETECTORS = ("early_learning", "double_descent", "icr_minimum", "memorization_on
              "minimum")
 #: single-curve detectors that run on a user key
 CURVE_DETECTORS = ("early_learning", "double_descent", "minimum", "memorization_onset")
+#: names of user event detectors (:func:`lightning_pfd.analysis.detectors.register_detector`
+#: registers the function and its name here, so that a key may declare it)
+_USER_DETECTORS: dict = {}
+
+
+def register_detector_name(name: str, where: str) -> None:
+    """Accept ``name`` in :attr:`MetricKey.detectors` (``where``: the function, for messages).
+    A built-in name or one registered from elsewhere is a ConfigError."""
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise ConfigError("detector name", "must be lower-case letters, digits and '_', starting with a letter",
+                          value=name)
+    if name in DETECTORS:
+        raise ConfigError("detector name", "is a built-in detector", value=name,
+                          suggestion="choose another name for your detector")
+    if _USER_DETECTORS.get(name, where) != where:
+        raise ConfigError("detector name", f"is already registered by {_USER_DETECTORS[name]}", value=name)
+    _USER_DETECTORS[name] = where
+
+
+def unregister_detector_name(name: str) -> None:
+    """Forget a registered user detector name (:func:`register_detector_name`)."""
+    _USER_DETECTORS.pop(name, None)
+
+
+def known_detectors() -> list:
+    """The built-in detector names and the registered user ones."""
+    return list(DETECTORS) + sorted(_USER_DETECTORS)
 #: what ``define_metric(summary=...)`` accepts (comma-separated)
 SUMMARY_OPS = ("min", "max", "mean", "last", "best", "first", "none")
 #: what is logged under the key: a number per evaluation, or an image
@@ -98,9 +126,11 @@ class MetricKey:
                               value=self.lower_is_better)
         detectors = (self.detectors,) if isinstance(self.detectors, str) else tuple(self.detectors)
         for d in detectors:
-            if d not in DETECTORS:
+            if d not in DETECTORS and d not in _USER_DETECTORS:
                 raise ConfigError(f"{field}.detectors", "unknown event detector", value=d,
-                                  accepted=list(DETECTORS))
+                                  accepted=known_detectors(),
+                                  suggestion="a detector of your own is registered with "
+                                  "lightning_pfd.analysis.register_detector before the key is declared")
         if self.role is not None and self.role not in ROLES:
             raise ConfigError(f"{field}.role", "unknown role in the event analysis",
                               value=self.role, accepted=list(ROLES))

@@ -44,6 +44,7 @@ from lightning_pfd.launch.cli import PFDLightningCLI
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 _BLOCK = re.compile(r"```(?:python|yaml)\n(# file: (\S+)[^\n]*\n.*?)```", re.S)
 FILES = {"my_metrics.py", "quickstart_sw.yaml", "my_families.py", "iddpm.yaml", "fit.py",
+         "my_detectors.py", "quickstart_settled.yaml",
          "my_monitor.py", "notebook.py", "my_evaluations.py", "quickstart_nn.yaml"}
 
 
@@ -68,8 +69,13 @@ def ext(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(d))
     saved_families = dict(_FAMILIES)
     yield d
-    for mod in ("my_metrics", "my_families", "my_monitor", "my_evaluations"):
+    for mod in ("my_metrics", "my_families", "my_monitor", "my_evaluations", "my_detectors"):
         sys.modules.pop(mod, None)
+    from lightning_pfd.analysis.detectors import registered_detectors, unregister_detector
+
+    for name, where in registered_detectors().items():  # the page's detector watches pfd/e_gen
+        if where.startswith("my_detectors."):
+            unregister_detector(name)
     _FAMILIES.clear()
     _FAMILIES.update(saved_families)
 
@@ -567,3 +573,67 @@ def test_new_kind_of_metric_from_one_file_and_one_config_block(ext, tmp_path, mo
     assert np.array_equal(last[0].units, np.arange(64))
     assert value_and_se(last[0].values, "mean") == pytest.approx(
         (dist.mean(), dist.std(ddof=1) / math.sqrt(64)), rel=1e-9)
+
+
+# ------------------------------------------------------------------ 7. an event detector
+def _settled_oracle(x, y, window=5, band=0.05):
+    """Brute force of the page's rule: the first index from which every later value is within
+    band x |mean of the last window| of that mean."""
+    end = sum(y[-window:]) / window
+    for i in range(len(y)):
+        if all(abs(v - end) <= band * abs(end) for v in y[i:]):
+            return i if i < len(y) - window else None
+    return None
+
+
+def test_a_user_event_detector_from_one_file_and_one_config_block(ext, tmp_path):
+    """Section 7: the config block's RegimeMonitor imports my_detectors (registering "settled"
+    on pfd/e_gen); the analysis of the recorded quickstart's E_gen curve reports
+    pfd_e_gen_settled at the brute-force epoch; ``report --detector-modules`` puts it in
+    report.md, and without the option a fresh process says which module the run used and runs
+    nothing of it. A bad module, a built-in name and a second function under the name are refused."""
+    import json
+    import subprocess
+
+    from lightning_pfd.analysis import register_detector
+    from lightning_pfd.analysis.events import analyze_history
+    from lightning_pfd.analysis.report import save_detector_settings
+    from lightning_pfd.callbacks import RegimeMonitor
+    from lightning_pfd.commands.report import main as report_main
+
+    block = yaml.safe_load(doc_blocks()["quickstart_settled.yaml"].split("\n", 1)[1])[0]
+    mon = RegimeMonitor(verbose=False, **block["init_args"])
+    assert mon.detector_modules == ["my_detectors"]
+    rec = json.loads((Path(__file__).resolve().parents[1] / "experiments/results/quickstart_record.json").read_text())
+    curve = rec["curves"]["E_gen"]["values"]
+    x = np.array(sorted(map(int, curve)), dtype=float)
+    y = np.array([curve[str(int(e))] for e in x])
+    want = _settled_oracle(list(x), list(y))
+    assert want is not None
+    got = [e for e in analyze_history({"pfd/e_gen": (x, y)}).events if e.name == "pfd_e_gen_settled"]
+    assert len(got) == 1 and got[0].epoch == x[want] and got[0].detail["detector"] == "settled"
+    # a run on disk (CSV rows) with its settings naming the module
+    run = tmp_path / "run"
+    d = run / "lightning_logs" / "version_0"
+    d.mkdir(parents=True)
+    with open(d / "metrics.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["epoch", "step", "pfd/e_gen"])
+        for e, v in zip(x, y):
+            w.writerow([int(e), int(e) * 10 + 9, repr(float(v))])
+    save_detector_settings(d, mon.detector_settings, detector_modules=["my_detectors"])
+    assert report_main([str(run), "--detector-modules", "my_detectors", "--out", str(tmp_path / "rep")]) == 0
+    assert f"| pfd_e_gen_settled | {int(x[want])} |" in (tmp_path / "rep" / "report.md").read_text()
+    env = {k: v for k, v in __import__("os").environ.items()}
+    env["PYTHONPATH"] = __import__("os").pathsep.join([str(ext), str(Path(__file__).resolve().parents[1])])
+    r = subprocess.run([sys.executable, "-m", "lightning_pfd", "report", str(run), "--out", str(tmp_path / "rep2")],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "the run's event detectors of my_detectors are not run: pass --detector-modules my_detectors" in r.stderr
+    assert "pfd_e_gen_settled" not in (tmp_path / "rep2" / "report.md").read_text()
+    with pytest.raises(ConfigError, match="detector_modules: 'json' registers no event detector"):
+        RegimeMonitor(detector_modules=["json"])
+    with pytest.raises(ConfigError, match="detector name: is a built-in detector"):
+        register_detector("double_descent")(lambda *a, **k: None)
+    with pytest.raises(ConfigError, match="already registered by my_detectors.detect_settled"):
+        register_detector("settled")(lambda *a, **k: None)

@@ -59,6 +59,7 @@ from typing import Mapping, Optional, Tuple
 import numpy as np
 
 from .. import keys as keys_registry
+from .detectors import detectors_for, get_detector
 from .inference import (MAX_JUMP_SHARE, Curve, LegTest, NoiseModel, contrast, curves_from_units, isolated_jumps,
                         leg_test, scalar_curves, window_indices)
 from ..validation import FiniteNonNegativeFloat, NonNegativeFloat, PositiveInt, check_args
@@ -174,9 +175,12 @@ class Event:
             if d["detector"] == "memorization_onset":
                 return (f"onset of {what} at epoch {format_epoch(self.epoch)}"
                         f"{_leg_text(d, 'rise', ': rises by ')}")
-            kind = "early learning of" if d["detector"] == "early_learning" else "minimum of"
-            return (f"{kind} {what}: minimum {d['min_value']:.4g} at epoch {format_epoch(self.epoch)}"
-                    f"{_leg_text(d, 'rise', ', then rises by ')}")
+            if d["detector"] in ("early_learning", "minimum"):
+                kind = "early learning of" if d["detector"] == "early_learning" else "minimum of"
+                return (f"{kind} {what}: minimum {d['min_value']:.4g} at epoch {format_epoch(self.epoch)}"
+                        f"{_leg_text(d, 'rise', ', then rises by ')}")
+            return (f"{d['detector'].replace('_', ' ')} of {what} at epoch {format_epoch(self.epoch)} "
+                    f"(significance {self.significance:.3g}; a detector of your own)")
         if self.status == "undecided":
             return (f"{self.name.replace('_', ' ')} at epoch {format_epoch(self.epoch)}: undecided "
                     f"({self.reason})")
@@ -981,6 +985,12 @@ def _after_divergence(e: Event, diverged: dict) -> Event:
     return replace(e, status="undecided", detail=detail)
 
 
+#: the built-in single-curve detectors a user key may declare (``icr_minimum`` is ``minimum``);
+#: user detectors come from :mod:`lightning_pfd.analysis.detectors`
+_CURVE_DETECTORS = {"early_learning": detect_early_learning, "double_descent": detect_double_descent,
+                    "minimum": detect_icr_minimum, "memorization_onset": detect_memorization_onset}
+
+
 def detect_registered(series: Mapping[str, tuple], *, exclude=(), window: PositiveInt = 5,
                       min_sigma: FiniteNonNegativeFloat = MIN_SIGMA, min_rel: FiniteNonNegativeFloat = 0.0,
                       confirm: PositiveInt = 3,
@@ -992,31 +1002,31 @@ def detect_registered(series: Mapping[str, tuple], *, exclude=(), window: Positi
     ``detectors`` — ``early_learning`` (:func:`detect_early_learning`), ``double_descent``
     (:func:`detect_double_descent`), ``minimum`` / ``icr_minimum`` (the U-shaped minimum,
     :func:`detect_icr_minimum`), ``memorization_onset`` (a declared memorization signal: the
-    ratio's onset rule, :func:`detect_memorization_onset`) — runs on the curve alone. Events
+    ratio's onset rule, :func:`detect_memorization_onset`) or a registered user detector
+    (:func:`lightning_pfd.analysis.detectors.register_detector`) — runs on the curve alone. Events
     are named ``<key slug>_<detector>``; ``detail`` holds ``key``, ``display`` and ``detector``;
     undecided events are returned too (``status``)."""
     check_args(detect_registered, locals())
     p = dict(window=window, min_sigma=min_sigma, min_rel=min_rel, confirm=confirm)
     out = []
     for mk in (keys_registry.BUILTIN if metric_keys is None else metric_keys).all_keys():
-        if mk.role is not None or mk.key in exclude or mk.key not in series:
+        if mk.key not in series:
+            continue
+        watching = detectors_for(mk.key)  # user detectors registered with this key (any key)
+        if (mk.role is not None or mk.key in exclude) and not watching:
             continue
         x, y = series[mk.key]
         uk = (units or {}).get(mk.key)
-        for det in dict.fromkeys(mk.detectors):
-            if det == "early_learning":
-                ev = detect_early_learning(x, y, units=uk, require_descent=require_descent, **p)
-            elif det == "double_descent":
-                ev = detect_double_descent(x, y, units=uk, **p)
-            elif det in ("minimum", "icr_minimum"):
-                det = "minimum"
-                ev = detect_icr_minimum(x, y, units=uk, **p)
-            elif det == "memorization_onset":  # a declared memorization signal
-                ev = detect_memorization_onset(x, y, units=uk, **p)
-                if ev is not None:
-                    ev.detail["source"] = mk.key
-            else:  # the regime combines role curves: not for a lone key
+        declared = () if mk.role is not None or mk.key in exclude else mk.detectors
+        for det in dict.fromkeys([*declared, *watching]):
+            det = "minimum" if det == "icr_minimum" else det
+            fn = _CURVE_DETECTORS.get(det) or get_detector(det)
+            if fn is None:  # the regime combines role curves: not for a lone key
                 continue
+            extra = {"require_descent": require_descent} if det == "early_learning" else {}
+            ev = fn(x, y, units=uk, **extra, **p)
+            if ev is not None and det == "memorization_onset":  # a declared memorization signal
+                ev.detail["source"] = mk.key
             if ev is not None:
                 out.append(Event(f"{keys_registry.slug(mk.key)}_{det}", ev.epoch, ev.significance,
                                  ev.detected_epoch, dict(ev.detail, key=mk.key, display=mk.display,

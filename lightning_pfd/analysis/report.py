@@ -104,14 +104,38 @@ def saved_metric_keys(path) -> keys_registry.KeySet:
     callbacks declared beyond the built-in ones, written by
     :class:`~lightning_pfd.callbacks.regime.RegimeMonitor`) plus the built-in ones; just the
     built-in ones for ``path`` None or a file without that entry."""
+    return saved_keys_and_detectors(path)[0]
+
+
+def saved_keys_and_detectors(path) -> tuple:
+    """(:func:`saved_metric_keys`, the detectors the keys name that are not registered in this
+    process, {detector: [keys]}): a user detector whose module was not imported (``report
+    --detector-modules``) is left out of its key, named here, and never imported by a file."""
     if path is None:
-        return keys_registry.BUILTIN
+        return keys_registry.BUILTIN, {}
+    known = set(keys_registry.known_detectors())
+    missing: dict = {}
     try:
         record = json.loads(Path(path).read_text())
-        declared = [keys_registry.MetricKey(**d) for d in record.get("metric_keys", [])]
+        declared = []
+        for d in record.get("metric_keys", []):
+            dets = (d.get("detectors") or ())
+            dets = (dets,) if isinstance(dets, str) else tuple(dets)
+            for det in dets:
+                if det not in known:
+                    missing.setdefault(det, []).append(d.get("key"))
+            declared.append(keys_registry.MetricKey(**dict(d, detectors=tuple(x for x in dets if x in known))))
     except (OSError, ValueError, TypeError, AttributeError) as err:
         raise ConfigError(str(path), f"metric_keys: not a list of metric-key definitions ({err})") from None
-    return keys_registry.BUILTIN.with_keys(*declared)
+    return keys_registry.BUILTIN.with_keys(*declared), missing
+
+
+def saved_detector_modules(path) -> list:
+    """The modules whose detectors the run used (``detector_modules`` of its settings file)."""
+    try:
+        return list(json.loads(Path(path).read_text()).get("detector_modules", [])) if path else []
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 def load_detector_settings(path) -> dict:

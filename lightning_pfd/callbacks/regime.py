@@ -79,7 +79,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from lightning.pytorch import Callback
@@ -140,15 +140,23 @@ class RegimeMonitor(Callback):
         require_descent: False also reports early learning when E_gen is lowest at the first
             evaluation (the descent happened before it; see ``detect_early_learning``).
         verbose: print a console line per event.
+        detector_modules: modules to import (now) whose import registers event detectors of
+            your own (:func:`lightning_pfd.analysis.register_detector`); a metric key names
+            them in its ``detectors``. Saved with the detector settings, so ``report`` can name
+            them (it imports them only when given ``--detector-modules``).
     """
 
     def __init__(self, keys: Optional[dict] = None, window: int = 5, min_sigma: float = MIN_SIGMA,
                  min_rel: float = 0.0, confirm: int = 3, write_report: bool = True,
                  report_dir: Optional[str] = None, plot_every_n_epochs: NonNegativeInt = 0,
-                 require_descent: bool = True, verbose: bool = True) -> None:
+                 require_descent: bool = True, verbose: bool = True,
+                 detector_modules: Sequence[str] = ()) -> None:
         check_settings(dict(keys=dict(keys or {}), window=window, min_sigma=min_sigma,
                             min_rel=min_rel, confirm=confirm))
         check_args(RegimeMonitor.__init__, locals())
+        from ..analysis.detectors import import_detector_modules
+
+        self.detector_modules = import_detector_modules(detector_modules)
         self.keys = dict(DEFAULT_KEYS, **(keys or {}))
         self.metric_keys_seen = keys_registry.BUILTIN  # the trainer's keys, collected at setup
         self.params = dict(window=window, min_sigma=min_sigma, min_rel=min_rel, confirm=confirm)
@@ -236,6 +244,8 @@ class RegimeMonitor(Callback):
                     if k.key not in keys_registry.BUILTIN]
         if declared:  # read back by `report` (analysis.report.saved_metric_keys)
             meta["metric_keys"] = declared
+        if self.detector_modules:  # named (never imported) by `report`
+            meta["detector_modules"] = list(self.detector_modules)
         return [save_detector_settings(d, self.detector_settings, **meta)
                 for d in dict.fromkeys(dirs)]
 

@@ -37,7 +37,8 @@ from ..analysis.events import DEFAULT_KEYS
 from ..analysis.history import History, Source, load_history
 from ..analysis.per_unit import find_store, load_units
 from ..analysis.report import (DEFAULT_SETTINGS, format_value, check_settings, find_saved_settings,
-                               free_report_dir, load_detector_settings, saved_metric_keys,
+                               free_report_dir, load_detector_settings, saved_detector_modules,
+                               saved_keys_and_detectors,
                                write_report)
 from ..errors import ConfigError, ShortErrorParser, renamed_fields
 from ..launch import run_guarded
@@ -120,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "offline-run-...)")
     p.add_argument("--settings", default=None, metavar="FILE",
                    help="detector_settings.json to use instead of the one saved with the run")
+    p.add_argument("--detector-modules", nargs="+", default=[], metavar="MODULE",
+                   help="import these modules first: their event detectors of your own "
+                        "(lightning_pfd.analysis.register_detector) run on the keys that name them")
     p.add_argument("--window", type=int, default=None,
                    help="smoothing window (evaluations; default: the run's, else 5)")
     p.add_argument("--min-sigma", type=float, default=None,
@@ -237,6 +241,10 @@ def _portable(history: History, out: Path, given: str) -> tuple:
 
 def _run(args) -> int:
     _cli_settings(args)  # bad options fail before anything is read
+    if args.detector_modules:
+        from ..analysis.detectors import import_detector_modules
+
+        import_detector_modules(args.detector_modules, "--detector-modules")
     with renamed_fields({"segment": "--segment", "source": "--source"}):
         hist = load_history(args.run_dir, source=args.source,
                             use_leet=False if args.no_leet else None, segment=args.segment)
@@ -264,8 +272,15 @@ def _run(args) -> int:
     for p in problems:
         print(f"warning: {p} — not used; that metric's events come from its logged curve alone",
               file=sys.stderr)
-    metric_keys = saved_metric_keys(Path(args.settings) if args.settings
-                                    else find_saved_settings(hist)[1])
+    saved = Path(args.settings) if args.settings else find_saved_settings(hist)[1]
+    metric_keys, missing = saved_keys_and_detectors(saved)
+    unloaded = [m for m in saved_detector_modules(saved) if m not in sys.modules]
+    if unloaded:  # a results file never makes this command import code
+        print(f"warning: the run's event detectors of {', '.join(unloaded)} are not run: pass "
+              f"--detector-modules {' '.join(unloaded)} to import them", file=sys.stderr)
+    for det, ks in missing.items():
+        print(f"warning: the run's event detector {det!r} (on {', '.join(map(str, ks))}) is not "
+              "registered here: it is not run", file=sys.stderr)
     shown, rewrite = _portable(hist, out, args.run_dir)  # no machine path in the report
     res = write_report(shown, out, settings_sources={k: rewrite(v) for k, v in sources.items()},
                        units=units, unit_problems=[rewrite(p) for p in problems],
