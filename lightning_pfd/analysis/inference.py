@@ -226,16 +226,11 @@ def _binomial_floor(curve: Curve, order: int) -> float:
 
 
 def _isotonic(v: np.ndarray) -> np.ndarray:
-    """Non-decreasing least-squares fit (pool adjacent violators): a variogram does not fall,
-    and pooling, unlike a running maximum, does not turn estimation noise into a bias."""
-    blocks = []  # [mean, count]
-    for x in v:
-        blocks.append([float(x), 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            m2, c2 = blocks.pop()
-            m1, c1 = blocks.pop()
-            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
-    return np.concatenate([np.full(c, m) for m, c in blocks]) if blocks else v
+    """Non-decreasing least-squares fit (scipy's pool adjacent violators): a variogram does not
+    fall, and pooling, unlike a running maximum, does not turn estimation noise into a bias."""
+    from scipy.optimize import isotonic_regression
+
+    return isotonic_regression(v).x if len(v) else v
 
 
 def variogram(curve: Curve, *, max_lag_frac: PositiveFloat = 1.0 / 6.0, max_lag: PositiveInt = 40,
