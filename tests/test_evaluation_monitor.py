@@ -21,7 +21,7 @@ from lightning_pfd.modules import DiffusionModule
 from lightning_pfd.nets import MLPNet
 
 
-class ParamNorm:
+class ParamNorm(Evaluation):
     """Measures the squared norm of every parameter tensor of the model (units: the tensors)."""
 
     def __init__(self):
@@ -275,3 +275,38 @@ def test_a_sample_count_beyond_memory_is_refused_by_its_estimate(monkeypatch):
     with pytest.raises(ConfigError, match=r"num_samples: needs about .* GiB of memory at once \(\d+ generated "
                                           r"samples of 3 values"):
         MemorizationMonitor(num_samples=2 ** 29 // per_seed + 1).evaluation.check(dm, model, SINGLE)
+
+
+def test_an_evaluation_states_its_contract_and_the_callbacks_do_not_probe_it():
+    """Issue 43 item 3: the contract is the base class Evaluation (defaults for every member but
+    prepare and measure); an object that only has the two methods is refused, naming the base;
+    no module of callbacks/ reads an evaluation member through getattr."""
+    import ast
+    from pathlib import Path
+
+    from lightning_pfd.callbacks import EvaluationMonitor
+    from lightning_pfd.errors import ConfigError
+
+    class Duck:
+        def prepare(self, datamodule, model, comm=SINGLE):
+            pass
+
+        def measure(self, model, comm=SINGLE):
+            return Measurement({"x": 1.0})
+
+    with pytest.raises(ConfigError, match="evaluation: must be a lightning_pfd.evaluation.Evaluation"):
+        EvaluationMonitor(Duck())
+    ev = ParamNorm()
+    mon = EvaluationMonitor(ev, name="pn")  # the defaults: key, metric keys, state
+    assert mon.key("sq_norm") == "pn/sq_norm" and mon._extra_state() == {}
+    assert [k.key for k in mon.metric_keys()] == ["pn/sq_norm", "pn/count"]
+    probed = []
+    members = {"default_name", "key", "leaves", "metric_keys", "lower_is_better", "state_key_args", "check",
+               "reset", "history_under_leaf", "state_dict", "load_state_dict", "prepare", "measure"}
+    for path in (Path(__file__).resolve().parents[1] / "lightning_pfd" / "callbacks").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                    and node.args[1].value in members and "evaluation" in ast.unparse(node.args[0])):
+                probed.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    assert probed == []

@@ -17,7 +17,7 @@ from lightning_pfd.callbacks import EvaluationMonitor, ICREarlyStopping, RegimeM
 from lightning_pfd.callbacks import base as callbacks_base
 from lightning_pfd.callbacks.base import MeasurementCallback, fresh_units
 from lightning_pfd.callbacks.monitor import Latest
-from lightning_pfd.evaluation.base import Measurement, Units
+from lightning_pfd.evaluation.base import Evaluation, Measurement, Units
 
 
 def _assert_same_series(memory: dict, disk: dict) -> None:
@@ -84,7 +84,7 @@ def test_unit_memory_reports_what_the_files_report(tmp_path):
     assert list(got) == ["b"] and got["b"].values.tolist() == [[1.0, 0.0], [1.0, 1.0]]
 
 
-class _Constant:
+class _Constant(Evaluation):
     """An evaluation of one value with per-unit values (the measurement contract)."""
 
     def prepare(self, datamodule, model, comm=None):

@@ -5,6 +5,7 @@ from typing import Literal, Optional
 import pytest
 from jsonargparse import ArgumentParser
 
+from lightning_pfd.evaluation import Evaluation
 from lightning_pfd.errors import ConfigError
 from lightning_pfd.validation import (ClosedUnitInterval, FinitePositiveFloat, HalfOpenUnitInterval, NonNegativeInt,
                                       PositiveFloat, PositiveInt, check_args, describe)
@@ -120,7 +121,7 @@ def test_a_range_declared_twice_is_one_type():
     assert Unit is HalfOpenUnitInterval
 
 
-class CountedEvaluation:
+class CountedEvaluation(Evaluation):
     """An evaluation whose one argument has a declared range (nothing is measured here)."""
 
     def __init__(self, num_samples: PositiveInt = 4):

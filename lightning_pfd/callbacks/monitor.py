@@ -98,7 +98,7 @@ class EvaluationMonitor(MeasurementCallback):
         super().__init__(every_n_epochs=every_n_epochs, schedule=schedule)
         self.figure_every_n = figure_every_n
         self.evaluation = self._check_evaluation(evaluation)
-        name = getattr(evaluation, "default_name", None) if name is None else name
+        name = self.evaluation.default_name if name is None else name
         self.name = None if name is None else check_metric_prefix("name", name)
         #: the configuration this monitor was built as (``GeneralizationMonitor``, ...; None: a
         #: plain EvaluationMonitor) and its namespace in the checkpoint state key
@@ -110,10 +110,10 @@ class EvaluationMonitor(MeasurementCallback):
     # ------------------------------------------------------------------ configuration
     @staticmethod
     def _check_evaluation(evaluation: Any) -> Evaluation:
-        if not (callable(getattr(evaluation, "prepare", None)) and callable(getattr(evaluation, "measure", None))):
-            raise ConfigError("evaluation", "must be an evaluation object with "
-                              "prepare(datamodule, model, comm) and measure(model, comm)",
-                              value=type(evaluation).__name__,
+        if not isinstance(evaluation, Evaluation):
+            raise ConfigError("evaluation", "must be a lightning_pfd.evaluation.Evaluation (subclass "
+                              "it and implement prepare(datamodule, model, comm) and measure(model, "
+                              "comm); its other members have defaults)", value=type(evaluation).__name__,
                               accepted="e.g. {class_path: my_pkg.MyEvaluation, init_args: {...}}")
         return evaluation
 
@@ -123,16 +123,12 @@ class EvaluationMonitor(MeasurementCallback):
         return self.preset or type(self).__name__
 
     def key(self, leaf: str) -> str:
-        """The logged name of ``leaf``: the evaluation's ``key(leaf, name)``, else
-        ``<name>/<leaf>`` (``leaf`` without a name)."""
-        own = getattr(self.evaluation, "key", None)
-        if callable(own):
-            return own(leaf, self.name)
-        return leaf if self.name is None else f"{self.name}/{leaf}"
+        """The logged name of ``leaf``: the evaluation's ``key(leaf, name)`` (by default
+        ``<name>/<leaf>``, ``leaf`` without a name)."""
+        return self.evaluation.key(leaf, self.name)
 
     def _leaves(self) -> List[str]:
-        leaves = getattr(self.evaluation, "leaves", None)
-        return list(leaves()) if callable(leaves) else []
+        return list(self.evaluation.leaves())
 
     def metric_names(self) -> List[str]:
         return [self.key(leaf) for leaf in self._leaves()]
@@ -142,11 +138,11 @@ class EvaluationMonitor(MeasurementCallback):
         evaluation's ``metric_keys(key)``, else each leaf's built-in key under this namespace
         (``<default_name>/<leaf>`` renamed), or a new key (display name = key; direction from
         the evaluation's ``lower_is_better`` mapping leaf -> bool, if it has one)."""
-        declared = getattr(self.evaluation, "metric_keys", None)
-        if callable(declared):
-            return list(declared(self.key))
-        default = getattr(self.evaluation, "default_name", None)
-        lower = getattr(self.evaluation, "lower_is_better", None) or {}
+        declared = self.evaluation.metric_keys(self.key)
+        if declared is not None:
+            return list(declared)
+        default = self.evaluation.default_name
+        lower = self.evaluation.lower_is_better or {}
         out = []
         for leaf in self._leaves():
             key = self.key(leaf)
@@ -158,8 +154,7 @@ class EvaluationMonitor(MeasurementCallback):
         return out
 
     def _state_key_args(self) -> Dict[str, Any]:
-        extra = getattr(self.evaluation, "state_key_args", None)
-        extra = extra() if callable(extra) else {}
+        extra = self.evaluation.state_key_args()
         if self.preset is not None:
             return {"name": self.name or self.preset_namespace, **extra}
         return {"name": self.name, "evaluation": type(self.evaluation).__name__, **extra}
@@ -174,10 +169,9 @@ class EvaluationMonitor(MeasurementCallback):
     def check_setup(self, trainer, pl_module, datamodule: Any) -> None:
         """The evaluation's ``check`` (once per datamodule, model and world size: the command
         line's pre-flight and the ``setup`` that follows check once), then the duplicate keys."""
-        check = getattr(self.evaluation, "check", None)
         comm = strategy_comm(trainer)
-        if callable(check) and not self._bound(datamodule, pl_module, comm.world):
-            check(datamodule, pl_module, comm)
+        if not self._bound(datamodule, pl_module, comm.world):
+            self.evaluation.check(datamodule, pl_module, comm)
             self._bind(datamodule, pl_module, comm.world)
         check_unique_metric_names(self, trainer)
 
@@ -202,9 +196,8 @@ class EvaluationMonitor(MeasurementCallback):
         return {**self.__dict__, "_bound_to": (), "latest": None}
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        reset = getattr(self.evaluation, "reset", None)
-        if callable(reset) and not self._bound(getattr(trainer, "datamodule", None), pl_module):
-            reset()  # another datamodule or model than the one the evaluation was prepared for
+        if not self._bound(getattr(trainer, "datamodule", None), pl_module):
+            self.evaluation.reset()  # another datamodule or model than the one it was prepared for
             self._bound_to = ()
         if stage == "fit":
             self.latest = None
@@ -233,7 +226,7 @@ class EvaluationMonitor(MeasurementCallback):
         if m.nonfinite is not None:
             self._warn_nonfinite(trainer, m.nonfinite.fraction, m.nonfinite.what,
                                  [self.key(leaf) for leaf in m.nonfinite.leaves], self.key("nonfinite"))
-        bare = getattr(self.evaluation, "history_under_leaf", False)
+        bare = self.evaluation.history_under_leaf
         row = self.log_metrics(trainer, pl_module, {self.key(k): v for k, v in m.values.items()},
                                extra={(k if bare else self.key(k)): v for k, v in m.history.items()} or None)
         records = {self.key(leaf): self.write_units(trainer, self.key(leaf), u.kind, u.values, u.ids,
@@ -259,10 +252,7 @@ class EvaluationMonitor(MeasurementCallback):
         return dataclasses.replace(m, values=nan, units={}, figures={})
 
     def _extra_state(self) -> Dict[str, Any]:
-        own = getattr(self.evaluation, "state_dict", None)
-        return dict(own()) if callable(own) else {}
+        return dict(self.evaluation.state_dict())
 
     def _load_extra_state(self, state: Dict[str, Any]) -> None:
-        own = getattr(self.evaluation, "load_state_dict", None)
-        if callable(own):
-            own(state)
+        self.evaluation.load_state_dict(state)

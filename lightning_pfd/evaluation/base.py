@@ -1,6 +1,6 @@
 """The measurement contract shared by every evaluation (pure torch, no Lightning import).
 
-An **evaluation** is any object with
+An **evaluation** is a subclass of :class:`Evaluation` implementing
 
 - ``prepare(datamodule, model, comm=SINGLE)``: build what does not change between measurements
   (fixed seeds, subsets, references, caches) from the datamodule (after its ``setup``) and the
@@ -9,10 +9,14 @@ An **evaluation** is any object with
 - ``measure(model, comm) -> Measurement``: measure ``model`` on this process's share of the work
   and return values that are already global (the same on every process).
 
-Optional: ``check(datamodule, model, comm)`` (raise before any work when the setup cannot be
-measured), ``leaves()`` (the value names ``measure`` returns, for the monitors' duplicate-key
-check) and ``state_key_args()`` (what distinguishes two instances, for checkpoint state).
-:class:`~lightning_pfd.callbacks.EvaluationMonitor` runs any such object on a schedule.
+The other members of the contract have defaults in :class:`Evaluation` that a subclass
+overrides when it needs to: ``check(datamodule, model, comm)`` (raise before any work when the
+setup cannot be measured), ``reset()``, ``leaves()`` (the value names ``measure`` returns, for the
+monitors' duplicate-key check), ``key(leaf, name)`` and ``metric_keys(key)`` (the logged names
+and their :class:`~lightning_pfd.keys.MetricKey`), ``state_key_args()`` (what distinguishes two
+instances, for checkpoint state), ``state_dict()`` / ``load_state_dict(state)``, and the class
+attributes ``default_name``, ``lower_is_better`` and ``history_under_leaf``.
+:class:`~lightning_pfd.callbacks.EvaluationMonitor` runs any subclass on a schedule.
 
 A :class:`Measurement` carries the logged ``values`` (a tensor is logged as it is, a Python float
 as float32, Lightning's default), the per-unit values behind them (:class:`Units`: what
@@ -33,7 +37,7 @@ processes as one ``Comm``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple, Union, runtime_checkable
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -270,18 +274,55 @@ class Measurement:
     collapsed: Optional[str] = None
 
 
-@runtime_checkable
-class Evaluation(Protocol):
-    """The measurement contract (module docstring). The methods are left unannotated so that any
-    class with these two methods implements it (for a config's ``class_path`` too):
-    ``prepare(datamodule, model, comm: Comm = SINGLE) -> None`` and
+class Evaluation:
+    """The measurement contract (module docstring), every member but two with its default.
+
+    A subclass implements ``prepare(datamodule, model, comm: Comm = SINGLE) -> None`` and
     ``measure(model, comm: Comm = SINGLE) -> Measurement``. A monitor always passes its
     trainer's ``comm``; the built-in evaluations' ``measure`` called without one uses
     :class:`TorchDistributed` (the processes of ``torch.distributed`` when it is initialized,
-    else this process alone)."""
+    else this process alone). A monitor reads every other member directly (no probing)."""
 
-    def prepare(self, datamodule, model, comm=SINGLE):
-        ...
+    #: the monitor's namespace when it is given no ``name`` (None: the leaves are the keys)
+    default_name: Optional[str] = None
+    #: leaf -> True when lower is better, for keys the built-in set does not know
+    lower_is_better: Mapping[str, bool] = {}
+    #: the measurement's ``history`` entries are kept under their bare leaf (not namespaced)
+    history_under_leaf: bool = False
 
-    def measure(self, model, comm=SINGLE):
-        ...
+    def prepare(self, datamodule, model, comm=SINGLE) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.prepare(datamodule, model, comm)")
+
+    def measure(self, model, comm=SINGLE) -> "Measurement":
+        raise NotImplementedError(f"{type(self).__name__}.measure(model, comm)")
+
+    def check(self, datamodule, model, comm=SINGLE) -> None:
+        """Raise a ConfigError before any work when this setup cannot be measured (default: none)."""
+
+    def reset(self) -> None:
+        """Forget what :meth:`prepare` bound (another datamodule or model follows; default: nothing)."""
+
+    def leaves(self) -> List[str]:
+        """The value names :meth:`measure` returns (default: unknown, ``[]``)."""
+        return []
+
+    def key(self, leaf: str, name: Optional[str]) -> str:
+        """The logged name of ``leaf`` under the monitor's ``name``: ``<name>/<leaf>``."""
+        return leaf if name is None else f"{name}/{leaf}"
+
+    def metric_keys(self, key: Callable[[str], str]) -> Optional[list]:
+        """The :class:`~lightning_pfd.keys.MetricKey` of each leaf (``key``: leaf -> logged name);
+        None: the monitor's rule (built-in keys renamed, else new keys with
+        :attr:`lower_is_better`)."""
+        return None
+
+    def state_key_args(self) -> Dict[str, Any]:
+        """What tells two instances apart in the checkpoint's state key (default: nothing)."""
+        return {}
+
+    def state_dict(self) -> Dict[str, Any]:
+        """State kept in the monitor's checkpoint entry (default: none)."""
+        return {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (default: nothing to restore)."""

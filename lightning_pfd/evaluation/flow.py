@@ -62,7 +62,7 @@ from ..metrics.descriptors import IdentityDescriptor, build_descriptor, descript
 from ..metrics.pfd import ProbabilityFlowDistance, paired_sq_distances
 from ..validation import NonNegativeInt, PositiveInt, check_args, check_memory
 from . import sharding
-from .base import SINGLE, Comm, Measurement, NonFinite, StrategyCollective, TorchDistributed, Units, train_data_of
+from .base import SINGLE, Comm, Evaluation, Measurement, NonFinite, StrategyCollective, TorchDistributed, Units, train_data_of
 
 __all__ = ["FlowEvaluation", "FlowResult", "Reference", "Comm", "TorchDistributed",
            "StrategyCollective", "image_grid", "metric_factory", "pfd_standard_error", "check_sigma_space_model",
@@ -177,7 +177,7 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-class FlowEvaluation:
+class FlowEvaluation(Evaluation):
     """The per-epoch flow measurement as a plain object (module docstring).
 
     Args:

@@ -35,7 +35,7 @@ from ..errors import ConfigError
 from ..metrics.memorization import (Criterion, _is_memorized, _memorization_compute, embed, memorization_scores,
                                     reference_features, resolve_threshold, warn_cosine_on_raw)
 from ..validation import NonNegativeInt, PositiveInt, check_args, check_memory
-from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, bind_train_data
+from .base import SINGLE, Comm, Evaluation, Measurement, NonFinite, TorchDistributed, Units, bind_train_data
 from .sharding import shard_indices
 
 __all__ = ["MemorizationEvaluation", "resolve_descriptor", "indicator_se"]
@@ -56,7 +56,7 @@ def resolve_descriptor(descriptor: Union[str, Callable, None]) -> Optional[Calla
     return descriptor
 
 
-class MemorizationEvaluation:
+class MemorizationEvaluation(Evaluation):
     """Memorization ratio of seeded samples against a training set (module docstring).
 
     Args:

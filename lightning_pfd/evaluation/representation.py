@@ -64,7 +64,7 @@ from ..errors import ConfigError
 from ..metrics.icr import (DEFAULT_COND_MAX, DEFAULT_TAU_REL, ICR_STATES, TauSpec, _icr_at, _icr_compute, unit_traces,
                            _icr_update, _icr_zero_states, check_tau, pool_features)
 from ..validation import FinitePositiveFloat, IntAtLeastTwo, NonNegativeFloat, NonNegativeInt, PositiveInt, check_args
-from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed, Units, bind_train_data
+from .base import SINGLE, Comm, Evaluation, Measurement, NonFinite, TorchDistributed, Units, bind_train_data
 from .sharding import check_world, shard_indices
 
 __all__ = ["RepresentationEvaluation", "ICR_LEAVES", "ICR_HISTORY", "check_representation_settings", "fixed_subset",
@@ -240,7 +240,7 @@ def collapse_reason(trace_s: float, trace_xi: float) -> Optional[str]:
     return None
 
 
-class RepresentationEvaluation:
+class RepresentationEvaluation(Evaluation):
     """ICR and its companions on a fixed training subset (module docstring).
 
     Args:

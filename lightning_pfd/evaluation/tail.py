@@ -61,7 +61,7 @@ from ..metrics.kde import Bandwidth
 from ..metrics.observables import get_observable
 from ..validation import (FinitePositiveFloat, IntAtLeastTwo, NonNegativeInt, OpenUnitInterval, PositiveInt,
                           check_args)
-from .base import SINGLE, Comm, Measurement, NonFinite, TorchDistributed
+from .base import SINGLE, Comm, Evaluation, Measurement, NonFinite, TorchDistributed
 from ..metrics.tails import (Definition, kde_density, loader_options, loader_settings,
                              matched_rmsqe_contributions, matched_score, rmsqe_options,
                              same_law_floor, top_share)
@@ -158,7 +158,7 @@ def check_generate(model: Any, num_steps: Optional[int] = None) -> None:
                               value=num_steps, accepted=[None])
 
 
-class TailEvaluation:
+class TailEvaluation(Evaluation):
     """Tail metrics of ``settings.observable`` between samples of a model and ``data``.
 
     Args:
