@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import pickle
 import warnings
 from pathlib import Path

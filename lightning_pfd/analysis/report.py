@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -89,7 +88,7 @@ def check_settings(settings: dict) -> dict:
 
 
 def save_detector_settings(directory, settings: dict, **meta) -> Path:
-    """Write ``directory/detector_settings.json`` atomically (temporary file + ``os.replace``):
+    """Write ``directory/detector_settings.json`` atomically (:func:`lightning_pfd.atomic.atomic_write`):
     ``{"format": 1, "settings": {...}, **meta}`` (meta: who wrote it, its state key, ...)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
