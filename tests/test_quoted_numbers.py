@@ -214,3 +214,21 @@ def test_the_sweep_error_structure_numbers_are_the_record():
     for page in ("README.md", "docs/sweeps.md", "docs/scorecard.md"):
         got = re.findall(r"<!-- err:(\w+) -->(.*?)<!-- /err -->", (ROOT / page).read_text())
         assert got and all(want[k] == v for k, v in got), (page, got)
+
+
+def test_the_k3_bias_variance_statements_are_the_record():
+    """docs/sweeps.md and the scorecard quote the four statements' verdicts and figures of
+    ``mtog_digits_k3_bias_variance.json``, whose statements are bias_variance_statements of its
+    own cells."""
+    from lightning_pfd.analysis.bias_variance import bias_variance_statements
+
+    rec = json.loads((ROOT / "experiments/results/mtog_digits_k3_bias_variance.json").read_text())
+    assert len(rec["cells"]) == 32 and {c["k"] for c in rec["cells"]} == {3}
+    assert bias_variance_statements(rec["cells"]) == rec["statements"]
+    st = {s["key"]: s for s in rec["statements"]}
+    for page in ("docs/sweeps.md", "docs/scorecard.md"):
+        text = (ROOT / page).read_text()
+        verdicts = re.findall(r"<!-- bv:(\w+) -->(.*?)<!-- /bv -->", text)
+        assert len(verdicts) == 4 and all(st[k]["verdict"] == v for k, v in verdicts), (page, verdicts)
+    figures = re.findall(r"<!-- bvn:(\w+) -->(.*?)<!-- /bvn -->", (ROOT / "docs/sweeps.md").read_text())
+    assert len(figures) >= 10 and all(f in st[k]["numbers"] for k, f in figures), figures

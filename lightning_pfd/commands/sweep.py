@@ -25,7 +25,7 @@ def build_parser() -> ShortErrorParser:
     p = ShortErrorParser(prog=PROG, description="Run a grid of fit runs (N x model size x seeds) on "
                          "Ray Tune; one row per trial in runs/<sweep>/sweep_results.csv. See docs/sweeps.md.")
     p.add_argument("--config", required=True,
-                   help="sweep file (YAML), or the name of an embedded sweep (mtog_digits, mtog_cifar10)")
+                   help="sweep file (YAML), or the name of an embedded sweep (mtog_digits, mtog_digits_k3, mtog_cifar10)")
     p.add_argument("--name", help="sweep name (directory runs/<name>); default: the file's `name`")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted sweep: finished and failed trials are not run again")
