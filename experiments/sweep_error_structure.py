@@ -9,7 +9,9 @@ seen at every width). With two repeats, the repeat difference d(w, N) = log E_ge
 log E_gen(rep 1) removes every fixed effect of the cell; under independent errors its mean is 0
 and it has no width or N structure. A two-way ANOVA of d (rows: widths, columns: N; one value
 per cell, so the interaction is the residual) tests both effects with F tests; the intraclass
-correlation of d within a width measures the first.
+correlation of d within a width measures the first. With K > 2 repeats the same two effects are
+tested by nested least-squares F tests beside a free mean per cell (:func:`repeat_effects`; with
+K = 2 they equal the ANOVA of the differences).
 
 Usage (from the repository root):
 
@@ -71,8 +73,58 @@ def two_way_anova(d: np.ndarray) -> dict:
             "mean": {"value": grand, "t": grand / math.sqrt(ms_e / (r * c)) if ms_e > 0 else math.inf}}
 
 
+def repeat_values(rows: list, key: str = KEY) -> tuple:
+    """(widths, ns, v) with v[w, n, k] = log value of repeat k of each cell (every cell needs
+    every repeat, status ok)."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    widths = sorted({int(r["n_params"]) for r in ok})
+    ns = sorted({int(r["n_train"]) for r in ok})
+    reps = sorted({int(r["seed"]) for r in ok})
+    v = np.full((len(widths), len(ns), len(reps)), np.nan)
+    for r in ok:
+        v[widths.index(int(r["n_params"])), ns.index(int(r["n_train"])), reps.index(int(r["seed"]))] = \
+            math.log(float(r[key]))
+    if not np.isfinite(v).all():
+        raise SystemExit("every cell needs every repeat with status ok")
+    return widths, ns, v
+
+
+def _onehot(idx: np.ndarray) -> np.ndarray:
+    return np.eye(int(idx.max()) + 1)[idx]
+
+
+def _rss_rank(X: np.ndarray, y: np.ndarray) -> tuple:
+    beta, *_ = np.linalg.lstsq(X, y, rcond=None)
+    return float(np.sum((y - X @ beta) ** 2)), int(np.linalg.matrix_rank(X))
+
+
+def repeat_effects(v: np.ndarray) -> dict:
+    """For K >= 2 repeats (v: widths x N x repeats): the nested least-squares F tests of a
+    width x repeat and an N x repeat effect beside a free mean per cell (y = cell + a_{w,k} +
+    b_{N,k} + e). With K = 2 they are the two-way ANOVA of the repeat differences."""
+    W, N, K = v.shape
+    w, n, k = np.meshgrid(np.arange(W), np.arange(N), np.arange(K), indexing="ij")
+    y = v.reshape(-1)
+    cell, wk, nk = (_onehot(a.reshape(-1)) for a in (w * N + n, w * K + k, n * K + k))
+    full = np.hstack([cell, wk, nk])
+    rss_f, rank_f = _rss_rank(full, y)
+    df_e = y.size - rank_f
+    out = {}
+    for name, reduced in (("width_x_repeat", np.hstack([cell, nk])), ("n_x_repeat", np.hstack([cell, wk]))):
+        rss_r, rank_r = _rss_rank(reduced, y)
+        df1 = rank_f - rank_r
+        f = ((rss_r - rss_f) / df1) / (rss_f / df_e)
+        out[name] = {"F": float(f), "df": [df1, df_e], "p": float(stats.f.sf(f, df1, df_e))}
+    return out
+
+
 def analyse(rows: list, key: str = KEY) -> dict:
-    widths, ns, d = repeat_differences(rows, key)
+    widths, ns, v = repeat_values(rows, key)
+    if v.shape[2] != 2:  # K > 2: the nested F tests (no single difference to decompose)
+        eff = repeat_effects(v)
+        return {"quantity": f"log {key}, {v.shape[2]} repeats", "widths": widths, "n_train": ns,
+                "repeats": int(v.shape[2]), "effects": eff}
+    d = v[..., 0] - v[..., 1]
     a = two_way_anova(d)
     total = a["rows"]["variance"] + a["columns"]["variance"] + a["residual"]["variance"]
     return {"quantity": f"log {key}, repeat 0 minus repeat 1", "widths": widths, "n_train": ns,
@@ -89,6 +141,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     with open(args.results, newline="") as f:
         res = analyse(list(csv.DictReader(f)), args.key)
+    if "effects" in res:
+        for name, e in res["effects"].items():
+            print(f"{name}: F = {e['F']:.2f} (df {e['df']}), p = {e['p']:.3g}")
+        if args.out:
+            Path(args.out).write_text(json.dumps(dict(res, source=args.results), indent=1) + "\n")
+            print(f"wrote {args.out}")
+        return 0
     a = res["anova"]
     print(f"width x repeat: F = {a['rows']['F']:.2f} (df {a['rows']['df']}), p = {a['rows']['p']:.3g}, "
           f"share {res['share_width_x_repeat']:.2f}")

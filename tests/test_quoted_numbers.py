@@ -232,3 +232,22 @@ def test_the_k3_bias_variance_statements_are_the_record():
         assert len(verdicts) == 4 and all(st[k]["verdict"] == v for k, v in verdicts), (page, verdicts)
     figures = re.findall(r"<!-- bvn:(\w+) -->(.*?)<!-- /bvn -->", (ROOT / "docs/sweeps.md").read_text())
     assert len(figures) >= 10 and all(f in st[k]["numbers"] for k, f in figures), figures
+
+
+def test_the_k3_error_structure_numbers_are_the_record():
+    """The K = 3 sweep's repeat effects quoted in docs/sweeps.md are its record's, which is the
+    analysis of its recorded rows."""
+    import csv
+
+    from sweep_error_structure import analyse  # experiments/
+
+    rec = json.loads((ROOT / "experiments/results/mtog_digits_k3_error_structure.json").read_text())
+    with open(ROOT / "experiments/results/mtog_digits_k3_sweep_results.csv", newline="") as f:
+        fresh = analyse(list(csv.DictReader(f)))
+    for k in rec["effects"]:
+        assert fresh["effects"][k]["F"] == pytest.approx(rec["effects"][k]["F"], rel=1e-12)
+    e = rec["effects"]
+    want = {"fw": f"{e['width_x_repeat']['F']:.2f}", "pw": f"{e['width_x_repeat']['p']:.4f}",
+            "fn": f"{e['n_x_repeat']['F']:.2f}", "pn": f"{e['n_x_repeat']['p']:.5f}"}
+    got = re.findall(r"<!-- err3:(\w+) -->(.*?)<!-- /err3 -->", (ROOT / "docs/sweeps.md").read_text())
+    assert sorted(k for k, _ in got) == sorted(want) and all(want[k] == v for k, v in got)

@@ -905,3 +905,11 @@ def test_the_repeat_error_structure_anova_is_the_regression_f_test_and_has_its_s
     planted = [two_way_anova(rng.standard_normal((r, c)) + 1.5 * rng.standard_normal((r, 1)))["rows"]["p"] < 0.05
                for _ in range(200)]
     assert np.mean(planted) > 0.6
+    # with K = 2 repeats the nested F tests of repeat_effects are this ANOVA of the differences
+    from sweep_error_structure import repeat_effects
+
+    v = rng.standard_normal((r, c, 2))
+    eff, a = repeat_effects(v), two_way_anova(v[..., 0] - v[..., 1])
+    assert eff["width_x_repeat"]["F"] == pytest.approx(a["rows"]["F"], rel=1e-9)
+    assert eff["n_x_repeat"]["F"] == pytest.approx(a["columns"]["F"], rel=1e-9)
+    assert eff["n_x_repeat"]["df"] == a["columns"]["df"]
