@@ -15,15 +15,20 @@ from test_reliability import _write_config
 Usage = namedtuple("Usage", "total used free")
 
 
-def test_a_full_wandb_disk_is_said_at_once_and_the_csv_keeps_every_row(tmp_path, monkeypatch, capsys):
-    import lightning_pfd.callbacks.wandb_setup as ws
-
+def _tiny_wandb_run(tmp_path, monkeypatch) -> None:
+    """A 3-epoch tiny config with an offline W&B logger in ``tmp_path`` (the working directory)."""
     _write_config(tmp_path, epochs=3, wandb=True)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
     monkeypatch.setenv("LIGHTNING_PFD_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
+
+
+def test_a_full_wandb_disk_is_said_at_once_and_the_csv_keeps_every_row(tmp_path, monkeypatch, capsys):
+    import lightning_pfd.callbacks.wandb_setup as ws
+
+    _tiny_wandb_run(tmp_path, monkeypatch)
     calls = {"n": 0}
     real = shutil.disk_usage
 
@@ -55,12 +60,7 @@ def test_a_wandb_run_folder_deleted_mid_run_is_said_and_not_offered_for_sync(tmp
     lines say the W&B run is lost instead of suggesting `wandb sync` on a folder that is gone."""
     import lightning_pfd.callbacks.wandb_setup as ws
 
-    _write_config(tmp_path, epochs=3, wandb=True)
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
-    monkeypatch.setenv("LIGHTNING_PFD_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
+    _tiny_wandb_run(tmp_path, monkeypatch)
     calls = {"n": 0}
     real = shutil.disk_usage
 
