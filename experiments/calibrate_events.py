@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from calibration import (FAMILIES, POWER_FAMILIES, POWER_FAMILIES_TAILS, calibrate_families,
+from calibration import (FAMILIES, HELD_OUT, TUNE, POWER_FAMILIES, POWER_FAMILIES_TAILS, calibrate_families,
                                                 simulate_run, split)
 from lightning_pfd.analysis.events import MIN_SIGMA, analyze_history
 
@@ -80,6 +80,22 @@ def power_table(power: dict) -> str:
         lines.append(f"| {row['event']} | {row['height']:g} | {row['family']} | {row['num_seeds']} | "
                      f"{row['runs']} | {p['found']}/{row['runs']} ({_pct(p['found'], row['runs'])}) | "
                      f"{_ci(p['ci95'])} | {_z(row['median_z'])} |")
+    return "\n".join(lines)
+
+
+#: the markers of the generated list of null families in docs/events.md (tests compare them)
+FAMILY_MARKERS = ("<!-- families:start -->", "<!-- families:end -->")
+
+
+def family_table() -> str:
+    """Every null family of ``experiments/calibration.py`` with its side of the split, as
+    docs/events.md lists them between :data:`FAMILY_MARKERS` (generated from ``FAMILIES``)."""
+    lines = [f"**The split is fixed in code** (`TUNE`, `HELD_OUT`): {len(TUNE)} families to tune on and "
+             f"{len(HELD_OUT)} held out, {len(FAMILIES)} in all.", "",
+             "| family | side | structure | T | M | null structure |", "|---|---|---|---|---|---|"]
+    for name, f in FAMILIES.items():
+        side = "tune" if name in TUNE else "held-out"
+        lines.append(f"| `{name}` | {side} | {f.structure} | {f.n_eval} | {f.num_seeds} | {f.description} |")
     return "\n".join(lines)
 
 
@@ -141,10 +157,19 @@ def main(argv=None) -> int:
     ap.add_argument("--seed0", type=int, default=10_000)
     ap.add_argument("--out", default=str(ROOT / "experiments/results/calibrate_events_v2.json"))
     ap.add_argument("--md", default=None, help="markdown tables (default: --out with .md)")
+    ap.add_argument("--write-families", action="store_true",
+                    help="only write the list of null families into docs/events.md (between its families "
+                         "markers) and exit")
     ap.add_argument("--write-docs", nargs=2, metavar=("NULLS_JSON", "POWER_JSON"), default=None,
                     help="only write the tables of two recorded results into docs/events.md (between "
                          "its calibration-v6 markers) and exit")
     args = ap.parse_args(argv)
+    if args.write_families:
+        page = ROOT / "docs/events.md"
+        text = page.read_text()
+        a, b = text.index(FAMILY_MARKERS[0]) + len(FAMILY_MARKERS[0]), text.index(FAMILY_MARKERS[1])
+        page.write_text(text[:a] + "\n" + family_table() + "\n" + text[b:])
+        return 0
     if args.write_docs:
         write_docs(Path(args.write_docs[0]), Path(args.write_docs[1]))
         return 0

@@ -186,7 +186,7 @@ NOISE_KINDS = get_args(NoiseKind)
 #: per-seed noise of the squared distances (:func:`_seed_levels`)
 SeedNoise = Literal["flip", "heavy", "drift", "hetero"]
 #: what a family varies (every structure type is on both sides of the split)
-Structure = Literal["per_seed", "training_noise", "ratio", "icr", "short", "e_only", "tails", "schedule"]
+Structure = Literal["per_seed", "training_noise", "ratio", "icr", "short", "e_only", "tails", "schedule", "long"]
 #: how the size of the common training noise changes along the run (:func:`schedule_envelope`)
 Schedule = Literal["constant", "cosine", "restart"]
 #: innovations of the AR(1) common training noise
@@ -720,6 +720,17 @@ def _families() -> list:
           noise="ar1", noise_sd=0.04, schedule="restart", restarts=3),
         F("restart_m1024", "schedule", "AR(1) φ 0.9, sd 0.04, cosine with 2 warm restarts (7× per cycle), M = 1024",
           noise="ar1", noise_sd=0.04, schedule="restart", restarts=2, num_seeds=1024),
+        # long runs (issue 39's 1000-epoch study): the extent rule stops growing at 20 evaluations,
+        # so bad batches and slow noise on long runs are nulls of their own
+        F("long_t1000_ema_spike_m256", "long", "1000 evaluations, AR(1) sd 0.02 + spikes (rate 0.01, mean 15 %) "
+          "through an EMA (0.7), M = 256", n_eval=1000, noise="ar1", spike_rate=0.01, spike_size=0.15,
+          spike_ema=0.7),
+        F("long_t1000_ar1_m2048", "long", "1000 evaluations, AR(1) φ 0.9 sd 0.02, M = 2048", n_eval=1000,
+          noise="ar1", num_seeds=2048),
+        F("long_t1000_spike_m1024", "long", "1000 evaluations, AR(1) sd 0.02 + one-epoch spikes (rate 0.01, "
+          "mean 18 %), M = 1024", n_eval=1000, noise="ar1", spike_rate=0.01, spike_size=0.18, num_seeds=1024),
+        F("long_t2000_fgn_m256", "long", "2000 evaluations, fractional Gaussian noise H 0.8, sd 0.02, M = 256",
+          n_eval=2000, noise="fgn", hurst=0.8),
     ]
 
 
@@ -734,7 +745,8 @@ TUNE = ("seed_flip_m256", "heavy_d2_m256", "seed_drift_m2048", "hetero_seeds_m25
         "short_t20_ar1", "short_t30_flip",
         "e_only_m256",
         "spike_m256", "ema_spike_m2048", "heavy_t_m256", "heavy_t_spikes_m256",
-        "cosine_m2048", "restart_m256")
+        "cosine_m2048", "restart_m256",
+        "long_t1000_ema_spike_m256")
 #: the families reported on and never tuned on
 HELD_OUT = tuple(name for name in FAMILIES if name not in TUNE)
 #: families for the power of planted events (height h on their noise)

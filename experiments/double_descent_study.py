@@ -33,6 +33,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Optional
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -48,6 +49,10 @@ ARMS = {
                  "--model.init_args.ema_halflife_kimg", "64", "--model.init_args.ema_rampup", "true"],
     "sgd_lr0.03": SGD + ["--model.init_args.lr", "0.03"],
     "sgd_lr0.003": SGD + ["--model.init_args.lr", "0.003"],
+    # the paper's optimizer with the evaluation the Adam arm has: an EMA of the weights (half-life
+    # 64 kimg, ramp-up), whose epoch-to-epoch noise is far below the raw SGD weights'
+    "sgd_ema_lr0.01": SGD + ["--model.init_args.lr", "0.01", "--model.init_args.ema_halflife_kimg", "64",
+                             "--model.init_args.ema_rampup", "true"],
 }
 METRICS = {"e_gen": "pfd/e_gen", "e_mem": "pfd/e_mem", "loss_train": "loss/train_fixed",
            "loss_test": "loss/test_fixed"}
@@ -90,7 +95,7 @@ def cmd_run(args) -> int:
 
 
 # ----------------------------------------------------------------------------- analysis
-def read_run(d: Path) -> dict:
+def read_run(d: Path, upto: Optional[int] = None) -> dict:
     """The run's per-epoch curves from its CSV log (``load_history``: the latest value per epoch)."""
     from lightning_pfd.analysis import load_history
 
@@ -98,7 +103,8 @@ def read_run(d: Path) -> dict:
     out = {}
     for k, key in METRICS.items():
         ep, v = h.series(key)
-        out[k] = (ep.astype(int), v)
+        keep = ep < upto if upto is not None else np.ones(ep.size, bool)
+        out[k] = (ep[keep].astype(int), v[keep])
     return out
 
 
@@ -133,16 +139,36 @@ def first_descent_end(epochs: np.ndarray, e_gen: np.ndarray, window: int = 25) -
             "last_epoch": int(epochs[-1]), "window": window}
 
 
-def detector_events(d: Path) -> dict:
-    """The project's own detectors (``analyze_history``, the RegimeMonitor settings of the
-    config: window 5, confirm 3, the calibrated ``min_sigma``) on the run's log and per-seed
-    records: held-out tests; a confirmed ``double_descent`` is the study's positive."""
-    from lightning_pfd.analysis import analyze_history, load_history
+def _series_units(d: Path, upto: Optional[int] = None):
+    """The run's logged curves and per-seed records, cut to the epochs before ``upto`` (the
+    analysis of a run at a length it has since been extended beyond)."""
+    from dataclasses import replace
+
+    from lightning_pfd.analysis import load_history
     from lightning_pfd.analysis.per_unit import find_store, load_units
 
     h = load_history(d / "csv", source="csv")
+    series = h.series_dict()
     units, _problems = load_units(find_store(d / "csv"))
-    a = analyze_history(h.series_dict(), units=units, window=5, confirm=3)
+    if upto is None:
+        return series, units
+    series = {k: (ep[ep < upto], v[ep < upto]) for k, (ep, v) in series.items()}
+    cut = {}
+    for k, u in units.items():
+        keep = np.asarray(u.epochs) < upto
+        cut[k] = replace(u, epochs=u.epochs[keep], values=u.values[keep],
+                         logged=u.logged[keep] if u.logged.size == keep.size else u.logged)
+    return series, cut
+
+
+def detector_events(d: Path, upto: Optional[int] = None) -> dict:
+    """The project's own detectors (``analyze_history``, the RegimeMonitor settings of the
+    config: window 5, confirm 3, the calibrated ``min_sigma``) on the run's log and per-seed
+    records: held-out tests; a confirmed ``double_descent`` is the study's positive."""
+    from lightning_pfd.analysis import analyze_history
+
+    series, units = _series_units(d, upto)
+    a = analyze_history(series, units=units, window=5, confirm=3)
     evs = [e.to_dict() for e in a.events]
     return {"events": [{"name": e["name"], "status": e["status"], "epoch": e["epoch"],
                         "significance": e["significance"]} for e in evs],
@@ -163,20 +189,17 @@ def _planted(series, ep, bump):
     return replace(series, values=series.values * (f ** 2)[:, None], logged=logged)
 
 
-def planted_power(d: Path, heights, width: int = 60, positions: int = 5) -> dict:
+def planted_power(d: Path, heights, width: int = 60, positions: int = 5, upto: Optional[int] = None) -> dict:
     """The smallest ascent this run's noise lets the project's detector confirm. A bump of
     ``height`` (a raised-cosine ascent and descent over ``width`` epochs, the tens-of-epochs ascent
     of the paper's Fig. 4) is planted into the run's own per-seed records at ``positions`` places in
     its second half, and the detectors run exactly as on the run (held-out seeds). Power = the
     share of placements with a confirmed double descent peaking inside the bump; the unplanted
     run's own result is reported beside it (``detector_events``)."""
-    from lightning_pfd.analysis import analyze_history, load_history
-    from lightning_pfd.analysis.per_unit import find_store, load_units
+    from lightning_pfd.analysis import analyze_history
 
-    h = load_history(d / "csv", source="csv")
-    units, _ = load_units(find_store(d / "csv"))
+    series, units = _series_units(d, upto)
     g = units.get("pfd/e_gen")
-    series = h.series_dict(["pfd/e_gen", "pfd/e_mem"])
     ep, y = series["pfd/e_gen"]
     n = ep.size
     if n < 2 * width or g is None:
@@ -196,6 +219,30 @@ def planted_power(d: Path, heights, width: int = 60, positions: int = 5) -> dict
         out[f"{hgt:g}"] = hits / len(starts)
     return {"width_epochs": width, "placements": [int(ep[s]) for s in starts], "power": out,
             "e_gen_median_second_half": float(np.median(y[n // 2:]))}
+
+
+#: the share of placements of a planted ascent that the detector must confirm for its height to
+#: count as one the study would have found (the power of a test, conventionally 80 %)
+DETECTABLE_POWER = 0.8
+
+
+def detectable_height(runs: list):
+    """The smallest planted height (E_gen units) confirmed in at least :data:`DETECTABLE_POWER`
+    of the placements pooled over an arm's seeds, with that power and the height as a share of the
+    arm's median second-half E_gen; None when no height tried reaches it."""
+    pw = [r["power"] for r in runs if isinstance(r.get("power"), dict) and "power" in r["power"]]
+    if not pw:
+        return None
+    heights = sorted({float(h) for p in pw for h in p["power"]})
+    level = float(np.median([p["e_gen_median_second_half"] for p in pw]))
+    for h in heights:
+        shares = [p["power"].get(f"{h:g}") for p in pw]
+        if any(v is None for v in shares):
+            continue
+        power = float(np.mean(shares))
+        if power >= DETECTABLE_POWER:
+            return {"height": h, "power": power, "share_of_e_gen": h / level, "seeds": len(pw)}
+    return None
 
 
 def random_feature_psi(dim: int = 64, features: int = 512, seed: int = 0):
@@ -259,6 +306,20 @@ def checkpoint_psi(d: Path, fresh: int, every: int = 50) -> dict:
             "fresh_seed_range": [int(seeds[0]), int(seeds[-1])], "checkpoints": rows}
 
 
+def _recorded_fresh(args, arm: str, seed: int, epochs_run: int):
+    """With ``--reuse-fresh``: the fresh-seed re-evaluation already recorded in ``--out`` for this
+    run, when it was made on the same number of epochs with the same settings (the kept
+    checkpoints do not change; only the detectors' analysis is redone). None otherwise."""
+    if not args.reuse_fresh or not args.out.is_file():
+        return None
+    for r in json.loads(args.out.read_text()).get("runs", []):
+        c = r.get("checkpoints_psi") or {}
+        if (r.get("arm"), r.get("seed"), r.get("epochs_run")) == (arm, seed, epochs_run) and \
+                c.get("fresh_seeds") == args.fresh and c.get("every_epochs") == args.fresh_every:
+            return c
+    return None
+
+
 def cmd_analyse(args) -> int:
     runs, arms = [], {}
     for arm in args.arms:
@@ -267,7 +328,7 @@ def cmd_analyse(args) -> int:
             if not (d / "csv").is_dir():
                 continue
             try:
-                c = read_run(d)
+                c = read_run(d, args.upto_epochs)
             except Exception as e:  # an unreadable or empty log: recorded, not skipped silently
                 runs.append({"arm": arm, "seed": seed, "error": f"{type(e).__name__}: {e}"})
                 continue
@@ -281,11 +342,12 @@ def cmd_analyse(args) -> int:
                  "regime": regime(c, args.regime_tol), "first_descent": first_descent_end(ep, eg),
                  "gap_first_last": [float(c["loss_test"][1][0] - c["loss_train"][1][0]),
                                     float(c["loss_test"][1][-1] - c["loss_train"][1][-1])],
-                 "events": detector_events(d)}
+                 "events": detector_events(d, args.upto_epochs)}
             if args.power:
-                r["power"] = planted_power(d, args.power)
+                r["power"] = planted_power(d, args.power, upto=args.upto_epochs)
             if args.fresh:
-                r["checkpoints_psi"] = checkpoint_psi(d, args.fresh, args.fresh_every)
+                kept = _recorded_fresh(args, arm, seed, r["epochs_run"])
+                r["checkpoints_psi"] = kept if kept is not None else checkpoint_psi(d, args.fresh, args.fresh_every)
             runs.append(r)
             arms.setdefault(arm, []).append(r)
     verdicts = {}
@@ -302,7 +364,15 @@ def cmd_analyse(args) -> int:
                        f"at epoch {args.max_epochs}")
         else:
             verdict = "not observed in this setup"
-        verdicts[arm] = {"verdict": verdict, "seeds": [r["seed"] for r in rs], "confirmed_seeds": confirmed,
+        found = detectable_height(rs)
+        if found is not None and not confirmed:
+            verdict += (f"; a planted 60-epoch ascent of height {found['height']:g} "
+                        f"({found['share_of_e_gen']:.0%} of E_gen) would have been found in "
+                        f"{found['power']:.0%} of placements")
+        elif found is None and not confirmed:
+            verdict += "; no planted height tried was found in 80 % of placements (the study has no power)"
+        verdicts[arm] = {"verdict": verdict, "detectable": found, "seeds": [r["seed"] for r in rs],
+                         "confirmed_seeds": confirmed,
                          "first_descent_still_running": still,
                          "regimes": sorted({r["regime"]["regime"] for r in rs})}
     if args.out.is_file():  # keep the recorded arms not analysed now (the grid runs over sessions)
@@ -312,7 +382,7 @@ def cmd_analyse(args) -> int:
         args.arms = list(dict.fromkeys([r["arm"] for r in runs] + list(args.arms)))
     out = {"config": str(CONFIG.relative_to(ROOT)), "arms": {a: ARMS[a] for a in args.arms},
            "command": f"python experiments/double_descent_study.py run --root {args.root} --jobs N",
-           "analysis": f"python experiments/double_descent_study.py analyse --root {args.root}",
+           "analysis": "python experiments/double_descent_study.py " + " ".join(args.argv),
            "max_epochs": args.max_epochs, "regime_tol": args.regime_tol, "runs": runs, "verdicts": verdicts,
            "recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -388,12 +458,18 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--max-epochs", type=int, default=500)
     p.add_argument("--regime-tol", type=float, default=0.1)
-    p.add_argument("--power", type=float, nargs="*", default=[0.1, 0.2, 0.4, 0.8],
+    p.add_argument("--power", type=float, nargs="*", default=[0.1, 0.2, 0.4, 0.8, 1.6, 3.2],
                    help="planted ascent heights (E_gen units) for the per-run power")
     p.add_argument("--fresh", type=int, default=2048, help="fresh seeds per kept checkpoint (0: skip)")
     p.add_argument("--fresh-every", type=int, default=50, help="re-evaluate the kept checkpoint every N epochs")
+    p.add_argument("--upto-epochs", type=int, default=None,
+                   help="analyse every run on its epochs before N only (a run since extended beyond N)")
+    p.add_argument("--reuse-fresh", action="store_true",
+                   help="take the fresh-seed re-evaluation of a run from --out when recorded on the same epochs "
+                        "(only the detectors' analysis and the power are redone)")
     p.add_argument("--out", type=Path, default=RESULT)
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded: the command that made a results file
     return {"run": cmd_run, "analyse": cmd_analyse, "status": cmd_status}[args.command](args)
 
 

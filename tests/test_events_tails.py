@@ -55,6 +55,25 @@ def test_isolated_jumps_leaves_steep_starts_level_shifts_and_smooth_extrema():
     assert not isolated_jumps(smooth_min).any()
 
 
+def test_the_top_of_a_tall_smooth_peak_is_no_jump():
+    """A tall smooth ascent on a quiet curve (a planted 60-epoch ascent twice E_gen's size, issue
+    39's study): the evaluation beside its top is beyond both side medians with a step a third of
+    that excess (a parabola's ratio), so it once passed as a jump, was removed, and the gap made
+    the noise look heavy-tailed (the event undecided). A jump is its neighbourhood's extremum."""
+    t60 = np.arange(60)
+    found = 0
+    for seed in range(20):
+        y = _trend() + np.random.default_rng(seed).normal(0.0, 0.002, N)
+        y[300:360] += 3.2 * 0.5 * (1 - np.cos(2 * np.pi * t60 / 60))
+        found += bool(isolated_jumps(y).any())
+        spiky = y.copy()
+        spiky[100] += 0.5
+        assert np.flatnonzero(isolated_jumps(spiky)).tolist() == [100]  # a real spike still is one
+    assert found == 0
+    e = detect_double_descent(T, y)
+    assert e is not None and e.status == "confirmed" and 320 <= e.epoch <= 340, None if e is None else e.to_dict()
+
+
 @pytest.mark.parametrize("height", [0.05, 0.5, 5.0, 500.0])
 def test_a_single_epoch_spike_of_any_height_never_makes_an_event(height):
     """The issue's case: one spike at epoch 300 on a null run made a double descent peaking at

@@ -251,3 +251,38 @@ def test_the_k3_error_structure_numbers_are_the_record():
             "fn": f"{e['n_x_repeat']['F']:.2f}", "pn": f"{e['n_x_repeat']['p']:.5f}"}
     got = re.findall(r"<!-- err3:(\w+) -->(.*?)<!-- /err3 -->", (ROOT / "docs/sweeps.md").read_text())
     assert sorted(k for k, _ in got) == sorted(want) and all(want[k] == v for k, v in got)
+
+
+def test_the_mtog_digits_per_trial_events_are_the_record():
+    """docs/events.md's per-trial events of the K = 3 sweep (table and counts) are those of
+    ``mtog_digits_k3_events.json``, and the counts are the trials' own (not the summary's copy)."""
+    rec = json.loads((ROOT / "experiments/results/mtog_digits_k3_events.json").read_text())
+    text = (ROOT / "docs/events.md").read_text()
+    block = re.search(r"<!-- mtog-events:start -->\n(.*?)\n<!-- mtog-events:end -->", text, re.S)
+    assert block is not None and block.group(1) == rec["table_md"]
+    quoted = dict(re.findall(r"<!-- mtog:(\w+) -->(\d+)<!-- /mtog -->", text))
+    names = [e["name"] for r in rec["trials"] for e in r["events"]]
+    assert quoted == {"trials": str(len(rec["trials"])), "mo": str(names.count("memorization_onset")),
+                      "el": str(names.count("early_learning")),
+                      "agree": str(sum(r["agrees_with_run"] for r in rec["trials"]))}
+    assert not [n for n in names if n not in ("memorization_onset", "early_learning")]  # "no double descent"
+
+
+def test_the_null_family_list_in_the_docs_is_the_code():
+    """docs/events.md lists every null family of ``experiments/calibration.py`` with its side of
+    the split (``calibrate_events.family_table``), including the long-run families."""
+    import calibrate_events as ce
+
+    text = (ROOT / "docs/events.md").read_text()
+    a, b = ce.FAMILY_MARKERS
+    assert text.split(a, 1)[1].split(b, 1)[0] == "\n" + ce.family_table() + "\n"
+    assert "`long_t1000_spike_m1024` | held-out | long | 1000 |" in ce.family_table()
+
+
+def test_the_sgd_arms_power_at_a_third_of_e_gen_is_the_record():
+    """The docs' count of placements at height 0.8 confirmed on the SGD arms is the record's."""
+    rec = json.loads(STUDY.read_text())
+    hits = sum(round(5 * r["power"]["power"]["0.8"]) for r in rec["runs"] if r["arm"].startswith("sgd_lr"))
+    total = 5 * sum(1 for r in rec["runs"] if r["arm"].startswith("sgd_lr"))
+    text = (ROOT / "docs/events.md").read_text()
+    assert re.findall(r"<!-- dd:p08 -->(.*?)<!-- /dd -->", text) == [f"{hits} of the {total}"]

@@ -75,6 +75,7 @@ __all__ = [
     "divergence",
     "min_extent",
     "find_transients",
+    "describe_transient",
     "MIN_SIGMA",
     "noise_unit",
     "turning_points",
@@ -97,16 +98,25 @@ REGIMES = ("generalization", "transition", "memorization")
 MIN_SIGMA = 2.5
 #: hysteresis of the candidate search on the selection half, in noise units of a leg
 PROPOSE_SIGMA = 2.0
-#: an event's legs last: each spans at least max(2 window + 1, MIN_EXTENT_SHARE x the run's
-#: evaluations) -- the paper's ascent lasts tens of epochs (PFD paper Fig. 4), a bad batch's
-#: excursion (even smoothed by an EMA of the logged value) a few
+#: an event's legs last: each spans at least max(2 window + 1, min(MIN_EXTENT_SHARE x the run's
+#: evaluations, MIN_EXTENT_CAP)) -- the paper's ascent lasts tens of epochs (PFD paper Fig. 4), a
+#: bad batch's excursion (even smoothed by an EMA of the logged value) a few
 MIN_EXTENT_SHARE = 0.04
+#: the share stops growing at this many evaluations (reached at 500): a transient's width does not
+#: grow with the run, so a longer run must not ask a longer ascent of an event (docs/events.md)
+MIN_EXTENT_CAP = 20
+#: a narrow peak is listed as a transient when it stands this many noise units above the minima
+#: beside it (the jump component's JUMP_SIGMA: clearly not noise; an EMA of noisy values has
+#: narrow bumps of a few units everywhere)
+TRANSIENT_PEAK_SIGMA = 5.0
 
 
 def min_extent(n: int, window: int) -> int:
     """The fewest evaluations a leg of an event spans on a run of ``n`` evaluations (see
-    :data:`MIN_EXTENT_SHARE`): whatever its height, an excursion shorter than that is a transient."""
-    return max(2 * int(window) + 1, int(math.ceil(MIN_EXTENT_SHARE * int(n))))
+    :data:`MIN_EXTENT_SHARE`, :data:`MIN_EXTENT_CAP`): whatever its height, an excursion shorter
+    than that is a transient."""
+    share = min(int(math.ceil(MIN_EXTENT_SHARE * int(n))), MIN_EXTENT_CAP)
+    return max(2 * int(window) + 1, share)
 
 
 def _half_width(s: np.ndarray, b: int, base: float) -> int:
@@ -627,25 +637,74 @@ def _lasts(s: np.ndarray, a: int, b: int, c: int, extent: int) -> bool:
     return b - a >= extent and c - b >= extent and _half_width(s, b, max(s[a], s[c])) >= extent
 
 
-def find_transients(epochs, values, *, window: PositiveInt = 5, threshold: Optional[float] = None) -> list:
-    """Excursions of a curve that are not events: peaks of the smoothed curve at least
-    ``threshold`` (default: ``MIN_SIGMA`` robust units of the epoch-to-epoch noise) above the higher of the
-    minima beside them, and narrower at half height than :func:`min_extent` evaluations (a bad
-    batch, a loss spike). ``[{"epoch", "height", "width_evaluations"}]``, reported beside the
-    events, never as one."""
+def _transient_scale(y: np.ndarray, window: int) -> float:
+    """The noise unit of :func:`find_transients`: the larger of the epoch-to-epoch noise
+    (:func:`~lightning_pfd.analysis.smoothing.estimate_noise`) and the robust sd of the curve
+    around a wide smoother (4·window + 1 evaluations), which sees noise that an EMA of the logged
+    value made smooth at the evaluation spacing (its second differences are small, its bumps not)."""
     from .smoothing import estimate_noise
 
+    r = y - smooth(y, 4 * int(window) + 1)
+    wide = 1.482602218505602 * float(np.median(np.abs(r - np.median(r))))
+    return max(float(estimate_noise(y)), wide)
+
+
+def _jump_transients(x: np.ndarray, y: np.ndarray, window: int) -> list:
+    """The isolated jumps of the curve (:func:`~lightning_pfd.analysis.inference.isolated_jumps`:
+    a bad batch, with the EMA tail it leaves), one transient per run of consecutive jump
+    evaluations: its first epoch, its height over the median of the ``window`` evaluations before
+    it (signed: a dip is negative) and its width."""
+    from .inference import isolated_jumps
+
+    mask = isolated_jumps(y, window)
+    out, i, k = [], 0, max(2, int(window))
+    while i < y.size:
+        if not mask[i]:
+            i += 1
+            continue
+        j = i
+        while j + 1 < y.size and mask[j + 1]:
+            j += 1
+        base = float(np.median(y[max(0, i - k):i]))
+        out.append({"epoch": _epoch(x[i]), "height": float(y[i] - base), "width_evaluations": int(j - i + 1),
+                    "kind": "jump"})
+        i = j + 1
+    return out
+
+
+def describe_transient(t: dict) -> str:
+    """One line for a transient of :func:`find_transients` (console, report.md, W&B table)."""
+    h, w = float(t["height"]), int(t["width_evaluations"])
+    if t.get("kind") == "jump":
+        tail = f" and {w - 1} evaluation(s) of its decay" if w > 1 else ""
+        return (f"isolated jump of E_gen by {h:+.3g}{tail}: a bad batch, removed before any test "
+                "(not an event)")
+    return f"narrow peak of E_gen, {h:+.3g} over {w} evaluation(s) at half height (not an event)"
+
+
+def find_transients(epochs, values, *, window: PositiveInt = 5, threshold: Optional[float] = None) -> list:
+    """Excursions of a curve that are not events, reported beside the events, never as one:
+
+    - ``kind = "jump"``: the isolated jumps the noise model removes before any test (a bad batch
+      raising E_gen for one epoch, and its EMA tail; :func:`_jump_transients`);
+    - ``kind = "peak"``: peaks of the smoothed curve at least ``threshold`` (default
+      :data:`TRANSIENT_PEAK_SIGMA` units of :func:`_transient_scale`) above the higher of the minima beside them and narrower
+      at half height than :func:`min_extent` evaluations, not already reported as a jump.
+
+    ``[{"epoch", "height", "width_evaluations", "kind"}]`` in epoch order."""
     x, y = np.asarray(epochs, float), np.asarray(values, float)
     keep = np.isfinite(y)
     x, y = x[keep], y[keep]
     if x.size < 2 * window + 3:
         return []
+    jumps = _jump_transients(x, y, window)
     s = smooth(y, window)
-    thr = threshold if threshold is not None else MIN_SIGMA * estimate_noise(y)
+    thr = threshold if threshold is not None else TRANSIENT_PEAK_SIGMA * _transient_scale(y, window)
     if not thr > 0:
-        return []
+        return jumps
     piv = turning_points(s, thr)
-    extent, out = min_extent(x.size, window), []
+    extent, peaks = min_extent(x.size, window), []
+    near = {j["epoch"] for j in jumps}
     for k in range(1, len(piv) - 1):
         b, kind = piv[k]
         if kind != "max":
@@ -653,9 +712,11 @@ def find_transients(epochs, values, *, window: PositiveInt = 5, threshold: Optio
         a, c = piv[k - 1][0], piv[k + 1][0]
         base = max(s[a], s[c])
         width = _half_width(s, b, base)
-        if width < extent and s[b] - base >= thr:
-            out.append({"epoch": _epoch(x[b]), "height": float(s[b] - base), "width_evaluations": int(width)})
-    return out
+        lo, hi = x[max(0, b - window)], x[min(x.size - 1, b + window)]
+        if width < extent and s[b] - base >= thr and not any(lo <= e <= hi for e in near):
+            peaks.append({"epoch": _epoch(x[b]), "height": float(s[b] - base), "width_evaluations": int(width),
+                          "kind": "peak"})
+    return sorted(jumps + peaks, key=lambda t: t["epoch"])
 
 
 def detect_double_descent(epochs, e_gen, *, units=None, window: PositiveInt = 5,

@@ -325,9 +325,9 @@ def isolated_jumps(y: np.ndarray, window: int = 5) -> np.ndarray:
     :data:`JUMP_FLOOR` times the curve's median level, so a noiseless curve has none) — plus their
     decaying tail (an EMA of a logged metric): following evaluations whose excess over the level
     before the jump stays above :data:`JUMP_TAIL_SIGMA`·σ, at most ``window`` of them. A jump is
-    also concentrated at its evaluation: its step to each neighbour is at least
-    :data:`JUMP_CONCENTRATION` of its excess (a smooth extremum's excess is several times its
-    steps). The first ``window`` evaluations and the last one (one side only) are never jumps;
+    also concentrated at its evaluation: it is beyond both neighbours, and its step to each is
+    at least :data:`JUMP_CONCENTRATION` of its excess (a smooth extremum's excess is several times
+    its steps; beside a tall smooth peak's top, about three times). The first ``window`` evaluations and the last one (one side only) are never jumps;
     steep monotone stretches lie between the two medians and a level shift that persists is not
     isolated. All False for curves shorter than 2·window + 3."""
     y = np.asarray(y, dtype=np.float64)
@@ -351,7 +351,13 @@ def isolated_jumps(y: np.ndarray, window: int = 5) -> np.ndarray:
     # concentrated at t: a jump leaves both neighbours behind (a smooth extremum's excess over the
     # side medians is several times its step to either neighbour)
     step = np.minimum(np.abs(y[t] - y[t - 1]), np.abs(y[t] - y[t + 1]))
-    out[t] = (np.abs(excess) > JUMP_SIGMA * sigma) & (step >= JUMP_CONCENTRATION * np.abs(excess))
+    # and a jump is the extremum of its neighbourhood: beyond both neighbours in its direction
+    # (on the flank of a tall smooth peak with little noise, the evaluation next to the top is
+    # beyond both side medians with a step of a third of that excess, as a parabola has)
+    up = (y[t] > y[t - 1]) & (y[t] > y[t + 1])
+    down = (y[t] < y[t - 1]) & (y[t] < y[t + 1])
+    extremum = np.where(excess > 0, up, down)
+    out[t] = (np.abs(excess) > JUMP_SIGMA * sigma) & (step >= JUMP_CONCENTRATION * np.abs(excess)) & extremum
     for j in np.flatnonzero(out):  # the EMA tail of an upward / downward jump
         if j > 0 and out[j - 1]:
             continue

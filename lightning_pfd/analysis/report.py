@@ -37,7 +37,7 @@ from .. import keys as keys_registry
 from ..atomic import atomic_write
 from ..errors import ConfigError, renamed_fields
 from ..validation import check_args
-from .events import DEFAULT_KEYS, MIN_SIGMA, RunAnalysis, analyze_history
+from .events import DEFAULT_KEYS, MIN_SIGMA, RunAnalysis, analyze_history, describe_transient
 from .history import History
 
 __all__ = ["write_report", "render_markdown", "SETTINGS_FILE", "saved_metric_keys",
@@ -360,8 +360,7 @@ def _events_md(analysis: RunAnalysis) -> list:
     if spikes:
         out += ["**Transients** (excursions of E_gen narrower than an event's minimum extent: a bad "
                 "batch or a loss spike; never reported as an event):", ""]
-        out += [f"- epoch {format_value(t['epoch'])}: +{format_value(t['height'], 3)} over "
-                f"{t['width_evaluations']} evaluations at half height" for t in spikes] + [""]
+        out += [f"- epoch {format_value(t['epoch'])}: {describe_transient(t)}" for t in spikes] + [""]
     found = {e.name for e in analysis.events} | {e.name for e in analysis.undecided}
     missing = [n for n in _EXPLAIN if n not in found]
     if missing:

@@ -89,6 +89,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from .. import keys as keys_registry
 from ..analysis.events import (DEFAULT_KEYS, DIVERGED_KEYS, MIN_SIGMA, Event, RunAnalysis, analyze_history,
+                                      describe_transient,
                                       format_epoch)
 from ..analysis.history import History
 from ..analysis.per_unit import UnitMemory, load_units
@@ -417,7 +418,7 @@ class RegimeMonitor(Callback):
                          float(e.detected_epoch), e.describe()])
         for t in getattr(self, "transients", []):
             rows.append(["transient", "not an event", float(t["epoch"]), float("nan"), float(t["epoch"]),
-                         f"spike of E_gen: +{t['height']:.3g}, {t['width_evaluations']} evaluation(s) wide at half height"])
+                         describe_transient(t)])
         if self.regime is not None:
             rows.append(["regime", "final", float("nan"), float("nan"), float("nan"),
                          f"{self.regime['name']}: " + "; ".join(self.regime["reasons"])])
@@ -474,9 +475,8 @@ class RegimeMonitor(Callback):
         if self.transients:  # named as what they are, never as an event
             metrics["events/transients"] = float(len(self.transients))
             for t in self.transients:
-                lines.append(f"[bold cyan]transient[/] at epoch {format_epoch(t['epoch'])}: E_gen up "
-                             f"{t['height']:.3g} for {t['width_evaluations']} evaluation(s) at half height "
-                             "(a spike, not an event)")
+                lines.append(f"[bold cyan]transient[/] at epoch {format_epoch(t['epoch'])}: "
+                             + describe_transient(t))
         on, icr = final.get("memorization_onset"), final.get("icr_minimum")
         if on is not None and icr is not None:  # the lead of the final events
             lead = float(on.epoch) - float(icr.epoch)
