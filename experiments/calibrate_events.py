@@ -100,11 +100,11 @@ def family_table() -> str:
 
 
 #: the markers of the generated tables in docs/events.md (``--write-docs``; tests compare them)
-DOCS_MARKERS = ("<!-- calibration-v6:start -->", "<!-- calibration-v6:end -->")
+DOCS_MARKERS = ("<!-- calibration-v7:start -->", "<!-- calibration-v7:end -->")
 
 
 def docs_block(nulls_record: dict, power_record: dict) -> str:
-    """The held-out table and the power table of the recorded v6 results, as docs/events.md
+    """The held-out table and the power table of the recorded v7 results, as docs/events.md
     shows them between :data:`DOCS_MARKERS` (generated, never typed: issue 42)."""
     return "\n".join([f"Nulls: `{nulls_record['command']}`.", "", null_table(nulls_record["nulls"], "held_out"), "",
                       f"Power: `{power_record['command']}`.", "", power_table(power_record["power"]), ""])
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
                          "markers) and exit")
     ap.add_argument("--write-docs", nargs=2, metavar=("NULLS_JSON", "POWER_JSON"), default=None,
                     help="only write the tables of two recorded results into docs/events.md (between "
-                         "its calibration-v6 markers) and exit")
+                         "its calibration-v7 markers) and exit")
     args = ap.parse_args(argv)
     if args.write_families:
         page = ROOT / "docs/events.md"

@@ -238,7 +238,7 @@ def test_new_families_are_on_both_sides_and_their_noise_has_its_size():
 
 def test_new_null_families_at_small_size():
     """The calibration of the new families at small size (the full held-out table at >= 300 runs
-    per family: experiments/results/calibrate_events_v6.md): few of 10 runs per family have a
+    per family: experiments/results/calibrate_events_v7.md): few of 10 runs per family have a
     confirmed event, none a non-finite significance."""
     names = [n for n in FAMILIES if FAMILIES[n].structure in ("tails", "schedule")]
     fams = [dataclasses.replace(FAMILIES[n], num_seeds=min(FAMILIES[n].num_seeds, 256), n_eval=300)
