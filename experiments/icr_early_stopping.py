@@ -235,8 +235,10 @@ def u_shape(n, t_min, rise):
     return down + up
 
 
+#: the level-1 ICR of the earlier icr_unet.json (small run; now its variant series icr_l1/icr), to 3
+#: decimals as this study recorded it (icr_early_stopping_v3.json): kept as recorded
 RECORDED = [0.478, 0.333, 0.377, 0.372, 0.378, 0.367, 0.366, 0.371, 0.357, 0.347, 0.351, 0.365, 0.375,
-            0.394, 0.407, 0.422, 0.432, 0.433, 0.441, 0.44]  # experiments/results/icr_unet.json, small
+            0.394, 0.407, 0.422, 0.432, 0.433, 0.441, 0.44]
 
 
 def first_stops(y, reps, horizon, patience=5, window=DEFAULT_WINDOW, seed=0):

@@ -117,8 +117,14 @@ def test_the_pite_sentences_quote_the_v4_record_with_holm():
     assert f"LOADER {loader['min']:.0f}–{loader['max']:.0f}" in card
 
 
+def _unmarked(text: str) -> str:
+    """The text as it renders: HTML comments (the quoted-number markers) removed."""
+    return re.sub(r"<!--.*?-->", "", text)
+
+
 def test_the_icr_trace_and_onset_numbers_are_the_records():
-    card = (ROOT / "docs/scorecard.md").read_text()
+    card = _unmarked((ROOT / "docs/scorecard.md").read_text())
+    assert ICR_UNET["levels"]["icr/icr"]["level"] == 3  # the reported series (issue 42 item 5)
     for name, n in (("small", 64), ("large", 1024)):
         ep = ICR_UNET["runs"][name]["epochs"]
         rs = ep[-1]["icr/trace_s"] / ep[0]["icr/trace_s"]
@@ -141,13 +147,13 @@ def test_the_superseded_double_descent_run_is_quoted_from_its_record():
 
 
 # ----------------------------------------------------------------------------- the event calibration
-def test_the_v6_calibration_tables_are_generated_from_their_records():
-    """docs/events.md's calibration-v6 block is docs_block() of the two recorded files, and the
+def test_the_v7_calibration_tables_are_generated_from_their_records():
+    """docs/events.md's calibration-v7 block is docs_block() of the two recorded files, and the
     prose's power figures are theirs."""
     import calibrate_events as ce  # experiments/ (tests/conftest.py puts it on the path)
 
-    nulls = json.loads((ROOT / "experiments/results/calibrate_events_v6.json").read_text())
-    power = json.loads((ROOT / "experiments/results/calibrate_events_v6_power.json").read_text())
+    nulls = json.loads((ROOT / "experiments/results/calibrate_events_v7.json").read_text())
+    power = json.loads((ROOT / "experiments/results/calibrate_events_v7_power.json").read_text())
     assert not nulls.get("partial") and all(r["runs"] >= 300 for r in nulls["nulls"].values())
     text = (ROOT / "docs/events.md").read_text()
     a = text.index(ce.DOCS_MARKERS[0]) + len(ce.DOCS_MARKERS[0])
@@ -156,11 +162,16 @@ def test_the_v6_calibration_tables_are_generated_from_their_records():
     want = {"fgn_dd": cell[("double_descent", "fgn_h0.8_m1024", 2048)],
             "cos_el": cell[("early_learning", "cosine_m256", 2048)],
             "cos_dd": cell[("double_descent", "cosine_m256", 2048)]}
-    assert dict(re.findall(r"<!-- v6p:(\w+) -->(.*?)<!-- /v6p -->", text)) == want
+    assert dict(re.findall(r"<!-- v7p:(\w+) -->(.*?)<!-- /v7p -->", text)) == want
 
 
-def test_the_v6_prose_names_the_families_over_two_percent():
-    nulls = json.loads((ROOT / "experiments/results/calibrate_events_v6.json").read_text())["nulls"]
+def test_the_v7_prose_names_the_families_over_two_percent_and_counts_them():
+    """The families over 2 % are named with their counts; the counts of README and the docs'
+    summary (families in all, held out, within 2 %) are the code's and the record's; the long
+    tune family's count and the cosine variants' are their records'."""
+    import calibration
+
+    nulls = json.loads((ROOT / "experiments/results/calibrate_events_v7.json").read_text())["nulls"]
     over = sorted(f for f, r in nulls.items() if r["rate"] > 0.02)
     text = " ".join((ROOT / "docs/events.md").read_text().split())
     for f in over:
@@ -168,6 +179,34 @@ def test_the_v6_prose_names_the_families_over_two_percent():
         assert f"`{f}`" in text
         assert f"{r['any_confirmed']}/{r['runs']} = {100 * r['rate']:.1f} %" in text
     assert over == ["heavy_t_m1024", "heavy_t_spikes_m1024"]  # the prose names exactly these
+    assert sorted(nulls) == sorted(calibration.HELD_OUT)  # every held-out family was run
+    want = {"all": str(len(calibration.FAMILIES)), "held": str(len(nulls)),
+            "within": str(sum(r["rate"] <= 0.02 for r in nulls.values()))}
+    for page in ("docs/events.md", "README.md"):
+        got = dict(re.findall(r"<!-- v7n:(\w+) -->(\d+)<!-- /v7n -->", (ROOT / page).read_text()))
+        assert got == {k: v for k, v in want.items() if k in got} and {"held", "within"} <= set(got), page
+    tune = json.loads((ROOT / "experiments/results/calibrate_events_v7_tune_long.json").read_text())["nulls"]
+    r = tune["long_t1000_ema_spike_m256"]
+    assert re.findall(r"<!-- v7t:long -->(.*?)<!-- /v7t -->", text) == [f"{r['any_confirmed']}/{r['runs']}"]
+    cpv = json.loads((ROOT / "experiments/results/cosine_power_variants.json").read_text())["variants"]
+    assert dict(re.findall(r"<!-- cpv:(\w+) -->(.*?)<!-- /cpv -->", text)) == {
+        k: f"{v['found']}/{v['runs']}" for k, v in cpv.items()}
+
+
+def test_v7_equals_v6_on_every_family_both_ran():
+    """The two changes of v7 (the extent cap beyond 500 evaluations, the jump's neighbour rule)
+    change no count on the 28 families of v6 and no cell of the power table (docs/events.md)."""
+    def counts(rec):
+        return {f: (r["any_confirmed"], {e: v["confirmed"] for e, v in r["events"].items()})
+                for f, r in rec["nulls"].items()}
+
+    v6 = counts(json.loads((ROOT / "experiments/results/calibrate_events_v6.json").read_text()))
+    v7 = counts(json.loads((ROOT / "experiments/results/calibrate_events_v7.json").read_text()))
+    assert {f: v7[f] for f in v6} == v6
+    cells = [{(r["event"], r["family"], r["num_seeds"]): r["planted"]["found"]
+              for r in json.loads((ROOT / f"experiments/results/calibrate_events_{v}_power.json").read_text())["power"]}
+             for v in ("v6", "v7")]
+    assert cells[0] == cells[1]
 
 
 def test_the_adam_1000_epoch_table_in_the_docs_is_the_record():
@@ -286,3 +325,140 @@ def test_the_sgd_arms_power_at_a_third_of_e_gen_is_the_record():
     total = 5 * sum(1 for r in rec["runs"] if r["arm"].startswith("sgd_lr"))
     text = (ROOT / "docs/events.md").read_text()
     assert re.findall(r"<!-- dd:p08 -->(.*?)<!-- /dd -->", text) == [f"{hits} of the {total}"]
+
+
+def test_the_scorecard_quotes_the_adam_arms_power_from_its_record():
+    rec = json.loads((ROOT / "experiments/results/double_descent_study_adam1000.json").read_text())
+    found = rec["verdicts"]["adam_ema"]["detectable"]
+    text = (ROOT / "docs/scorecard.md").read_text()
+    got = dict(re.findall(r"<!-- sc:(\w+) -->(.*?)<!-- /sc -->", text))
+    assert got["adam_share"] == f"{found['share_of_e_gen']:.0%}".replace("%", " %")
+    assert got["adam_power"] == f"{found['power']:.0%}".replace("%", " %")
+    assert found["height"] == 0.2
+
+
+# ----------------------------------------------------------------------------- ICR U-Net, level 3 (issue 42 item 5)
+def _icr_unet_quotes(res: dict) -> dict:
+    """Every number docs/icr.md and docs/scorecard.md quote from icr_unet.json between
+    ``<!-- icr:KEY -->`` and ``<!-- /icr -->``, by KEY (level 3 = ``icr/icr``; ``v_`` = the level-1
+    variant ``icr_l1``; ``s_`` / ``l_`` = N = 64 / N = 1024)."""
+    S, L = res["runs"]["small"], res["runs"]["large"]
+    out = {}
+    for p, r in (("s", S), ("l", L)):
+        sm, rv, d = r["summary"], r["rise_vs_spread"], r["diagnostics"]
+        pv = {row["epoch"]: row for row in r["paired_vs_min"]["icr/icr"]["rows"]}
+        out.update({f"{p}_first": sm["icr_first"], f"{p}_min": sm["icr_min"], f"{p}_min_ep": sm["icr_min_epoch"],
+                    f"{p}_last": sm["icr_last"], f"{p}_rise": rv["rise_last_minus_min"],
+                    f"{p}_sd_best": rv["sd_best"], f"{p}_sd_last": rv["sd_last"],
+                    f"{p}_range_best": rv["range_best"], f"{p}_range_last": rv["range_last"],
+                    f"{p}_rise_over_sd": rv["rise_over_sd"], f"{p}_pos": rv["paired_rise_positive_seeds"],
+                    f"{p}_held_mean": rv["paired_rise_other_seeds_mean"],
+                    f"{p}_held_se": rv["paired_rise_other_seeds_se"], f"{p}_held_min": rv["paired_rise_other_seeds_min"],
+                    f"{p}_z19": pv[19]["z"], f"{p}_random": d["random_linear_map_of_input"]["icr"],
+                    f"{p}_untrained": d["tap_untrained"]["icr"], f"{p}_cond": r["tau_effect"]["max_cond_xi"],
+                    f"{p}_tau_diff": r["tau_effect"]["max_abs_diff"],
+                    f"{p}_plain": r["early_stopping"]["plain_patience_stop_epoch"],
+                    f"{p}_es_best": r["early_stopping"]["best_epoch"]})
+        vs, vrv = r["variant"]["summary"], r["variant"]["rise_vs_spread"]
+        out.update({f"v_{p}_first": vs["icr_first"], f"v_{p}_min": vs["icr_min"], f"v_{p}_min_ep": vs["icr_min_epoch"],
+                    f"v_{p}_last": vs["icr_last"], f"v_{p}_rise": vrv["rise_last_minus_min"],
+                    f"v_{p}_sd_best": vrv["sd_best"], f"v_{p}_sd_last": vrv["sd_last"],
+                    f"v_{p}_pos": vrv["paired_rise_positive_seeds"], f"v_{p}_held_mean": vrv["paired_rise_other_seeds_mean"],
+                    f"v_{p}_held_se": vrv["paired_rise_other_seeds_se"]})
+        ep = r["epochs"]
+        out.update({f"{p}_trs": ep[-1]["icr/trace_s"] / ep[0]["icr/trace_s"],
+                    f"{p}_trx": ep[-1]["icr/trace_xi"] / ep[0]["icr/trace_xi"],
+                    f"v_{p}_trs": ep[-1]["icr_l1/trace_s"] / ep[0]["icr_l1/trace_s"],
+                    f"v_{p}_trx": ep[-1]["icr_l1/trace_xi"] / ep[0]["icr_l1/trace_xi"]})
+    se, sm = S["epochs"], S["summary"]
+    pv = {row["epoch"]: row for row in S["paired_vs_min"]["icr/icr"]["rows"]}
+    onset = [e for e in S["report"]["events"] if e["name"] == "memorization_onset"][0]
+    ts = [e["icr/trace_s"] for e in se]
+    peak = max(range(len(ts)), key=ts.__getitem__)
+    low = min(range(peak, len(ts)), key=ts.__getitem__)
+    out.update({"s_ep2": se[2]["icr/icr"], "s_ep5": se[5]["icr/icr"], "s_z2": pv[2]["z"], "s_z5": pv[5]["z"],
+                "s_onset": sm["mem_onset_epoch"], "s_first_nonzero": sm["mem_first_nonzero_epoch"],
+                "s_det_onset": onset["epoch"], "s_det_z": onset["z"], "s_lead": sm["lead_epochs"],
+                "s_mem_last": sm["mem_last"], "s_kept": S["diagnostics"]["best_checkpoint"]["icr_remeasured"],
+                "s_cond_untr": S["diagnostics"]["tap_untrained"]["cond_xi"] / 1e11,
+                "s_trs_peak": ts[peak], "s_trs_peak_ep": peak, "s_trs_low": ts[low], "s_trs_low_ep": low,
+                "s_trx_last": se[-1]["icr/trace_xi"],
+                "l_argmin_rel": L["tau_effect"]["argmin_relative"],
+                "l_ep7": L["epochs"][L["tau_effect"]["argmin_relative"]]["icr/icr"]})
+    vl = S["diagnostics"]["view_seed_spread_last_icr_l1"]["values"]
+    out.update({"v_s_last_seed_min": min(vl), "v_s_last_seed_max": max(vl)})
+    mv = S["diagnostics"]["many_views"]
+    for tag, dp in (("mv16", "16"), ("mvfull", "None")):
+        for i in (0, 1):
+            out[f"{tag}_b{i + 1}"] = mv[f"d_proj={dp}/best"][i]
+            out[f"{tag}_l{i + 1}"] = mv[f"d_proj={dp}/last"][i]
+    rows = res["sweeps"]["large_last"]["rows"]
+    i_min = min(range(len(rows)), key=lambda i: rows[i]["icr"])
+    out.update({"l_sw_sigma": rows[i_min]["sigma"], "l_sw_min": rows[i_min]["icr"], "l_sw_se": rows[i_min]["icr_se"],
+                "l_sw_low": rows[0]["icr"], "l_sw_high": rows[-1]["icr"],
+                "l_probe": max(row["probe_acc"] for row in rows)})
+    for n in ("small", "large"):
+        sec = res["wall_seconds"][f"fit_{n}"]
+        out[f"fit_{n}"] = f"{int(sec // 60)} min {round(sec % 60)} s"
+    return out
+
+
+def _quoted_agrees(cell: str, value) -> bool:
+    if isinstance(value, str):
+        return cell == value
+    cell = cell.replace("−", "-")
+    if re.fullmatch(r"[+-]?\d+", cell) and isinstance(value, int):
+        return int(cell) == value
+    if not re.fullmatch(r"[+-]?\d+(\.\d+)?", cell):
+        return False
+    decimals = len(cell.split(".")[1]) if "." in cell else 0
+    return f"{value:{'+' if cell[0] == '+' else ''}.{decimals}f}" == cell
+
+
+def _icr_marks(text: str) -> list:
+    return re.findall(r"<!-- icr:(\w+) -->(.*?)<!-- /icr -->", text)
+
+
+@pytest.mark.parametrize("page,at_least", [("docs/icr.md", 60), ("docs/scorecard.md", 30)])
+def test_the_icr_unet_numbers_quoted_are_the_level3_record(page, at_least):
+    """docs/icr.md's U-Net section and the scorecard's ICR rows quote icr_unet.json: each marked
+    number equals the record, rounded as printed (a changed record fails until the text follows)."""
+    want = _icr_unet_quotes(ICR_UNET)
+    marks = _icr_marks((ROOT / page).read_text())
+    wrong = [f"{k}: page {v!r}, record {want.get(k)!r}" for k, v in marks
+             if k not in want or not _quoted_agrees(v, want[k])]
+    assert wrong == [] and len(marks) >= at_least, (wrong, len(marks))
+
+
+def test_the_icr_unet_quote_check_can_fail():
+    want = _icr_unet_quotes(ICR_UNET)
+    assert _quoted_agrees(f"{want['s_rise']:.3f}", want["s_rise"])
+    assert not _quoted_agrees(f"{want['s_rise'] + 0.001:.3f}", want["s_rise"])
+    assert not _quoted_agrees("−0.004", 0.004) and _quoted_agrees("+0.079", 0.0792) and not _quoted_agrees("0.08", 0.0792 + 0.01)
+
+
+def test_the_icr_unet_tables_in_the_docs_are_the_record():
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from icr_unet import doc_tables
+
+    text = (ROOT / "docs/icr.md").read_text()
+    for name, table in doc_tables(ICR_UNET).items():
+        block = re.search(rf"<!-- icr-unet-{name}:start -->\n(.*?)<!-- icr-unet-{name}:end -->", text, re.S)
+        assert block is not None, name
+        assert block.group(1) == table, name
+
+
+def test_the_icr_unet_configs_report_level3_with_a_level1_variant():
+    import yaml
+
+    for name in ("small", "large"):
+        cfg = yaml.safe_load((ROOT / f"lightning_pfd/configs/experiments/icr_unet_{name}.yaml").read_text())
+        mons = [c["init_args"] for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("ICRMonitor")]
+        main = [m for m in mons if m.get("name", "icr") == "icr"]
+        var = [m for m in mons if m.get("name") == "icr_l1"]
+        assert len(mons) == 2 and len(main) == 1 and len(var) == 1
+        assert main[0]["level"] == 3 and var[0]["level"] == 1
+        for k in ("d_proj", "seed", "views_per_image"):
+            assert main[0][k] == var[0][k]
+        assert ICR_UNET["runs"][name]["summary"]["level"] == 3
+        assert ICR_UNET["runs"][name]["variant"]["summary"]["level"] == 1
