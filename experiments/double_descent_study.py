@@ -375,14 +375,21 @@ def cmd_analyse(args) -> int:
                          "confirmed_seeds": confirmed,
                          "first_descent_still_running": still,
                          "regimes": sorted({r["regime"]["regime"] for r in rs})}
+    analysis = "python experiments/double_descent_study.py " + " ".join(args.argv)
+    for r in runs:
+        r["analysed_by"] = analysis
     if args.out.is_file():  # keep the recorded arms not analysed now (the grid runs over sessions)
         earlier = json.loads(args.out.read_text())
-        runs = [r for r in earlier.get("runs", []) if r["arm"] not in args.arms] + runs
+        kept = [dict(r, analysed_by=r.get("analysed_by", earlier.get("analysis")))
+                for r in earlier.get("runs", []) if r["arm"] not in args.arms]
+        runs = kept + runs
         verdicts = {**{a: v for a, v in earlier.get("verdicts", {}).items() if a not in args.arms}, **verdicts}
         args.arms = list(dict.fromkeys([r["arm"] for r in runs] + list(args.arms)))
+    # a file merged over sessions names every analysis that made one of its rows, in order
+    analysis = "; then ".join(dict.fromkeys(r["analysed_by"] for r in runs if r.get("analysed_by")))
     out = {"config": str(CONFIG.relative_to(ROOT)), "arms": {a: ARMS[a] for a in args.arms},
            "command": f"python experiments/double_descent_study.py run --root {args.root} --jobs N",
-           "analysis": "python experiments/double_descent_study.py " + " ".join(args.argv),
+           "analysis": analysis,
            "max_epochs": args.max_epochs, "regime_tol": args.regime_tol, "runs": runs, "verdicts": verdicts,
            "recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -335,6 +335,11 @@ def test_the_scorecard_quotes_the_adam_arms_power_from_its_record():
     assert got["adam_share"] == f"{found['share_of_e_gen']:.0%}".replace("%", " %")
     assert got["adam_power"] == f"{found['power']:.0%}".replace("%", " %")
     assert found["height"] == 0.2
+    sgd = json.loads(STUDY.read_text())["verdicts"]["sgd_ema_lr0.01"]["detectable"]
+    assert got["sgdema_share"] == f"{sgd['share_of_e_gen']:.0%}".replace("%", " %")
+    assert got["sgdema_power"] == f"{sgd['power']:.0%}".replace("%", " %") and sgd["height"] == 0.2
+    lo, hi = sorted(round(100 * v["share_of_e_gen"]) for v in (found, sgd))
+    assert f"ascent of {lo}–{hi} % of E_gen" in (ROOT / "README.md").read_text()  # the two EMA arms
 
 
 # ----------------------------------------------------------------------------- ICR U-Net, level 3 (issue 42 item 5)
