@@ -645,7 +645,7 @@ def _transient_scale(y: np.ndarray, window: int) -> float:
     from .smoothing import estimate_noise
 
     r = y - smooth(y, 4 * int(window) + 1)
-    wide = 1.482602218505602 * float(np.median(np.abs(r - np.median(r))))
+    wide = 1.482602218505602 * float(np.median(np.abs(r - np.median(r))))  # MAD -> sd
     return max(float(estimate_noise(y)), wide)
 
 
@@ -688,8 +688,9 @@ def find_transients(epochs, values, *, window: PositiveInt = 5, threshold: Optio
     - ``kind = "jump"``: the isolated jumps the noise model removes before any test (a bad batch
       raising E_gen for one epoch, and its EMA tail; :func:`_jump_transients`);
     - ``kind = "peak"``: peaks of the smoothed curve at least ``threshold`` (default
-      :data:`TRANSIENT_PEAK_SIGMA` units of :func:`_transient_scale`) above the higher of the minima beside them and narrower
-      at half height than :func:`min_extent` evaluations, not already reported as a jump.
+      :data:`TRANSIENT_PEAK_SIGMA` units of :func:`_transient_scale`) above the higher of the
+      minima beside them and narrower at half height than :func:`min_extent` evaluations, not
+      already reported as a jump.
 
     ``[{"epoch", "height", "width_evaluations", "kind"}]`` in epoch order."""
     x, y = np.asarray(epochs, float), np.asarray(values, float)

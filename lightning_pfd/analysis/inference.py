@@ -327,9 +327,10 @@ def isolated_jumps(y: np.ndarray, window: int = 5) -> np.ndarray:
     before the jump stays above :data:`JUMP_TAIL_SIGMA`·σ, at most ``window`` of them. A jump is
     also concentrated at its evaluation: it is beyond both neighbours, and its step to each is
     at least :data:`JUMP_CONCENTRATION` of its excess (a smooth extremum's excess is several times
-    its steps; beside a tall smooth peak's top, about three times). The first ``window`` evaluations and the last one (one side only) are never jumps;
-    steep monotone stretches lie between the two medians and a level shift that persists is not
-    isolated. All False for curves shorter than 2·window + 3."""
+    its steps; beside a tall smooth peak's top, about three times). The first ``window``
+    evaluations and the last one (one side only) are never jumps; steep monotone stretches lie
+    between the two medians and a level shift that persists is not isolated. All False for
+    curves shorter than 2·window + 3."""
     y = np.asarray(y, dtype=np.float64)
     n, k = y.size, max(2, int(window))
     out = np.zeros(n, dtype=bool)

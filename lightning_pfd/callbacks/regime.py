@@ -89,8 +89,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from .. import keys as keys_registry
 from ..analysis.events import (DEFAULT_KEYS, DIVERGED_KEYS, MIN_SIGMA, Event, RunAnalysis, analyze_history,
-                                      describe_transient,
-                                      format_epoch)
+                               describe_transient, format_epoch)
 from ..analysis.history import History
 from ..analysis.per_unit import UnitMemory, load_units
 from ..analysis.report import check_settings, save_detector_settings
