@@ -467,3 +467,22 @@ def test_the_icr_unet_configs_report_level3_with_a_level1_variant():
             assert main[0][k] == var[0][k]
         assert ICR_UNET["runs"][name]["summary"]["level"] == 3
         assert ICR_UNET["runs"][name]["variant"]["summary"]["level"] == 1
+
+
+def test_the_sgd_ema_1000_epoch_table_and_numbers_are_the_record():
+    from double_descent_study import table
+
+    text = (ROOT / "docs/events.md").read_text()
+    record = json.loads((ROOT / "experiments/results/double_descent_study_sgdema1000.json").read_text())
+    block = re.search(r"<!-- study-table-sgdema1000:start -->\n(.*?)<!-- study-table-sgdema1000:end -->", text, re.S)
+    assert block is not None and block.group(1) == table(record)
+    got = dict(re.findall(r"<!-- sgdema:(\w+) -->(.*?)<!-- /sgdema -->", text))
+    runs = record["runs"]
+    left = [r["epochs_run"] - 1 - r["first_descent"]["epoch"] for r in runs]
+    found = record["verdicts"]["sgd_ema_lr0.01"]["detectable"]
+    assert got == {"ends": ", ".join(str(r["first_descent"]["epoch"]) for r in runs),
+                   "left": f"{min(left)}–{max(left)}",
+                   "share": f"{found['share_of_e_gen']:.0%}".replace("%", " %")}
+    assert all(r["first_descent"]["ended"] for r in runs) and not record["verdicts"]["sgd_ema_lr0.01"]["confirmed_seeds"]
+    ends = sorted(r["first_descent"]["epoch"] for r in runs)
+    assert f"end their first descent late (epochs {ends[0]}–{ends[-1]})" in (ROOT / "docs/scorecard.md").read_text()
