@@ -486,3 +486,21 @@ def test_the_sgd_ema_1000_epoch_table_and_numbers_are_the_record():
     assert all(r["first_descent"]["ended"] for r in runs) and not record["verdicts"]["sgd_ema_lr0.01"]["confirmed_seeds"]
     ends = sorted(r["first_descent"]["epoch"] for r in runs)
     assert f"end their first descent late (epochs {ends[0]}–{ends[-1]})" in (ROOT / "docs/scorecard.md").read_text()
+
+
+def test_the_sweeps_step_budget_is_the_configs():
+    """docs/sweeps.md's passes over the data per trial follow from the shipped sweep and its base:
+    max_epochs x steps per epoch x batch / N."""
+    import yaml
+
+    sweep = yaml.safe_load((ROOT / "lightning_pfd/configs/sweeps/mtog_digits.yaml").read_text())
+    base = yaml.safe_load((ROOT / "lightning_pfd/configs/quickstart.yaml").read_text())
+    epochs = sweep["shared"]["trainer.max_epochs"]
+    batch = base["data"]["init_args"]["batch_size"]
+    steps = base["data"]["init_args"]["samples_per_epoch"] // batch
+    ns = sweep["grid"]["data.init_args.n_train"]
+    samples = epochs * steps * batch
+    text = " ".join((ROOT / "docs/sweeps.md").read_text().split())
+    assert (f"the same {epochs * steps} steps of batch {batch}" in text and f"{samples:,}".replace(",", " ") in text)
+    assert f"{samples // min(ns):,}".replace(",", " ") + f" passes over the data at N = {min(ns)}, " \
+        f"{round(samples / max(ns))} at N = {max(ns)}" in text
