@@ -289,7 +289,7 @@ def paired_contrasts(run: Path, key: str, ref_epoch: int) -> dict:
     se^2 = (G-1)/G sum_g (d_g - mean d)^2. Within-seed sampling of images only: the spread over
     view seeds / projections is the diagnostics' view_seed_spread."""
     import numpy as np
-    from lightning_pfd.analysis.per_unit import read_records
+    from lightning_pfd.analysis.per_unit import read_records, value_and_se
 
     recs, problems = read_records(run / "per_unit")
     by_epoch = {r.epoch: r for r in recs.get(key, [])}
@@ -302,9 +302,8 @@ def paired_contrasts(run: Path, key: str, ref_epoch: int) -> dict:
         r = by_epoch[e]
         assert np.array_equal(np.sort(r.units), ref.units[order])
         d = r.values[np.argsort(r.units)] - ref.values[order]
-        g = d.size
-        se = math.sqrt((g - 1) / g * float(np.sum((d - d.mean()) ** 2)))
         diff = r.value - ref.value
+        se = value_and_se(d, "jackknife", diff)[1]  # the paired replicates' jackknife error
         rows.append({"epoch": e, "diff": diff, "se": se, "z": diff / se if se > 0 else None})
     return {"key": key, "ref_epoch": ref_epoch, "groups": int(ref.units.size), "problems": problems,
             "rows": rows}

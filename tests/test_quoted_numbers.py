@@ -327,17 +327,22 @@ def test_the_sgd_arms_power_at_a_third_of_e_gen_is_the_record():
     assert re.findall(r"<!-- dd:p08 -->(.*?)<!-- /dd -->", text) == [f"{hits} of the {total}"]
 
 
+def _pct(share: float) -> str:
+    """A share as the pages print it: a whole percent with a space before the sign ("12 %")."""
+    return f"{100 * share:.0f} %"
+
+
 def test_the_scorecard_quotes_the_adam_arms_power_from_its_record():
     rec = json.loads((ROOT / "experiments/results/double_descent_study_adam1000.json").read_text())
     found = rec["verdicts"]["adam_ema"]["detectable"]
     text = (ROOT / "docs/scorecard.md").read_text()
     got = dict(re.findall(r"<!-- sc:(\w+) -->(.*?)<!-- /sc -->", text))
-    assert got["adam_share"] == f"{found['share_of_e_gen']:.0%}".replace("%", " %")
-    assert got["adam_power"] == f"{found['power']:.0%}".replace("%", " %")
+    assert got["adam_share"] == _pct(found['share_of_e_gen'])
+    assert got["adam_power"] == _pct(found['power'])
     assert found["height"] == 0.2
     sgd = json.loads(STUDY.read_text())["verdicts"]["sgd_ema_lr0.01"]["detectable"]
-    assert got["sgdema_share"] == f"{sgd['share_of_e_gen']:.0%}".replace("%", " %")
-    assert got["sgdema_power"] == f"{sgd['power']:.0%}".replace("%", " %") and sgd["height"] == 0.2
+    assert got["sgdema_share"] == _pct(sgd['share_of_e_gen'])
+    assert got["sgdema_power"] == _pct(sgd['power']) and sgd["height"] == 0.2
     lo, hi = sorted(round(100 * v["share_of_e_gen"]) for v in (found, sgd))
     assert f"ascent of {lo}–{hi} % of E_gen" in (ROOT / "README.md").read_text()  # the two EMA arms
 
@@ -482,7 +487,7 @@ def test_the_sgd_ema_1000_epoch_table_and_numbers_are_the_record():
     found = record["verdicts"]["sgd_ema_lr0.01"]["detectable"]
     assert got == {"ends": ", ".join(str(r["first_descent"]["epoch"]) for r in runs),
                    "left": f"{min(left)}–{max(left)}",
-                   "share": f"{found['share_of_e_gen']:.0%}".replace("%", " %")}
+                   "share": _pct(found['share_of_e_gen'])}
     assert all(r["first_descent"]["ended"] for r in runs) and not record["verdicts"]["sgd_ema_lr0.01"]["confirmed_seeds"]
     ends = sorted(r["first_descent"]["epoch"] for r in runs)
     assert f"end their first descent late (epochs {ends[0]}–{ends[-1]})" in (ROOT / "docs/scorecard.md").read_text()

@@ -60,11 +60,11 @@ import numpy as np
 
 from .. import keys as keys_registry
 from .detectors import detectors_for, get_detector
-from .inference import (MAX_JUMP_SHARE, Curve, LegTest, NoiseModel, contrast, curves_from_units, isolated_jumps,
-                        leg_test, scalar_curves, window_indices)
+from .inference import (_MAD, MAX_JUMP_SHARE, Curve, LegTest, NoiseModel, contrast, curves_from_units,
+                        isolated_jumps, leg_test, scalar_curves, window_indices)
 from ..validation import FiniteNonNegativeFloat, NonNegativeFloat, PositiveInt, check_args
 from .per_unit import UnitSeries
-from .smoothing import as_curve, smooth
+from .smoothing import as_curve, estimate_noise, smooth
 
 __all__ = [
     "Event",
@@ -642,10 +642,8 @@ def _transient_scale(y: np.ndarray, window: int) -> float:
     (:func:`~lightning_pfd.analysis.smoothing.estimate_noise`) and the robust sd of the curve
     around a wide smoother (4·window + 1 evaluations), which sees noise that an EMA of the logged
     value made smooth at the evaluation spacing (its second differences are small, its bumps not)."""
-    from .smoothing import estimate_noise
-
     r = y - smooth(y, 4 * int(window) + 1)
-    wide = 1.482602218505602 * float(np.median(np.abs(r - np.median(r))))  # MAD -> sd
+    wide = _MAD * float(np.median(np.abs(r - np.median(r))))  # MAD -> sd
     return max(float(estimate_noise(y)), wide)
 
 
@@ -654,8 +652,6 @@ def _jump_transients(x: np.ndarray, y: np.ndarray, window: int) -> list:
     a bad batch, with the EMA tail it leaves), one transient per run of consecutive jump
     evaluations: its first epoch, its height over the median of the ``window`` evaluations before
     it (signed: a dip is negative) and its width."""
-    from .inference import isolated_jumps
-
     mask = isolated_jumps(y, window)
     out, i, k = [], 0, max(2, int(window))
     while i < y.size:
