@@ -476,6 +476,8 @@ def main(argv=None) -> int:
                         "(only the detectors' analysis and the power are redone)")
     p.add_argument("--out", type=Path, default=RESULT)
     args = p.parse_args(argv)
+    if args.upto_epochs is not None and args.upto_epochs < 2:
+        p.error(f"--upto-epochs must be an integer >= 2 (the epochs before N are analysed), got {args.upto_epochs}")
     args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded: the command that made a results file
     return {"run": cmd_run, "analyse": cmd_analyse, "status": cmd_status}[args.command](args)
 
