@@ -240,7 +240,7 @@ def explain_ckpt(pa: Path, pb: Path, masks: Tuple[Dict[str, str], Dict[str, str]
     import torch
 
     def load(p: Path, mask: Dict[str, str]) -> Dict[str, object]:
-        flat = _flatten(torch.load(p, map_location="cpu", weights_only=False), "", {})
+        flat = _flatten(torch.load(p, map_location="cpu", weights_only=True), "", {})
         out = {}
         for k, v in flat.items():
             for old, new in mask.items():

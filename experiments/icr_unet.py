@@ -92,7 +92,7 @@ def read_epochs(run: Path) -> list:
 
 
 def callback_states(ckpt_path: Path) -> dict:
-    return torch.load(ckpt_path, map_location="cpu", weights_only=False)["callbacks"]
+    return torch.load(ckpt_path, map_location="cpu", weights_only=True)["callbacks"]
 
 
 def monitor_history(states: dict, name: str = "icr") -> list:
@@ -191,7 +191,7 @@ def diagnostics(name: str, run: Path, views: int) -> dict:
     out[f"view_seed_spread_last_{VARIANT['name']}"] = _seed_spread(module, data, views, VARIANT["level"])
     if best:
         _, bm = load(run, Path(best[-1]))
-        ck = torch.load(best[-1], map_location="cpu", weights_only=False)
+        ck = torch.load(best[-1], map_location="cpu", weights_only=True)
         ev = RepresentationEvaluation(data, level=LEVEL, views_per_image=views, d_proj=D_PROJ, seed=SEED)
         out["best_checkpoint"] = {"path": os.path.relpath(best[-1], ROOT), "epoch": int(ck["epoch"]),
                                   "icr_remeasured": float(ev.evaluate(bm)[SIGMA]["icr"])}

@@ -459,7 +459,7 @@ def test_two_icr_monitors_log_distinct_keys_and_restore_their_own_state(tmp_path
     m = trainer.callback_metrics
     assert float(m["icr/icr"]) != float(m["icr_hi/icr"]) and "icr_hi/nonfinite" in m
     assert [h["epoch"] for h in lo.history] == [0, 1, 2] and [h["epoch"] for h in hi.history] == [0, 2]
-    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["callbacks"]
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["callbacks"]
     assert saved[lo.state_key]["history"] == lo.history and saved[hi.state_key]["history"] == hi.history
     assert lo.state_key != hi.state_key
     lo2, hi2 = _icr_pair()

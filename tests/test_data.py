@@ -501,7 +501,7 @@ def test_distillation_checkpoint_teacher(tmp_path):
     ckpt = tmp_path / "teacher.ckpt"
     trainer.save_checkpoint(ckpt)
     kw = dict(teacher_ckpt=str(ckpt), n_train=4, n_test=2, n_gen=2, num_steps=3)
-    if "net" not in torch.load(ckpt, weights_only=False)["hyper_parameters"]:
+    if "net" not in torch.load(ckpt, weights_only=True)["hyper_parameters"]:
         with pytest.raises(RuntimeError, match="teacher_load_kwargs"):
             TeacherDistillationDataModule(**kw).setup()
         kw["teacher_load_kwargs"] = {"net": MLPNet(dim=3, hidden=16, depth=1, emb_dim=8)}

@@ -36,7 +36,7 @@ CURVE = [0.9, 0.7, 0.55, 0.5, 0.52, 0.51, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1
 
 
 def _best_ckpt_epoch(ckpt: ModelCheckpoint) -> int:
-    return torch.load(ckpt.best_model_path, weights_only=False)["epoch"]
+    return torch.load(ckpt.best_model_path, weights_only=True)["epoch"]
 
 
 def test_stops_after_patience_and_keeps_the_minimum(tmp_path):

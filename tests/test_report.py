@@ -362,7 +362,7 @@ def test_two_regime_monitors_keep_separate_state(tmp_path):
     assert a.state_key != b.state_key and "report_dir" in a.state_key
     ck = ModelCheckpoint(dirpath=str(tmp_path / "ck"), save_last=True)
     _fit(tmp_path, [a, b, ck], 6, checkpoint=True)
-    state = torch.load(tmp_path / "ck" / "last.ckpt", weights_only=False)["callbacks"]
+    state = torch.load(tmp_path / "ck" / "last.ckpt", weights_only=True)["callbacks"]
     assert state[a.state_key]["history"] == a.history and "pfd/e_gen" in a.history[0]
     assert state[b.state_key]["history"] == b.history and "pfd/e_gen" not in b.history[0]
     a2, b2 = monitors()

@@ -26,7 +26,7 @@ def _fit(tmp_path, name, **kw):
     ck = ModelCheckpoint(dirpath=str(tmp_path / name), save_last=True, save_top_k=0)
     pl.Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[ck], enable_progress_bar=False,
                enable_model_summary=False, default_root_dir=str(tmp_path), **kw).fit(Tiny())
-    return torch.load(tmp_path / name / "last.ckpt", weights_only=False, map_location="cpu")
+    return torch.load(tmp_path / name / "last.ckpt", weights_only=True, map_location="cpu")
 
 
 def test_a_checkpoint_cut_inside_an_epoch_is_recognised(tmp_path):
