@@ -7,7 +7,17 @@ suspected limits:
   variogram) instead of Var(D_h)/4;
 - ``no_shrink``: the local scale of the training noise taken at its point estimate (LOCAL_SHRINK
   = 0) instead of its confidence bound toward 1;
-- both together.
+- both together;
+
+and, to locate what the estimator lacks, two oracles that are given what the simulation knows
+(for both double descent and early learning):
+
+- ``oracle``: every leg's training variance is the exact variance of its contrast under the
+  simulated noise (AR(1) with φ and the schedule's sd at each evaluation): the power the leg
+  design reaches with a perfect training-noise estimate;
+- ``oracle_shape``: the release's estimate at lag 1 and its local scale, but the variogram's shape
+  beyond lag 1 is the simulated AR(1)'s, V(h) = V(1)·(1 − φ^h)/(1 − φ) (a saturating variogram
+  known exactly up to its level).
 
 The variants are set on the module for this measurement only (they are not options of the
 package). Writes ``experiments/results/cosine_power_variants.json``::
@@ -23,10 +33,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
-from calibration import FAMILIES, _run_seed, simulate_run, wilson_interval  # noqa: E402
+from calibration import FAMILIES, _run_seed, schedule_envelope, simulate_run, wilson_interval  # noqa: E402
 from lightning_pfd.analysis import events as E  # noqa: E402
 from lightning_pfd.analysis import inference as I  # noqa: E402
 
@@ -53,6 +65,52 @@ def power(variant: dict, runs: int, family: str = "cosine_m256", seeds: int = 20
     return {"found": found, "runs": runs, "ci95": list(wilson_interval(found, runs))}
 
 
+def _oracle_train_var(fam):
+    """NoiseModel.train_var for the exact covariance of ``fam``'s simulated training noise."""
+    n = fam.n_eval
+    sd = fam.noise_sd * schedule_envelope(n, fam.schedule, fam.anneal, fam.restarts)
+    t = np.arange(n)
+    cov = np.outer(sd, sd) * fam.phi ** np.abs(t[:, None] - t[None, :])
+
+    def train_var(self, c):
+        idx = np.flatnonzero(c)
+        ep = self.curve.epochs[idx].astype(int)  # the run's evaluation indices (jumps removed)
+        return float(c[idx] @ cov[np.ix_(ep, ep)] @ c[idx]), 1.0
+    return train_var
+
+
+def _oracle_shape_fit(fam, fit):
+    """NoiseModel.fit with V(h) = V(1)·(1 − φ^h)/(1 − φ): the simulated shape, the estimated level."""
+    def fitted(curve, *a, **k):
+        model = fit(curve, *a, **k)
+        h = np.arange(model.V.size, dtype=np.float64)
+        model.V = model.V[1] * (1.0 - fam.phi ** h) / (1.0 - fam.phi) if model.V.size > 1 else model.V
+        return model
+    return fitted
+
+
+def oracle_power(kind: str, event: str, runs: int, family: str = "cosine_m256", seeds: int = 2048,
+                 seed0: int = 10_000) -> dict:
+    fam = dataclasses.replace(FAMILIES[family], num_seeds=seeds)
+    saved = {k: vars(I.NoiseModel)[k] for k in ("train_var", "fit")}
+    if kind == "oracle":
+        I.NoiseModel.train_var = _oracle_train_var(fam)
+    else:
+        I.NoiseModel.fit = staticmethod(_oracle_shape_fit(fam, I.NoiseModel.fit))
+    E._CURVES.clear()
+    try:
+        found = 0
+        for r in range(runs):
+            series, units = simulate_run(fam, _run_seed(seed0, family, r), event, 0.2)
+            a = E.analyze_history(series, units=units)
+            found += any(e.name == event and e.status == "confirmed" for e in a.events)
+    finally:
+        for k, v in saved.items():
+            setattr(I.NoiseModel, k, v)
+        E._CURVES.clear()
+    return {"found": found, "runs": runs, "ci95": list(wilson_interval(found, runs))}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=40)
@@ -61,10 +119,12 @@ def main(argv=None) -> int:
     t0 = time.time()
     out = {"command": "python experiments/cosine_power_variants.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "family": "cosine_m256", "num_seeds": 2048, "height": 0.2, "event": "double_descent",
-           "variants": {name: power(v, args.runs) for name, v in VARIANTS.items()}}
+           "variants": {name: power(v, args.runs) for name, v in VARIANTS.items()},
+           "oracles": {kind: {ev: oracle_power(kind, ev, args.runs) for ev in ("double_descent", "early_learning")}
+                       for kind in ("oracle", "oracle_shape")}}
     out["wall_s"] = round(time.time() - t0, 1)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(out["variants"], indent=1))
+    print(json.dumps({k: out[k] for k in ("variants", "oracles")}, indent=1))
     return 0
 
 

@@ -191,6 +191,16 @@ def test_the_v7_prose_names_the_families_over_two_percent_and_counts_them():
     cpv = json.loads((ROOT / "experiments/results/cosine_power_variants.json").read_text())["variants"]
     assert dict(re.findall(r"<!-- cpv:(\w+) -->(.*?)<!-- /cpv -->", text)) == {
         k: f"{v['found']}/{v['runs']}" for k, v in cpv.items()}
+    cpo = json.loads((ROOT / "experiments/results/cosine_power_variants.json").read_text())["oracles"]
+    assert dict(re.findall(r"<!-- cpo:(\w+:\w+) -->(.*?)<!-- /cpo -->", text)) == {
+        f"{k}:{e}": f"{v['found']}/{v['runs']}" for k, evs in cpo.items() for e, v in evs.items()}
+    # the two derived figures: AR(1) φ 0.9 against a random walk, third differences (variogram
+    # identity Var(D_h) = 15V(h) − 6V(2h) + V(3h)), and the MAD log-sd at lag 10 on 500 evaluations
+    ar1 = lambda h: 2 * (1 - 0.9 ** h)  # noqa: E731
+    third = lambda V, h: 15 * V(h) - 6 * V(2 * h) + V(3 * h)  # noqa: E731
+    walk_over_ar1 = (third(float, 10) / third(float, 1)) / (third(ar1, 10) / third(ar1, 1))
+    got = dict(re.findall(r"<!-- cpo:(walk|sd10) -->(.*?)<!-- /cpo -->", text))
+    assert got == {"walk": f"{100 * (walk_over_ar1 - 1):.0f}", "sd10": f"{3 * (10 / (500 - 30)) ** 0.5:.2f}"}
 
 
 def test_v7_equals_v6_on_every_family_both_ran():
