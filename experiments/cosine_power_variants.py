@@ -8,6 +8,12 @@ suspected limits:
 - ``no_shrink``: the local scale of the training noise taken at its point estimate (LOCAL_SHRINK
   = 0) instead of its confidence bound toward 1;
 - both together;
+- ``fitted_shape``: beyond the short lags, V(h) = V(1)·g(h)/g(1) with the shape g that fits the
+  variances of third differences at the short (clean) lags best, at its point estimate (no
+  confidence margin, so an upper limit of what such a fit can give): AR(1) 1 − φ^h on a grid of
+  φ, a random walk h or the concave power h^1.37, each with a nugget of 0, 1/4 or 1/2 of V(1),
+  fitted in log space with the weights 1/sd² of :meth:`NoiseModel._lag_train_var`; never above
+  the release's V;
 
 and, to locate what the estimator lacks, two oracles that are given what the simulation knows
 (for both double descent and early learning):
@@ -43,7 +49,47 @@ from lightning_pfd.analysis import events as E  # noqa: E402
 from lightning_pfd.analysis import inference as I  # noqa: E402
 
 VARIANTS = {"release": {}, "bound_5": {"bound": 0.2}, "no_shrink": {"shrink": 0.0},
-            "bound_5_no_shrink": {"bound": 0.2, "shrink": 0.0}}
+            "bound_5_no_shrink": {"bound": 0.2, "shrink": 0.0}, "fitted_shape": {"fit": True}}
+
+#: the shapes g(h) of ``fitted_shape`` (a variogram up to its level)
+_SHAPES = ([lambda h, p=phi: 1.0 - p ** h for phi in (0.3, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.88, 0.9, 0.92,
+                                                      0.94, 0.96, 0.98)]
+           + [lambda h: np.asarray(h, dtype=np.float64), lambda h: np.asarray(h, dtype=np.float64) ** 1.37])
+
+
+def _fitted_shape(variogram):
+    """``variogram`` with its long lags replaced by the best-fitting shape (``fitted_shape``)."""
+    def third(g, h):
+        return 15 * g(h) - 6 * g(2 * h) + g(3 * h)
+
+    def fitted(curve, **kw):
+        out = variogram(curve, **kw)
+        n = len(curve)
+        if n < 100 or curve.discrete:
+            return out
+        h_s = int(min(max(2, round(n / 20)), 10))
+        lags = np.arange(1, h_s + 1)
+        fits = [I.NoiseModel(curve, out, 0.0, 1.0, n, ())._lag_train_var(0, n, int(h)) for h in lags]
+        t, sd = np.array([f[0] for f in fits]), np.array([f[1] for f in fits])
+        ok = (t > 0) & np.isfinite(sd)
+        if ok.sum() < 5:
+            return out
+        h, lt, w = lags[ok], np.log(t[ok]), 1.0 / sd[ok] ** 2
+        best = None
+        for g in _SHAPES:
+            for share in (0.0, 0.25, 0.5):
+                c = share / (1.0 - share) * float(g(np.array([1]))[0])
+                gg = (lambda x, g=g, c=c: g(x) + c * (np.asarray(x) > 0))
+                lm = np.log(third(gg, h))
+                chi = float(np.sum(w * (lt - lm - np.sum(w * (lt - lm)) / np.sum(w)) ** 2))
+                if best is None or chi < best[0]:
+                    best = (chi, gg)
+        hh = np.arange(1, n)
+        model = out[1] * best[1](hh) / best[1](np.array([1]))[0]
+        out = out.copy()
+        out[1:] = np.where(hh > h_s, np.minimum(out[1:], np.maximum(model, out[h_s])), out[1:])
+        return np.maximum.accumulate(out)
+    return fitted
 
 
 def power(variant: dict, runs: int, family: str = "cosine_m256", seeds: int = 2048, seed0: int = 10_000) -> dict:
@@ -51,6 +97,9 @@ def power(variant: dict, runs: int, family: str = "cosine_m256", seeds: int = 20
     shrink = I.LOCAL_SHRINK
     I._DIFF[3] = (coef, variant.get("bound", bound))
     I.LOCAL_SHRINK = variant.get("shrink", shrink)
+    variogram = I.variogram
+    if variant.get("fit"):
+        I.variogram = _fitted_shape(variogram)
     E._CURVES.clear()
     try:
         fam = dataclasses.replace(FAMILIES[family], num_seeds=seeds)
@@ -60,7 +109,7 @@ def power(variant: dict, runs: int, family: str = "cosine_m256", seeds: int = 20
             a = E.analyze_history(series, units=units)
             found += any(e.name == "double_descent" and e.status == "confirmed" for e in a.events)
     finally:
-        I._DIFF[3], I.LOCAL_SHRINK = (coef, bound), shrink
+        I._DIFF[3], I.LOCAL_SHRINK, I.variogram = (coef, bound), shrink, variogram
         E._CURVES.clear()
     return {"found": found, "runs": runs, "ci95": list(wilson_interval(found, runs))}
 
