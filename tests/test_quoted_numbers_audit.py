@@ -1229,3 +1229,22 @@ def test_the_pite_v2_tables_and_prose_are_the_record():
         f"{qm['data'][2]:.0f}, q99 {qm['lim'][3]:.0f} vs {qm['data'][3]:.0f} mm/h)",
         f"(q99 {qe['lim'][3]:.2f} vs {qe['data'][3]:.2f}; RMSQE {_sci(ex['lim']['rmsqe'], 1)} vs floor {_sci(ex['floor']['rmsqe'], 1)})",
     ]) == []
+
+
+def test_the_v7_power_ranges_of_the_summary_are_the_records():
+    """docs/events.md's Summary: the power range at height 0.2, M = 2048, on the families without
+    common training noise (structure per_seed), on those with it (not a schedule), and below half
+    under the schedules, from calibrate_events_v7_power.json."""
+    import sys
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import calibration
+
+    rows = [r for r in json.loads((ROOT / "experiments/results/calibrate_events_v7_power.json").read_text())["power"]
+            if r["height"] == 0.2 and r["num_seeds"] == 2048]
+    kind = {r["family"]: calibration.FAMILIES[r["family"]].structure for r in rows}
+    pct = lambda rs: f"{min(100 * r['planted']['found'] / r['runs'] for r in rs):.0f}–{max(100 * r['planted']['found'] / r['runs'] for r in rs):.0f}"  # noqa: E731
+    want = {"per_seed": pct([r for r in rows if kind[r["family"]] == "per_seed"]),
+            "common": pct([r for r in rows if kind[r["family"]] not in ("per_seed", "schedule")])}
+    text = (ROOT / "docs/events.md").read_text()
+    assert dict(re.findall(r"<!-- v7r:(\w+) -->(.*?)<!-- /v7r -->", text)) == want
+    assert all(r["planted"]["found"] / r["runs"] < 0.5 for r in rows if kind[r["family"]] == "schedule")
