@@ -92,6 +92,16 @@ def _fitted_shape(variogram):
     return fitted
 
 
+def _found(fam, family: str, event: str, runs: int, seed0: int) -> int:
+    """How many of ``runs`` runs of ``fam`` with ``event`` planted at height 0.2 confirm it."""
+    found = 0
+    for r in range(runs):
+        series, units = simulate_run(fam, _run_seed(seed0, family, r), event, 0.2)
+        a = E.analyze_history(series, units=units)
+        found += any(e.name == event and e.status == "confirmed" for e in a.events)
+    return found
+
+
 def power(variant: dict, runs: int, family: str = "cosine_m256", seeds: int = 2048, seed0: int = 10_000) -> dict:
     coef, bound = I._DIFF[3]
     shrink = I.LOCAL_SHRINK
@@ -103,11 +113,7 @@ def power(variant: dict, runs: int, family: str = "cosine_m256", seeds: int = 20
     E._CURVES.clear()
     try:
         fam = dataclasses.replace(FAMILIES[family], num_seeds=seeds)
-        found = 0
-        for r in range(runs):
-            series, units = simulate_run(fam, _run_seed(seed0, family, r), "double_descent", 0.2)
-            a = E.analyze_history(series, units=units)
-            found += any(e.name == "double_descent" and e.status == "confirmed" for e in a.events)
+        found = _found(fam, family, "double_descent", runs, seed0)
     finally:
         I._DIFF[3], I.LOCAL_SHRINK, I.variogram = (coef, bound), shrink, variogram
         E._CURVES.clear()
@@ -148,11 +154,7 @@ def oracle_power(kind: str, event: str, runs: int, family: str = "cosine_m256", 
         I.NoiseModel.fit = staticmethod(_oracle_shape_fit(fam, I.NoiseModel.fit))
     E._CURVES.clear()
     try:
-        found = 0
-        for r in range(runs):
-            series, units = simulate_run(fam, _run_seed(seed0, family, r), event, 0.2)
-            a = E.analyze_history(series, units=units)
-            found += any(e.name == event and e.status == "confirmed" for e in a.events)
+        found = _found(fam, family, event, runs, seed0)
     finally:
         for k, v in saved.items():
             setattr(I.NoiseModel, k, v)
