@@ -2,22 +2,27 @@
 
 Two ``fit`` into the same checkpoint directory (or two ``sweep`` drivers with the same name) at
 once would interleave their checkpoints (``last.ckpt`` and ``last-v1.ckpt``), logs and results.
-:func:`acquire` takes ``<directory>/.lightning_pfd.lock``:
+:func:`acquire` takes ``<directory>/.lightning_pfd.lock`` with :class:`filelock.UnixFileLock`:
 
-* the lock is an ``fcntl.flock`` on that file, held while the process runs: the kernel drops it
-  when the process ends in any way (exit, exception, SIGKILL), so a crash never blocks the next
-  run; the file's content (JSON: pid, host, start time, command) only serves the messages;
-* a second writer fails at once with a :class:`~lightning_pfd.errors.ConfigError` naming the
-  holder's pid, host, start time and command;
-* a lock file left by a process that is gone (SIGKILL, power loss: the flock is free, the pid on
+* the lock is an ``flock`` on that file, held while the process runs: the kernel drops it when
+  the process ends in any way (exit, exception, SIGKILL), so a crash never blocks the next run.
+  The file stays (filelock keeps it: every contender locks the same inode); its content, the
+  holder record (JSON: pid, host, start time, command), is written once the lock is held and
+  emptied on release: it only serves the messages (``report`` probes the flock itself);
+* a second writer fails at once (``timeout=0``) with a :class:`~lightning_pfd.errors.ConfigError`
+  naming the holder's pid, host, start time and command, and leaves the record intact;
+* a record left by a process that is gone (SIGKILL, power loss: the flock is free, the pid on
   this host no longer runs, or runs another program) is **stale**: it is taken over with one
-  printed line; a file written on *another* host whose flock is free cannot be checked from here
-  (a network file system may not share flocks between hosts): it is refused, naming the file to
-  delete if that run is gone;
-* :meth:`RunLock.release` removes the file (only the holder's own); a lock taken twice by the
-  same process is the same lock (re-entrant).
+  printed line; a record written on *another* host whose flock is free cannot be checked from
+  here (a network file system may not share flocks between hosts): it is refused, naming the
+  file to delete if that run is gone (a live pid of this host with a free flock is refused too);
+* :meth:`RunLock.release` empties the record, then drops the lock; with ``remove_created_dir``
+  the directories :func:`acquire` created go too if nothing else was written there (the lock
+  file is unlinked while held: filelock takes no lock on an unlinked inode). A lock taken twice
+  by the same process is the same lock (re-entrant).
 
-Pure standard library (no torch, no Lightning). POSIX only: elsewhere the lock is a no-op.
+filelock and the standard library only (no torch, no Lightning). POSIX only: elsewhere the lock
+is a no-op.
 """
 from __future__ import annotations
 
@@ -30,16 +35,13 @@ import time
 from pathlib import Path
 from typing import Dict, Optional
 
+import filelock
+
 from .errors import ConfigError
 
 __all__ = ["LOCK_NAME", "RunLock", "acquire", "release_all", "held_locks", "read_holder"]
 
 LOCK_NAME = ".lightning_pfd.lock"
-
-try:  # pragma: no cover - POSIX everywhere this project runs
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None
 
 _HELD: Dict[str, "RunLock"] = {}
 
@@ -65,12 +67,19 @@ def _alive(pid: int, start: Optional[str]) -> bool:
     return start is None or now is None or now == start
 
 
-def read_holder(path) -> Optional[dict]:
-    """The holder record in a lock file (None: no file, empty or unreadable)."""
+def _parse(data: bytes) -> Optional[dict]:
     try:
-        text = Path(path).read_text()
-        return json.loads(text) if text.strip() else None
-    except (OSError, ValueError):
+        record = json.loads(data) if data.strip() else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def read_holder(path) -> Optional[dict]:
+    """The holder record in a lock file (None: no file, empty, released or unreadable)."""
+    try:
+        return _parse(Path(path).read_bytes())
+    except OSError:
         return None
 
 
@@ -86,36 +95,70 @@ def _describe(holder: dict) -> str:
 class RunLock:
     """An acquired lock (see the module docstring)."""
 
-    def __init__(self, path: Path, fd: int, created_dir: Optional[Path], what: str):
-        self.path, self._fd, self.created_dir, self.what = path, fd, created_dir, what
+    def __init__(self, path: Path, created_dir: Optional[Path], what: str):
+        self.path, self.created_dir, self.what = path, created_dir, what
+        self._lock: Optional[filelock.BaseFileLock] = None
+        self._pid, self._inode = os.getpid(), None
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._lock is not None
+
+    def _claim(self, fd: int, field: str, command: Optional[str], echo) -> None:
+        """filelock's ``on_acquired``: check the previous record (filelock >= 4.2.1 leaves the
+        file's content alone), then write this process's (a raise here gives the lock back)."""
+        old = _parse(os.pread(fd, 1 << 16, 0))
+        where = dict(value=str(self.path.parent))
+        if old and old.get("host") != socket.gethostname():
+            raise ConfigError(field, f"a lock of {_describe(old)} is in {self.path}; that host's process "
+                              "cannot be checked from here", **where,
+                              suggestion=f"if that run is no longer running, delete {self.path}")
+        if old and old.get("pid") != os.getpid():
+            if _alive(int(old.get("pid", -1)), old.get("pid_start")):  # a file system without flocks
+                raise ConfigError(field, f"another process is writing this {self.what}: {_describe(old)}; "
+                                  f"lock {self.path}", **where,
+                                  suggestion="wait for it to finish (or stop it), or write elsewhere")
+            echo(f"[lightning_pfd] taking over the stale lock of {_describe(old)}: that process is gone")
+        record = {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "host": socket.gethostname(),
+                  "started": time.time(), "command": command or " ".join(sys.argv)[:300], "what": self.what}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        st = os.fstat(fd)
+        self._inode = (st.st_dev, st.st_ino)
 
     def release(self, remove_created_dir: bool = False) -> None:
-        """Drop the lock and remove the lock file; with ``remove_created_dir`` also the directory
-        :func:`acquire` created, when nothing else was written into it."""
-        if self._fd is None:
+        """Empty the record and drop the lock; with ``remove_created_dir`` also remove the
+        directory :func:`acquire` created, lock file included, when nothing else was written into it."""
+        lock, self._lock = self._lock, None
+        if lock is None:
             return
+        _HELD.pop(str(self.path), None)
+        if self._pid != os.getpid():  # a forked child: the parent's lock (filelock closed its copy)
+            return
+        remove = remove_created_dir and self.created_dir is not None
         try:
-            holder = read_holder(self.path)
-            if holder is not None and holder.get("pid") == os.getpid():
-                self.path.unlink(missing_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW)
+            try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) == self._inode:  # our file (not one put in its place)
+                    os.ftruncate(fd, 0)
+                    if remove and os.listdir(self.path.parent) == [LOCK_NAME]:
+                        os.unlink(self.path)
+            finally:
+                os.close(fd)
+        except OSError:  # deleted by hand: nothing to empty
+            pass
         finally:
-            os.close(self._fd)
-            self._fd = None
-            _HELD.pop(str(self.path), None)
-        if remove_created_dir and self.created_dir is not None:
-            p = self.path.parent
-            while True:  # the directories acquire() created, innermost first, while empty
-                try:
-                    p.rmdir()
-                except OSError:
-                    break
-                if p == self.created_dir:
-                    break
-                p = p.parent
+            lock.release(force=True)
+        p = self.path.parent
+        while remove:  # the directories acquire() created, innermost first, while empty
+            try:
+                p.rmdir()
+            except OSError:
+                break
+            if p == self.created_dir:
+                break
+            p = p.parent
 
 
 def held_locks() -> Dict[str, RunLock]:
@@ -142,8 +185,8 @@ def _first_missing(directory: Path) -> Optional[Path]:
 def acquire(directory, what: str, field: str, command: Optional[str] = None,
             echo=lambda s: print(s, file=sys.stderr, flush=True)) -> Optional[RunLock]:
     """Take the lock of ``directory`` (created if needed) for ``what`` ("run", "sweep"); a
-    :class:`ConfigError` on ``field`` when another process holds it. None without ``fcntl``."""
-    if fcntl is None:  # pragma: no cover
+    :class:`ConfigError` on ``field`` when another process holds it. None without ``flock``."""
+    if not filelock.has_fcntl:  # pragma: no cover
         return None
     directory = Path(directory).absolute()
     path = directory / LOCK_NAME
@@ -159,54 +202,23 @@ def acquire(directory, what: str, field: str, command: Optional[str] = None,
     except OSError as e:
         raise ConfigError(field, f"cannot create the {what} directory {directory}: {e.strerror}",
                           value=str(directory)) from e
-    for _ in range(5):  # retried only when the file was replaced between open and flock
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:  # a read-only directory or file system, no permission
-            if created is not None:
-                shutil.rmtree(created, ignore_errors=True)
-            raise ConfigError(field, f"cannot write in the {what} directory {directory} "
-                              f"({e.strerror}: its lock file {LOCK_NAME} cannot be created)",
-                              value=str(directory),
-                              suggestion="choose a writable output path, or make this one writable") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            holder = read_holder(path) or {}
-            raise ConfigError(field, f"another process is writing this {what}: {_describe(holder)}; "
-                              f"lock {path}", value=str(directory),
-                              suggestion="wait for it to finish (or stop it), or write elsewhere") from None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if not same:  # the holder released (and removed) the file meanwhile: lock the new one
-            os.close(fd)
-            continue
-        break
-    else:  # pragma: no cover - a file replaced five times in a row
-        raise ConfigError(field, f"could not lock {path} (replaced repeatedly)", value=str(directory))
-    old = read_holder(path)
-    if old:
-        mine = old.get("host") == socket.gethostname()
-        if not mine:
-            os.close(fd)
-            raise ConfigError(field, f"a lock of {_describe(old)} is in {path}; that host's process "
-                              "cannot be checked from here", value=str(directory),
-                              suggestion=f"if that run is no longer running, delete {path}")
-        if old.get("pid") != os.getpid() and _alive(int(old.get("pid", -1)), old.get("pid_start")):
-            # the flock is free but the pid runs the same program: a file system without flocks
-            os.close(fd)
-            raise ConfigError(field, f"another process is writing this {what}: {_describe(old)}; "
-                              f"lock {path}", value=str(directory),
-                              suggestion="wait for it to finish (or stop it), or write elsewhere")
-        if old.get("pid") != os.getpid():
-            echo(f"[lightning_pfd] taking over the stale lock of {_describe(old)}: that process is gone")
-    record = {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "host": socket.gethostname(),
-              "started": time.time(), "command": command or " ".join(sys.argv)[:300], "what": what}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
-    lock = RunLock(path, fd, created, what)
+    lock = RunLock(path, created, what)
+    file_lock = filelock.UnixFileLock(path, timeout=0, mode=0o644, thread_local=False, fallback_to_soft=False,
+                                      preserve_lock_file=True,
+                                      on_acquired=lambda fd: lock._claim(fd, field, command, echo))
+    try:
+        file_lock.acquire()
+    except filelock.Timeout:  # before OSError: Timeout is a TimeoutError
+        raise ConfigError(field, f"another process is writing this {what}: {_describe(read_holder(path) or {})}; "
+                          f"lock {path}", value=str(directory),
+                          suggestion="wait for it to finish (or stop it), or write elsewhere") from None
+    except OSError as e:  # a read-only directory or file system, no permission
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise ConfigError(field, f"cannot write in the {what} directory {directory} "
+                          f"({e.strerror}: its lock file {LOCK_NAME} cannot be created)",
+                          value=str(directory),
+                          suggestion="choose a writable output path, or make this one writable") from None
+    lock._lock = file_lock
     _HELD[str(path)] = lock
     return lock
