@@ -4,7 +4,8 @@
 the page's rounding and looks for it in the page (HTML comments removed, whitespace folded, so a
 re-wrapped line still matches); a re-recorded result that changes a printed digit fails here
 until the text follows. Numbers with no results file (the sizing runs of docs/sweeps.md, the
-pilots, the benchmarks of docs/performance.md) are not checked here."""
+pilots, the benchmarks of docs/performance.md) are not checked here; the benchmark records and
+docs/levy.md's exact-score record are checked in ``tests/test_quoted_numbers_benchmarks.py``."""
 from __future__ import annotations
 
 import csv
