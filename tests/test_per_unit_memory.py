@@ -113,7 +113,7 @@ def test_freshness_is_the_producers_epoch_and_step():
     assert fresh == {"c/v"} and produced == {"c/v", "h/v", "h/extra"} and fresh_units(trainer) == {"c/v": rec}
     trainer.global_step = 41  # a later validation in the same epoch: nothing measured in it
     assert RegimeMonitor._measured(trainer)[0] == set()
-    other.history.append({"epoch": 3, "step": 41, "h/v": 0.25})
+    other.log_metrics(trainer, SimpleNamespace(log_dict=lambda *a, **k: None), {"h/v": 0.25})  # measured now
     assert RegimeMonitor._measured(trainer)[0] == {"h/v", "h/extra"}
     es = ICREarlyStopping(monitor="c/v", every_n_epochs=None)
     es._source = mon
@@ -131,6 +131,30 @@ def test_freshness_is_the_producers_epoch_and_step():
     own = other.write_units(trainer, "h/v", "mean", torch.full((2,), 0.25), torch.arange(2), 0.25)
     assert fresh_units(trainer) == {"h/v": own}
     assert ICREarlyStopping(monitor="h/v", every_n_epochs=None)._units_now(trainer) is own
+
+
+def test_a_second_validation_at_the_same_epoch_and_step_is_not_fresh(tmp_path):
+    """Gradient accumulation (2) with a validation after every batch: passes 0-3 at steps 0, 1,
+    1, 2; an ICRMonitor measuring pass 1 only. At pass 2 (same epoch and step, not measured) its
+    stale ``icr/icr`` is still in ``callback_metrics``: neither RegimeMonitor's keys, nor the
+    in-memory records, nor ICREarlyStopping treat it as fresh (``MeasurementCallback.measured_now``)."""
+    from lightning.pytorch.callbacks import Callback
+    from test_callback_schedule import _dm, _fit, _trainer
+
+    from lightning_pfd.callbacks import ICRMonitor
+
+    class Probe(Callback):
+        def on_validation_end(self, trainer, pl_module):
+            fresh = RegimeMonitor._measured(trainer)[0]
+            seen.append((trainer.global_step, "icr/icr" in fresh, "icr/icr" in fresh_units(trainer),
+                         "icr/icr" in trainer.callback_metrics, len(es.series_values)))
+
+    seen, mon, es = [], ICRMonitor(num_images=6, schedule=[1], batch_size=6), ICREarlyStopping(patience=100)
+    _fit(_trainer(tmp_path, [mon, es, Probe()], max_epochs=1, limit_train_batches=4, val_check_interval=1,
+                  accumulate_grad_batches=2), dm=_dm(n=32))
+    assert mon.schedule.passes == 4 and [(r["epoch"], r["step"]) for r in mon.history] == [(0, 1)]
+    assert seen == [(0, False, False, False, 0), (1, True, True, True, 1), (1, False, False, True, 1),
+                    (2, False, False, True, 1)]  # one check of ICREarlyStopping, at pass 1
 
 
 def test_icr_early_stopping_reads_the_replicates_in_memory(tmp_path, monkeypatch):

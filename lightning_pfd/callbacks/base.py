@@ -38,6 +38,10 @@ and keeps the same records in memory (one conversion, :func:`unit_record`), wher
 of the same fit read them (:func:`fresh_units`: ``RegimeMonitor``, ``ICREarlyStopping``). ``on_train_start`` moves an
 earlier run's records aside when the fit is fresh (:func:`prepare_per_unit_store`).
 
+**Freshness.** :meth:`MeasurementCallback.measured_now` is the one rule by which a consumer tells
+a value measured at this pass from a stale one: ``log_metrics`` / ``write_units`` stamp the pass
+(epoch, global step); the rule holds when the stamp is the trainer's and the schedule measured it.
+
 **Checks.** ``check_setup(trainer, pl_module, datamodule)``: every incompatibility a monitor can
 detect cheaply, raised as :class:`~lightning_pfd.errors.ConfigError`. The command line calls it for
 every callback before any directory, config, checkpoint or cache is written; ``setup`` calls it
@@ -142,20 +146,24 @@ def unit_record(key: str, epoch: int, step: int, kind: str, values: Any, units: 
     return UnitRecord(key, int(epoch), int(step), kind, as_np(values), as_np(units), float(value))
 
 
+def _pass(trainer: "pl.Trainer") -> tuple:
+    """The trainer's pass as a measurement stamps it: ``(current_epoch, global_step)``."""
+    return int(trainer.current_epoch), int(trainer.global_step)
+
+
 def fresh_units(trainer: "pl.Trainer") -> Dict[str, UnitRecord]:
-    """The per-unit records measured at the trainer's current pass (``current_epoch`` /
-    ``global_step``), under their keys, in memory: those every :class:`MeasurementCallback` made
-    with :meth:`~MeasurementCallback.write_units` (an ``EvaluationMonitor``'s included), and the
-    ``latest.units`` of any other callback that keeps a ``latest`` measurement with ``epoch`` /
-    ``step`` (:class:`~lightning_pfd.callbacks.monitor.Latest`)."""
-    epoch, step = int(trainer.current_epoch), int(trainer.global_step)
+    """The per-unit records measured at the trainer's current pass, under their keys, in memory:
+    those every :class:`MeasurementCallback` made with :meth:`~MeasurementCallback.write_units`
+    when it :meth:`~MeasurementCallback.measured_now` (an ``EvaluationMonitor``'s included), and
+    the ``latest.units`` of any other callback that keeps a ``latest`` measurement with ``epoch`` /
+    ``step`` (:class:`~lightning_pfd.callbacks.monitor.Latest`) at the trainer's epoch and step."""
     out: Dict[str, UnitRecord] = {}
     for cb in getattr(trainer, "callbacks", None) or []:
         if isinstance(cb, MeasurementCallback):
-            out.update(cb.units_at(epoch, step))
+            out.update(cb.units_now(trainer))
             continue
         latest = getattr(cb, "latest", None)
-        if latest is not None and (latest.epoch, latest.step) == (epoch, step):
+        if latest is not None and (latest.epoch, latest.step) == _pass(trainer):
             out.update(getattr(latest, "units", None) or {})
     return out
 
@@ -185,7 +193,7 @@ class MeasurementCallback(Callback):
         self.schedule = MeasurementSchedule(kind)
         self.history: List[Dict[str, Any]] = []
         self._warned_nonfinite = False
-        self._units_written: tuple = ((-1, -1), {})  # (epoch, step), the records of that pass
+        self._last: tuple = (None, {})  # the pass of the last measurement, its per-unit records
 
     # ------------------------------------------------------------------ what subclasses provide
     def _measure_and_log(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -217,7 +225,7 @@ class MeasurementCallback(Callback):
         if stage == "fit":
             self.schedule.reset()
             self._warned_nonfinite = False
-        self._units_written = ((-1, -1), {})
+        self._last = (None, {})
         if stage in ("fit", "validate"):  # datamodule.setup() has run: train_data exists
             self.check_setup(trainer, pl_module, getattr(trainer, "datamodule", None))
 
@@ -264,6 +272,7 @@ class MeasurementCallback(Callback):
         row = {"epoch": int(trainer.current_epoch), "step": int(trainer.global_step),
                **{k: float(v) for k, v in values.items()}, **dict(extra or {})}
         self.history.append(row)
+        self._stamp(trainer)
         return row
 
     def write_units(self, trainer: "pl.Trainer", key: str, kind: str, values: Any, units: Any,
@@ -273,20 +282,29 @@ class MeasurementCallback(Callback):
         (:func:`fresh_units`) and written to the run's store on rank 0 (:func:`per_unit_store`,
         for resume and ``report``). Returns the record."""
         rec = unit_record(key, trainer.current_epoch, trainer.global_step, kind, values, units, value)
-        at = (rec.epoch, rec.step)
-        if self._units_written[0] != at:
-            self._units_written = (at, {})
-        self._units_written[1][key] = rec
+        self._stamp(trainer)[key] = rec
         if trainer.is_global_zero:
             per_unit_store(trainer).write(rec)
         return rec
 
-    def units_at(self, epoch: int, step: int) -> Dict[str, UnitRecord]:
-        """The records :meth:`write_units` made at this pass: at ``epoch`` / ``step`` (the
-        trainer's ``current_epoch`` / ``global_step``) and in a pass this callback's schedule
-        measured (two validations can share an epoch and a step); {} when none."""
-        at, records = self._units_written
-        return dict(records) if at == (int(epoch), int(step)) and self.schedule.fresh else {}
+    def _stamp(self, trainer: "pl.Trainer") -> Dict[str, UnitRecord]:
+        """Stamp the trainer's pass as this callback's last measurement; that pass's records."""
+        if self._last[0] != _pass(trainer):
+            self._last = (_pass(trainer), {})
+        return self._last[1]
+
+    def measured_now(self, trainer: "pl.Trainer") -> bool:
+        """Whether this callback measured at the trainer's current pass: the one freshness rule of
+        every consumer (``RegimeMonitor``, ``ICREarlyStopping``, :func:`fresh_units`). Its last
+        measurement (``log_metrics`` / ``write_units``) is at the trainer's ``current_epoch`` /
+        ``global_step`` -- not an earlier pass's value, still in ``callback_metrics`` between the
+        passes an ``every_n_epochs`` schedule measures, nor a resumed run's ``history`` -- and
+        its schedule measured this pass (two validations can share an epoch and a step)."""
+        return self.schedule.fresh and self._last[0] == _pass(trainer)
+
+    def units_now(self, trainer: "pl.Trainer") -> Dict[str, UnitRecord]:
+        """The records :meth:`write_units` made at this pass (:meth:`measured_now`); {} when none."""
+        return dict(self._last[1]) if self.measured_now(trainer) else {}
 
     def log_figure(self, trainer: "pl.Trainer", key: str, figure: Any,
                    caption: Optional[str] = None) -> Optional[str]:

@@ -40,8 +40,8 @@ Also:
 - the check runs in ``on_validation_end`` (``check_on_train_epoch_end=False``), after
   ``ICRMonitor`` logged the value of the same epoch, and only after passes with a *fresh* value:
   ``every_n_epochs=None`` with an ``ICRMonitor`` logging ``monitor`` checks when that monitor
-  measured at this pass (its ``latest.epoch`` / ``latest.step`` are the trainer's
-  ``current_epoch`` / ``global_step``); otherwise every n-th validation pass
+  measured at this pass (its :meth:`~lightning_pfd.callbacks.base.MeasurementCallback.measured_now`,
+  the one freshness rule); otherwise every n-th validation pass
   (:mod:`lightning_pfd.callbacks.schedule`). ``patience`` and ``rise_window`` count checks;
 - ``dry_run=True`` **[observe mode]**: every check runs and is logged, the run is not stopped; the
   first epoch at which it would have stopped is ``would_stop_epoch`` / ``icr/stop_epoch``;
@@ -267,19 +267,8 @@ class ICREarlyStopping(Callback):
     def _fresh(self, trainer: "pl.Trainer") -> bool:
         """Whether this validation pass produced a fresh value (counts the pass; call once)."""
         if self._source is not None:  # its on_validation_epoch_end ran before on_validation_end
-            return self._measured_now(trainer, self._source) is not None
+            return self._source.measured_now(trainer)
         return self._schedule.due(trainer, self._every)
-
-    @staticmethod
-    def _measured_now(trainer: "pl.Trainer", callback: Any) -> Any:
-        """``callback.latest`` when it was measured at this pass: the trainer's epoch and step,
-        in a pass the callback's schedule (if it has one) measured."""
-        latest = getattr(callback, "latest", None)
-        schedule = getattr(callback, "schedule", None)
-        if latest is None or (latest.epoch, latest.step) != (int(trainer.current_epoch), int(trainer.global_step)) \
-                or (schedule is not None and not schedule.fresh):
-            return None
-        return latest
 
     def _units_now(self, trainer: "pl.Trainer") -> Any:
         """The :class:`~lightning_pfd.analysis.per_unit.UnitRecord` of ``monitor`` measured at this

@@ -9,11 +9,9 @@ go to the loggers directly (``logger.log_metrics``, with ``epoch``) and into
 ``trainer.callback_metrics``.
 
 Freshness [choice]: a watched key counts as measured in this validation when the measurement
-callback that logs it measured at this pass — ``latest.epoch`` / ``latest.step`` of an
-:class:`~lightning_pfd.callbacks.EvaluationMonitor`, the last ``history`` row of another
-:class:`~lightning_pfd.callbacks.base.MeasurementCallback`, equal to the trainer's
-``current_epoch`` / ``global_step``, in a pass the callback's schedule measured (two validations
-can share an epoch and a step: ``val_check_interval`` inside gradient accumulation) — so a
+callback that logs it measured at this pass (its
+:meth:`~lightning_pfd.callbacks.base.MeasurementCallback.measured_now`, the one rule: its last
+measurement at the trainer's epoch and step, in a pass its schedule measured) — so a
 metric measured every k epochs is not recorded again with a stale value. The value recorded is the *logged* one (``trainer.callback_metrics``: what
 metrics.csv / W&B hold and ``report`` reads, a float32 for a Python number). A key that no
 measurement callback logs (``self.log`` of the LightningModule, or a callback of another kind)
@@ -304,11 +302,10 @@ class RegimeMonitor(Callback):
     @staticmethod
     def _measured(trainer) -> tuple:
         """``(fresh, produced)``: the keys the trainer's measurement callbacks measured at this
-        pass (their ``latest`` / last history row at this epoch and step, in a pass their
-        schedule measured) and every key they log (module docstring)."""
+        pass (:meth:`~lightning_pfd.callbacks.base.MeasurementCallback.measured_now`) and every
+        key they log (module docstring)."""
         from .monitor import EvaluationMonitor
 
-        now = (int(trainer.current_epoch), int(trainer.global_step))
         fresh, produced = set(), set()
         for cb in trainer.callbacks:
             if not isinstance(cb, MeasurementCallback):
@@ -316,16 +313,11 @@ class RegimeMonitor(Callback):
             keys = set(cb.metric_names())
             for row in cb.history:
                 keys.update(row)
-            if isinstance(cb, EvaluationMonitor):
-                last = cb.latest
-                keys.update(last.values if last is not None else ())
-                at = (last.epoch, last.step) if last is not None else None
-            else:
-                row = cb.history[-1] if cb.history else None
-                at = (int(row["epoch"]), int(row["step"])) if row is not None else None
+            if isinstance(cb, EvaluationMonitor) and cb.latest is not None:
+                keys.update(cb.latest.values)
             keys.discard("epoch"), keys.discard("step")
             produced |= keys
-            if at == now and cb.schedule.fresh:  # two validations can share an epoch and a step
+            if cb.measured_now(trainer):
                 fresh |= keys
         return fresh, produced
 

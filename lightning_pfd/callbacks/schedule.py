@@ -113,8 +113,8 @@ class MeasurementSchedule:
     Attributes:
         passes: passes counted so far this fit (saved in the owner's ``state_dict``).
         index: the index of the latest pass (0-based; -1 before any).
-        fresh: whether the latest pass was due (the consumers' freshness rule:
-            :func:`~lightning_pfd.callbacks.base.fresh_units`, ``RegimeMonitor``, ``ICREarlyStopping``).
+        fresh: whether the latest pass was due (read by the consumers' one freshness rule,
+            :meth:`~lightning_pfd.callbacks.base.MeasurementCallback.measured_now`).
     """
 
     def __init__(self, kind: Union[str, Tuple[int, ...]] = "every_n_epochs") -> None:
