@@ -99,15 +99,40 @@ def family_table() -> str:
     return "\n".join(lines)
 
 
-#: the markers of the generated tables in docs/events.md (``--write-docs``; tests compare them)
-DOCS_MARKERS = ("<!-- calibration-v7:start -->", "<!-- calibration-v7:end -->")
+#: the markers of the generated tables of this release in docs/events.md (``--write-docs``;
+#: tests compare them); :data:`V7_DOCS_MARKERS`: the previous release's block, kept as it was
+DOCS_MARKERS = ("<!-- calibration-v8:start -->", "<!-- calibration-v8:end -->")
+V7_DOCS_MARKERS = ("<!-- calibration-v7:start -->", "<!-- calibration-v7:end -->")
 
 
 def docs_block(nulls_record: dict, power_record: dict) -> str:
-    """The held-out table and the power table of the recorded v7 results, as docs/events.md
+    """The held-out table and the power table of two recorded results, as docs/events.md
     shows them between :data:`DOCS_MARKERS` (generated, never typed: issue 42)."""
     return "\n".join([f"Nulls: `{nulls_record['command']}`.", "", null_table(nulls_record["nulls"], "held_out"), "",
                       f"Power: `{power_record['command']}`.", "", power_table(power_record["power"]), ""])
+
+
+_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+
+
+def changed_nulls(old: dict, new: dict) -> str:
+    """The held-out families whose count changed between two null records, as docs/events.md's
+    sentence ("four families changed, each down: `f` 6 → 4, ...")."""
+    ch = [(f, old[f]["any_confirmed"], r["any_confirmed"]) for f, r in new.items()
+          if f in old and old[f]["any_confirmed"] != r["any_confirmed"]]
+    way = "each down" if all(b < a for _, a, b in ch) else "up or down"
+    return (f"{_WORDS.get(len(ch), str(len(ch)))} families changed, {way}: "
+            + ", ".join(f"`{f}` {a} → {b}" for f, a, b in ch))
+
+
+def changed_power(old: list, new: list) -> str:
+    """The power cells whose count changed between two power records, as docs/events.md's list:
+    "early learning on `f` at M = 2048 35 → 34, ..."."""
+    key = lambda r: (r["event"], r["family"], r["num_seeds"])  # noqa: E731
+    before = {key(r): r["planted"]["found"] for r in old}
+    out = [f"{r['event'].replace('_', ' ')} on `{r['family']}` at M = {r['num_seeds']} {before[key(r)]} → {r['planted']['found']}"
+           for r in new if key(r) in before and before[key(r)] != r["planted"]["found"]]
+    return "; ".join(out)
 
 
 def write_docs(nulls_path: Path, power_path: Path, page: Path = ROOT / "docs/events.md") -> None:
@@ -162,7 +187,7 @@ def main(argv=None) -> int:
                          "markers) and exit")
     ap.add_argument("--write-docs", nargs=2, metavar=("NULLS_JSON", "POWER_JSON"), default=None,
                     help="only write the tables of two recorded results into docs/events.md (between "
-                         "its calibration-v7 markers) and exit")
+                         "its calibration-v8 markers) and exit")
     args = ap.parse_args(argv)
     if args.write_families:
         page = ROOT / "docs/events.md"

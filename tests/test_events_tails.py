@@ -162,6 +162,23 @@ def test_a_variance_carried_by_a_few_increments_is_undecided():
     assert fails["gauss"] == 0 and fails["t1.2"] >= 6
 
 
+
+def test_training_noise_in_the_tails_is_not_estimated_as_zero_next_to_seed_noise():
+    """Student-t (nu = 2.5) AR(1) training noise beside a large seed part (run 50 of the tune
+    family heavy_t_m256, where the previous model confirmed a false early learning): the MAD of
+    the totals sees the seed noise and the training noise's bulk only, so (MAD total − seed part)
+    was 0 at lag 1 and the rise leg was tested against the seed noise alone. The tail factor
+    scales the robust totals before the seed part is subtracted: V(1) > 0 and the false event is
+    gone (Gaussian totals keep τ = 1: test_tail_check_is_one_for_gaussian_noise_and_above_for_student_t)."""
+    from calibration import _run_seed
+    from lightning_pfd.analysis.inference import curves_from_units
+
+    fam = FAMILIES["heavy_t_m256"]
+    series, units = simulate_run(fam, _run_seed(10_000, fam.name, 50))
+    model = NoiseModel.fit(curves_from_units(units["pfd/e_gen"])[2])
+    assert model.tail_factor > 1.3 and model.V[1] > 0
+    assert not [e for e in analyze_history(series, units=units).events if e.status == "confirmed"]
+
 # ----------------------------------------------------------------------------- annealed noise
 def test_local_scale_goes_down_where_the_noise_anneals():
     """AR(1) noise under a cosine schedule falling 7x: a contrast late in the run gets a local

@@ -10,6 +10,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,8 +157,8 @@ def test_the_v7_calibration_tables_are_generated_from_their_records():
     power = json.loads((ROOT / "experiments/results/calibrate_events_v7_power.json").read_text())
     assert not nulls.get("partial") and all(r["runs"] >= 300 for r in nulls["nulls"].values())
     text = (ROOT / "docs/events.md").read_text()
-    a = text.index(ce.DOCS_MARKERS[0]) + len(ce.DOCS_MARKERS[0])
-    assert text[a:text.index(ce.DOCS_MARKERS[1])] == "\n" + ce.docs_block(nulls, power)
+    a = text.index(ce.V7_DOCS_MARKERS[0]) + len(ce.V7_DOCS_MARKERS[0])
+    assert text[a:text.index(ce.V7_DOCS_MARKERS[1])] == "\n" + ce.docs_block(nulls, power)
     cell = {(r["event"], r["family"], r["num_seeds"]): f"{r['planted']['found']}/{r['runs']}" for r in power["power"]}
     want = {"fgn_dd": cell[("double_descent", "fgn_h0.8_m1024", 2048)],
             "cos_el": cell[("early_learning", "cosine_m256", 2048)],
@@ -180,16 +181,11 @@ def test_the_v7_prose_names_the_families_over_two_percent_and_counts_them():
         assert f"{r['any_confirmed']}/{r['runs']} = {100 * r['rate']:.1f} %" in text
     assert over == ["heavy_t_m1024", "heavy_t_spikes_m1024"]  # the prose names exactly these
     assert sorted(nulls) == sorted(calibration.HELD_OUT)  # every held-out family was run
-    want = {"all": str(len(calibration.FAMILIES)), "held": str(len(nulls)),
-            "within": str(sum(r["rate"] <= 0.02 for r in nulls.values()))}
-    for page in ("docs/events.md", "README.md"):
-        got = dict(re.findall(r"<!-- v7n:(\w+) -->(\d+)<!-- /v7n -->", (ROOT / page).read_text()))
-        assert got == {k: v for k, v in want.items() if k in got} and {"held", "within"} <= set(got), page
     tune = json.loads((ROOT / "experiments/results/calibrate_events_v7_tune_long.json").read_text())["nulls"]
     r = tune["long_t1000_ema_spike_m256"]
     assert re.findall(r"<!-- v7t:long -->(.*?)<!-- /v7t -->", text) == [f"{r['any_confirmed']}/{r['runs']}"]
     cpv = json.loads((ROOT / "experiments/results/cosine_power_variants.json").read_text())["variants"]
-    assert dict(re.findall(r"<!-- cpv:(\w+) -->(.*?)<!-- /cpv -->", text)) == {
+    assert dict(re.findall(r"<!-- cpv2?:(\w+) -->(.*?)<!-- /cpv2? -->", text)) == {
         k: f"{v['found']}/{v['runs']}" for k, v in cpv.items()}
     cpo = json.loads((ROOT / "experiments/results/cosine_power_variants.json").read_text())["oracles"]
     assert dict(re.findall(r"<!-- cpo:(\w+:\w+) -->(.*?)<!-- /cpo -->", text)) == {
@@ -201,6 +197,85 @@ def test_the_v7_prose_names_the_families_over_two_percent_and_counts_them():
     walk_over_ar1 = (third(float, 10) / third(float, 1)) / (third(ar1, 10) / third(ar1, 1))
     got = dict(re.findall(r"<!-- cpo:(walk|sd10) -->(.*?)<!-- /cpo -->", text))
     assert got == {"walk": f"{100 * (walk_over_ar1 - 1):.0f}", "sd10": f"{3 * (10 / (500 - 30)) ** 0.5:.2f}"}
+
+
+def _v8():
+    r = ROOT / "experiments/results"
+    return ({v: json.loads((r / f"calibrate_events_{v}.json").read_text()) for v in
+             ("v7", "v8", "v8_tune", "v7_tune_heavy")},
+            {v: json.loads((r / f"calibrate_events_{v}_power.json").read_text())["power"] for v in ("v7", "v8")})
+
+
+def test_the_v8_calibration_tables_and_their_comparison_with_v7_are_generated_from_the_records():
+    """docs/events.md's calibration-v8 block is docs_block() of the two v8 records; the sentences
+    on what changed against v7 (null families, power cells) are built from the four records; the
+    cosine cells are the v8 power record's."""
+    import calibrate_events as ce
+
+    nulls, power = _v8()
+    assert not nulls["v8"].get("partial") and all(r["runs"] >= 300 for r in nulls["v8"]["nulls"].values())
+    text = (ROOT / "docs/events.md").read_text()
+    a = text.index(ce.DOCS_MARKERS[0]) + len(ce.DOCS_MARKERS[0])
+    power_v8 = json.loads((ROOT / "experiments/results/calibrate_events_v8_power.json").read_text())
+    assert text[a:text.index(ce.DOCS_MARKERS[1])] == "\n" + ce.docs_block(nulls["v8"], power_v8)
+    got = dict(re.findall(r"<!-- v8d:(\w+) -->(.*?)<!-- /v8d -->", text, re.S))
+    assert got == {"nulls": ce.changed_nulls(nulls["v7"]["nulls"], nulls["v8"]["nulls"]),
+                   "power": ce.changed_power(power["v7"], power["v8"])}
+    cell = {(r["event"], r["family"], r["num_seeds"]): f"{r['planted']['found']}/{r['runs']}" for r in power["v8"]}
+    assert dict(re.findall(r"<!-- v8p:(\w+) -->(.*?)<!-- /v8p -->", text)) == {
+        "cos_el": cell[("early_learning", "cosine_m256", 2048)], "cos_dd": cell[("double_descent", "cosine_m256", 2048)]}
+    # "the other 27 are v7's, event by event"
+    counts = lambda rec: {f: {e: v["confirmed"] for e, v in r["events"].items()} for f, r in rec["nulls"].items()}  # noqa: E731
+    same = [f for f in nulls["v8"]["nulls"] if counts(nulls["v8"])[f] == counts(nulls["v7"])[f]]
+    assert f"the other {len(same)} are v7's, event by event" in " ".join(text.split())
+
+
+def test_the_v8_prose_counts_are_the_records():
+    """README's and the Summary's family counts and power ranges, and the tune-side figures the
+    change was chosen on, are the v8 records'; every held-out family is within 2 %."""
+    import calibration
+
+    nulls, power = _v8()
+    held = nulls["v8"]["nulls"]
+    assert sorted(held) == sorted(calibration.HELD_OUT) and all(r["rate"] <= 0.02 for r in held.values())
+    want = {"all": str(len(calibration.FAMILIES)), "held": str(len(held)),
+            "within": str(sum(r["rate"] <= 0.02 for r in held.values()))}
+    for page in ("docs/events.md", "README.md"):
+        got = dict(re.findall(r"<!-- v8n:(\w+) -->(\d+)<!-- /v8n -->", (ROOT / page).read_text()))
+        assert got == {k: v for k, v in want.items() if k in got} and {"held", "within"} <= set(got), page
+    text = (ROOT / "docs/events.md").read_text()
+    tune, base = nulls["v8_tune"]["nulls"], nulls["v7_tune_heavy"]["nulls"]
+    assert sorted(tune) == sorted(calibration.TUNE) and {r["runs"] for r in tune.values()} == {300}
+    want_t = {"max": f"{100 * max(r['rate'] for r in tune.values()):.1f}"}
+    for f in ("heavy_t_m256", "heavy_t_spikes_m256"):
+        want_t[f"v7:{f}"] = f"{base[f]['any_confirmed']}/{base[f]['runs']}"
+        want_t[f"v8:{f}"] = f"{tune[f]['any_confirmed']}/{tune[f]['runs']}"
+    assert dict(re.findall(r"<!-- v8t:([\w:.]+) -->(.*?)<!-- /v8t -->", text)) == want_t
+    assert f"{len(tune)} families at 300 runs" in text
+    rows = [r for r in power["v8"] if r["height"] == 0.2 and r["num_seeds"] == 2048]
+    kind = {r["family"]: calibration.FAMILIES[r["family"]].structure for r in rows}
+    pct = lambda rs: f"{min(100 * r['planted']['found'] / r['runs'] for r in rs):.0f}–{max(100 * r['planted']['found'] / r['runs'] for r in rs):.0f}"  # noqa: E731
+    assert dict(re.findall(r"<!-- v8r:(\w+) -->(.*?)<!-- /v8r -->", text)) == {
+        "per_seed": pct([r for r in rows if kind[r["family"]] == "per_seed"]),
+        "common": pct([r for r in rows if kind[r["family"]] not in ("per_seed", "schedule")])}
+    assert all(r["planted"]["found"] / r["runs"] < 0.5 for r in rows if kind[r["family"]] == "schedule")
+
+
+def test_the_cosine_routes_of_v8_are_the_record():
+    """The long-lag precision and the fitted shapes' false events quoted in the v8 cosine paragraph
+    are cosine_power_variants.json's."""
+    rec = json.loads((ROOT / "experiments/results/cosine_power_variants.json").read_text())
+    llp, nulls = rec["long_lag_precision"], rec["fitted_shape_nulls"]
+    text = (ROOT / "docs/events.md").read_text()
+    ex = llp["excluded"]["40"]
+    assert dict(re.findall(r"<!-- llp:([\w:]+) -->(.*?)<!-- /llp -->", text)) == {
+        "excluded:40:sd": f"{ex['sd_log']:.3f}", "excluded:40:n": str(ex["differences"]),
+        "excluded:40:q95": f"{ex['q95_log']:.3f}", "walk:40": f"{np.log(llp['walk_over_ar1']['40']):.3f}"}
+    assert ex["q95_log"] > np.log(llp["walk_over_ar1"]["40"])  # "exceeds"
+    assert dict(re.findall(r"<!-- cpn:([\w.]+) -->(.*?)<!-- /cpn -->", text)) == {
+        f: f"{r['any_confirmed']}/{r['runs']}" for f, r in nulls.items()}
+    v = rec["variants"]
+    assert v["fitted_long_excluded"]["found"] < v["fitted_shape"]["found"]  # "fewer than"
 
 
 def test_v7_equals_v6_on_every_family_both_ran():
