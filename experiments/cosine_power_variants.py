@@ -78,19 +78,21 @@ _SHAPES = ([lambda h, p=phi: 1.0 - p ** h for phi in (0.3, 0.5, 0.6, 0.7, 0.75, 
 
 def _excluded_train_var(curve, h: int, span) -> tuple:
     """(training part of the MAD variance of third differences at lag ``h`` from those whose
-    evaluations avoid the epochs ``span``, the sd of its log: 3·sqrt(h/count)·total/training)."""
+    evaluations avoid the epochs ``span``, the sd of its log: 3·sqrt(h/count)·total/training,
+    the count of those differences)."""
     d = I._diff(curve.y, h, 3)
     if d.size < 3:
-        return np.nan, np.inf
+        return np.nan, np.inf, 0
     i = np.arange(h, h + d.size)
     ep = curve.epochs
     ok = (ep[i + 2 * h] < span[0]) | (ep[i - h] > span[1]) if span is not None else np.ones(d.size, bool)
-    if ok.sum() < 5:
-        return np.nan, np.inf
+    count = int(ok.sum())
+    if count < 5:
+        return np.nan, np.inf, count
     total = I._robust_var(d[ok])
     seed = float(np.mean(curve.unit_var(I._diff(curve.units, h, 3))[ok])) if curve.units is not None else 0.0
     train = total - seed
-    return (train, 3.0 * np.sqrt(h / ok.sum()) * total / train) if train > 0 else (np.nan, np.inf)
+    return (train, 3.0 * np.sqrt(h / count) * total / train, count) if train > 0 else (np.nan, np.inf, count)
 
 
 def _fitted_shape(variogram, max_lag: int = 0, span=None):
@@ -110,7 +112,7 @@ def _fitted_shape(variogram, max_lag: int = 0, span=None):
         lags = np.arange(1, h_s + 1)
         if max_lag:
             lags = np.unique(np.concatenate([lags, np.round(np.geomspace(h_s, max_lag, 6)).astype(int)]))
-            fits = [_excluded_train_var(curve, int(h), span) for h in lags]
+            fits = [_excluded_train_var(curve, int(h), span)[:2] for h in lags]
         else:
             fits = [I.NoiseModel(curve, out, 0.0, 1.0, n, ())._lag_train_var(0, n, int(h)) for h in lags]
         t, sd = np.array([f[0] for f in fits]), np.array([f[1] for f in fits])
@@ -232,12 +234,9 @@ def long_lag_precision(draws: int = 400, n: int = 500, phi: float = 0.9, span=(2
     def third(h):  # Var(D_h) of AR(1) up to its level: 15V(h) - 6V(2h) + V(3h), V(h) = 1 - φ^h
         return 15 * (1 - phi ** h) - 6 * (1 - phi ** (2 * h)) + (1 - phi ** (3 * h))
 
-    def var(y, h, exclude):
-        d = I._diff(y, h, 3)
-        t = np.arange(h, h + d.size)  # D_h(t) reads y[t - h .. t + 2h]
-        if exclude:
-            d = d[(t + 2 * h < span[0]) | (t - h > span[1])]
-        return I._robust_var(d), int(d.size)
+    def var(y, h, exclude):  # no seed part: the training part is the whole MAD variance
+        v, _, count = _excluded_train_var(I.Curve(np.arange(n, dtype=np.float64), y), h, span if exclude else None)
+        return v, count
 
     out = {}
     for exclude in (False, True):
