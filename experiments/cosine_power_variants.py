@@ -262,6 +262,9 @@ def main(argv=None) -> int:
     ap.add_argument("--null-runs", type=int, default=300)
     ap.add_argument("--out", type=Path, default=ROOT / "experiments/results/cosine_power_variants.json")
     args = ap.parse_args(argv)
+    for name in ("runs", "null_runs"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be a positive number of runs, got {getattr(args, name)}")
     t0 = time.time()
     out = {"command": "python experiments/cosine_power_variants.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "family": "cosine_m256", "num_seeds": 2048, "height": 0.2, "event": "double_descent",
